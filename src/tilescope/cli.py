@@ -1,0 +1,56 @@
+"""The `tilescope` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+
+
+def _cmd_demo(args) -> int:
+    from ._demo import main
+
+    return main(args.preset)
+
+
+def _cmd_presets(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .spec import preset, preset_names
+
+    t = Table(title="hardware presets")
+    for col in ("name", "core", "TensorE bf16 TFLOPS", "DMA GB/s", "HBM GB/s/core", "SBUF/partition", "description"):
+        t.add_column(col)
+    for name in preset_names():
+        p = preset(name)
+        t.add_row(name, p.generation, f"{p.peak_flops() / 1e12:.1f}", f"{p.dma.bytes_per_ns:.0f}",
+                  f"{p.hbm_bytes_per_ns:.0f}", f"{p.sbuf_bytes_per_partition // 1024} KiB", p.description)
+    Console().print(t)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tilescope", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"tilescope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo = sub.add_parser("demo", help="run the main demo on the simulated device")
+    demo.add_argument("--preset", default="trn1", help="hardware preset (default trn1)")
+    demo.set_defaults(func=_cmd_demo)
+    presets = sub.add_parser("presets", help="list hardware presets")
+    presets.set_defaults(func=_cmd_presets)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Engine instructions, their operands, and the one table of cost formulas.
+
+Inside a tile kernel, each ``tilescope.isa`` call emits exactly one engine
+instruction (see :mod:`tilescope.lang`); outside one, these are the plain data
+classes every Program is made of.
+"""
+
+from ._ap import AP, RuntimeScalar, Scalar
+from ._cost import (
+    COST_TABLE, CostRule, DmaCost, dma_cost, engine_cycles, engine_ns, flops,
+    load_stationary_cycles, matmul_cycles,
+)
+from ._instructions import (
+    ENGINE_NAMES, INSTRUCTION_KINDS, Activation, ActivationReduce, BnAggr, BnStats,
+    DmaCopy, GpsimdCall, Instruction, Iota, Matmul, Memset, Select, TensorCopy,
+    TensorReduce, TensorScalar, TensorTensor, Transpose,
+)
+from ._ops import ACTIVATIONS, ALU_OPS, REDUCE_OPS
+
+__all__ = [
+    "AP", "RuntimeScalar", "Scalar",
+    "Instruction", "DmaCopy", "TensorTensor", "TensorScalar", "Activation",
+    "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
+    "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall",
+    "INSTRUCTION_KINDS", "ENGINE_NAMES", "ALU_OPS", "ACTIVATIONS", "REDUCE_OPS",
+    "COST_TABLE", "CostRule", "DmaCost", "dma_cost", "engine_cycles", "engine_ns",
+    "matmul_cycles", "load_stationary_cycles", "flops",
+]

@@ -1,0 +1,176 @@
+"""The cost table: one row per instruction kind, each formula with its source.
+
+Sources (AWS Neuron documentation, repository ``aws-neuron/aws-neuron-sdk``):
+  [isa]   "Estimated instruction cost" notes of the nki.isa API reference
+          (nki.isa.nc_matmul, tensor_tensor, tensor_scalar, activation, iota, ...)
+  [arch]  nki/guides/architecture/trainium_inferentia2_arch.rst
+  [dmabw] nki/deep-dives/nki-dma-bandwidth-guide.rst
+
+Engine formulas give cycles at the engine's own clock. Every compute instruction
+on VectorE / ScalarE / GpSimd also pays the fixed SBUF/PSUM access latency
+(``EngineSpec.access_cycles``, ~60 cycles [arch]) once. ``N`` is the number of
+elements per partition of the widest operand.
+
+>>> from tilescope.spec import preset
+>>> from tilescope.isa import AP, TensorScalar
+>>> x = AP("t", "float32", 0, ((512, 128), (1, 512)))
+>>> engine_cycles(TensorScalar(x, x, "multiply", 2.0), preset("trn1"))
+572.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..spec import CoreSpec
+from ._ap import AP
+from ._instructions import (
+    Activation, ActivationReduce, BnAggr, BnStats, DmaCopy, GpsimdCall, Instruction,
+    Iota, Matmul, Memset, Select, TensorCopy, TensorReduce, TensorScalar, TensorTensor,
+    Transpose,
+)
+
+__all__ = [
+    "CostRule", "COST_TABLE", "engine_cycles", "engine_ns", "dma_cost", "flops",
+    "load_stationary_cycles", "DmaCost",
+]
+
+_FAST_BF16_OPS = frozenset({"add", "subtract", "multiply"})
+_TWO_BYTE_FLOATS = frozenset({"bfloat16", "float16"})
+
+
+def _n(instr: Instruction) -> int:
+    """Elements per partition of the widest operand."""
+    return max(ap.free_size for ap in instr.reads() + instr.writes())
+
+
+def _strided(instr: Instruction) -> int:
+    """[arch] an innermost stride over 16 bytes halves engine bandwidth: factor 2."""
+    return 2 if any(ap.inner_stride_bytes() > 16 for ap in instr.reads() + instr.writes()) else 1
+
+
+def _tensor_tensor_per_elem(i: TensorTensor) -> int:
+    # [isa] tensor_tensor reads two SBUF tensors: 2N cycles; N for bf16/fp16 add/sub/mul
+    fast = i.op in _FAST_BF16_OPS and all(ap.dtype in _TWO_BYTE_FLOATS for ap in (i.dst, i.a, i.b))
+    return 1 if fast else 2
+
+
+@dataclass(frozen=True)
+class CostRule:
+    """Per-element cycles of a kind (times N), an extra fixed part, and the source."""
+
+    per_element: Callable[[Instruction], float]
+    extra_cycles: Callable[[Instruction, CoreSpec], float]
+    source: str
+
+
+def _none(i, spec):
+    return 0
+
+
+COST_TABLE: dict[type, CostRule] = {
+    TensorTensor: CostRule(_tensor_tensor_per_elem, _none, "[isa] tensor_tensor: 2N cycles (N for bf16 add/sub/mul)"),
+    TensorScalar: CostRule(lambda i: 1, _none, "[isa] tensor_scalar: max(MIN_II, N) cycles"),
+    Activation: CostRule(
+        lambda i: 8 if i.func == "reciprocal" else 1, _none,
+        "[isa] activation: max(MIN_II, N); scale+bias cost nothing extra; reciprocal 8N"),
+    ActivationReduce: CostRule(
+        lambda i: 8 if i.func == "reciprocal" else 1, lambda i, s: s.scalar.min_ii_cycles,
+        "[isa] activation_reduce: activation + MIN_II"),
+    TensorReduce: CostRule(lambda i: 1, _none, "[isa] tensor_reduce: max(MIN_II, N) cycles"),
+    TensorCopy: CostRule(lambda i: 1, _none, "[isa] tensor_copy: max(MIN_II, N) cycles"),
+    Select: CostRule(lambda i: 2, _none, "[isa] two tensor inputs, as tensor_tensor: 2N cycles"),
+    Memset: CostRule(lambda i: 1, _none, "[isa] memset: max(MIN_II, N) cycles"),
+    BnStats: CostRule(lambda i: 1, _none, "[isa] bn_stats: max(MIN_II, N) cycles"),
+    BnAggr: CostRule(lambda i: 1, _none, "[isa] bn_aggr: max(MIN_II, N) cycles"),
+    Iota: CostRule(lambda i: 1, _none, "[isa] iota (GpSimd): ~150 + N cycles"),
+    GpsimdCall: CostRule(lambda i: 0, lambda i, s: i.cycles, "cycles given by the emitter + GpSimd fixed cost"),
+}
+
+
+def matmul_cycles(instr: Matmul | Transpose, spec: CoreSpec) -> float:
+    """[isa] nc_matmul: max(min(64, N_stationary), N_moving) cycles, x4 for fp32.
+
+    A transpose is a matmul against identity [arch]: the source is the stationary
+    operand (free size F) and the identity the moving one (P columns).
+    """
+    if isinstance(instr, Matmul):
+        n_stationary = instr.stationary.free_size
+        n_moving = instr.moving.free_size
+        dtypes = (instr.stationary.dtype, instr.moving.dtype)
+    else:
+        n_stationary = instr.src.free_size
+        n_moving = instr.src.partitions
+        dtypes = (instr.src.dtype,)
+    cycles = max(min(64, n_stationary), n_moving)
+    if "float32" in dtypes:
+        cycles *= spec.pe_fp32_slowdown
+    return float(cycles)
+
+
+def load_stationary_cycles(instr: Matmul | Transpose) -> float:
+    """[isa] LoadStationary: up to 4x faster than a matmul pass (~32 cycles for 128 columns)."""
+    ap = instr.stationary if isinstance(instr, Matmul) else instr.src
+    return max(ap.free_size / 4.0, 1.0)
+
+
+def engine_cycles(instr: Instruction, spec: CoreSpec) -> float:
+    """Cycles of a compute instruction at its engine's clock (not for DMA)."""
+    if isinstance(instr, (Matmul, Transpose)):
+        return matmul_cycles(instr, spec)
+    rule = COST_TABLE[type(instr)]
+    engine = spec.engines[instr.engine]
+    work = rule.per_element(instr) * _n(instr) * _strided(instr)
+    if instr.engine == "pool":
+        # [isa] GpSimd: fixed ~150 cycles + N (the fixed part is EngineSpec.min_ii_cycles)
+        body = engine.min_ii_cycles + work
+    else:
+        # [isa] VectorE / ScalarE: max(MIN_II, N)
+        body = max(engine.min_ii_cycles, work)
+    return float(engine.access_cycles + body + rule.extra_cycles(instr, spec))
+
+
+def engine_ns(instr: Instruction, spec: CoreSpec) -> float:
+    return spec.engines[instr.engine].ns(engine_cycles(instr, spec))
+
+
+@dataclass(frozen=True, slots=True)
+class DmaCost:
+    fixed_ns: float  # latency, overlaps with other transfers
+    effective_bytes: float  # bytes charged against bandwidth (small chunks rounded up)
+    bytes_per_ns: float  # bandwidth of the path (shared by concurrent transfers)
+    nbytes: int  # bytes actually moved
+
+
+def dma_cost(instr: DmaCopy, spec: CoreSpec, touches_hbm: bool) -> DmaCost:
+    """[dmabw] fixed ~1.3 us per transfer, then bytes at the DMA engines' aggregate rate.
+
+    A transfer touching HBM is also capped by HBM bandwidth [arch]. Each contiguous
+    chunk is charged at least ``DmaSpec.chunk_floor_bytes`` (an assumed figure; see the
+    preset) because [dmabw] small payloads under-use the DMA engines.
+    """
+    nbytes = instr.dst.nbytes
+    chunk = max(1, min(instr.src.contiguous_bytes(), instr.dst.contiguous_bytes()))
+    chunks = -(-nbytes // chunk)
+    effective = chunks * max(chunk, spec.dma.chunk_floor_bytes) if chunk < spec.dma.chunk_floor_bytes else nbytes
+    bw = spec.dma_bytes_per_ns if touches_hbm else spec.dma.bytes_per_ns
+    return DmaCost(spec.dma.fixed_ns, float(effective), bw, nbytes)
+
+
+def flops(instr: Instruction) -> float:
+    """Useful floating-point operations: 2*K*M*N for matmul, one per element per ALU op."""
+    if isinstance(instr, Matmul):
+        k = instr.moving.partitions
+        return 2.0 * k * instr.stationary.free_size * instr.moving.free_size
+    if isinstance(instr, (Transpose, DmaCopy, Memset, Iota, TensorCopy)):
+        return 0.0
+    if isinstance(instr, GpsimdCall):
+        return float(sum(ap.size for ap in instr.outputs))
+    out = instr.dst if isinstance(instr.dst, AP) else None
+    n = out.size if out is not None else 0
+    if isinstance(instr, TensorScalar):
+        return float(n * (2 if instr.op1 else 1))
+    if isinstance(instr, (TensorReduce, ActivationReduce, BnStats)):
+        return float(instr.src.size)
+    return float(n)

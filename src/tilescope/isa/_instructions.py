@@ -1,0 +1,321 @@
+"""Engine instructions as frozen dataclasses.
+
+One class per instruction kind. Operands are :class:`~tilescope.isa.AP` regions of
+named buffers; scalars are constants, :class:`~tilescope.isa.RuntimeScalar` slots or
+per-partition ``[P, 1]`` APs. Each instruction is bound to one engine: ``pe``
+(TensorE), ``act`` (ScalarE), ``dve`` (VectorE), ``pool`` (GpSimd) or ``dma``.
+Which engines may run a kind is the ``ENGINES`` row of its class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from ._ap import AP, RuntimeScalar
+
+__all__ = [
+    "Instruction", "DmaCopy", "TensorTensor", "TensorScalar", "Activation",
+    "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
+    "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "INSTRUCTION_KINDS",
+    "ENGINE_NAMES",
+]
+
+# engine id -> display name
+ENGINE_NAMES = {"pe": "TensorE", "act": "ScalarE", "dve": "VectorE", "pool": "GpSimd", "dma": "DMA"}
+
+
+class Instruction:
+    """Base of every instruction: operand bookkeeping shared by all kinds."""
+
+    KIND: ClassVar[str] = ""
+    ENGINES: ClassVar[tuple[str, ...]] = ()
+    _READS: ClassVar[tuple[str, ...]] = ()
+    _WRITES: ClassVar[tuple[str, ...]] = ("dst",)
+    __slots__ = ()
+
+    def reads(self) -> tuple[AP, ...]:
+        """Every region this instruction reads (scalar operands given as APs included)."""
+        return tuple(v for v in map(self.__getattribute__, self._READS) if v.__class__ is AP)
+
+    def writes(self) -> tuple[AP, ...]:
+        return tuple(v for v in map(self.__getattribute__, self._WRITES) if v.__class__ is AP)
+
+    def key(self) -> tuple:
+        """A tuple of primitives identifying this instruction (for the Program hash)."""
+        names = _FIELD_NAMES.get(type(self))
+        if names is None:
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))
+        return (self.KIND,) + tuple(_key(v) for v in map(self.__getattribute__, names))
+
+    def to_json(self) -> dict:
+        d = {"op": self.KIND}
+        for f in fields(self):
+            d[f.name] = _to_json(getattr(self, f.name))
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Instruction":
+        kind = INSTRUCTION_KINDS[d["op"]]
+        kwargs = {f.name: _from_json(d[f.name]) for f in fields(kind) if f.name in d}
+        return kind(**kwargs)
+
+    def __post_init__(self) -> None:
+        if self.engine not in self.ENGINES:
+            raise ValueError(
+                f"{self.KIND} cannot run on engine {self.engine!r}; it runs on "
+                f"{', '.join(repr(e) for e in self.ENGINES)}"
+            )
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _key(v):
+    if v.__class__ is AP:
+        return (v.buffer, v.dtype, v.offset, v.dims)
+    if isinstance(v, RuntimeScalar):
+        return ("rt", v.name)
+    if isinstance(v, tuple):
+        return tuple(_key(x) for x in v)
+    return v
+
+
+def _to_json(v):
+    if isinstance(v, AP):
+        return {"ap": [v.buffer, v.dtype, v.offset, [list(d) for d in v.dims]]}
+    if isinstance(v, RuntimeScalar):
+        return {"runtime": v.name}
+    if isinstance(v, tuple):
+        return {"tuple": [_to_json(x) for x in v]}
+    if isinstance(v, float) and v != v:
+        return {"float": "nan"}
+    if isinstance(v, float) and v in (float("inf"), float("-inf")):
+        return {"float": "inf" if v > 0 else "-inf"}
+    return v
+
+
+def _from_json(v):
+    if isinstance(v, dict):
+        if "ap" in v:
+            b, dt, off, dims = v["ap"]
+            return AP(b, dt, off, tuple(tuple(d) for d in dims))
+        if "runtime" in v:
+            return RuntimeScalar(v["runtime"])
+        if "tuple" in v:
+            return tuple(_from_json(x) for x in v["tuple"])
+        if "float" in v:
+            return float(v["float"])
+    return v
+
+
+def _instruction(kind: str, engines: tuple[str, ...], reads: tuple[str, ...], writes=("dst",)):
+    """Class decorator: a frozen, slotted dataclass registered as an instruction kind."""
+
+    def wrap(cls):
+        cls.KIND = kind
+        cls.ENGINES = engines
+        cls._READS = reads
+        cls._WRITES = writes
+        cls = dataclass(frozen=True, slots=True)(cls)
+        INSTRUCTION_KINDS[kind] = cls
+        return cls
+
+    return wrap
+
+
+INSTRUCTION_KINDS: dict[str, type[Instruction]] = {}
+
+
+@_instruction("dma_copy", ("dma",), ("src",))
+class DmaCopy(Instruction):
+    """Copy between HBM and SBUF (either way) or SBUF to SBUF on a DMA queue."""
+
+    dst: AP
+    src: AP
+    queue: int | None = None  # None: the scheduler picks the earliest free queue
+    engine: str = "dma"
+
+
+@_instruction("tensor_tensor", ("dve", "pool"), ("a", "b"))
+class TensorTensor(Instruction):
+    """``dst = op(a, b)`` elementwise over two tiles."""
+
+    dst: AP
+    a: AP
+    b: AP
+    op: str
+    engine: str = "dve"
+
+
+@_instruction("tensor_scalar", ("dve", "act", "pool"), ("src", "scalar0", "scalar1"))
+class TensorScalar(Instruction):
+    """``dst = op1(op0(src, scalar0), scalar1)``; ``reverse`` swaps operand order."""
+
+    dst: AP
+    src: AP
+    op0: str
+    scalar0: object
+    op1: str | None = None
+    scalar1: object = None
+    reverse0: bool = False
+    reverse1: bool = False
+    engine: str = "dve"
+
+
+@_instruction("activation", ("act",), ("src", "scale", "bias"))
+class Activation(Instruction):
+    """``dst = func(src * scale + bias)`` on ScalarE (``+=`` into dst with ``accumulate``).
+
+    ``scale`` is a constant, runtime scalar or ``[P, 1]`` AP; ``bias`` a ``[P, 1]`` AP,
+    a constant or None.
+    """
+
+    dst: AP
+    src: AP
+    func: str
+    scale: object = 1.0
+    bias: object = None
+    accumulate: bool = False
+    engine: str = "act"
+
+    def reads(self):
+        base = Instruction.reads(self)
+        return base + (self.dst,) if self.accumulate else base
+
+
+@_instruction("activation_reduce", ("act",), ("src", "scale", "bias"), ("dst", "reduce_dst"))
+class ActivationReduce(Instruction):
+    """An activation that also reduces its result along the free dims into ``reduce_dst`` [P, 1]."""
+
+    dst: AP
+    src: AP
+    func: str
+    reduce_dst: AP
+    reduce_op: str = "add"
+    scale: object = 1.0
+    bias: object = None
+    engine: str = "act"
+
+
+@_instruction("tensor_reduce", ("dve", "pool"), ("src",))
+class TensorReduce(Instruction):
+    """Reduce ``src`` over free axes ``axes`` (indices into ``src.dims``; default all free)."""
+
+    dst: AP
+    src: AP
+    op: str
+    axes: tuple[int, ...] | None = None
+    negate: bool = False
+    engine: str = "dve"
+
+
+@_instruction("tensor_copy", ("dve", "act", "pool"), ("src",))
+class TensorCopy(Instruction):
+    """Copy (and cast to ``dst``'s dtype) on a compute engine."""
+
+    dst: AP
+    src: AP
+    engine: str = "dve"
+
+
+@_instruction("select", ("dve", "pool"), ("pred", "on_true", "on_false"))
+class Select(Instruction):
+    """``dst = on_true where pred != 0 else on_false`` (``on_false`` may be a constant)."""
+
+    dst: AP
+    pred: AP
+    on_true: AP
+    on_false: object
+    engine: str = "dve"
+
+
+@_instruction("iota", ("pool",), ())
+class Iota(Instruction):
+    """``dst[p, i...] = base + partition_step * p + sum(step_k * i_k)`` on GpSimd."""
+
+    dst: AP
+    base: int = 0
+    partition_step: int = 0
+    steps: tuple[int, ...] = ()
+    engine: str = "pool"
+
+
+@_instruction("memset", ("dve", "pool", "act"), ())
+class Memset(Instruction):
+    """Fill ``dst`` with a constant."""
+
+    dst: AP
+    value: float = 0.0
+    engine: str = "dve"
+
+
+@_instruction("matmul", ("pe",), ("stationary", "moving"))
+class Matmul(Instruction):
+    """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` into PSUM on TensorE.
+
+    ``accumulate=False`` starts an accumulation group (overwrite), ``True`` adds.
+    The stationary operand is loaded into the array first (LoadStationary) unless
+    the previous matmul used the same one.
+    """
+
+    dst: AP
+    stationary: AP
+    moving: AP
+    accumulate: bool = False
+    engine: str = "pe"
+
+    def reads(self):
+        base = (self.stationary, self.moving)
+        return base + (self.dst,) if self.accumulate else base
+
+
+@_instruction("transpose", ("pe",), ("src",))
+class Transpose(Instruction):
+    """``dst[F, P] = src[P, F].T`` into PSUM on TensorE (a matmul against identity)."""
+
+    dst: AP
+    src: AP
+    engine: str = "pe"
+
+
+@_instruction("bn_stats", ("dve",), ("src",))
+class BnStats(Instruction):
+    """Per-partition mean/variance statistics of ``src`` [P, N<=512] into ``dst`` [P, 6]."""
+
+    dst: AP
+    src: AP
+    engine: str = "dve"
+
+
+@_instruction("bn_aggr", ("dve",), ("src",))
+class BnAggr(Instruction):
+    """Combine ``bn_stats`` groups ``src`` [P, 6k] into ``dst`` [P, 2] = (mean, variance)."""
+
+    dst: AP
+    src: AP
+    engine: str = "dve"
+
+
+@_instruction("gpsimd_call", ("pool",), ("inputs",), ("outputs",))
+class GpsimdCall(Instruction):
+    """A general-purpose GpSimd routine (C++ operators, generic lowerings).
+
+    ``impl`` names a numerics function registered with
+    :func:`tilescope.sim.register_gpsimd_impl`; ``cycles`` is the modeled cost per
+    GpSimd core, computed by whoever emits the call; ``attrs`` are hashed constants.
+    """
+
+    name: str
+    impl: str
+    inputs: tuple[AP, ...]
+    outputs: tuple[AP, ...]
+    cycles: float
+    attrs: tuple = ()
+    engine: str = "pool"
+
+    def reads(self):
+        return self.inputs
+
+    def writes(self):
+        return self.outputs

@@ -1,0 +1,303 @@
+"""Tile-limit checks, shared by the builder (at emission) and Program.validate.
+
+Limits come from the architecture guide (nki/guides/architecture/
+trainium_inferentia2_arch.rst): partition dim <= 128; matmul stationary free <= 128
+and moving free <= 512; VectorE/ScalarE free size <= 64K elements in SBUF and <= 4K
+in PSUM; bn_stats free size <= 512; start partition 0 for > 64 partitions, 0 or 64
+for 33-64, 0/32/64/96 for <= 32.
+"""
+
+from __future__ import annotations
+
+from ..dtypes import itemsize
+from ..errors import CapacityError, IndexRangeError, ProgramError, TileLimitError
+from ..isa import (
+    AP, ActivationReduce, BnAggr, BnStats, DmaCopy, GpsimdCall, Instruction, Matmul,
+    TensorReduce, Transpose,
+)
+from ..spec import CoreSpec
+
+__all__ = ["check_buffer", "check_instruction", "check_slots", "ap_bounds"]
+
+SBUF_FREE_MAX = 64 * 1024  # elements, VectorE/ScalarE operand in SBUF
+PSUM_FREE_MAX = 4 * 1024  # elements, VectorE/ScalarE operand in PSUM
+BN_STATS_FREE_MAX = 512
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:g} KiB"
+
+
+def check_buffer(b, spec: CoreSpec) -> None:
+    if any(n <= 0 for n in b.shape):
+        raise ProgramError(f"buffer {b.name!r} has shape {b.shape}; every dimension must be >= 1")
+    if b.memory == "hbm":
+        return
+    if b.shape[0] > spec.partitions:
+        raise TileLimitError(
+            f"number of partitions {b.shape[0]} of tile {b.name!r} {b.shape} exceeds the "
+            f"architecture limit of {spec.partitions}; make the first (partition) dimension "
+            f"at most {spec.partitions} and loop over tiles"
+        )
+    per_part = b.bytes_per_partition
+    if b.memory == "psum" and per_part > spec.psum_bank_bytes:
+        fit = spec.psum_bank_bytes // itemsize(b.dtype)
+        raise TileLimitError(
+            f"PSUM tile {b.name!r} {b.shape} {b.dtype} needs {per_part} bytes per partition, "
+            f"but one PSUM bank holds {spec.psum_bank_bytes} bytes ({fit} {b.dtype} elements); "
+            f"split the free dimension into tiles of at most {fit} elements"
+        )
+    if b.memory == "sbuf" and per_part > spec.sbuf_bytes_per_partition:
+        raise CapacityError(
+            f"SBUF tile {b.name!r} {b.shape} {b.dtype} needs {_kib(per_part)} per partition, "
+            f"more than the whole SBUF partition ({_kib(spec.sbuf_bytes_per_partition)} on "
+            f"{spec.name}); use a smaller free dimension"
+        )
+
+
+def ap_bounds(ap: AP) -> tuple[int, int]:
+    """Lowest and highest flat element index an AP touches."""
+    lo = hi = ap.offset
+    for stride, count in ap.dims:
+        if count <= 0:
+            raise ProgramError(f"access to {ap.buffer!r} has a dimension of count {count}; counts must be >= 1")
+        ext = stride * (count - 1)
+        if ext < 0:
+            lo += ext
+        else:
+            hi += ext
+    return lo, hi
+
+
+def _check_ap(ap: AP, buffers, role: str, kind: str) -> None:
+    b = buffers.get(ap.buffer)
+    if b is None:
+        raise ProgramError(f"operand {role!r} of {kind} refers to unknown buffer {ap.buffer!r}")
+    if ap.dtype != b.dtype:
+        raise ProgramError(
+            f"operand {role!r} of {kind} reads {ap.buffer!r} as {ap.dtype}, but the buffer holds {b.dtype}"
+        )
+    lo, hi = ap_bounds(ap)
+    if lo < 0 or hi >= b.size:
+        raise IndexRangeError(
+            f"operand {role!r} of {kind} reaches elements [{lo}, {hi}] of {ap.buffer!r}, "
+            f"which has {b.size} elements (shape {b.shape})"
+        )
+    if b.memory != "hbm" and ap.partitions > 1 and ap.dims[0][0] != b.row_elems:
+        raise ProgramError(
+            f"operand {role!r} of {kind}: the first dimension of an on-chip access must be the "
+            f"partition dimension (stride {b.row_elems}), got stride {ap.dims[0][0]}"
+        )
+
+
+def _start_partition(ap: AP, b) -> int:
+    return ap.offset // b.row_elems if b.row_elems else 0
+
+
+def _check_start_partition(ap: AP, b, role: str, kind: str) -> None:
+    start, n = _start_partition(ap, b), ap.partitions
+    if n > 64:
+        allowed = (0,)
+    elif n > 32:
+        allowed = (0, 64)
+    else:
+        allowed = (0, 32, 64, 96)
+    if start not in allowed:
+        raise TileLimitError(
+            f"operand {role!r} of {kind} starts at partition {start} with {n} partitions; an "
+            f"engine access of {n} partitions must start at partition {' or '.join(map(str, allowed))}"
+        )
+
+
+_FIELD_CACHE: dict[type, tuple[tuple[str, bool], ...]] = {}
+
+
+def _operands(instr: Instruction):
+    """(role, AP, is_write) for every AP operand."""
+    names = _FIELD_CACHE.get(type(instr))
+    if names is None:
+        from dataclasses import fields
+
+        writes = set(instr._WRITES)
+        names = _FIELD_CACHE[type(instr)] = tuple((f.name, f.name in writes) for f in fields(instr))
+    out = []
+    for name, is_write in names:
+        v = getattr(instr, name)
+        if v.__class__ is AP:
+            out.append((name, v, is_write))
+        elif v.__class__ is tuple:
+            out.extend((f"{name}[{k}]", x, is_write) for k, x in enumerate(v) if x.__class__ is AP)
+    return out
+
+
+def _same_size(kind, a_role, a: AP, b_role, b: AP) -> None:
+    if a.partitions != b.partitions or a.free_size != b.free_size:
+        raise ProgramError(
+            f"{kind}: operand {b_role!r} has shape {b.shape} ({b.partitions} partitions x "
+            f"{b.free_size}) but {a_role!r} has {a.shape} ({a.partitions} x {a.free_size}); "
+            f"the partition count and elements per partition must match"
+        )
+
+
+def check_instruction(instr: Instruction, buffers, spec: CoreSpec) -> None:
+    kind = instr.KIND
+    ops = _operands(instr)
+    for role, ap, _ in ops:
+        _check_ap(ap, buffers, role, kind)
+
+    if isinstance(instr, DmaCopy):
+        if instr.src.size != instr.dst.size:
+            raise ProgramError(
+                f"dma_copy moves {instr.src.size} elements from {instr.src.buffer!r} {instr.src.shape} "
+                f"into {instr.dst.size} elements of {instr.dst.buffer!r} {instr.dst.shape}; sizes must match"
+            )
+        if instr.src.dtype != instr.dst.dtype:
+            raise ProgramError(
+                f"dma_copy cannot convert {instr.src.dtype} to {instr.dst.dtype}; copy into a "
+                f"{instr.src.dtype} tile and cast with tensor_copy on an engine"
+            )
+        if instr.queue is not None and not 0 <= instr.queue < spec.dma.engines:
+            raise ProgramError(f"dma_copy queue {instr.queue} out of range [0, {spec.dma.engines})")
+        return
+
+    for role, ap, _ in ops:
+        b = buffers[ap.buffer]
+        if b.memory == "hbm":
+            raise ProgramError(
+                f"Expected operand {role!r} of {kind!r} to be in SBUF or PSUM, but got a region of "
+                f"HBM tensor {ap.buffer!r}; load it into an SBUF tile first"
+            )
+        if ap.partitions > spec.partitions:
+            raise TileLimitError(
+                f"number of partitions {ap.partitions} of operand {role!r} of {kind} exceeds the "
+                f"architecture limit of {spec.partitions}"
+            )
+        _check_start_partition(ap, b, role, kind)
+        if instr.engine in ("dve", "act"):
+            limit = PSUM_FREE_MAX if b.memory == "psum" else SBUF_FREE_MAX
+            if ap.free_size > limit:
+                raise TileLimitError(
+                    f"operand {role!r} of {kind} has {ap.free_size} elements per partition in "
+                    f"{b.memory.upper()}; {instr.engine} accepts at most {limit} there; split the free dimension"
+                )
+
+    if isinstance(instr, Matmul):
+        _check_matmul(instr, buffers, spec)
+    elif isinstance(instr, Transpose):
+        if buffers[instr.dst.buffer].memory != "psum":
+            raise ProgramError("transpose writes its result into PSUM; give it a PSUM tile as dst")
+        if instr.src.free_size > spec.matmul_stationary_fmax:
+            raise TileLimitError(
+                f"transpose source has {instr.src.free_size} elements per partition; TensorE "
+                f"transposes at most {spec.matmul_stationary_fmax} (it becomes the partition dim)"
+            )
+        if instr.dst.partitions != instr.src.free_size or instr.dst.free_size != instr.src.partitions:
+            raise ProgramError(
+                f"transpose of {instr.src.shape} needs a [{instr.src.free_size}, {instr.src.partitions}] "
+                f"destination, got {instr.dst.shape}"
+            )
+    elif isinstance(instr, BnStats):
+        if instr.src.free_size > BN_STATS_FREE_MAX:
+            raise TileLimitError(
+                f"bn_stats reads {instr.src.free_size} elements per partition; the limit is "
+                f"{BN_STATS_FREE_MAX}: call it per chunk of 512 and combine with bn_aggr"
+            )
+        if instr.dst.free_size != 6 or instr.dst.partitions != instr.src.partitions:
+            raise ProgramError(f"bn_stats writes [{instr.src.partitions}, 6], got dst {instr.dst.shape}")
+    elif isinstance(instr, BnAggr):
+        if instr.src.free_size % 6 or instr.dst.free_size != 2:
+            raise ProgramError(
+                f"bn_aggr reads [P, 6k] stats and writes [P, 2]; got src {instr.src.shape}, dst {instr.dst.shape}"
+            )
+    elif isinstance(instr, TensorReduce):
+        axes = instr.axes if instr.axes is not None else tuple(range(1, len(instr.src.dims)))
+        if any(a < 1 or a >= len(instr.src.dims) for a in axes):
+            raise ProgramError(
+                f"tensor_reduce axes {axes} must be free dimensions of src (1..{len(instr.src.dims) - 1})"
+            )
+        kept = 1
+        for k, (_, c) in enumerate(instr.src.dims[1:], start=1):
+            if k not in axes:
+                kept *= c
+        if instr.dst.free_size != kept or instr.dst.partitions != instr.src.partitions:
+            raise ProgramError(
+                f"tensor_reduce of {instr.src.shape} over axes {axes} gives {instr.src.partitions} x "
+                f"{kept} elements, but dst is {instr.dst.shape}"
+            )
+    elif isinstance(instr, ActivationReduce):
+        _same_size(kind, "src", instr.src, "dst", instr.dst)
+        if instr.reduce_dst.free_size != 1:
+            raise ProgramError(f"activation_reduce reduce_dst must be [P, 1], got {instr.reduce_dst.shape}")
+    elif isinstance(instr, GpsimdCall):
+        pass
+    else:
+        # elementwise kinds: every tile operand has the destination's size,
+        # except [P, 1] per-partition scalar operands
+        dst = instr.dst
+        for role, ap, _ in ops:
+            if ap is dst or role in ("scalar0", "scalar1", "scale", "bias"):
+                if role in ("scalar0", "scalar1", "scale", "bias") and (
+                    ap.free_size != 1 or ap.partitions != dst.partitions
+                ):
+                    raise ProgramError(
+                        f"{kind}: per-partition scalar operand {role!r} must be [{dst.partitions}, 1], "
+                        f"got {ap.shape}"
+                    )
+                continue
+            _same_size(kind, "dst", dst, role, ap)
+
+
+def _check_matmul(instr: Matmul, buffers, spec: CoreSpec) -> None:
+    st, mv, dst = instr.stationary, instr.moving, instr.dst
+    if buffers[dst.buffer].memory != "psum":
+        raise ProgramError(
+            f"matmul accumulates into PSUM; dst {dst.buffer!r} is in {buffers[dst.buffer].memory.upper()}"
+        )
+    for role, ap in (("stationary", st), ("moving", mv)):
+        if buffers[ap.buffer].memory != "sbuf":
+            raise ProgramError(f"matmul operand {role!r} must be in SBUF, got {buffers[ap.buffer].memory.upper()}")
+    if st.partitions != mv.partitions:
+        raise ProgramError(
+            f"matmul contracts over the partition dim: stationary has {st.partitions} partitions, "
+            f"moving has {mv.partitions}; they must match"
+        )
+    if st.free_size > spec.matmul_stationary_fmax:
+        raise TileLimitError(
+            f"matmul stationary free size {st.free_size} exceeds gemm_stationary_fmax "
+            f"{spec.matmul_stationary_fmax}; tile the stationary (left) operand's columns"
+        )
+    if mv.free_size > spec.matmul_moving_fmax:
+        raise TileLimitError(
+            f"matmul moving free size {mv.free_size} exceeds gemm_moving_fmax "
+            f"{spec.matmul_moving_fmax} (one PSUM bank of fp32); tile the moving operand's columns"
+        )
+    if dst.partitions != st.free_size or dst.free_size != mv.free_size:
+        raise ProgramError(
+            f"matmul of stationary {st.shape} and moving {mv.shape} gives "
+            f"[{st.free_size}, {mv.free_size}], but dst is {dst.shape}"
+        )
+    if dst.dtype != "float32":
+        raise ProgramError(f"matmul accumulates in float32 PSUM; dst is {dst.dtype}")
+
+
+def check_slots(program, spec: CoreSpec) -> None:
+    """On-chip slots fit their memory and never overlap while both are live."""
+    caps = {"sbuf": spec.sbuf_bytes_per_partition, "psum": spec.psum_bytes_per_partition}
+    by_mem: dict[str, list] = {"sbuf": [], "psum": []}
+    for s in program.slots.values():
+        if s.addr + s.nbytes > caps[s.memory]:
+            raise CapacityError(
+                f"{s.memory.upper()} slot {s.name!r} at byte {s.addr} + {s.nbytes} exceeds the "
+                f"{_kib(caps[s.memory])} per partition of {spec.name}"
+            )
+        by_mem[s.memory].append(s)
+    for slots in by_mem.values():
+        slots.sort(key=lambda s: s.start)
+        for i, a in enumerate(slots):
+            for b in slots[i + 1:]:
+                if b.start > a.end:
+                    break
+                if a.addr < b.addr + b.nbytes and b.addr < a.addr + a.nbytes:
+                    raise CapacityError(
+                        f"slots {a.name!r} and {b.name!r} overlap in {a.memory.upper()} while both are live"
+                    )

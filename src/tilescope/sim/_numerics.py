@@ -1,0 +1,229 @@
+"""The numerics interpreter: runs a Program on numpy arrays.
+
+What a value *is* is computed here; how long it takes is the scheduler's job.
+On-chip buffers (and HBM outputs or scratch not given by the caller) start filled
+with NaN -- or the most negative integer -- so reads of never-written memory show.
+Floating-point math is done in float32 (matmul accumulates in float32, as PSUM
+does) and rounded to the destination's dtype on write.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ..dtypes import is_float, to_numpy
+from ..errors import ProgramError
+from ..isa import (
+    ACTIVATIONS, ALU_OPS, AP, REDUCE_OPS, Activation, ActivationReduce, BnAggr, BnStats,
+    DmaCopy, GpsimdCall, Iota, Matmul, Memset, RuntimeScalar, Select, TensorCopy,
+    TensorReduce, TensorScalar, TensorTensor, Transpose,
+)
+
+__all__ = ["run_numerics", "register_gpsimd_impl", "GPSIMD_IMPLS", "poison_value"]
+
+# name -> fn(inputs: list[np.ndarray], outputs: list[np.ndarray], attrs: dict) writing outputs in place
+GPSIMD_IMPLS: dict[str, Callable] = {}
+
+
+def register_gpsimd_impl(name: str, fn: Callable) -> Callable:
+    """Register the numerics of a ``gpsimd_call`` implementation under ``name``."""
+    GPSIMD_IMPLS[name] = fn
+    return fn
+
+
+def poison_value(dtype: str):
+    return np.nan if is_float(dtype) else np.iinfo(to_numpy(dtype)).min
+
+
+class _Memory:
+    __slots__ = ("arrays", "buffers")
+
+    def __init__(self, buffers):
+        self.buffers = buffers
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def flat(self, name: str) -> np.ndarray:
+        arr = self.arrays.get(name)
+        if arr is None:
+            b = self.buffers[name]
+            arr = np.full(b.size, poison_value(b.dtype), dtype=to_numpy(b.dtype))
+            self.arrays[name] = arr
+        return arr
+
+    def view(self, ap: AP) -> np.ndarray:
+        arr = self.flat(ap.buffer)
+        isz = arr.itemsize
+        return as_strided(arr[ap.offset:], shape=ap.shape, strides=tuple(s * isz for s, _ in ap.dims))
+
+    def read(self, ap: AP) -> np.ndarray:
+        """Operand values as a (P, N) float32 (or int64) array."""
+        v = self.view(ap)
+        v = v.astype(np.float32) if is_float(ap.dtype) else v.astype(np.int64)
+        return v.reshape(ap.partitions, -1)
+
+    def write(self, ap: AP, values: np.ndarray) -> None:
+        dst = self.view(ap)
+        if not is_float(ap.dtype):
+            values = np.rint(values) if np.issubdtype(np.asarray(values).dtype, np.floating) else values
+        dst[...] = np.asarray(values).reshape(dst.shape)
+
+
+def _scalar(mem: _Memory, v, scalars: dict):
+    if v is None:
+        return None
+    if isinstance(v, AP):
+        return mem.read(v)  # (P, 1) broadcasts along the free dim
+    if isinstance(v, RuntimeScalar):
+        try:
+            return np.float32(scalars[v.name])
+        except KeyError:
+            raise ProgramError(
+                f"runtime scalar {v.name!r} has no value; pass scalars={{{v.name!r}: ...}}"
+            ) from None
+    return np.float32(v)
+
+
+def _apply(op: str, a, b, reverse: bool):
+    fn = ALU_OPS[op]
+    return fn(b, a) if reverse else fn(a, b)
+
+
+def _exec(mem: _Memory, instr, scalars: dict) -> None:
+    t = type(instr)
+    if t is DmaCopy:
+        src = mem.view(instr.src)
+        dst = mem.view(instr.dst)
+        dst[...] = src.reshape(dst.shape)
+    elif t is TensorTensor:
+        with np.errstate(all="ignore"):
+            mem.write(instr.dst, ALU_OPS[instr.op](mem.read(instr.a), mem.read(instr.b)))
+    elif t is TensorScalar:
+        with np.errstate(all="ignore"):
+            r = _apply(instr.op0, mem.read(instr.src), _scalar(mem, instr.scalar0, scalars), instr.reverse0)
+            if instr.op1 is not None:
+                r = _apply(instr.op1, r, _scalar(mem, instr.scalar1, scalars), instr.reverse1)
+        mem.write(instr.dst, r)
+    elif t is Activation or t is ActivationReduce:
+        with np.errstate(all="ignore"):
+            x = mem.read(instr.src) * _scalar(mem, instr.scale, scalars)
+            bias = _scalar(mem, instr.bias, scalars)
+            if bias is not None:
+                x = x + bias
+            r = ACTIVATIONS[instr.func](x).astype(np.float32)
+            if t is Activation and instr.accumulate:
+                r = r + mem.read(instr.dst)
+        mem.write(instr.dst, r)
+        if t is ActivationReduce:
+            mem.write(instr.reduce_dst, REDUCE_OPS[instr.reduce_op][0](r, axis=1, keepdims=True))
+    elif t is TensorReduce:
+        src = mem.view(instr.src)
+        src = src.astype(np.float32) if is_float(instr.src.dtype) else src.astype(np.int64)
+        axes = instr.axes if instr.axes is not None else tuple(range(1, src.ndim))
+        r = REDUCE_OPS[instr.op][0](src, axis=axes)
+        if instr.negate:
+            r = -r
+        mem.write(instr.dst, r)
+    elif t is TensorCopy:
+        mem.write(instr.dst, mem.view(instr.src).reshape(instr.dst.partitions, -1))
+    elif t is Select:
+        pred = mem.read(instr.pred)
+        mem.write(instr.dst, np.where(pred != 0, mem.read(instr.on_true), _scalar(mem, instr.on_false, scalars)))
+    elif t is Iota:
+        shape = instr.dst.shape
+        p = np.arange(shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
+        r = instr.base + instr.partition_step * p
+        steps = instr.steps or (0,) * (len(shape) - 1)
+        if len(steps) != len(shape) - 1:
+            raise ProgramError(f"iota steps {steps} must give one step per free dim of dst {shape}")
+        for k, step in enumerate(steps, start=1):
+            ix = np.arange(shape[k]).reshape((1,) * k + (-1,) + (1,) * (len(shape) - k - 1))
+            r = r + step * ix
+        mem.write(instr.dst, np.broadcast_to(r, shape))
+    elif t is Memset:
+        mem.view(instr.dst)[...] = instr.value
+    elif t is Matmul:
+        st = mem.read(instr.stationary)
+        mv = mem.read(instr.moving)
+        r = st.T.astype(np.float32) @ mv.astype(np.float32)
+        if instr.accumulate:
+            r = r + mem.read(instr.dst)
+        mem.write(instr.dst, r)
+    elif t is Transpose:
+        mem.write(instr.dst, mem.read(instr.src).T)
+    elif t is BnStats:
+        x = mem.read(instr.src).astype(np.float64)
+        half = max(1, x.shape[1] // 2)
+        out = []
+        for part in (x[:, :half], x[:, half:]):
+            n = part.shape[1]
+            mean = part.mean(axis=1) if n else np.zeros(x.shape[0])
+            m2 = ((part - mean[:, None]) ** 2).sum(axis=1) if n else np.zeros(x.shape[0])
+            out += [np.full(x.shape[0], float(n)), mean, m2]
+        mem.write(instr.dst, np.stack(out, axis=1))
+    elif t is BnAggr:
+        s = mem.read(instr.src).astype(np.float64).reshape(instr.src.partitions, -1, 3)
+        n, mean, m2 = s[..., 0], s[..., 1], s[..., 2]
+        total = n.sum(axis=1)
+        safe = np.where(total > 0, total, 1)
+        gmean = (n * mean).sum(axis=1) / safe
+        # Chan et al.: combined M2 = sum(M2_k + n_k * (mean_k - mean)^2)
+        gm2 = (m2 + n * (mean - gmean[:, None]) ** 2).sum(axis=1)
+        mem.write(instr.dst, np.stack([gmean, gm2 / safe], axis=1))
+    elif t is GpsimdCall:
+        fn = GPSIMD_IMPLS.get(instr.impl)
+        if fn is None:
+            raise ProgramError(
+                f"gpsimd_call {instr.name!r} uses implementation {instr.impl!r}, which is not "
+                f"registered; register it with tilescope.sim.register_gpsimd_impl"
+            )
+        fn([mem.view(a) for a in instr.inputs], [mem.view(a) for a in instr.outputs], dict(instr.attrs))
+    else:  # pragma: no cover - every kind is handled above
+        raise ProgramError(f"no numerics for instruction kind {instr.KIND!r}")
+
+
+def run_numerics(program, inputs: dict[str, np.ndarray], scalars: dict | None = None, *,
+                 hooks: dict[int, Callable] | None = None, copy_inputs: bool = True) -> dict[str, np.ndarray]:
+    """Execute ``program`` on ``inputs`` (name -> array); return every output array.
+
+    ``hooks`` maps an instruction index to ``fn(read)`` called after it runs, where
+    ``read(ap)`` returns an operand's current values (used by ``device_print``).
+    With ``copy_inputs=False`` inputs are used in place (stores into an input
+    buffer land in the caller's array, if its dtype and layout allow).
+    """
+    mem = _Memory(program.buffers)
+    scalars = scalars or {}
+    for name in program.inputs:
+        if name not in inputs:
+            raise ProgramError(f"program {program.name!r} needs input {name!r}; got {sorted(inputs)}")
+        b = program.buffers[name]
+        arr = np.asarray(inputs[name])
+        if arr.size != b.size:
+            raise ProgramError(
+                f"input {name!r} has {arr.size} elements (shape {arr.shape}); the program expects "
+                f"shape {b.shape}"
+            )
+        want = to_numpy(b.dtype)
+        if copy_inputs or arr.dtype != want or not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr, dtype=want).copy() if copy_inputs else np.ascontiguousarray(arr, dtype=want)
+        mem.arrays[name] = arr.reshape(-1)
+    for name in program.runtime_scalars:
+        if name not in scalars:
+            raise ProgramError(f"program {program.name!r} needs runtime scalar {name!r}; pass scalars={{...}}")
+    hooks = hooks or {}
+    for i, instr in enumerate(program.instructions):
+        try:
+            _exec(mem, instr, scalars)
+        except ProgramError:
+            raise
+        except Exception as e:
+            raise ProgramError(
+                f"numerics of instruction #{i} ({instr.KIND}, from {program.prov_of(i).describe()}) "
+                f"failed: {type(e).__name__}: {e}"
+            ) from e
+        hook = hooks.get(i)
+        if hook is not None:
+            hook(mem.read)
+    return {name: mem.flat(name).reshape(program.buffers[name].shape) for name in program.outputs}

@@ -1,0 +1,260 @@
+"""The scheduler: the single place that turns a Program into modeled time.
+
+Model (each rule is one line of the loop below):
+
+* Every engine (TensorE, ScalarE, VectorE, GpSimd) runs its instructions in program
+  order, one at a time; each DMA queue likewise. An instruction starts when its
+  engine is free and every instruction it depends on has finished.
+* A matmul whose stationary operand differs from the previous matmul's first loads
+  it on TensorE's LoadStationary lane, which runs in the background of the previous
+  matmul (nki.isa cost notes).
+* A DMA transfer takes the queue that frees first (unless the instruction names one),
+  pays the fixed latency, then moves its bytes through the core's DMA bandwidth,
+  which all transfers share: each takes the capacity earlier transfers left free.
+* Shared ports [arch]: VectorE and GpSimd cannot access SBUF at the same time;
+  VectorE and ScalarE cannot access PSUM at the same time.
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush
+
+import numpy as np
+
+from ..isa import (
+    DmaCopy, Matmul, Transpose, dma_cost, engine_cycles, flops, load_stationary_cycles,
+)
+from ..spec import CoreSpec
+from ._resources import IntervalResource
+from ._timeline import LANE_GROUPS, SimResult, Summary, Timeline
+
+__all__ = ["schedule"]
+
+_ENGINE_LANES = {"pe": 0, "act": 2, "dve": 3, "pool": 4}
+_FIXED_LANES = ("TensorE", "TensorE.LoadStationary", "ScalarE", "VectorE", "GpSimd")
+_LS = 1
+_DMA = -1
+
+
+def lane_names(spec: CoreSpec) -> tuple[str, ...]:
+    return _FIXED_LANES + tuple(f"DMA.q{q}" for q in range(spec.dma.engines))
+
+
+def _signature_costs(rep, memories, spec: CoreSpec) -> tuple:
+    """Cost-table row of one instruction signature:
+    (lane, dur_ns, ls_ns, dma_fixed_ns, dma_bw_ns, nbytes, flops, sbuf_port, psum_port,
+     hbm_read, hbm_write, is_pe)."""
+    fl = flops(rep)
+    if isinstance(rep, DmaCopy):
+        src_mem, dst_mem = memories
+        cost = dma_cost(rep, spec, "hbm" in (src_mem, dst_mem))
+        return (_DMA, 0.0, 0.0, cost.fixed_ns, cost.effective_bytes / cost.bytes_per_ns, cost.nbytes,
+                fl, False, False, cost.nbytes if src_mem == "hbm" else 0,
+                cost.nbytes if dst_mem == "hbm" else 0, False)
+    engine = rep.engine
+    dur = spec.engines[engine].ns(engine_cycles(rep, spec))
+    nbytes = sum(ap.nbytes for ap in rep.reads() + rep.writes())
+    if isinstance(rep, (Matmul, Transpose)):
+        ls = spec.tensor.ns(load_stationary_cycles(rep))
+        return (0, dur, ls, 0.0, 0.0, nbytes, fl, False, False, 0, 0, True)
+    sbuf_port = engine in ("dve", "pool") and "sbuf" in memories
+    psum_port = engine in ("dve", "act") and "psum" in memories
+    return (_ENGINE_LANES[engine], dur, 0.0, 0.0, 0.0, nbytes, fl, sbuf_port, psum_port, 0, 0, False)
+
+
+def _precompute(program, spec: CoreSpec):
+    """Per-instruction cost arrays: the cost table applied once per signature, then gathered."""
+    static = program.static
+    rows = [_signature_costs(rep, mem, spec) for rep, mem in zip(static.representatives, static.memories)]
+    table = {
+        name: np.array([r[k] for r in rows], dtype=dt)
+        for k, (name, dt) in enumerate((
+            ("lane", np.int64), ("dur", np.float64), ("ls", np.float64), ("fixed", np.float64),
+            ("amount", np.float64), ("nbytes", np.int64), ("flops", np.float64), ("sbuf", bool),
+            ("psum", bool), ("hbm_read", np.int64), ("hbm_write", np.int64), ("pe", bool),
+        ))
+    }
+    sid = static.sig_id
+    cols = {name: arr[sid] for name, arr in table.items()}
+    cols["ls"] = np.where(static.stationary_change, cols["ls"], 0.0)
+    queue = np.full(len(sid), -1, dtype=np.int64)
+    for i, instr in enumerate(static.representatives):
+        if isinstance(instr, DmaCopy) and instr.queue is not None:
+            queue[sid == i] = instr.queue
+    cols["queue"] = queue
+    is_dma = cols["lane"] == _DMA
+    totals = dict(
+        hbm_read=int(cols["hbm_read"].sum()), hbm_write=int(cols["hbm_write"].sum()),
+        transfers=int(is_dma.sum()), dma_bytes=int(cols["nbytes"][is_dma].sum()),
+    )
+    return cols, totals
+
+
+def schedule(program, spec: CoreSpec) -> SimResult:
+    """Schedule ``program`` on ``spec``; deterministic."""
+    cols, totals = _precompute(program, spec)
+    lane, dur, ls_dur = cols["lane"], cols["dur"], cols["ls"]
+    dma_fixed, dma_amount, queue = cols["fixed"], cols["amount"], cols["queue"]
+    port_sbuf, port_psum = cols["sbuf"], cols["psum"]
+    nbytes, fl, pe_flops = cols["nbytes"], cols["flops"], cols["pe"]
+    indptr, indices = program.dependencies
+    n = len(lane)
+    nq = spec.dma.engines
+    lanes = lane_names(spec)
+
+    start = np.zeros(n, dtype=np.float64)
+    end = np.zeros(n, dtype=np.float64)
+    out_lane = np.zeros(n, dtype=np.int64)
+    ls_rows: list[tuple[int, float, float]] = []
+
+    engine_free = [0.0] * len(_FIXED_LANES)
+    queue_free = [0.0] * nq
+    queue_heap = [(0.0, q) for q in range(nq)]
+    bandwidth = IntervalResource()
+    sbuf_port = IntervalResource()
+    psum_port = IntervalResource()
+
+    indptr_l = indptr.tolist()
+    indices_l = indices.tolist()
+    lane_l = lane.tolist()
+    dur_l = dur.tolist()
+    ls_l = ls_dur.tolist()
+    queue_l = queue.tolist()
+    fixed_l = dma_fixed.tolist()
+    amount_l = dma_amount.tolist()
+    psb = port_sbuf.tolist()
+    pps = port_psum.tolist()
+    end_l = [0.0] * n
+    start_l = [0.0] * n
+    olane = [0] * n
+
+    for i in range(n):
+        ready = 0.0
+        for k in range(indptr_l[i], indptr_l[i + 1]):
+            e = end_l[indices_l[k]]
+            if e > ready:
+                ready = e
+        ln = lane_l[i]
+        if ln == _DMA:
+            q = queue_l[i]
+            if q < 0:  # the queue that frees first (lowest id on ties)
+                free_at, q = heappop(queue_heap)
+                while free_at != queue_free[q]:  # stale entry: that queue was used by id
+                    free_at, q = heappop(queue_heap)
+            s = queue_free[q] if queue_free[q] > ready else ready
+            e = bandwidth.consume(s + fixed_l[i], amount_l[i])
+            queue_free[q] = e
+            heappush(queue_heap, (e, q))
+            olane[i] = len(_FIXED_LANES) + q
+        elif ln == 0:  # TensorE
+            s = engine_free[0] if engine_free[0] > ready else ready
+            if ls_l[i] > 0.0:
+                ls_s = engine_free[_LS] if engine_free[_LS] > ready else ready
+                ls_e = ls_s + ls_l[i]
+                engine_free[_LS] = ls_e
+                ls_rows.append((i, ls_s, ls_e))
+                if ls_e > s:
+                    s = ls_e
+            e = s + dur_l[i]
+            engine_free[0] = e
+            olane[i] = 0
+        else:
+            s = engine_free[ln] if engine_free[ln] > ready else ready
+            d = dur_l[i]
+            if psb[i] or pps[i]:
+                while True:
+                    t = s
+                    if psb[i]:
+                        t = sbuf_port.earliest_gap(t, d)
+                    if pps[i]:
+                        t = psum_port.earliest_gap(t, d)
+                    if t == s:
+                        break
+                    s = t
+                if psb[i]:
+                    sbuf_port.reserve(s, s + d)
+                if pps[i]:
+                    psum_port.reserve(s, s + d)
+            e = s + d
+            engine_free[ln] = e
+            olane[i] = ln
+        start_l[i] = s
+        end_l[i] = e
+
+    start[:] = start_l
+    end[:] = end_l
+    out_lane[:] = olane
+    timeline = _timeline(program, start, end, out_lane, nbytes, fl, ls_rows, lanes)
+    summary = _summary(program, spec, timeline, fl, pe_flops, totals)
+    return SimResult(timeline, summary)
+
+
+def _timeline(program, start, end, lane, nbytes, fl, ls_rows, lanes) -> Timeline:
+    reps = program.static.representatives
+    kinds = sorted({r.KIND for r in reps} | {"load_stationary"})
+    kind_id = {k: j for j, k in enumerate(kinds)}
+    kind = np.array([kind_id[r.KIND] for r in reps], dtype=np.int16)[program.static.sig_id]
+    index = np.arange(len(start), dtype=np.int64)
+    prov = np.asarray(program.instr_prov, dtype=np.int32)
+    if ls_rows:
+        li = np.array([r[0] for r in ls_rows], dtype=np.int64)
+        index = np.concatenate([index, li])
+        lane = np.concatenate([lane, np.full(len(li), _LS, dtype=np.int64)])
+        start = np.concatenate([start, [r[1] for r in ls_rows]])
+        end = np.concatenate([end, [r[2] for r in ls_rows]])
+        nbytes = np.concatenate([nbytes, np.zeros(len(li), dtype=np.int64)])
+        fl = np.concatenate([fl, np.zeros(len(li))])
+        prov = np.concatenate([prov, prov[li]])
+        kind = np.concatenate([kind, np.full(len(li), kind_id["load_stationary"], dtype=np.int16)])
+    return Timeline(index, lane.astype(np.int16), start, end, nbytes, fl, prov, kind, lanes, tuple(kinds))
+
+
+def _union_ns(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Total length of the union of intervals."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    run_end = np.maximum.accumulate(e)
+    # a new run starts where an interval begins after every earlier one ended
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_end[:-1]
+    run_ids = np.cumsum(new) - 1
+    run_starts = s[new]
+    run_ends = np.zeros(len(run_starts))
+    np.maximum.at(run_ends, run_ids, e)
+    return float((run_ends - run_starts).sum())
+
+
+def _summary(program, spec, tl: Timeline, fl, pe_flops, totals) -> Summary:
+    total = float(tl.end_ns.max()) if len(tl) else 0.0
+    busy: dict[str, float] = {}
+    for group in LANE_GROUPS:
+        ids = [j for j, name in enumerate(tl.lanes) if name.split(".")[0] == group]
+        sel = np.isin(tl.lane, ids)
+        if sel.any():
+            busy[group] = _union_ns(tl.start_ns[sel], tl.end_ns[sel])
+    util = {k: (v / total if total else 0.0) for k, v in busy.items()}
+    dtype = "float32"
+    for instr in program.static.representatives:
+        if isinstance(instr, Matmul):
+            dtype = instr.moving.dtype
+            break
+    return Summary(
+        program=program.name,
+        program_hash=program.hash,
+        preset=spec.name,
+        total_ns=total,
+        instructions=len(program.instructions),
+        engine_busy_ns=busy,
+        utilization=util,
+        dma_bytes=int(totals["dma_bytes"]),
+        hbm_read_bytes=int(totals["hbm_read"]),
+        hbm_write_bytes=int(totals["hbm_write"]),
+        dma_transfers=int(totals["transfers"]),
+        flops=float(fl.sum()),
+        tensor_flops=float(fl[pe_flops].sum()),
+        peak_flops=spec.peak_flops(dtype),
+        hbm_bytes_per_ns=spec.hbm_bytes_per_ns,
+    )

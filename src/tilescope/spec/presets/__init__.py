@@ -1,0 +1,1 @@
+"""One module per hardware preset; each defines ``PRESETS: dict[str, CoreSpec]``."""
