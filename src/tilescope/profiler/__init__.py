@@ -1,0 +1,16 @@
+"""The system-level profiler and the profile directory format it writes.
+
+The format is documented in ``docs/profile-format.md``.
+"""
+
+from ._format import (
+    FORMAT, FORMAT_VERSION, ProfileWriter, executable_name, itrace_json, itrace_name,
+    write_kernel_profile,
+)
+from ._reader import IncompleteProfileError, Profile, ProfileFormatError, find_profiles, read_profile
+
+__all__ = [
+    "ProfileWriter", "write_kernel_profile", "read_profile", "find_profiles", "Profile",
+    "IncompleteProfileError", "ProfileFormatError", "FORMAT", "FORMAT_VERSION",
+    "executable_name", "itrace_name", "itrace_json",
+]

@@ -1,0 +1,240 @@
+"""Writing the profile directory (format: docs/profile-format.md), atomically.
+
+A profile is written into ``.<timestamp>.partial`` next to its final name; every
+file is flushed and fsynced, ``manifest.json`` (with each file's size and sha256)
+goes last through a temporary file, and only then is the directory renamed. A
+crash at any point leaves a ``.partial`` directory or one without a complete
+manifest -- which readers report as incomplete, never as a profile.
+
+>>> import tempfile
+>>> from tilescope.profiler import ProfileWriter
+>>> with ProfileWriter(tempfile.mkdtemp(), device={"kind": "sim"}) as w:
+...     _ = w.write_json("trace.json", {"traceEvents": []})
+>>> w.path.name.startswith("20") and (w.path / "manifest.json").exists()
+True
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+__all__ = [
+    "ProfileWriter", "FORMAT", "FORMAT_VERSION", "itrace_json", "executable_name", "itrace_name",
+    "write_kernel_profile",
+]
+
+FORMAT = "tilescope.profile"
+FORMAT_VERSION = 1
+
+
+def executable_name(program_hash: str) -> str:
+    return f"executables/exec_{program_hash}.json"
+
+
+def itrace_name(program_hash: str, run: int) -> str:
+    return f"itraces/exec_{program_hash}.{run}.itrace.json"
+
+
+def itrace_json(program, result, *, execution: dict | None = None) -> dict:
+    """The instruction-trace document of one modeled run (``result`` is a SimResult)."""
+    tl = result.timeline
+    return {
+        "format": "tilescope.itrace",
+        "version": FORMAT_VERSION,
+        "program_hash": program.hash,
+        "preset": result.summary.preset,
+        "modeled": True,
+        "execution": execution or {},
+        "lanes": list(tl.lanes),
+        "kinds": list(tl.kinds),
+        "columns": {
+            "index": tl.index.tolist(),
+            "lane": tl.lane.tolist(),
+            "kind": tl.kind.tolist(),
+            "start_ns": tl.start_ns.tolist(),
+            "end_ns": tl.end_ns.tolist(),
+            "bytes": tl.nbytes.tolist(),
+            "flops": tl.flops.tolist(),
+            "prov": tl.prov.tolist(),
+        },
+        "summary": result.summary.to_dict(),
+    }
+
+
+def _versions() -> dict:
+    from .. import __version__
+
+    out = {"tilescope": __version__, "python": platform.python_version(), "platform": platform.platform()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch"] = torch.__version__
+    return out
+
+
+class ProfileWriter:
+    """Writes one profile directory; use as a context manager (aborts on an exception).
+
+    Args:
+        output_dir: the parent directory (``ProfileConfig.output_dir``).
+        device: the manifest's ``device`` object (kind, name, preset, clock, ...).
+        config: the manifest's ``config`` object (the profile configuration).
+        instance: host name used in ``<instance>_pid_<pid>`` (default: this host).
+    """
+
+    def __init__(self, output_dir, *, device: dict | None = None, config: dict | None = None,
+                 instance: str | None = None, pid: int | None = None, timestamp: str | None = None):
+        now = _dt.datetime.now(_dt.timezone.utc)
+        self.created = now.isoformat().replace("+00:00", "Z")
+        stamp = timestamp or now.strftime("%Y%m%d_%H%M%S_%f")
+        instance = instance or socket.gethostname().split(".")[0] or "host"
+        pid = os.getpid() if pid is None else pid
+        parent = Path(output_dir) / f"{instance}_pid_{pid}"
+        self.path = parent / stamp
+        if self.path.exists():
+            raise FileExistsError(f"profile directory {self.path} already exists; pick another timestamp")
+        self.partial = parent / f".{stamp}.partial"
+        self.partial.mkdir(parents=True, exist_ok=False)
+        self.device = dict(device or {})
+        self.config = dict(config or {})
+        self.stats: dict = {}
+        self._files: dict[str, tuple[int, str]] = {}
+        self._executables: set[str] = set()
+        self._finished = False
+
+    # ---- files -------------------------------------------------------------
+    def _target(self, relpath: str) -> Path:
+        rel = Path(relpath)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ValueError(f"profile file paths must be relative and inside the profile: {relpath!r}")
+        target = self.partial / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def write_bytes(self, relpath: str, data: bytes) -> str:
+        target = self._target(relpath)
+        with open(target, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        self._files[relpath] = (len(data), hashlib.sha256(data).hexdigest())
+        return relpath
+
+    def write_json(self, relpath: str, obj) -> str:
+        return self.write_bytes(relpath, json.dumps(obj, separators=(",", ":"), allow_nan=False,
+                                                    default=_json_default).encode())
+
+    def add_file(self, relpath: str, source: Path) -> str:
+        """Copy an existing file (e.g. torch's exported trace.json) into the profile."""
+        return self.write_bytes(relpath, Path(source).read_bytes())
+
+    def add_executable(self, program) -> str:
+        """``executables/exec_<hash>.json`` (written once per distinct Program)."""
+        rel = executable_name(program.hash)
+        if program.hash not in self._executables:
+            self.write_bytes(rel, program.dumps().encode())
+            self._executables.add(program.hash)
+        return rel
+
+    def add_itrace(self, program, result, run: int, execution: dict | None = None) -> str:
+        """The instruction trace of one run, paired with its executable by hash."""
+        self.add_executable(program)
+        return self.write_json(itrace_name(program.hash, run), itrace_json(program, result, execution=execution))
+
+    # ---- completion -------------------------------------------------------
+    def manifest(self) -> dict:
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "complete": True,
+            "created": self.created,
+            **_versions(),
+            "device": self.device,
+            "config": self.config,
+            "stats": self.stats,
+            "files": [{"path": p, "bytes": n, "sha256": h} for p, (n, h) in sorted(self._files.items())],
+        }
+
+    def finish(self) -> Path:
+        """Write the manifest last and move the directory to its final name."""
+        if self._finished:
+            return self.path
+        data = json.dumps(self.manifest(), indent=1, default=_json_default).encode()
+        tmp = self.partial / "manifest.json.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.partial / "manifest.json")
+        os.replace(self.partial, self.path)
+        _fsync_dir(self.path.parent)
+        self._finished = True
+        return self.path
+
+    def abort(self) -> None:
+        shutil.rmtree(self.partial, ignore_errors=True)
+        self._finished = True
+
+    def __enter__(self) -> "ProfileWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abort()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _json_default(o):
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "__fspath__"):
+        return os.fspath(o)
+    raise TypeError(f"cannot write {type(o).__name__} into a profile: {o!r}")
+
+
+def write_kernel_profile(output_dir, program, result, *, name: str | None = None, config: dict | None = None) -> Path:
+    """A profile of one modeled kernel run: manifest, executable, instruction trace,
+    and a system trace with the run on the hardware lane of core 0."""
+    from ..spec import preset as _preset
+
+    spec = _preset(result.summary.preset)
+    device = {"kind": "sim", "name": "sim", "preset": spec.name, "preset_fingerprint": spec.fingerprint,
+              "clock": "virtual"}
+    label = name or program.name
+    dur_us = result.summary.total_ns / 1000.0
+    instance = socket.gethostname().split(".")[0] or "host"
+    pid = os.getpid()
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": f"{instance}/{pid}/hardware"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 0, "args": {"name": "NC0:0"}},
+        {"ph": "X", "cat": "hardware", "name": f"exec_running {label}", "pid": 1, "tid": 0, "ts": 0.0,
+         "dur": dur_us, "args": {"flow_id": 1, "program_hash": program.hash, "op": label, "core": 0,
+                                 "modeled": True, "instructions": len(program)}},
+    ]
+    with ProfileWriter(output_dir, device=device, config=config or {"source": "kernel"}) as w:
+        w.add_itrace(program, result, 0, execution={"flow_id": 1, "core": 0, "start_us": 0.0})
+        w.write_json("system_trace.json", {"traceEvents": events, "displayTimeUnit": "ns",
+                                           "metadata": {"tilescope": {"modeled": True}}})
+        w.stats = {"executions": 1, "events": len(events)}
+    return w.path

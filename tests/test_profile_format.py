@@ -1,0 +1,105 @@
+"""The profile directory: atomic writing, completeness, checksums, pairs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tilescope.profiler import (
+    IncompleteProfileError, ProfileFormatError, ProfileWriter, find_profiles, read_profile,
+    write_kernel_profile,
+)
+from tilescope.program import TileBuilder
+from tilescope.sim import simulate
+
+
+def _program():
+    b = TileBuilder("k")
+    x = b.input("x", (128, 64), "float32")
+    y = b.output("y", (128, 64), "float32")
+    t = b.sbuf((128, 64), "float32")
+    b.dma_copy(t, x)
+    b.activation(t, t, "exp")
+    b.dma_copy(y, t)
+    return b.build()
+
+
+def test_kernel_profile_is_complete_and_pairs_match(tmp_path):
+    prog = _program()
+    path = write_kernel_profile(tmp_path, prog, simulate(prog))
+    prof = read_profile(path).require_complete()
+    assert prof.device["kind"] == "sim" and prof.device["preset"] == "trn1"
+    assert list(prof.executables()) == [prog.hash]
+    (h, run, trace_path), = prof.itraces()
+    assert h == prog.hash and run == 0
+    doc = prof.load_itrace(trace_path)
+    assert doc["modeled"] is True and len(doc["columns"]["start_ns"]) == 3
+    assert prof.program(prog.hash).hash == prog.hash
+    listed = {f["path"] for f in prof.manifest["files"]}
+    assert listed == {"system_trace.json", f"executables/exec_{prog.hash}.json", f"itraces/exec_{prog.hash}.0.itrace.json"}
+
+
+def test_tampered_file_makes_the_profile_incomplete(tmp_path):
+    prog = _program()
+    path = write_kernel_profile(tmp_path, prog, simulate(prog))
+    target = path / "system_trace.json"
+    data = target.read_bytes()
+    target.write_bytes(data.replace(b"exec_running", b"exec_Running"))
+    prof = read_profile(path)
+    assert not prof.complete
+    assert "does not match its sha256" in prof.problems[0]
+    with pytest.raises(IncompleteProfileError, match="not a complete tilescope profile"):
+        prof.require_complete()
+
+
+def test_mismatched_pair_is_refused(tmp_path):
+    prog = _program()
+    path = write_kernel_profile(tmp_path, prog, simulate(prog))
+    prof = read_profile(path)
+    (_, _, trace_path), = prof.itraces()
+    doc = json.loads(trace_path.read_text())
+    doc["program_hash"] = "0" * 16
+    trace_path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileFormatError, match="instruction trace is for program 0000000000000000 but its name says"):
+        prof.load_itrace(trace_path)
+
+
+def test_exception_inside_writer_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        with ProfileWriter(tmp_path) as w:
+            w.write_json("trace.json", {"traceEvents": []})
+            raise RuntimeError("boom")
+    assert find_profiles(tmp_path) == []
+
+
+def test_sigkill_during_export_is_detected_as_incomplete(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, signal
+        from tilescope.profiler import ProfileWriter
+        w = ProfileWriter({str(tmp_path)!r})
+        w.write_json("trace.json", {{"traceEvents": [{{"ph": "X"}}] * 1000}})
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    assert proc.returncode == -signal.SIGKILL
+    (prof,) = find_profiles(tmp_path)
+    assert not prof.complete
+    assert any(".partial" in p for p in prof.problems)
+
+
+def test_missing_manifest_is_incomplete(tmp_path):
+    prog = _program()
+    path = write_kernel_profile(tmp_path, prog, simulate(prog))
+    os.remove(path / "manifest.json")
+    prof = read_profile(path)
+    assert "manifest.json is missing" in prof.problems[0]
+
+
+def test_paths_outside_the_profile_are_refused(tmp_path):
+    with ProfileWriter(tmp_path) as w:
+        with pytest.raises(ValueError, match="relative and inside the profile"):
+            w.write_json("../escape.json", {})
