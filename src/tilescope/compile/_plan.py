@@ -1,0 +1,232 @@
+"""Fusion planning: cut a post-AOT aten graph into segments.
+
+A *row group* is a run of pointwise ops, broadcasts and last-dim reductions that
+all live in one ``[rows, D]`` space: every tensor they touch is a full row block
+(``[rows, D]``), a per-row value (``[rows, 1]``), a row-broadcast vector (``[D]``) or
+a scalar. A *matmul* segment is one ``mm``/``addmm``/``bmm`` plus the pointwise
+epilogue on its output. Everything else is an *eager* segment: one op, run as its
+own device execution, with the reason recorded for ``explain()``.
+
+Segments follow the graph's topological order, so running them in order respects
+every data dependency. The plan is found from the graph alone -- never by
+recognising a known pattern.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+import torch
+import torch.fx as fx
+
+from ._ops import BINARY, CASTS, MATMULS, REDUCTIONS, UNARY, VIEWS, packet_name
+
+__all__ = ["Segment", "plan_graph", "value_class", "node_shape"]
+
+
+@dataclass
+class Segment:
+    kind: str  # "rowgroup" | "matmul" | "eager" | "view"
+    nodes: list[fx.Node] = field(default_factory=list)
+    space: tuple[int, int] | None = None  # (rows, D)
+    reason: str | None = None  # why an eager segment was not fused
+    inputs: list[fx.Node] = field(default_factory=list)
+    outputs: list[fx.Node] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+
+def node_shape(node) -> tuple[int, ...] | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if val is None and isinstance(node, fx.Node):
+        tm = node.meta.get("tensor_meta")
+        if tm is not None:
+            return tuple(int(s) for s in tm.shape)
+    if isinstance(val, torch.Tensor):
+        return tuple(int(s) for s in val.shape)
+    return None
+
+
+def node_dtype(node):
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.dtype
+    tm = node.meta.get("tensor_meta")
+    return tm.dtype if tm is not None else None
+
+
+def value_class(shape: tuple[int, ...] | None, rows: int, d: int) -> str | None:
+    """How a tensor of ``shape`` sits in the ``[rows, d]`` space, or None if it does not."""
+    if shape is None:
+        return None
+    n = prod(shape)
+    if len(shape) >= 1 and shape[-1] == d and n == rows * d:
+        return "row"
+    if n == rows and (len(shape) == 0 or shape[-1] == 1 or d == 1 or _is_leading(shape, rows)):
+        return "rowvec" if rows > 1 or n == 1 else "scalar"
+    if n == d and len(shape) >= 1 and shape[-1] == d:
+        return "colvec"
+    if n == 1:
+        return "scalar"
+    return None
+
+
+def _is_leading(shape, rows) -> bool:
+    return prod(shape) == rows
+
+
+def _space_of(node: fx.Node) -> tuple[int, int] | None:
+    """The ``[rows, D]`` space an op works in: its output's, or its input's for a reduction."""
+    name = packet_name(node.target)
+    if name in REDUCTIONS or name == "var":
+        shape = node_shape(node.args[0])
+    else:
+        shape = node_shape(node)
+    if not shape:
+        return None
+    d = shape[-1]
+    return (prod(shape) // d if d else 0, d)
+
+
+def _tensor_args(node: fx.Node) -> list[fx.Node]:
+    out = []
+    for a in list(node.args) + list(node.kwargs.values()):
+        if isinstance(a, fx.Node):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(x for x in a if isinstance(x, fx.Node))
+    return out
+
+
+def _reduction_ok(node: fx.Node) -> str | None:
+    """None if the reduction is over the last dim only, else the reason it is not."""
+    shape = node_shape(node.args[0])
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None:
+        return "reduces over every dim (a cross-partition reduction)"
+    if isinstance(dims, int):
+        dims = [dims]
+    nd = len(shape)
+    dims = [d % nd for d in dims]
+    if dims != [nd - 1]:
+        return f"reduces over dims {dims} of a {nd}-d tensor, not only the last (a cross-partition reduction)"
+    return None
+
+
+def fusible_op(node: fx.Node) -> tuple[str | None, str | None]:
+    """(role, reason): role in elementwise/reduction/view/cast/matmul, or a reason it is not fusible."""
+    if node.op != "call_function":
+        return None, f"{node.op} nodes are not fused"
+    name = packet_name(node.target)
+    shape = node_shape(node)
+    if shape is None:
+        return None, f"{name} does not produce a single tensor"
+    if name in MATMULS:
+        ok = all(len(node_shape(a) or ()) in (2, 3) for a in _tensor_args(node))
+        return ("matmul", None) if ok else (None, f"{name} with inputs of rank other than 2 or 3")
+    if name in REDUCTIONS or name == "var":
+        why = _reduction_ok(node)
+        return ("reduction", None) if why is None else (None, why)
+    if name in BINARY or name in UNARY or name in ("where", "clamp", "pow", "full", "scalar_tensor"):
+        return "elementwise", None
+    if name in CASTS:
+        return "cast", None
+    if name in VIEWS:
+        return "view", None
+    return None, f"no fusion rule for aten.{name}"
+
+
+def _joins(seg: Segment, node: fx.Node, produced: set) -> bool:
+    """Can ``node`` run inside ``seg``: its output and every tensor it reads fit the space
+    (a per-row value such as a mean joins the group of the rows it summarises)."""
+    rows, d = seg.space
+    if value_class(node_shape(node), rows, d) is None:
+        return False
+    name = packet_name(node.target)
+    if (name in REDUCTIONS or name == "var") and value_class(node_shape(node.args[0]), rows, d) != "row":
+        return False
+    for a in _tensor_args(node):
+        if a not in produced and value_class(node_shape(a), rows, d) is None:
+            return False
+    return True
+
+
+def plan_graph(gm: fx.GraphModule) -> list[Segment]:
+    """Cut ``gm`` (shapes in ``node.meta``) into fused and eager segments."""
+    segments: list[Segment] = []
+    current: Segment | None = None
+    produced: set = set()
+
+    def close():
+        nonlocal current, produced
+        if current is not None and current.nodes:
+            segments.append(current)
+        current, produced = None, set()
+
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        role, reason = fusible_op(node)
+        if role == "matmul":
+            close()
+            current = Segment("matmul", [node], space=_space_of(node))
+            produced = {node}
+            continue
+        if role in ("elementwise", "reduction", "cast", "view"):
+            space = _space_of(node)
+            if current is not None and current.kind == "matmul":
+                # epilogue: pointwise work on the matmul's output, in its space
+                if role in ("elementwise", "cast", "view") and _joins(current, node, produced) \
+                        and any(a in produced for a in _tensor_args(node)):
+                    current.nodes.append(node)
+                    produced.add(node)
+                    continue
+                close()
+            if current is not None and _joins(current, node, produced):
+                current.nodes.append(node)
+                produced.add(node)
+                continue
+            if role == "view":
+                # a view that changes the row layout is free on the device: run it as a view
+                close()
+                segments.append(Segment("view", [node], reason="changes the [rows, D] layout (metadata only)"))
+                continue
+            close()
+            if space is None or value_class(node_shape(node), *space) is None:
+                segments.append(Segment("eager", [node], reason="output does not fit a [rows, D] row group"))
+                continue
+            current = Segment("rowgroup", [node], space=space)
+            produced = {node}
+            continue
+        close()
+        segments.append(Segment("eager", [node], reason=reason))
+    close()
+    _wire(gm, segments)
+    return segments
+
+
+def _wire(gm: fx.GraphModule, segments: list[Segment]) -> None:
+    """Fill each segment's external inputs and the outputs used after it."""
+    owner = {}
+    for k, seg in enumerate(segments):
+        for n in seg.nodes:
+            owner[n] = k
+    graph_outputs = set()
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            graph_outputs.update(_tensor_args(node))
+    for k, seg in enumerate(segments):
+        inside = set(seg.nodes)
+        seen = []
+        for n in seg.nodes:
+            for a in _tensor_args(n):
+                if a not in inside and a not in seen:
+                    seen.append(a)
+        seg.inputs = seen
+        seg.outputs = [
+            n for n in seg.nodes
+            if n in graph_outputs or any(owner.get(u, -1) != k for u in n.users)
+        ]

@@ -1,0 +1,144 @@
+"""The compiler's fusion, without the device: plans, Programs and their numerics.
+
+Programs built by the fuser are run with the numpy interpreter and compared to
+CPU torch, so a fused Program that computes the wrong thing fails here.
+"""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tilescope.compile._emit import emit_segments
+from tilescope.compile._graph import trace_aten
+from tilescope.compile._plan import plan_graph
+from tilescope.sim import run_numerics, simulate
+
+
+def fuse(fn, *args):
+    gm = trace_aten(fn, *args)
+    segments = plan_graph(gm)
+    fused = [s for s in segments if s.kind in ("rowgroup", "matmul")]
+    prog, stats = emit_segments(fused, "test", "trn1")
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = {n.name: a.float().numpy().reshape(prog.buffers[n.name].shape)
+              for n, a in zip(placeholders, args) if n.name in prog.buffers}
+    for n, a in zip(placeholders, args):
+        if n.name in prog.buffers and a.dtype == torch.bfloat16:
+            import ml_dtypes
+            inputs[n.name] = a.float().numpy().astype(ml_dtypes.bfloat16).reshape(prog.buffers[n.name].shape)
+    out = run_numerics(prog, inputs)
+    return segments, prog, stats, out
+
+
+def rmsnorm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def _only(out):
+    (v,) = out.values()
+    return v.astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_naive_rmsnorm_is_one_row_group(dtype):
+    x = torch.randn(300, 768).to(dtype)
+    w = torch.randn(768).to(dtype)
+    segments, prog, _, out = fuse(rmsnorm, x, w)
+    assert [s.kind for s in segments] == ["rowgroup"]
+    assert segments[0].names == ["pow_1", "mean", "add", "rsqrt", "mul", "mul_1"]
+    ref = rmsnorm(x, w).float().numpy()
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    np.testing.assert_allclose(_only(out), ref, **tol)
+
+
+def test_softmax_and_layernorm_fuse_and_match():
+    x = torch.randn(256, 512)
+    segs, _, _, out = fuse(lambda x: torch.softmax(x, -1), x)
+    assert [s.kind for s in segs] == ["rowgroup"]
+    np.testing.assert_allclose(_only(out), torch.softmax(x, -1).numpy(), rtol=1e-5, atol=1e-7)
+    w, b = torch.randn(512), torch.randn(512)
+    ln = lambda x, w, b: torch.nn.functional.layer_norm(x, (512,), w, b)  # noqa: E731
+    segs, prog, _, out = fuse(ln, x, w, b)
+    assert [s.kind for s in segs] == ["rowgroup"]
+    assert "bn_stats" in prog.summary_counts()
+    np.testing.assert_allclose(_only(out), ln(x, w, b).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_with_epilogue_is_one_segment_with_a_tensore_stage():
+    x, w, b = torch.randn(256, 384), torch.randn(384, 640) * 0.05, torch.randn(640)
+    fn = lambda x, w, b: torch.nn.functional.gelu(x @ w + b)  # noqa: E731
+    segs, prog, _, out = fuse(fn, x, w, b)
+    assert [(s.kind, s.names) for s in segs] == [("matmul", ["mm", "add", "gelu"])]
+    counts = prog.summary_counts()
+    assert counts["matmul"] > 0 and counts["transpose"] > 0
+    assert simulate(prog).summary.engine_busy_ns["TensorE"] > 0
+    np.testing.assert_allclose(_only(out), fn(x, w, b).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_unfusable_reduction_stays_apart_with_a_reason():
+    x = torch.randn(256, 64)
+    segs = plan_graph(trace_aten(lambda x: (x * 2).sum(0), x))
+    kinds = [(s.kind, s.reason) for s in segs]
+    assert kinds[0][0] == "rowgroup"
+    assert kinds[1][0] == "eager" and "cross-partition" in kinds[1][1]
+
+
+def test_over_sbuf_graph_spills_and_stays_correct():
+    # 8 values of 64 KiB per partition live at once: more than the budget
+    x = torch.randn(128, 16384)
+
+    def many_live(x):
+        vals = [x * float(k + 1) for k in range(8)]
+        out = vals[0]
+        for v in vals[1:]:
+            out = out + v.exp()
+        return out
+
+    segs, prog, stats, out = fuse(many_live, x)
+    assert [s.kind for s in segs] == ["rowgroup"]
+    assert stats.spill_bytes > 0 and stats.spilled_values
+    labels = {prog.provenance[i].label for i in prog.instr_prov}
+    assert "spill" in labels and "spill reload" in labels
+    np.testing.assert_allclose(_only(out), many_live(x).numpy(), rtol=1e-4, atol=1e-3)
+
+
+UNARY = [torch.exp, torch.tanh, torch.sigmoid, torch.relu, lambda t: t * 0.5, lambda t: t + 1.0,
+         torch.nn.functional.silu, torch.nn.functional.gelu]
+REDUCE = [lambda t: t.mean(-1, keepdim=True), lambda t: t.amax(-1, keepdim=True),
+          lambda t: t.sum(-1, keepdim=True)]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.integers(1, 300), d=st.integers(1, 700),
+    ops=st.lists(st.tuples(st.sampled_from(["unary", "reduce", "binary_w", "binary_prev"]),
+                           st.integers(0, 7)), min_size=1, max_size=7),
+)
+def test_random_pointwise_and_reduction_graphs_fuse_into_one_pass(rows, d, ops):
+    def fn(x, w):
+        vals = [x]
+        for kind, k in ops:
+            cur = vals[-1]
+            if kind == "unary":
+                vals.append(UNARY[k % len(UNARY)](cur))
+            elif kind == "reduce":
+                vals.append(cur - REDUCE[k % len(REDUCE)](cur))
+            elif kind == "binary_w":
+                vals.append(cur * w)
+            else:
+                vals.append(cur + vals[k % len(vals)])
+        return vals[-1]
+
+    x = torch.randn(rows, d) * 0.5
+    w = torch.randn(d) * 0.5
+    segs, prog, stats, out = fuse(fn, x, w)
+    assert [s.kind for s in segs] == ["rowgroup"]
+    np.testing.assert_allclose(_only(out), fn(x, w).numpy(), rtol=2e-4, atol=2e-4)
+    s = simulate(prog).summary
+    if not stats.spill_bytes:
+        # each input is read once and the output written once: no intermediate touches HBM
+        w_bytes = 128 * d * 4 if "w_1" in prog.buffers else 0  # broadcast load of w into 128 partitions
+        assert s.hbm_read_bytes == rows * d * 4 + w_bytes
+        assert s.hbm_write_bytes == rows * d * 4
