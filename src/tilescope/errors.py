@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["TilescopeError", "ProgramError", "TileLimitError", "CapacityError", "IndexRangeError"]
+__all__ = [
+    "TilescopeError", "ProgramError", "TileLimitError", "CapacityError", "IndexRangeError",
+    "KernelError", "DtypeError",
+]
 
 
 class TilescopeError(Exception):
@@ -18,8 +21,23 @@ class TileLimitError(ProgramError):
 
 
 class CapacityError(ProgramError):
-    """Live tiles do not fit in SBUF or PSUM."""
+    """Live tiles do not fit in SBUF or PSUM.
+
+    ``instruction`` (the index of the first instruction using the tile that did not
+    fit) and ``site`` (its allocation site) are set when the allocator knows them.
+    """
+
+    instruction: int | None = None
+    site: str | None = None
 
 
 class IndexRangeError(ProgramError, IndexError):
     """An access reaches outside the tensor or tile it indexes."""
+
+
+class KernelError(ProgramError):
+    """A tile kernel uses the language wrongly (operand kinds, shapes, calls outside a kernel)."""
+
+
+class DtypeError(KernelError, TypeError):
+    """Operand dtypes do not fit together (a cast is needed)."""

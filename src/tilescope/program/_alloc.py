@@ -162,7 +162,9 @@ def _capacity_error(memory, s, active, capacity, spec, describe_site) -> Capacit
     else:
         need_s, cap_s = f"{need / 1024:g} {unit}", f"{capacity / 1024:g} {unit}"
         fix = "smaller tiles, fewer rotating buffers per site (bufs=), or shorter tile lifetimes"
-    return CapacityError(
+    err = CapacityError(
         f"{memory.upper()} capacity exceeded at instruction #{s.start}: live tiles need {need_s}, "
         f"the limit is {cap_s} on {spec.name}. Live tiles by allocation site: {listing}. Fix: {fix}"
     )
+    err.instruction, err.site = s.start, s.site
+    return err

@@ -23,6 +23,7 @@ on-chip allocation with rotating buffers at :meth:`TileBuilder.build`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from math import prod
 from typing import Iterator
@@ -201,9 +202,18 @@ class TileBuilder:
         return Handle(b)
 
     def mark_output(self, handle: View) -> None:
-        """Make an existing HBM tensor (e.g. an input written in place) an output too."""
-        if handle.buffer.name not in self._outputs:
-            self._outputs.append(handle.buffer.name)
+        """Make an existing HBM tensor (e.g. an input written in place) an output too.
+
+        A scratch tensor marked as an output becomes an output tensor (role ``output``).
+        """
+        name = handle.buffer.name
+        b = self._buffers[name]
+        if b.memory != "hbm":
+            raise ProgramError(f"only HBM tensors can be outputs; {name!r} is in {b.memory.upper()}")
+        if b.role == "scratch":
+            self._buffers[name] = dataclasses.replace(b, role="output")
+        if name not in self._outputs:
+            self._outputs.append(name)
 
     def scratch(self, shape, dtype, *, name: str | None = None) -> Handle:
         """A private HBM tensor (spills, intermediates that do not fit on chip)."""
@@ -259,6 +269,23 @@ class TileBuilder:
         self._instructions.append(instr)
         self._instr_prov.append(idx)
         return len(self._instructions) - 1
+
+    def replace(self, index: int, instr: Instruction) -> None:
+        """Swap the instruction at ``index`` for ``instr`` (checked like a new one).
+
+        The tile language uses it to write a result straight into the tile it is
+        assigned to (``t[...] = tl.exp(x)`` retargets the activation's ``dst``)
+        instead of emitting a copy. Program order and provenance are unchanged.
+        """
+        if not 0 <= index < len(self._instructions):
+            raise ProgramError(f"no instruction #{index} to replace ({len(self._instructions)} emitted)")
+        if self.check:
+            check_instruction(instr, self._buffers, self.spec)
+        self._instructions[index] = instr
+
+    def instruction(self, index: int) -> Instruction:
+        """The instruction emitted at ``index``."""
+        return self._instructions[index]
 
     @staticmethod
     def runtime_scalar(name: str) -> RuntimeScalar:
@@ -321,11 +348,15 @@ class TileBuilder:
     def instruction_count(self) -> int:
         return len(self._instructions)
 
-    def build(self, meta: dict | None = None) -> Program:
-        """Allocate on-chip memory and return the finished, immutable Program."""
+    def build(self, meta: dict | None = None, *, describe_site=None) -> Program:
+        """Allocate on-chip memory and return the finished, immutable Program.
+
+        ``describe_site(site) -> str`` words allocation sites in capacity errors
+        (e.g. as the kernel source line that made the tiles).
+        """
         if not self._instructions:
             raise ProgramError(f"program {self.name!r} has no instructions")
-        slots, placement = allocate(self._buffers, self._instructions, self.spec)
+        slots, placement = allocate(self._buffers, self._instructions, self.spec, describe_site=describe_site)
         used = {n for n in placement} | set(self._inputs) | set(self._outputs)
         used |= {b.name for b in self._buffers.values() if b.memory == "hbm"}
         return Program(
