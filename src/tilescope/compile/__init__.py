@@ -10,3 +10,8 @@ from ._graph import DECOMPOSITIONS, trace_aten
 from ._plan import Segment, plan_graph
 
 __all__ = ["plan_graph", "emit_segments", "trace_aten", "Segment", "EmitStats", "DECOMPOSITIONS"]
+
+from ._backend import STATS, CompiledGraph, cache_dir, tilescope_backend
+from ._explain import Explanation, explain
+
+__all__ += ["tilescope_backend", "explain", "Explanation", "CompiledGraph", "cache_dir", "STATS"]

@@ -1,0 +1,234 @@
+"""The ``torch.compile`` backend: ``torch.compile(fn, backend="tilescope")``.
+
+Dynamo hands the backend an FX graph; AOT autograd turns it into functional aten
+graphs (forward and, for training, backward) with the decompositions in
+``_graph.DECOMPOSITIONS``. Each graph becomes a :class:`CompiledGraph`: a plan of
+segments per concrete input signature, where consecutive fused segments form one
+Program (one device execution per call) and unfusable ops run as their own
+executions, in graph order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.fx as fx
+
+from ..dtypes import canonical
+from ._emit import EmitStats, _Unfusable, emit_segments
+from ._graph import DECOMPOSITIONS, propagate_shapes
+from ._plan import Segment, _tensor_args, node_shape, plan_graph
+
+__all__ = ["tilescope_backend", "CompiledGraph", "Step", "cache_dir", "STATS"]
+
+# compile statistics (tests and benchmarks read them)
+STATS = {"graphs": 0, "plans": 0, "programs_built": 0, "programs_from_disk": 0, "backend_s": 0.0}
+
+
+def cache_dir() -> Path:
+    """Where compiled Programs are cached on disk (``$TILESCOPE_CACHE_DIR`` or ~/.cache/tilescope)."""
+    root = os.environ.get("TILESCOPE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tilescope")
+    return Path(root) / "programs"
+
+
+@dataclass
+class Step:
+    """One step of a compiled call: a fused Program or one op run as its own execution."""
+
+    kind: str  # "program" | "eager" | "view"
+    nodes: list[fx.Node]
+    inputs: list[fx.Node] = field(default_factory=list)
+    outputs: list[fx.Node] = field(default_factory=list)
+    program: object = None
+    stats: EmitStats | None = None
+    reason: str | None = None
+    segments: list[Segment] = field(default_factory=list)
+
+
+def _signature(args) -> tuple:
+    sig = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            sig.append((tuple(a.shape), a.dtype))
+        else:
+            sig.append(a)
+    return tuple(sig)
+
+
+def _graph_key(gm: fx.GraphModule, sig: tuple, spec) -> str:
+    from .. import __version__
+
+    h = hashlib.sha256()
+    h.update(gm.code.encode())
+    h.update(repr([(tuple(s[0]), str(s[1])) if isinstance(s, tuple) else s for s in sig]).encode())
+    h.update(spec.fingerprint.encode())
+    h.update(__version__.encode())
+    return h.hexdigest()[:24]
+
+
+def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str) -> list[Step]:
+    """Plan ``gm`` for one input signature and build its Programs (disk-cached)."""
+    propagate_shapes(gm, [s if isinstance(s, tuple) else s for s in sig])
+    forced: set = set()
+    while True:
+        segments = plan_graph(gm)
+        for seg in segments:
+            if seg.kind in ("rowgroup", "matmul") and any(n in forced for n in seg.nodes):
+                seg.kind, seg.reason = "eager", "no emission rule for one of its ops"
+        steps = _group(segments)
+        try:
+            _build_programs(gm, steps, sig, spec, name)
+            return steps
+        except _UnfusableNode as e:
+            forced.add(e.node)
+
+
+class _UnfusableNode(Exception):
+    def __init__(self, node):
+        self.node = node
+
+
+def _group(segments: list[Segment]) -> list[Step]:
+    """Consecutive fused segments share one Program; other segments are steps of their own."""
+    steps: list[Step] = []
+    for seg in segments:
+        if seg.kind in ("rowgroup", "matmul"):
+            if steps and steps[-1].kind == "program":
+                steps[-1].segments.append(seg)
+                steps[-1].nodes.extend(seg.nodes)
+                continue
+            steps.append(Step("program", list(seg.nodes), segments=[seg]))
+        else:
+            steps.append(Step(seg.kind, list(seg.nodes), reason=seg.reason, segments=[seg]))
+    for st in steps:
+        inside = set(st.nodes)
+        st.inputs = []
+        for seg in st.segments:
+            st.inputs.extend(i for i in seg.inputs if i not in inside and i not in st.inputs)
+        st.outputs = []
+        for seg in st.segments:
+            st.outputs.extend(o for o in seg.outputs if o not in st.outputs)
+    return steps
+
+
+def _build_programs(gm, steps, sig, spec, name) -> None:
+    from ..program import Program
+
+    key = _graph_key(gm, sig, spec)
+    cdir = cache_dir()
+    for k, st in enumerate(steps):
+        if st.kind != "program":
+            continue
+        path = cdir / f"{key}.{k}.json"
+        if path.exists():
+            try:
+                st.program = Program.from_json(path.read_text())
+                st.stats = EmitStats(**json.loads(st.program.meta.get("emit_stats", "{}")))
+                STATS["programs_from_disk"] += 1
+                continue
+            except (ValueError, KeyError, TypeError):
+                pass  # a stale or damaged cache entry: rebuild it
+        fused_names = "+".join(n.name for n in st.nodes[:4]) + ("+..." if len(st.nodes) > 4 else "")
+        try:
+            prog, stats = emit_segments(st.segments, f"{name}[{fused_names}]", spec)
+        except _Unfusable as e:
+            node = getattr(e, "node", None) or st.nodes[0]
+            raise _UnfusableNode(node) from e
+        prog.meta["emit_stats"] = json.dumps(stats.__dict__)
+        prog.meta["fx_nodes"] = [n.name for n in st.nodes]
+        st.program, st.stats = prog, stats
+        STATS["programs_built"] += 1
+        try:
+            cdir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(prog.dumps())
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache only costs rebuilds
+
+
+class CompiledGraph:
+    """A compiled aten graph: call it with the graph's flat inputs."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs, name: str):
+        from ..spec import preset
+
+        self.gm = gm
+        self.name = name
+        self.spec = preset(None)
+        self._plans: dict[tuple, list[Step]] = {}
+        self._lock = threading.Lock()
+        self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.output_node = next(n for n in gm.graph.nodes if n.op == "output")
+        STATS["graphs"] += 1
+        if all(not isinstance(a, torch.SymInt) for a in example_inputs) and not _has_symbolic(gm):
+            self.steps_for(_signature(example_inputs))
+
+    def steps_for(self, sig: tuple) -> list[Step]:
+        steps = self._plans.get(sig)
+        if steps is None:
+            with self._lock:
+                steps = self._plans.get(sig)
+                if steps is None:
+                    STATS["plans"] += 1
+                    steps = self._plans[sig] = build_steps(self.gm, sig, self.spec, self.name)
+        return steps
+
+    def __call__(self, *args):
+        steps = self.steps_for(_signature(args))
+        env = {ph: a for ph, a in zip(self.placeholders, args)}
+        from ._run import run_steps
+
+        run_steps(steps, env, self)
+        out = self.output_node.args[0]
+        return [env[o] if isinstance(o, fx.Node) else o for o in out]
+
+
+def _has_symbolic(gm) -> bool:
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape):
+            return True
+    return False
+
+
+_counter = {"n": 0}
+
+
+def _compiler(gm: fx.GraphModule, example_inputs):
+    from functorch.compile import make_boxed_func
+
+    t0 = time.perf_counter()
+    _counter["n"] += 1
+    compiled = CompiledGraph(gm, example_inputs, f"compiled_{_counter['n']}")
+    STATS["backend_s"] += time.perf_counter() - t0
+    fn = make_boxed_func(compiled)
+    fn._tilescope_compiled = compiled
+    return fn
+
+
+def tilescope_backend(gm: fx.GraphModule, example_inputs, **kwargs):
+    """The backend registered as ``"tilescope"`` (entry point ``torch_dynamo_backends``)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    _ensure_device_registered()
+    return aot_autograd(fw_compiler=_compiler, bw_compiler=_compiler, decompositions=DECOMPOSITIONS)(
+        gm, example_inputs, **kwargs)
+
+
+def _ensure_device_registered() -> None:
+    try:
+        from .. import device
+    except ImportError:
+        return
+    register = getattr(device, "register", None)
+    if register is not None:
+        register()

@@ -1,0 +1,125 @@
+"""``tilescope.compile.explain(fn, *args)``: what the compiler fused, and what it could not.
+
+>>> import torch
+>>> from tilescope.compile import explain
+>>> e = explain(lambda x: (x * 2).exp().sum(0), torch.randn(256, 64))
+>>> e.executions_per_call
+2
+>>> e.unfused[0].op, "cross-partition" in e.unfused[0].reason
+('sum', True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+import torch
+
+from ..dtypes import itemsize
+from ._backend import _group, build_steps, _signature
+from ._emit import _dt
+from ._ops import packet_name
+from ._plan import node_dtype, node_shape, plan_graph
+
+__all__ = ["explain", "Explanation", "UnfusedOp", "FusedExecution"]
+
+
+@dataclass(frozen=True)
+class UnfusedOp:
+    graph: int
+    node: str
+    op: str
+    reason: str
+    bytes_saved_if_fused: int  # HBM traffic of its intermediate inputs/outputs (modeled estimate)
+
+
+@dataclass(frozen=True)
+class FusedExecution:
+    graph: int
+    program: str
+    program_hash: str
+    fx_nodes: tuple[str, ...]
+    spilled: tuple[str, ...]
+    spill_bytes: int
+
+
+@dataclass
+class Explanation:
+    graphs: int = 0
+    fused: list[FusedExecution] = field(default_factory=list)
+    unfused: list[UnfusedOp] = field(default_factory=list)
+    views: list[str] = field(default_factory=list)
+
+    @property
+    def executions_per_call(self) -> int:
+        return len(self.fused) + len(self.unfused)
+
+    def to_dict(self) -> dict:
+        return {
+            "graphs": self.graphs,
+            "executions_per_call": self.executions_per_call,
+            "fused": [f.__dict__ | {"fx_nodes": list(f.fx_nodes), "spilled": list(f.spilled)} for f in self.fused],
+            "unfused": [u.__dict__ for u in self.unfused],
+            "views": self.views,
+        }
+
+    def __str__(self) -> str:
+        lines = [f"{self.graphs} graph(s), {self.executions_per_call} device execution(s) per call"]
+        for f in self.fused:
+            spill = f"; spills {', '.join(f.spilled)} ({f.spill_bytes / 1e6:.3f} MB to HBM)" if f.spilled else ""
+            lines.append(f"  fused  [{f.program_hash}] {len(f.fx_nodes)} ops: {', '.join(f.fx_nodes)}{spill}")
+        for u in self.unfused:
+            lines.append(f"  apart  {u.node} (aten.{u.op}): {u.reason}; fusing it would save "
+                         f"~{u.bytes_saved_if_fused / 1e6:.3f} MB of HBM traffic (modeled estimate)")
+        return "\n".join(lines)
+
+
+def _nbytes(node) -> int:
+    shape = node_shape(node)
+    dt = node_dtype(node)
+    if shape is None or dt is None:
+        return 0
+    return prod(shape) * itemsize(_dt(dt))
+
+
+def explain(fn, *args, **kwargs) -> Explanation:
+    """Compile ``fn`` for ``args`` and report every fused execution and every op left apart."""
+    from torch._dynamo.backends.common import aot_autograd
+    from ._graph import DECOMPOSITIONS
+
+    captured = []
+
+    def capture(gm, example_inputs):
+        captured.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=capture, decompositions=DECOMPOSITIONS))
+    compiled(*args, **kwargs)
+    torch._dynamo.reset()
+    from ..spec import preset
+
+    spec = preset(None)
+    report = Explanation(graphs=len(captured))
+    for g, (gm, example) in enumerate(captured):
+        steps = build_steps(gm, _signature(example), spec, f"explain_{g}")
+        graph_inputs = {n for n in gm.graph.nodes if n.op == "placeholder"}
+        outputs = set()
+        for n in gm.graph.nodes:
+            if n.op == "output":
+                outputs.update(a for a in n.args[0] if isinstance(a, torch.fx.Node))
+        for st in steps:
+            if st.kind == "program":
+                report.fused.append(FusedExecution(
+                    g, st.program.name, st.program.hash, tuple(n.name for n in st.nodes),
+                    tuple(st.stats.spilled_values), st.stats.spill_bytes))
+            elif st.kind == "view":
+                report.views.extend(n.name for n in st.nodes)
+            else:
+                for node in st.nodes:
+                    saved = sum(_nbytes(i) for i in st.inputs if i not in graph_inputs)
+                    saved += sum(_nbytes(o) for o in st.outputs if o not in outputs)
+                    report.unfused.append(UnfusedOp(g, node.name, packet_name(node.target),
+                                                    st.reason or "not fused", saved))
+    return report

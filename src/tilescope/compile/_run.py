@@ -1,0 +1,43 @@
+"""Running a compiled plan: fused Programs as single device executions, the rest op by op."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+__all__ = ["run_steps", "interpret_nodes"]
+
+
+def _materialize(x, env):
+    if isinstance(x, fx.Node):
+        return env[x]
+    if isinstance(x, (list, tuple)):
+        return type(x)(_materialize(v, env) for v in x)
+    if isinstance(x, dict):
+        return {k: _materialize(v, env) for k, v in x.items()}
+    return x
+
+
+def interpret_nodes(nodes, env: dict) -> None:
+    """Run ``nodes`` with torch on whatever device their inputs are (the reference path)."""
+    for n in nodes:
+        env[n] = n.target(*_materialize(n.args, env), **_materialize(n.kwargs, env))
+
+
+def _on_sim(tensors) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.device.type not in ("cpu", "cuda", "meta") for t in tensors)
+
+
+def run_steps(steps, env: dict, compiled) -> None:
+    for step in steps:
+        if step.kind != "program":
+            interpret_nodes(step.nodes, env)
+            continue
+        inputs = [env[i] for i in step.inputs]
+        if _on_sim(inputs):
+            from ._device import run_program_step
+
+            run_program_step(step, inputs, env, compiled)
+        else:
+            # off the simulated device there is no device model: compute with torch
+            interpret_nodes(step.nodes, env)
