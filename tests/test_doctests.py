@@ -15,6 +15,8 @@ MODULES = [
     "tilescope.sim",
     "tilescope.profiler._format",
     "tilescope.profiler._reader",
+    "tilescope.profiler._doctor",
+    "tilescope.compile._explain",
 ]
 
 

@@ -1,0 +1,177 @@
+"""The doctor: common profiling mistakes, found in a profile directory.
+
+Each rule is one row of ``RULES``: a code, what it checks, and a function that
+returns a message (the problem, with numbers) or None. The checklist follows the
+mistakes users of the real toolchain report: no device activity, no device
+column, no synchronize inside the profiled loop, unmatched executable / trace
+pairs, an incomplete directory, dropped events, and signs of slow programs.
+
+>>> import tempfile
+>>> from tilescope.profiler import ProfileWriter
+>>> from tilescope.profiler._doctor import diagnose
+>>> with ProfileWriter(tempfile.mkdtemp(), device={"kind": "sim"}) as w:
+...     _ = w.write_json("system_trace.json", {"traceEvents": []})
+>>> [f.code for f in diagnose(w.path)]
+['no-device-activity']
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ._reader import Profile, ProfileFormatError, read_profile
+
+__all__ = ["Finding", "diagnose", "RULES"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    severity: str  # "error" | "warning" | "info"
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"[{self.severity}] {self.code}: {self.message}\n    fix: {self.fix}"
+
+
+class _Ctx:
+    """What the rules look at, loaded once."""
+
+    def __init__(self, prof: Profile):
+        self.prof = prof
+        self.manifest = prof.manifest or {}
+        self.config = self.manifest.get("config", {})
+        self.device = self.manifest.get("device", {})
+        self.stats = self.manifest.get("stats", {})
+        self.events = self._events()
+
+    def _events(self) -> list[dict]:
+        path = self.prof.path / "system_trace.json"
+        if not path.exists():
+            return []
+        try:
+            doc = json.loads(path.read_bytes())
+        except json.JSONDecodeError:
+            return []
+        return [e for e in doc.get("traceEvents", []) if isinstance(e, dict)]
+
+    def cat(self, name: str) -> list[dict]:
+        return [e for e in self.events if e.get("cat") == name and e.get("ph") == "X"]
+
+
+def _incomplete(c: _Ctx):
+    if c.prof.problems:
+        return "the profile directory is incomplete: " + "; ".join(c.prof.problems)
+
+
+def _no_device_activity(c: _Ctx):
+    if c.device.get("kind") != "sim" or c.stats.get("executions"):
+        return None
+    if not c.cat("hardware") and not c.cat("runtime"):
+        return ("the profile has no device executions: no runtime or hardware events were recorded "
+                "while the profiler was active")
+
+
+def _not_correlated(c: _Ctx):
+    if c.device.get("kind") == "sim" and c.config.get("correlate_device_time") is False:
+        return "correlate_device_time=False: key_averages() has no device-time columns (Self SIM, SIM total)"
+
+
+def _unsynchronized(c: _Ctx):
+    pending = c.stats.get("pending_executions", 0)
+    if pending:
+        return (f"{pending} device execution(s) were still running when the trace was exported, so their "
+                f"device time is missing from the profile")
+
+
+def _dropped(c: _Ctx):
+    dropped = {k: v for k, v in (c.stats.get("dropped_events") or {}).items() if v}
+    if dropped:
+        total = sum(dropped.values())
+        cores = ", ".join(f"core {k}: {v}" for k, v in sorted(dropped.items()))
+        return (f"{total} instruction events were dropped by the per-core ring buffer "
+                f"(max_events_per_core={c.config.get('max_events_per_core')}; {cores})")
+
+
+def _unpaired(c: _Ctx):
+    exes = set(c.prof.executables())
+    problems = []
+    for h, run, path in c.prof.itraces():
+        try:
+            c.prof.load_itrace(path)
+        except ProfileFormatError as e:
+            problems.append(str(e))
+    hashes = {e.get("args", {}).get("program_hash") for e in c.cat("hardware")} - {None}
+    if c.config.get("modes") and "DEVICE" in c.config.get("modes", []):
+        missing = sorted(h for h in hashes if h not in exes)
+        if missing:
+            problems.append(f"executions ran programs with no executable in the profile: {', '.join(missing[:5])}")
+    if problems:
+        return "; ".join(problems[:3])
+
+
+def _host_copies(c: _Ctx):
+    copies = c.cat("memcpy")
+    device = c.cat("hardware")
+    if not copies or not device:
+        return None
+    copy_us = sum(e.get("dur", 0) for e in copies)
+    dev_us = sum(e.get("dur", 0) for e in device)
+    if dev_us and copy_us / (copy_us + dev_us) > 0.2:
+        return (f"host<->device copies take {copy_us:.1f} us, {copy_us / (copy_us + dev_us):.0%} of device "
+                f"time in the profiled window; they appear as host-side rows that an op filter hides")
+
+
+def _small_dma(c: _Ctx):
+    small = []
+    for h, run, path in c.prof.itraces()[:50]:
+        try:
+            summary = json.loads(path.read_bytes()).get("summary", {})
+        except (OSError, json.JSONDecodeError):
+            continue
+        avg = summary.get("average_dma_bytes", 0)
+        if summary.get("dma_transfers", 0) >= 8 and 0 < avg < 4096:
+            small.append((summary.get("program"), avg))
+    if small:
+        names = ", ".join(f"{p} ({a / 1024:.1f} KiB)" for p, a in small[:3])
+        return f"programs moving data in small DMA transfers (average < 4 KiB, modeled): {names}"
+
+
+# code, severity, check, fix
+RULES: list[tuple[str, str, Callable[[_Ctx], str | None], str]] = [
+    ("incomplete-profile", "error", _incomplete,
+     "profile again; a directory interrupted during export is never complete"),
+    ("no-device-activity", "error", _no_device_activity,
+     "pass activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1] and experimental_config=ProfileConfig(...), "
+     "and run the model on the sim device inside the active steps"),
+    ("device-time-not-correlated", "warning", _not_correlated,
+     "set ProfileConfig(correlate_device_time=True) (the default)"),
+    ("no-synchronize", "warning", _unsynchronized,
+     "call torch.sim.synchronize() before prof.step() inside the profiled loop"),
+    ("dropped-events", "warning", _dropped,
+     "raise ProfileConfig(max_events_per_core=...) or capture fewer cores/steps"),
+    ("unpaired-trace", "error", _unpaired,
+     "keep executables/ and itraces/ together; do not mix files from different profiles"),
+    ("host-copies", "info", _host_copies,
+     "move inputs to the device once, outside the loop; look at the host-side rows of key_averages()"),
+    ("small-dma", "info", _small_dma,
+     "transfer at least 2-4 KiB per partition per DMA (bigger tiles, contiguous rows)"),
+]
+
+
+def diagnose(path) -> list[Finding]:
+    """Every finding for the profile at ``path`` (an empty list means no known mistake)."""
+    prof = read_profile(Path(path))
+    ctx = _Ctx(prof)
+    findings = []
+    for code, severity, check, fix in RULES:
+        if prof.problems and code != "incomplete-profile":
+            break  # the other rules would read files that cannot be trusted
+        message = check(ctx)
+        if message:
+            findings.append(Finding(code, severity, message, fix))
+    return findings

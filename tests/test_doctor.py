@@ -1,0 +1,98 @@
+"""The doctor: one test per finding, on deliberately broken profiles."""
+
+import json
+
+from tilescope.profiler import ProfileWriter, write_kernel_profile
+from tilescope.profiler._doctor import diagnose
+from tilescope.program import TileBuilder
+from tilescope.sim import simulate
+
+
+def _sim_profile(tmp_path, events=(), stats=None, config=None, program=None):
+    with ProfileWriter(tmp_path, device={"kind": "sim", "preset": "trn1"},
+                       config=config or {"modes": ["DEVICE", "RUNTIME"], "correlate_device_time": True}) as w:
+        w.write_json("system_trace.json", {"traceEvents": list(events)})
+        if program is not None:
+            w.add_itrace(program, simulate(program), 0)
+        w.stats = stats or {}
+    return w.path
+
+
+def _codes(path):
+    return [f.code for f in diagnose(path)]
+
+
+def _hw(h=None, dur=10.0):
+    return {"ph": "X", "cat": "hardware", "name": "exec_running aten::mul", "pid": 1, "tid": 1, "ts": 0,
+            "dur": dur, "args": {"program_hash": h} if h else {}}
+
+
+def test_no_device_activity(tmp_path):
+    (f,) = diagnose(_sim_profile(tmp_path))
+    assert f.code == "no-device-activity"
+    assert "no device executions" in f.message and "ProfilerActivity.PrivateUse1" in f.fix
+
+
+def test_device_time_not_correlated(tmp_path):
+    path = _sim_profile(tmp_path, [_hw()], {"executions": 1},
+                        {"modes": ["RUNTIME"], "correlate_device_time": False})
+    (f,) = diagnose(path)
+    assert f.code == "device-time-not-correlated" and "Self SIM" in f.message
+
+
+def test_no_synchronize(tmp_path):
+    path = _sim_profile(tmp_path, [_hw()], {"executions": 3, "pending_executions": 2})
+    (f,) = diagnose(path)
+    assert f.code == "no-synchronize" and "2 device execution(s)" in f.message
+    assert "torch.sim.synchronize()" in f.fix
+
+
+def test_dropped_events(tmp_path):
+    path = _sim_profile(tmp_path, [_hw()], {"executions": 1, "dropped_events": {"0": 120, "1": 0}},
+                        {"modes": ["DEVICE"], "max_events_per_core": 1000})
+    (f,) = diagnose(path)
+    assert f.code == "dropped-events" and "120 instruction events" in f.message and "core 0: 120" in f.message
+
+
+def test_unpaired_executable(tmp_path):
+    path = _sim_profile(tmp_path, [_hw("feedfacefeedface")], {"executions": 1})
+    (f,) = diagnose(path)
+    assert f.code == "unpaired-trace" and "feedfacefeedface" in f.message
+
+
+def test_incomplete_profile_hides_other_rules(tmp_path):
+    path = _sim_profile(tmp_path, [_hw()], {"executions": 1})
+    (path / "manifest.json").unlink()
+    (f,) = diagnose(path)
+    assert f.code == "incomplete-profile" and "manifest.json is missing" in f.message
+
+
+def test_host_copies(tmp_path):
+    copy = {"ph": "X", "cat": "memcpy", "name": "memcpy HtoD", "pid": 1, "tid": 1, "ts": 0, "dur": 50.0}
+    path = _sim_profile(tmp_path, [_hw(dur=10.0), copy], {"executions": 1})
+    (f,) = diagnose(path)
+    assert f.code == "host-copies" and "83%" in f.message
+
+
+def test_small_dma(tmp_path):
+    b = TileBuilder("gather_columns")
+    x = b.input("x", (128, 64), "float32")
+    for k in range(16):
+        t = b.sbuf((128, 1), "float32", site="col")
+        b.dma_copy(t, x[:, k:k + 1])
+    prog = b.build()
+    path = _sim_profile(tmp_path, [_hw(prog.hash)], {"executions": 1}, program=prog)
+    codes = _codes(path)
+    assert codes == ["small-dma"]
+    assert "gather_columns (0.5 KiB)" in diagnose(path)[0].message
+
+
+def test_healthy_kernel_profile_has_no_findings(tmp_path):
+    b = TileBuilder("k")
+    x = b.input("x", (128, 1024), "float32")
+    y = b.output("y", (128, 1024), "float32")
+    t = b.sbuf((128, 1024), "float32")
+    b.dma_copy(t, x)
+    b.dma_copy(y, t)
+    prog = b.build()
+    assert diagnose(write_kernel_profile(tmp_path, prog, simulate(prog))) == []
