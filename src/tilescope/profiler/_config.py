@@ -1,0 +1,138 @@
+"""``ProfileConfig``: what the profiler captures, validated once.
+
+It subclasses torch's experimental profiler config, so it is passed as
+``torch.profiler.profile(..., experimental_config=cfg)`` and torch keeps it on the
+profile object, where the exporter finds it.
+
+>>> cfg = ProfileConfig(output_dir="out", capture_cores="0,2-3")
+>>> sorted(cfg.cores)
+[0, 2, 3]
+>>> [m.name for m in cfg.modes]
+['DEVICE', 'RUNTIME']
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+
+from torch._C._profiler import _ExperimentalConfig
+
+__all__ = ["ProfileConfig", "ProfileMode", "parse_cores", "config_from_env"]
+
+
+class ProfileMode(enum.Enum):
+    DEVICE = "device"  # per-instruction traces of every device execution (executable + itrace pairs)
+    RUNTIME = "runtime"  # runtime and hardware lanes in the system trace
+    HOST_CPU = "host_cpu"  # host CPU utilisation samples
+    HOST_MEMORY = "host_memory"  # host memory (torch profile_memory)
+
+
+def parse_cores(spec: str | None) -> frozenset[int] | None:
+    """``"0,1,2-5"`` -> {0, 1, 2, 3, 4, 5}; None or "" or "all" -> None (every core)."""
+    if spec is None or str(spec).strip() in ("", "all"):
+        return None
+    cores: set[int] = set()
+    for part in str(spec).split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                cores.update(range(lo, hi + 1))
+            else:
+                cores.add(int(part))
+        except ValueError:
+            raise ValueError(
+                f"capture_cores {spec!r}: cannot read {part!r}; use core ids and ranges like \"0,1,2-5\""
+            ) from None
+    if any(c < 0 for c in cores):
+        raise ValueError(f"capture_cores {spec!r}: core ids must be >= 0")
+    return frozenset(cores)
+
+
+class ProfileConfig(_ExperimentalConfig):
+    """The profile configuration (also torch's ``experimental_config``).
+
+    Args:
+        modes: data streams (default device instruction traces + runtime lanes).
+        capture_cores: cores to capture, e.g. ``"0,1,2-5"`` (default all).
+        output_dir: where profile directories are written.
+        max_events_per_core: instruction events kept per core (a ring buffer; drops are
+            counted and reported in the manifest and by the doctor).
+        correlate_device_time: put modeled device time into ``key_averages()``.
+        executable_cache_dir: also keep every executable here (shared across profiles).
+        device_profile: ``"first"`` -- instruction traces for the first run of each Program;
+            ``"session"`` -- for every run.
+    """
+
+    def __init__(self, *, modes=(ProfileMode.DEVICE, ProfileMode.RUNTIME), capture_cores: str | None = None,
+                 output_dir: str | os.PathLike = "profile_out", max_events_per_core: int = 1_000_000,
+                 correlate_device_time: bool = True, executable_cache_dir: str | os.PathLike | None = None,
+                 device_profile: str = "first"):
+        super().__init__()
+        modes = tuple(ProfileMode(m) if not isinstance(m, ProfileMode) else m for m in (
+            [modes] if isinstance(modes, (str, ProfileMode)) else modes))
+        if not modes:
+            raise ValueError("modes is empty; pick at least one of " + ", ".join(m.name for m in ProfileMode))
+        if int(max_events_per_core) < 1:
+            raise ValueError(f"max_events_per_core must be >= 1, got {max_events_per_core}")
+        if device_profile not in ("first", "session"):
+            raise ValueError(f"device_profile must be 'first' or 'session', got {device_profile!r}")
+        self.modes = modes
+        self.capture_cores = capture_cores
+        self.cores = parse_cores(capture_cores)
+        self.output_dir = os.fspath(output_dir)
+        self.max_events_per_core = int(max_events_per_core)
+        self.correlate_device_time = bool(correlate_device_time)
+        self.executable_cache_dir = os.fspath(executable_cache_dir) if executable_cache_dir else None
+        self.device_profile = device_profile
+
+    def has(self, mode: ProfileMode) -> bool:
+        return mode in self.modes
+
+    def captures(self, core: int) -> bool:
+        return self.cores is None or core in self.cores
+
+    def to_dict(self) -> dict:
+        return {
+            "modes": [m.name for m in self.modes],
+            "capture_cores": self.capture_cores,
+            "output_dir": self.output_dir,
+            "max_events_per_core": self.max_events_per_core,
+            "correlate_device_time": self.correlate_device_time,
+            "executable_cache_dir": self.executable_cache_dir,
+            "device_profile": self.device_profile,
+        }
+
+    def __repr__(self) -> str:
+        return "ProfileConfig(" + ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items()) + ")"
+
+
+def config_from_env(environ=os.environ) -> ProfileConfig | None:
+    """The "inspect" mode: capture with no code change, configured by environment variables.
+
+    ``TILESCOPE_INSPECT=1`` enables it; ``TILESCOPE_INSPECT_OUTPUT_DIR``,
+    ``TILESCOPE_INSPECT_CORES``, ``TILESCOPE_INSPECT_MAX_EVENTS``,
+    ``TILESCOPE_INSPECT_DEVICE_PROFILE`` (first|session) and ``TILESCOPE_INSPECT_MODES``
+    (comma-separated mode names) configure it.
+    """
+    if environ.get("TILESCOPE_INSPECT", "") not in ("1", "true", "yes"):
+        return None
+    modes = environ.get("TILESCOPE_INSPECT_MODES")
+    kwargs = {}
+    if modes:
+        try:
+            kwargs["modes"] = tuple(ProfileMode[m.strip().upper()] for m in modes.split(",") if m.strip())
+        except KeyError as e:
+            raise ValueError(
+                f"TILESCOPE_INSPECT_MODES={modes!r}: unknown mode {e.args[0]}; use "
+                + ", ".join(m.name for m in ProfileMode)) from None
+    return ProfileConfig(
+        output_dir=environ.get("TILESCOPE_INSPECT_OUTPUT_DIR", "profile_out"),
+        capture_cores=environ.get("TILESCOPE_INSPECT_CORES"),
+        max_events_per_core=int(environ.get("TILESCOPE_INSPECT_MAX_EVENTS", 1_000_000)),
+        device_profile=environ.get("TILESCOPE_INSPECT_DEVICE_PROFILE", "first"),
+        **kwargs,
+    )
