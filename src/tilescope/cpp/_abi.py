@@ -1,0 +1,174 @@
+"""The C ABI of a built operator library, through ctypes.
+
+Struct layouts mirror ``tilescope/gpsimd.h`` and the runtime source; :class:`NativeLibrary`
+checks the ABI version and the struct sizes when it opens a library, so a mismatch is a
+clear error rather than corrupted memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ._errors import CppError
+
+__all__ = ["NativeLibrary", "NativeOp", "TensorDesc", "Arg", "RunStats", "LOG_DTYPE", "DTYPE_CODES",
+           "ABI_VERSION", "MAX_DIMS"]
+
+ABI_VERSION = 1
+MAX_DIMS = 8
+
+# tilescope dtype name -> code of tilescope::ScalarType (gpsimd.h)
+DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2, "int32": 3, "int16": 4, "int8": 5, "uint8": 6, "bool": 7}
+ROLE_INPUT, ROLE_OUTPUT, ROLE_META = 0, 1, 2
+
+
+class TensorDesc(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("sizes", ctypes.c_int64 * MAX_DIMS),
+        ("numel", ctypes.c_int64),
+        ("ndim", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("role", ctypes.c_int32),
+        ("index", ctypes.c_int32),
+    ]
+
+
+class Arg(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
+        ("f", ctypes.c_double),
+        ("i", ctypes.c_int64),
+        ("t", TensorDesc),
+    ]
+
+
+class RunStats(ctypes.Structure):
+    _fields_ = [
+        ("thread_cpu_ns", ctypes.c_int64),
+        ("runtime_ns", ctypes.c_int64),
+        ("runtime_calls", ctypes.c_int64),
+        ("tcm_peak", ctypes.c_int64),
+        ("tcm_leaked", ctypes.c_int64),
+        ("leaks", ctypes.c_int32),
+        ("dst_requested", ctypes.c_int32),
+    ]
+
+
+# one record per accessor copy: direction 0 = tensor -> TCM, 1 = TCM -> tensor
+LOG_DTYPE = np.dtype([
+    ("dir", np.int32), ("arg", np.int32), ("file", np.int32), ("line", np.int32),
+    ("offset", np.int64), ("count", np.int64), ("elem_size", np.int64),
+])
+
+_ERR_LEN = 8192
+
+
+@dataclass(frozen=True)
+class NativeOp:
+    """One ``m.def`` of a library: where it was defined and its argument kinds."""
+
+    index: int
+    lib: str
+    name: str
+    kinds: str  # one letter per argument: t (Tensor), f (double), i (int64_t), b (bool)
+    file: str
+    line: int
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.lib}::{self.name}"
+
+
+class NativeLibrary:
+    """An opened operator library (``dlopen``) and its operator table."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            dll = ctypes.CDLL(str(self.path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as e:
+            raise CppError(f"cannot load C++ operator library {str(self.path)!r}: {e}") from None
+        self._dll = dll
+        try:
+            dll.ts_abi_version.restype = ctypes.c_int
+        except AttributeError:
+            raise CppError(
+                f"{self.path} is not a tilescope C++ operator library (no ts_abi_version symbol); build "
+                f"libraries with tilescope.cpp.load(...)"
+            ) from None
+        version = dll.ts_abi_version()
+        if version != ABI_VERSION:
+            raise CppError(
+                f"{self.path} was built against C++ operator ABI {version}, but this tilescope speaks ABI "
+                f"{ABI_VERSION}; rebuild it with tilescope.cpp.load(...)"
+            )
+        sizes = (ctypes.c_int64 * 4)()
+        dll.ts_abi_sizes(sizes)
+        want = (ctypes.sizeof(TensorDesc), ctypes.sizeof(Arg), LOG_DTYPE.itemsize, ctypes.sizeof(RunStats))
+        if tuple(sizes) != want:
+            raise CppError(f"{self.path}: struct sizes {tuple(sizes)} differ from tilescope's {want}; rebuild it")
+        for fname in ("ts_registration_error", "ts_op_lib", "ts_op_name", "ts_op_kinds", "ts_op_file",
+                      "ts_note", "ts_log_file"):
+            getattr(dll, fname).restype = ctypes.c_char_p
+        dll.ts_op_line.restype = ctypes.c_int
+        dll.ts_op_count.restype = ctypes.c_int
+        dll.ts_shape.argtypes = [ctypes.c_int, ctypes.POINTER(Arg), ctypes.c_int, ctypes.POINTER(TensorDesc),
+                                 ctypes.c_char_p, ctypes.c_int]
+        dll.ts_run.argtypes = [ctypes.c_int, ctypes.POINTER(Arg), ctypes.c_int, ctypes.POINTER(TensorDesc),
+                               ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_int32,
+                               ctypes.POINTER(RunStats), ctypes.c_char_p, ctypes.c_int]
+        dll.ts_log_size.restype = ctypes.c_int64
+        dll.ts_log_data.restype = ctypes.c_void_p
+        dll.ts_log_file_count.restype = ctypes.c_int
+        dll.ts_host_ghz.restype = ctypes.c_double
+        dll.ts_host_ghz.argtypes = [ctypes.c_int64, ctypes.c_int]
+        err = dll.ts_registration_error().decode()
+        if err:
+            raise CppError(err)
+        self.ops = [
+            NativeOp(i, dll.ts_op_lib(i).decode(), dll.ts_op_name(i).decode(), dll.ts_op_kinds(i).decode(),
+                     dll.ts_op_file(i).decode(), dll.ts_op_line(i))
+            for i in range(dll.ts_op_count())
+        ]
+
+    def shape(self, op: NativeOp, args) -> TensorDesc:
+        """Run the shape function; returns the output's description (sizes, dtype)."""
+        out = TensorDesc()
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        if self._dll.ts_shape(op.index, args, len(args), ctypes.byref(out), err, _ERR_LEN):
+            raise CppError(f"shape function of {op.qualname}: {err.value.decode(errors='replace')}")
+        return out
+
+    def run(self, op: NativeOp, args, dst: TensorDesc, cpu_id: int, cpu_count: int, tcm_bytes: int,
+            log: bool, timing: bool) -> tuple[int, str, RunStats]:
+        """Run the kernel once as core ``cpu_id``; returns (status, error message, stats)."""
+        stats = RunStats()
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        flags = (1 if log else 0) | (2 if timing else 0)
+        rc = self._dll.ts_run(op.index, args, len(args), ctypes.byref(dst), cpu_id, cpu_count, tcm_bytes,
+                              flags, ctypes.byref(stats), err, _ERR_LEN)
+        return rc, err.value.decode(errors="replace"), stats
+
+    def take_log(self) -> tuple[np.ndarray, list[str]]:
+        """The accessor copies of the last run on this thread, and the source files they name."""
+        n = self._dll.ts_log_size()
+        if n == 0:
+            records = np.zeros(0, LOG_DTYPE)
+        else:
+            buf = (ctypes.c_char * (n * LOG_DTYPE.itemsize)).from_address(self._dll.ts_log_data())
+            records = np.frombuffer(buf, LOG_DTYPE).copy()
+        files = [self._dll.ts_log_file(k).decode() for k in range(self._dll.ts_log_file_count())]
+        return records, files
+
+    def note(self) -> str:
+        return self._dll.ts_note().decode(errors="replace")
+
+    def host_ghz(self, iterations: int = 200_000, trials: int = 5) -> float:
+        return float(self._dll.ts_host_ghz(iterations, trials))

@@ -1,0 +1,241 @@
+"""Compile operator sources into a shared library, cached by content.
+
+The user's sources include only ``tilescope/gpsimd.h`` (no PyTorch headers), so the
+machine's C++ compiler is called directly: each source becomes an object file named by
+the hash of everything that affects it -- its bytes, the bytes of every header it
+includes (from the compiler's ``-MMD`` dependency list), the flags and the compiler's
+version -- and the library is named by the hash of its objects. An unchanged load
+therefore compiles nothing and links nothing; an edit recompiles only the edited source.
+
+>>> from tilescope.cpp._build import compiler_command
+>>> compiler_command()[0] in ("c++", "g++", "clang++") or bool(compiler_command())
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._errors import CompileError
+
+__all__ = ["BuildResult", "build", "include_dir", "runtime_source", "compiler_command", "default_build_root"]
+
+_HERE = Path(__file__).resolve().parent
+_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall")
+_COMPILER_IDS: dict[tuple[str, ...], str] = {}
+
+
+def include_dir() -> Path:
+    """The directory to add with ``-I`` (it holds ``tilescope/gpsimd.h``)."""
+    return _HERE / "include"
+
+
+def runtime_source() -> Path:
+    return _HERE / "runtime" / "gpsimd_runtime.cpp"
+
+
+def compiler_command() -> list[str]:
+    """The C++ compiler: ``$CXX`` if set, else ``c++``, ``g++`` or ``clang++`` from PATH."""
+    env = os.environ.get("CXX")
+    if env:
+        return env.split()
+    for name in ("c++", "g++", "clang++"):
+        if shutil.which(name):
+            return [name]
+    raise CompileError(
+        "no C++ compiler found: set $CXX or install g++ (>= 9) or clang++ (>= 10); "
+        "tilescope builds C++ operators with the machine's compiler"
+    )
+
+
+def default_build_root() -> Path:
+    """``$TILESCOPE_CACHE_DIR/cpp``, else ``~/.cache/tilescope/cpp``."""
+    base = os.environ.get("TILESCOPE_CACHE_DIR")
+    root = Path(base) if base else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tilescope"
+    return root / "cpp"
+
+
+def _compiler_id(cxx: list[str]) -> str:
+    key = tuple(cxx)
+    if key not in _COMPILER_IDS:
+        try:
+            out = subprocess.run(cxx + ["--version"], capture_output=True, text=True, timeout=60)
+        except OSError as e:
+            raise CompileError(f"cannot run the C++ compiler {' '.join(cxx)!r}: {e}") from None
+        _COMPILER_IDS[key] = (out.stdout.splitlines() or ["?"])[0]
+    return _COMPILER_IDS[key]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha(path: Path) -> str | None:
+    try:
+        return _sha(path.read_bytes())
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """A built library: its path, whether it came from the cache, and the time taken."""
+
+    path: Path
+    cached: bool
+    seconds: float
+    compiled: tuple[str, ...]  # sources compiled by this build (empty when cached)
+
+
+@dataclass(frozen=True)
+class _Source:
+    path: Path  # absolute
+    shown: str  # as the user wrote it, for messages
+
+
+def _object_paths(obj_dir: Path, src: _Source, key: str) -> tuple[Path, Path]:
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", src.path.name)
+    base = obj_dir / f"{stem}-{key[:16]}"
+    return base.with_suffix(".o"), base.with_suffix(".deps.json")
+
+
+def _source_key(src: _Source, cxx_id: str, flags: tuple[str, ...]) -> str:
+    data = src.path.read_bytes()
+    return _sha(json.dumps([cxx_id, flags, str(src.path)]).encode() + b"\0" + data)
+
+
+def _object_is_fresh(obj: Path, deps: Path) -> bool:
+    if not obj.exists() or not deps.exists():
+        return False
+    try:
+        recorded = json.loads(deps.read_text())
+    except (OSError, ValueError):
+        return False
+    return all(_file_sha(Path(p)) == h for p, h in recorded.items())
+
+
+def _parse_depfile(text: str) -> list[str]:
+    body = text.split(":", 1)[1] if ":" in text else ""
+    body = body.replace("\\\n", " ")
+    return [p for p in re.split(r"(?<!\\)\s+", body) if p]
+
+
+def _shown(text: str, sources: list[_Source]) -> str:
+    """Compiler output with absolute source paths written the way the user wrote them."""
+    for s in sources:
+        text = text.replace(str(s.path), s.shown)
+    return text
+
+
+def _compile(cxx: list[str], flags: tuple[str, ...], src: _Source, obj: Path, deps: Path,
+             all_sources: list[_Source], verbose: bool) -> None:
+    tmp_obj = obj.with_name(obj.name + f".{os.getpid()}.tmp")
+    depfile = obj.with_name(obj.name + f".{os.getpid()}.d")
+    cmd = cxx + list(flags) + ["-I", str(include_dir()), "-MMD", "-MF", str(depfile),
+                               "-c", str(src.path), "-o", str(tmp_obj)]
+    if verbose:
+        print(" ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    output = _shown(proc.stdout + proc.stderr, all_sources)
+    if proc.returncode != 0:
+        tmp_obj.unlink(missing_ok=True)
+        depfile.unlink(missing_ok=True)
+        raise CompileError.from_output(src.shown, output)
+    if verbose and output.strip():
+        print(output, end="", flush=True)
+    headers = [Path(p) for p in _parse_depfile(depfile.read_text())]
+    depfile.unlink(missing_ok=True)
+    recorded = {str(h.resolve()): _file_sha(h) for h in headers}
+    os.replace(tmp_obj, obj)
+    tmp_deps = deps.with_name(deps.name + f".{os.getpid()}.tmp")
+    tmp_deps.write_text(json.dumps(recorded, indent=0))
+    os.replace(tmp_deps, deps)
+
+
+def build(name: str, sources: list[str | os.PathLike], build_directory: str | os.PathLike | None = None,
+          extra_cflags: list[str] | None = None, verbose: bool = False) -> BuildResult:
+    """Build ``lib<name>.so`` from ``sources`` (plus tilescope's runtime); reuse it when unchanged.
+
+    Returns the path of a content-named library (``lib<name>.<hash>.so``); ``lib<name>.so``
+    next to it always points at the newest build, for :func:`tilescope.cpp.load_library`.
+    """
+    t0 = time.perf_counter()
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise CompileError(f"library name {name!r} must be a C identifier (letters, digits, '_')")
+    srcs: list[_Source] = []
+    for s in sources:
+        p = Path(s)
+        if not p.exists():
+            raise CompileError(f"source file {str(s)!r} does not exist (looked at {p.resolve()})")
+        srcs.append(_Source(p.resolve(), str(s)))
+    if not srcs:
+        raise CompileError("no sources given: pass compute_srcs (kernels) and shape_srcs (shape functions)")
+    srcs.append(_Source(runtime_source(), "tilescope/cpp/runtime/gpsimd_runtime.cpp"))
+    out_dir = Path(build_directory) if build_directory is not None else default_build_root() / name
+    obj_dir = out_dir / "obj"
+    obj_dir.mkdir(parents=True, exist_ok=True)
+
+    cxx = compiler_command()
+    flags = _FLAGS + tuple(extra_cflags or ())
+    cxx_id = _compiler_id(cxx)
+    plan = []
+    for src in srcs:
+        key = _source_key(src, cxx_id, flags)
+        obj, deps = _object_paths(obj_dir, src, key)
+        plan.append((src, key, obj, deps, _object_is_fresh(obj, deps)))
+    stale = [p for p in plan if not p[4]]
+    if stale:
+        workers = max(1, min(len(stale), os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers) as pool:
+            futures = [pool.submit(_compile, cxx, flags, src, obj, deps, srcs, verbose)
+                       for src, _, obj, deps, _ in stale]
+            errors = []
+            for f in futures:
+                try:
+                    f.result()
+                except CompileError as e:
+                    errors.append(e)
+            if errors:
+                raise errors[0] if len(errors) == 1 else CompileError.combine(errors)
+
+    # the library: named by its objects (each object's name already hashes its inputs)
+    lib_key = _sha(json.dumps([cxx_id, flags, [str(obj) for _, _, obj, _, _ in plan],
+                               [json.loads(deps.read_text()) for *_, deps, _ in plan]]).encode())
+    lib_path = out_dir / f"lib{name}.{lib_key[:16]}.so"
+    cached = not stale and lib_path.exists()
+    if not lib_path.exists():
+        tmp = lib_path.with_name(lib_path.name + f".{os.getpid()}.tmp")
+        cmd = cxx + ["-shared", "-Wl,--no-undefined"] + [str(obj) for _, _, obj, _, _ in plan] + ["-o", str(tmp)]
+        if verbose:
+            print(" ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise CompileError.from_output(f"lib{name}.so (link)", _shown(proc.stdout + proc.stderr, srcs))
+        os.replace(tmp, lib_path)
+    _point_stable_name(out_dir / f"lib{name}.so", lib_path)
+    compiled = tuple(src.shown for src, *_ in stale)
+    return BuildResult(lib_path, cached, time.perf_counter() - t0, compiled)
+
+
+def _point_stable_name(link: Path, target: Path) -> None:
+    try:
+        if link.is_symlink() and os.readlink(link) == target.name:
+            return
+        fd, tmp = tempfile.mkstemp(prefix=link.name, dir=link.parent)
+        os.close(fd)
+        os.unlink(tmp)
+        os.symlink(target.name, tmp)
+        os.replace(tmp, link)
+    except OSError:  # file systems without symlinks: copy instead
+        shutil.copyfile(target, link)

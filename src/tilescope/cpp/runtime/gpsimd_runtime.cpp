@@ -1,0 +1,561 @@
+// The runtime behind tilescope/gpsimd.h, compiled into every operator library.
+//
+// It emulates what a kernel sees on one GpSimd core -- its id, its TCM pool, TCM accessors,
+// the output tensor -- and checks every use: pool exhaustion, accessor copies outside the
+// tensor or outside the TCM buffer, writes into inputs, buffer overruns (guard bytes around
+// each allocation), leaks. Each accessor copy is logged (direction, tensor, offset, count,
+// source line) for tilescope's coverage checks and for the device model, which turns each
+// one into a DMA transfer. The Python side (tilescope.cpp) calls the C ABI at the bottom.
+#include <tilescope/gpsimd.h>
+
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tilescope {
+namespace detail {
+namespace {
+
+constexpr size_t kAlign = 64;    // 512-bit SIMD registers: allocations are 64-byte aligned
+constexpr size_t kGuard = 64;    // guard bytes before and after each allocation (not counted)
+constexpr unsigned char kGuardByte = 0xA5;
+
+struct LogRec {
+    int32_t dir;  // 0: tensor -> TCM, 1: TCM -> tensor
+    int32_t arg;  // argument position, -1 for the output
+    int32_t file;
+    int32_t line;
+    int64_t offset;
+    int64_t count;
+    int64_t elem_size;
+};
+
+struct RunStats {
+    int64_t thread_cpu_ns;  // whole kernel call, thread CPU time
+    int64_t runtime_ns;     // wall time spent inside runtime calls (accessor copies, tcm_malloc/free)
+    int64_t runtime_calls;
+    int64_t tcm_peak;       // bytes of the pool in use at the high-water mark
+    int64_t tcm_leaked;     // bytes never freed
+    int32_t leaks;          // allocations never freed
+    int32_t dst_requested;  // the kernel called get_dst_tensor()
+};
+
+struct Alloc {
+    size_t addr;       // offset inside the core's pool
+    size_t accounted;  // bytes charged to the pool
+    size_t size;       // bytes requested
+    unsigned char* block;
+    const char* file;
+    int line;
+};
+
+struct Context {
+    bool in_kernel = false;
+    bool in_shape = false;
+    uint32_t cpu_id = 0;
+    uint32_t cpu_count = 1;
+    const Arg* args = nullptr;
+    int nargs = 0;
+    TensorDesc dst{};
+    const char* op = "";
+    bool dst_requested = false;
+    size_t capacity = 0;
+    size_t used = 0;
+    size_t peak = 0;
+    std::map<uintptr_t, Alloc> by_ptr;  // user pointer -> allocation
+    std::map<size_t, uintptr_t> by_addr;
+    bool logging = false;
+    bool timing = false;
+    int64_t runtime_ns = 0;
+    int64_t runtime_calls = 0;
+    std::vector<LogRec> log;
+    std::vector<const char*> files;
+    std::string note;
+};
+
+thread_local Context ctx;
+
+struct OpTable {
+    std::vector<OpEntry> ops;
+    std::string error;
+};
+OpTable& table() {
+    static OpTable t;
+    return t;
+}
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+int64_t thread_cpu_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// Wall time spent in a runtime call, so the compute estimate can leave it out (the device
+// model charges accessor traffic as DMA instead).
+struct RuntimeTimer {
+    int64_t t0;
+    RuntimeTimer() : t0(ctx.timing ? now_ns() : 0) {}
+    ~RuntimeTimer() {
+        if (ctx.timing) {
+            ctx.runtime_ns += now_ns() - t0;
+            ctx.runtime_calls++;
+        }
+    }
+};
+
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char* f, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf, sizeof buf, f, ap);
+    va_end(ap);
+    return buf;
+}
+
+const char* dtype_name(int32_t d) {
+    static const char* names[] = {"float32", "bfloat16", "float16", "int32", "int16", "int8", "uint8", "bool"};
+    return d >= 0 && d < 8 ? names[d] : "unknown";
+}
+const char* ctype_name(int32_t d) {
+    static const char* names[] = {"float", "tilescope::bfloat16", "tilescope::half", "int32_t",
+                                  "int16_t", "int8_t", "uint8_t", "bool"};
+    return d >= 0 && d < 8 ? names[d] : "?";
+}
+
+std::string where() {
+    if (!ctx.in_kernel) return "";
+    if (ctx.cpu_count > 1) return fmt("on GpSimd core %u of %u: ", ctx.cpu_id, ctx.cpu_count);
+    return "";
+}
+
+std::string tensor_name(const TensorDesc& t) {
+    if (t.role == kRoleOutput) return "the output tensor";
+    if (t.role == kRoleMeta) return "a tensor without data";
+    return fmt("argument %d", t.index);
+}
+
+std::string shape_str(const TensorDesc& t) {
+    std::string s = "[";
+    for (int k = 0; k < t.ndim; ++k) s += (k ? ", " : "") + std::to_string(t.sizes[k]);
+    return s + "]";
+}
+
+void require_kernel(const char* what, const char* file, int line) {
+    if (!ctx.in_kernel)
+        fail(std::string(what) + " was called outside a kernel function" +
+                 (ctx.in_shape ? " (in a shape function, which runs on the host and has no device data)" : ""),
+             file, line);
+}
+
+int file_id(const char* file) {
+    for (size_t k = 0; k < ctx.files.size(); ++k)
+        if (ctx.files[k] == file) return static_cast<int>(k);
+    ctx.files.push_back(file);
+    return static_cast<int>(ctx.files.size() - 1);
+}
+
+bool guard_intact(const Alloc& a) {
+    for (size_t k = 0; k < kGuard; ++k)
+        if (a.block[k] != kGuardByte || a.block[kGuard + a.size + k] != kGuardByte) return false;
+    return true;
+}
+
+std::string describe_live() {
+    std::string s;
+    int n = 0;
+    for (auto& kv : ctx.by_addr) {
+        const Alloc& a = ctx.by_ptr.at(kv.second);
+        if (n++ == 6) {
+            s += ", ...";
+            break;
+        }
+        s += fmt("%s%zu B at %s:%d", n > 1 ? ", " : "", a.size, a.file, a.line);
+    }
+    return s;
+}
+
+// Largest free gap of the pool, and the first gap that fits `need` (or SIZE_MAX).
+size_t first_fit(size_t need, size_t* largest) {
+    size_t prev = 0, fit = SIZE_MAX;
+    *largest = 0;
+    for (auto& kv : ctx.by_addr) {
+        size_t gap = kv.first - prev;
+        if (gap > *largest) *largest = gap;
+        if (gap >= need && fit == SIZE_MAX) fit = prev;
+        const Alloc& a = ctx.by_ptr.at(kv.second);
+        prev = a.addr + a.accounted;
+    }
+    size_t tail = ctx.capacity > prev ? ctx.capacity - prev : 0;
+    if (tail > *largest) *largest = tail;
+    if (tail >= need && fit == SIZE_MAX) fit = prev;
+    return fit;
+}
+
+void release(Alloc& a) { std::free(a.block); }
+
+void reset_pool() {
+    for (auto& kv : ctx.by_ptr) release(kv.second);
+    ctx.by_ptr.clear();
+    ctx.by_addr.clear();
+    ctx.used = 0;
+    ctx.peak = 0;
+}
+
+// The TCM allocation holding [p, p + nbytes), or a failed check.
+const Alloc& tcm_region(const void* p, size_t count, size_t elem_size, const char* what, const char* file,
+                        int line) {
+    const size_t nbytes = count * elem_size;
+    uintptr_t u = reinterpret_cast<uintptr_t>(p);
+    auto it = ctx.by_ptr.upper_bound(u);
+    if (it != ctx.by_ptr.begin()) {
+        --it;
+        const Alloc& a = it->second;
+        if (u >= it->first && u < it->first + (a.size ? a.size : 1)) {
+            size_t start = u - it->first;
+            if (start + nbytes > a.size)
+                fail(where() + fmt("%s of %zu elements (%zu bytes) covers bytes [%zu, %zu) of the TCM buffer "
+                                   "allocated at %s:%d, which has %zu bytes: %zu bytes past its end. Copy at "
+                                   "most %zu elements there, or allocate a larger buffer",
+                                   what, count, nbytes, start, start + nbytes, a.file, a.line, a.size,
+                                   start + nbytes - a.size, (a.size - start) / elem_size),
+                     file, line);
+            return a;
+        }
+    }
+    fail(where() + fmt("%s uses a pointer that is not inside a live tcm_malloc'ed buffer; TCM accessors copy "
+                       "between a tensor and TCM: pass a pointer returned by tcm_malloc (plus an offset "
+                       "inside it)",
+                       what),
+         file, line);
+}
+
+void check_tensor_range(const TensorDesc& t, int32_t elem_dtype, size_t elem_size, size_t offset, size_t count,
+                        const char* what, const char* file, int line) {
+    if (t.role == kRoleMeta || t.data == nullptr)
+        fail(where() + fmt("%s on a tensor without data: tensors made by empty()/zeros() only describe a shape "
+                           "(for shape functions); kernels read their arguments and write get_dst_tensor()",
+                           what),
+             file, line);
+    if (elem_dtype != t.dtype)
+        fail(where() + fmt("%s<%s> on %s, whose dtype is %s: the template type must match the tensor's "
+                           "dtype; use %s<%s>",
+                           what, ctype_name(elem_dtype), tensor_name(t).c_str(), dtype_name(t.dtype), what,
+                           ctype_name(t.dtype)),
+             file, line);
+    (void)elem_size;
+    const size_t n = static_cast<size_t>(t.numel);
+    if (static_cast<int64_t>(offset) < 0 || static_cast<int64_t>(count) < 0)
+        fail(where() + fmt("%s with tensor_offset %lld and num_elem %lld (as signed values): a negative "
+                           "value was converted to size_t; check the offset arithmetic",
+                           what, static_cast<long long>(offset), static_cast<long long>(count)),
+             file, line);
+    if (offset > n || count > n - offset)
+        fail(where() + fmt("%s reaches elements [%zu, %zu) of %s (shape %s, %zu elements): %zu elements past "
+                           "the end. Valid offsets are 0 .. %zu, with offset + num_elem <= %zu",
+                           what, offset, offset + count, tensor_name(t).c_str(), shape_str(t).c_str(), n,
+                           offset + count - n, n ? n - 1 : 0, n),
+             file, line);
+}
+
+void log_copy(int32_t dir, const TensorDesc& t, size_t offset, size_t count, size_t elem_size, const char* file,
+              int line) {
+    if (!ctx.logging) return;
+    ctx.log.push_back(LogRec{dir, t.role == kRoleOutput ? -1 : t.index, file_id(file), line,
+                             static_cast<int64_t>(offset), static_cast<int64_t>(count),
+                             static_cast<int64_t>(elem_size)});
+}
+
+}  // namespace
+
+[[noreturn]] void fail(const std::string& message, const char* file, int line) {
+    throw Error(std::string(file) + ":" + std::to_string(line) + ": " + message);
+}
+
+void* tcm_malloc(size_t nbytes, const char* file, int line) {
+    RuntimeTimer timer;
+    require_kernel("tcm_malloc", file, line);
+    if (static_cast<int64_t>(nbytes) < 0)
+        fail(where() + fmt("tcm_malloc(%lld bytes): a negative size was converted to size_t",
+                           static_cast<long long>(nbytes)),
+             file, line);
+    size_t accounted = (nbytes + kAlign - 1) / kAlign * kAlign;
+    if (accounted == 0) accounted = kAlign;
+    size_t largest = 0;
+    size_t addr = first_fit(accounted, &largest);
+    if (addr == SIZE_MAX) {
+        size_t free_bytes = ctx.capacity - ctx.used;
+        fail(where() + fmt("tcm_malloc(%zu bytes) failed: the TCM pool of this core holds %zu bytes and %zu are "
+                           "in use by %zu live allocation%s (%s), so %zu bytes are free (largest free block %zu "
+                           "bytes; allocations are rounded up to %zu bytes). Process the data in smaller "
+                           "chunks (at most %zu bytes), or tcm_free buffers you no longer need",
+                           nbytes, ctx.capacity, ctx.used, ctx.by_ptr.size(), ctx.by_ptr.size() == 1 ? "" : "s",
+                           ctx.by_ptr.empty() ? "none" : describe_live().c_str(), free_bytes, largest, kAlign,
+                           largest),
+             file, line);
+    }
+    size_t block_size = (kGuard + nbytes + kGuard + kAlign - 1) / kAlign * kAlign;
+    auto* block = static_cast<unsigned char*>(std::aligned_alloc(kAlign, block_size));
+    if (!block) fail("host out of memory while emulating tcm_malloc", file, line);
+    std::memset(block, kGuardByte, kGuard);
+    std::memset(block + kGuard, 0xFF, nbytes);  // NaN for floats: reads of unset values show
+    std::memset(block + kGuard + nbytes, kGuardByte, block_size - kGuard - nbytes);
+    void* p = block + kGuard;
+    ctx.by_ptr[reinterpret_cast<uintptr_t>(p)] = Alloc{addr, accounted, nbytes, block, file, line};
+    ctx.by_addr[addr] = reinterpret_cast<uintptr_t>(p);
+    ctx.used += accounted;
+    if (ctx.used > ctx.peak) ctx.peak = ctx.used;
+    return p;
+}
+
+void tcm_free(void* ptr, const char* file, int line) {
+    RuntimeTimer timer;
+    require_kernel("tcm_free", file, line);
+    if (ptr == nullptr) return;
+    auto it = ctx.by_ptr.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == ctx.by_ptr.end())
+        fail(where() + "tcm_free of a pointer that tcm_malloc did not return (or that was already freed)", file,
+             line);
+    Alloc a = it->second;
+    if (!guard_intact(a))
+        fail(where() + fmt("the TCM buffer of %zu bytes allocated at %s:%d was written outside its bounds "
+                           "(its guard bytes changed; found at tcm_free): a loop writes past the end (or "
+                           "before the start) of the buffer",
+                           a.size, a.file, a.line),
+             file, line);
+    ctx.by_addr.erase(a.addr);
+    ctx.by_ptr.erase(it);
+    ctx.used -= a.accounted;
+    release(a);
+}
+
+void tensor_to_tcm(const TensorDesc& t, void* tcm_ptr, int32_t elem_dtype, size_t elem_size, size_t offset,
+                   size_t count, const char* file, int line) {
+    RuntimeTimer timer;
+    require_kernel("tensor_to_tcm", file, line);
+    check_tensor_range(t, elem_dtype, elem_size, offset, count, "tensor_to_tcm", file, line);
+    tcm_region(tcm_ptr, count, elem_size, "tensor_to_tcm", file, line);
+    std::memcpy(tcm_ptr, static_cast<const char*>(t.data) + offset * elem_size, count * elem_size);
+    log_copy(0, t, offset, count, elem_size, file, line);
+}
+
+void tcm_to_tensor(const TensorDesc& t, const void* tcm_ptr, int32_t elem_dtype, size_t elem_size, size_t offset,
+                   size_t count, const char* file, int line) {
+    RuntimeTimer timer;
+    require_kernel("tcm_to_tensor", file, line);
+    if (t.role == kRoleInput)
+        fail(where() + fmt("tcm_to_tensor into argument %d, an input: a kernel writes only its output. Get it "
+                           "with Tensor t_out = get_dst_tensor(); and write through tcm_accessor(t_out)",
+                           t.index),
+             file, line);
+    check_tensor_range(t, elem_dtype, elem_size, offset, count, "tcm_to_tensor", file, line);
+    tcm_region(tcm_ptr, count, elem_size, "tcm_to_tensor", file, line);
+    std::memcpy(static_cast<char*>(t.data) + offset * elem_size, tcm_ptr, count * elem_size);
+    log_copy(1, t, offset, count, elem_size, file, line);
+}
+
+uint32_t cpu_id(const char* file, int line) {
+    require_kernel("get_cpu_id", file, line);
+    return ctx.cpu_id;
+}
+
+uint32_t cpu_count(const char* file, int line) {
+    require_kernel("get_cpu_count", file, line);
+    return ctx.cpu_count;
+}
+
+TensorDesc dst_tensor(const char* file, int line) {
+    require_kernel("get_dst_tensor", file, line);
+    ctx.dst_requested = true;
+    return ctx.dst;
+}
+
+TensorDesc meta_tensor(const int64_t* sizes, int ndim, ScalarType dtype, const char* file, int line) {
+    TensorDesc d{};
+    d.ndim = ndim;
+    d.numel = 1;
+    for (int k = 0; k < ndim; ++k) {
+        if (sizes[k] < 0) fail(fmt("empty(): dimension %d has negative size %lld", k, (long long)sizes[k]), file, line);
+        d.sizes[k] = sizes[k];
+        d.numel *= sizes[k];
+    }
+    d.dtype = static_cast<int32_t>(dtype);
+    d.role = kRoleMeta;
+    d.index = -3;
+    return d;
+}
+
+void register_op(const OpEntry& entry) {
+    OpTable& t = table();
+    for (const OpEntry& e : t.ops)
+        if (std::strcmp(e.lib, entry.lib) == 0 && std::strcmp(e.name, entry.name) == 0 && t.error.empty())
+            t.error = fmt("%s:%d: operator %s::%s is defined twice (first at %s:%d)", entry.file, entry.line,
+                          entry.lib, entry.name, e.file, e.line);
+    t.ops.push_back(entry);
+}
+
+}  // namespace detail
+}  // namespace tilescope
+
+// ---- C ABI used by tilescope.cpp (ctypes) ------------------------------------------------
+using namespace tilescope::detail;
+
+namespace {
+void copy_error(const std::string& msg, char* err, int errlen) {
+    if (!err || errlen <= 0) return;
+    std::snprintf(err, static_cast<size_t>(errlen), "%s", msg.c_str());
+}
+}  // namespace
+
+extern "C" {
+
+TILESCOPE_API int ts_abi_version() { return TILESCOPE_GPSIMD_ABI; }
+
+TILESCOPE_API void ts_abi_sizes(int64_t* out) {
+    out[0] = sizeof(TensorDesc);
+    out[1] = sizeof(Arg);
+    out[2] = sizeof(LogRec);
+    out[3] = sizeof(RunStats);
+}
+
+TILESCOPE_API const char* ts_registration_error() { return table().error.c_str(); }
+TILESCOPE_API int ts_op_count() { return static_cast<int>(table().ops.size()); }
+TILESCOPE_API const char* ts_op_lib(int i) { return table().ops.at(i).lib; }
+TILESCOPE_API const char* ts_op_name(int i) { return table().ops.at(i).name; }
+TILESCOPE_API const char* ts_op_kinds(int i) { return table().ops.at(i).kinds; }
+TILESCOPE_API const char* ts_op_file(int i) { return table().ops.at(i).file; }
+TILESCOPE_API int ts_op_line(int i) { return table().ops.at(i).line; }
+
+TILESCOPE_API int ts_shape(int op, const Arg* args, int nargs, TensorDesc* out, char* err, int errlen) {
+    const OpEntry& e = table().ops.at(op);
+    if (nargs != e.nargs) {
+        copy_error(fmt("%s::%s takes %d arguments, got %d", e.lib, e.name, e.nargs, nargs), err, errlen);
+        return 1;
+    }
+    ctx.in_shape = true;
+    int rc = 0;
+    try {
+        e.shape_thunk(e.shape, args, out);
+    } catch (const tilescope::Error& x) {
+        copy_error(x.what(), err, errlen);
+        rc = 1;
+    } catch (const std::exception& x) {
+        copy_error(fmt("the shape function of %s::%s threw: %s", e.lib, e.name, x.what()), err, errlen);
+        rc = 1;
+    } catch (...) {
+        copy_error(fmt("the shape function of %s::%s threw an exception of unknown type", e.lib, e.name), err,
+                   errlen);
+        rc = 1;
+    }
+    ctx.in_shape = false;
+    return rc;
+}
+
+// flags: 1 = log accessor copies, 2 = time runtime calls
+TILESCOPE_API int ts_run(int op, const Arg* args, int nargs, const TensorDesc* dst, uint32_t cpu_id,
+                         uint32_t cpu_count, int64_t tcm_bytes, int32_t flags, RunStats* stats, char* err,
+                         int errlen) {
+    const OpEntry& e = table().ops.at(op);
+    if (nargs != e.nargs) {
+        copy_error(fmt("%s::%s takes %d arguments, got %d", e.lib, e.name, e.nargs, nargs), err, errlen);
+        return 1;
+    }
+    ctx.in_kernel = true;
+    ctx.cpu_id = cpu_id;
+    ctx.cpu_count = cpu_count;
+    ctx.args = args;
+    ctx.nargs = nargs;
+    ctx.dst = *dst;
+    ctx.op = e.name;
+    ctx.dst_requested = false;
+    ctx.capacity = static_cast<size_t>(tcm_bytes);
+    reset_pool();
+    ctx.logging = (flags & 1) != 0;
+    ctx.timing = (flags & 2) != 0;
+    ctx.runtime_ns = 0;
+    ctx.runtime_calls = 0;
+    ctx.log.clear();
+    ctx.files.clear();
+    ctx.note.clear();
+    int rc = 0;
+    int64_t t0 = thread_cpu_ns();
+    try {
+        e.kernel_thunk(e.kernel, args);
+        for (auto& kv : ctx.by_ptr)
+            if (!guard_intact(kv.second))
+                fail(where() + fmt("the TCM buffer of %zu bytes allocated at %s:%d was written outside its "
+                                   "bounds (its guard bytes changed; found when the kernel returned): a loop "
+                                   "writes past the end (or before the start) of the buffer",
+                                   kv.second.size, kv.second.file, kv.second.line),
+                     kv.second.file, kv.second.line);
+    } catch (const tilescope::Error& x) {
+        copy_error(x.what(), err, errlen);
+        rc = 1;
+    } catch (const std::exception& x) {
+        copy_error(fmt("%s::%s: the kernel threw %s", e.lib, e.name, x.what()), err, errlen);
+        rc = 1;
+    } catch (...) {
+        copy_error(fmt("%s::%s: the kernel threw an exception of unknown type", e.lib, e.name), err, errlen);
+        rc = 1;
+    }
+    int64_t t1 = thread_cpu_ns();
+    std::fflush(stdout);
+    if (stats) {
+        stats->thread_cpu_ns = t1 - t0;
+        stats->runtime_ns = ctx.runtime_ns;
+        stats->runtime_calls = ctx.runtime_calls;
+        stats->tcm_peak = static_cast<int64_t>(ctx.peak);
+        int64_t leaked = 0;
+        for (auto& kv : ctx.by_ptr) leaked += static_cast<int64_t>(kv.second.size);
+        stats->tcm_leaked = leaked;
+        stats->leaks = static_cast<int32_t>(ctx.by_ptr.size());
+        stats->dst_requested = ctx.dst_requested ? 1 : 0;
+    }
+    if (!ctx.by_ptr.empty()) ctx.note = describe_live();
+    reset_pool();
+    ctx.in_kernel = false;
+    return rc;
+}
+
+TILESCOPE_API int64_t ts_log_size() { return static_cast<int64_t>(ctx.log.size()); }
+TILESCOPE_API const void* ts_log_data() { return ctx.log.data(); }
+TILESCOPE_API int ts_log_file_count() { return static_cast<int>(ctx.files.size()); }
+TILESCOPE_API const char* ts_log_file(int k) { return ctx.files.at(k); }
+TILESCOPE_API const char* ts_note() { return ctx.note.c_str(); }
+
+// Host clock estimate: a chain of dependent integer adds retires one add per cycle on any
+// current x86-64 or AArch64 core. Returns cycles per nanosecond (GHz), best of `trials`.
+TILESCOPE_API double ts_host_ghz(int64_t iterations, int trials) {
+    double best = 0.0;
+    for (int t = 0; t < trials; ++t) {
+        uint64_t x = 1, y = 3;
+        int64_t t0 = thread_cpu_ns();
+        for (int64_t i = 0; i < iterations; ++i) {
+#define TS_STEP x += y; __asm__ volatile("" : "+r"(x));
+            TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP
+            TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP
+#undef TS_STEP
+        }
+        int64_t dt = thread_cpu_ns() - t0;
+        __asm__ volatile("" : : "r"(x));
+        if (dt > 0) {
+            double ghz = 16.0 * static_cast<double>(iterations) / static_cast<double>(dt);
+            if (ghz > best) best = ghz;
+        }
+    }
+    return best;
+}
+
+}  // extern "C"
