@@ -49,14 +49,21 @@ class Instruction:
         return (self.KIND,) + tuple(_key(v) for v in map(self.__getattribute__, names))
 
     def to_json(self) -> dict:
-        d = {"op": self.KIND}
+        # "kind" names the instruction; "op" is kept for readers of the first files, but an
+        # instruction with a field called ``op`` (tensor_tensor, tensor_reduce) overwrites it.
+        d = {"kind": self.KIND, "op": self.KIND}
         for f in fields(self):
             d[f.name] = _to_json(getattr(self, f.name))
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "Instruction":
-        kind = INSTRUCTION_KINDS[d["op"]]
+        name = d.get("kind", d.get("op"))
+        if name not in INSTRUCTION_KINDS:
+            raise ValueError(
+                f"unknown instruction kind {name!r}; known kinds: {', '.join(sorted(INSTRUCTION_KINDS))}"
+            )
+        kind = INSTRUCTION_KINDS[name]
         kwargs = {f.name: _from_json(d[f.name]) for f in fields(kind) if f.name in d}
         return kind(**kwargs)
 
