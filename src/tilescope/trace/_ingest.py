@@ -1,0 +1,277 @@
+"""Chrome / Kineto trace files -> Parquet parts, in bounded memory.
+
+The file is read in blocks (gzip decompressed on the fly); :class:`ChromeTraceScanner`
+turns the ``traceEvents`` array into newline-delimited JSON parts of ~64 MiB; a worker
+thread hands each finished part to DuckDB's parallel JSON reader, which writes one
+Parquet file per part while the next part is being scanned. Memory stays at a few parts,
+whatever the trace's size.
+
+Checks: the number of records DuckDB read must equal the number the scanner found (the
+fast path is re-run in exact mode if not; in exact mode the difference is reported as
+unparseable events); invalid UTF-8 is replaced (U+FFFD) with a warning naming the first
+offset; non-numeric times are kept as NULL and reported.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import sys
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+
+from ._jsonscan import ChromeTraceScanner, TraceFormatError
+from ._schema import ARG_COLUMNS, RAW_JSON_COLUMNS
+
+__all__ = ["IngestResult", "ingest_chrome_file", "BLOCK_BYTES", "PART_BYTES"]
+
+BLOCK_BYTES = 4 << 20
+FIRST_BLOCK_BYTES = 256 << 10
+PART_BYTES = 16 << 20
+WORKER_THREADS = 1  # the scanner keeps the other core busy
+PROGRESS_MIN_BYTES = 64 << 20
+
+
+@dataclass
+class IngestResult:
+    """What one file's ingest produced (kept in the cache's meta.json)."""
+
+    source: str
+    bytes: int
+    events: int
+    parts: int
+    seconds: float
+    mode: str
+    metadata: dict
+    warnings: list[str] = field(default_factory=list)
+    truncated: bool = False
+
+
+def _select_sql(src: str, part: int) -> str:
+    cols = ", ".join(f"'{k}': '{v}'" for k, v in RAW_JSON_COLUMNS.items())
+    paths = ", ".join(f"'{p}'" for _, p, _ in ARG_COLUMNS)
+    typed = ",\n      ".join(
+        f"TRY_CAST(a[{i + 1}] AS {t}) AS {c}" for i, (c, _, t) in enumerate(ARG_COLUMNS)
+    )
+    return f"""
+    SELECT {part}::INTEGER AS part, ph, cat, name, pid, tid,
+      CAST(ts * 1000 AS BIGINT) AS ts_ns, CAST(dur * 1000 AS BIGINT) AS dur_ns,
+      id, bp, s,
+      {typed},
+      args
+    FROM (SELECT *, json_extract_string(args, [{paths}]) AS a
+          FROM read_json('{src}', format='newline_delimited', columns={{{cols}}},
+                         ignore_errors=true))
+    """
+
+
+class _Reader:
+    """Blocks of a file, decompressing gzip; tracks compressed and raw offsets."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.size = os.path.getsize(path)
+        self._f = open(path, "rb")
+        magic = self._f.read(2)
+        self._f.seek(0)
+        self._z = zlib.decompressobj(wbits=31) if magic == b"\x1f\x8b" else None
+        self.consumed = 0  # bytes of the file read
+
+    def read(self, n: int) -> bytes:
+        if self._z is None:
+            b = self._f.read(n)
+            self.consumed += len(b)
+            return b
+        out = []
+        got = 0
+        while got < n:
+            if self._z.unconsumed_tail:
+                chunk = self._z.unconsumed_tail
+            else:
+                chunk = self._f.read(1 << 20)
+                self.consumed += len(chunk)
+                if not chunk:
+                    if not self._z.eof:
+                        raise TraceFormatError(
+                            f"{self.path}: gzip stream ends early at compressed byte {self.consumed:,} "
+                            f"(truncated download?); re-copy the file"
+                        )
+                    break
+            try:
+                d = self._z.decompress(chunk, n - got)
+            except zlib.error as e:
+                raise TraceFormatError(f"{self.path}: corrupt gzip data near compressed byte {self.consumed:,}: {e}") from None
+            out.append(d)
+            got += len(d)
+            if self._z.eof:
+                rest = self._z.unused_data
+                if rest.strip(b"\x00"):  # concatenated gzip members
+                    self._z = zlib.decompressobj(wbits=31)
+                    d2 = self._z.decompress(rest)
+                    out.append(d2)
+                    got += len(d2)
+                elif not chunk:
+                    break
+            if not d and not self._z.unconsumed_tail and self._z.eof:
+                break
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _utf8_clean(block: bytes, offset: int, name: str, warnings: list[str], carry: bytearray) -> bytes:
+    """Valid UTF-8 (a multi-byte character split across blocks is carried over)."""
+    if carry:
+        block = bytes(carry) + block
+        carry.clear()
+    if block.isascii():
+        return block
+    try:
+        block.decode("utf-8")
+        return block
+    except UnicodeDecodeError as e:
+        if e.end == len(block) and e.reason == "unexpected end of data" and len(block) - e.start < 4:
+            carry += block[e.start:]
+            block = block[:e.start]
+            try:
+                block.decode("utf-8")
+                return block
+            except UnicodeDecodeError as e2:
+                e = e2
+        if not any("invalid UTF-8" in w for w in warnings):
+            warnings.append(
+                f"{name}: invalid UTF-8 at byte offset {offset + e.start:,} (and maybe later); "
+                f"replaced with U+FFFD"
+            )
+        return block.decode("utf-8", errors="replace").encode("utf-8")
+
+
+def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None = None,
+                       fast: bool = True) -> IngestResult:
+    """Ingest one Chrome/Kineto trace file into ``stage_dir/part-<k>.parquet`` files."""
+    t0 = time.perf_counter()
+    os.makedirs(stage_dir, exist_ok=True)
+    reader = _Reader(path)
+    name = os.path.basename(path)
+    warnings: list[str] = []
+    tmp_dir = os.path.join(stage_dir, "_ndjson")
+    os.makedirs(tmp_dir, exist_ok=True)
+
+    jobs: queue.Queue = queue.Queue(maxsize=2)
+    results: dict[int, int] = {}
+    errors: list[BaseException] = []
+
+    def worker():
+        cur = con.cursor()
+        cur.execute(f"SET threads={WORKER_THREADS}")
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            k, src = job
+            try:
+                dst = os.path.join(stage_dir, f"part-{k:05d}.parquet")
+                rows = cur.execute(f"COPY ({_select_sql(src, k)}) TO '{dst}' (FORMAT parquet, COMPRESSION lz4)").fetchall()
+                results[k] = int(rows[0][0]) if rows and rows[0] and rows[0][0] is not None else \
+                    cur.execute(f"SELECT count(*) FROM read_parquet('{dst}')").fetchall()[0][0]
+            except BaseException as e:  # reported in the main thread
+                errors.append(e)
+            finally:
+                try:
+                    os.remove(src)
+                except OSError:
+                    pass
+
+    th = threading.Thread(target=worker, name="tilescope-ingest", daemon=True)
+    th.start()
+
+    state = {"k": 0, "f": None, "bytes": 0, "events0": 0}
+    part_events: dict[int, int] = {}
+    scanner: ChromeTraceScanner
+
+    def emit(data: bytes) -> None:
+        if state["f"] is None:
+            state["f"] = open(os.path.join(tmp_dir, f"part-{state['k']:05d}.ndjson"), "wb")
+        state["f"].write(data)
+        state["bytes"] += len(data)
+
+    def rotate(final: bool = False) -> None:
+        f = state["f"]
+        if f is None:
+            return
+        f.close()
+        k = state["k"]
+        part_events[k] = scanner.events - state["events0"]
+        state["events0"] = scanner.events
+        state.update(f=None, bytes=0, k=k + 1)
+        if errors:
+            raise errors[0]
+        jobs.put((k, f.name))
+
+    scanner = ChromeTraceScanner(name, emit, fast=fast)
+    bar = None
+    show = progress if progress is not None else (reader.size >= PROGRESS_MIN_BYTES and sys.stderr.isatty())
+    try:
+        if show:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+            bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                           TransferSpeedColumn(), transient=True)
+            bar.start()
+            task = bar.add_task(f"ingest {name}", total=reader.size)
+        carry = bytearray()
+        offset = 0
+        first = True
+        while True:
+            # a small first block: the exact scan runs only until the event separator is learned
+            block = reader.read(FIRST_BLOCK_BYTES if first else BLOCK_BYTES)
+            first = False
+            if not block:
+                break
+            clean = _utf8_clean(block, offset, name, warnings, carry)
+            offset += len(block)
+            scanner.feed(clean)
+            if state["bytes"] >= PART_BYTES:
+                rotate()
+            if bar is not None:
+                bar.update(task, completed=reader.consumed)
+        if carry:
+            scanner.feed(bytes(carry).decode("utf-8", errors="replace").encode())
+        scanner.finish()
+        rotate(final=True)
+    except BaseException:
+        jobs.put(None)
+        th.join()
+        raise
+    finally:
+        reader.close()
+        if bar is not None:
+            bar.stop()
+    jobs.put(None)
+    th.join()
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    if errors:
+        raise errors[0]
+    read = sum(results.values())
+    found = scanner.events
+    mode = scanner.mode
+    if read != found:
+        if fast:
+            # the fast split was wrong somewhere (or an event is malformed): redo exactly
+            for fn in os.listdir(stage_dir):
+                if fn.endswith(".parquet"):
+                    os.remove(os.path.join(stage_dir, fn))
+            return ingest_chrome_file(path, stage_dir, con, progress=progress, fast=False)
+        warnings.append(
+            f"{name}: {found - read:,} of {found:,} events are not valid JSON objects and were skipped"
+        )
+    warnings = warnings + scanner.warnings
+    return IngestResult(
+        source=os.path.abspath(path), bytes=reader.size, events=read, parts=state["k"],
+        seconds=time.perf_counter() - t0, mode=mode, metadata=scanner.metadata,
+        warnings=warnings, truncated=scanner.truncated,
+    )

@@ -1,0 +1,251 @@
+"""What `tilescope report`, `diff`, `compare`, `sql` and `replay` print: rich tables, JSON, SVG charts.
+
+Figures from tilescope's device model carry "(modeled)" in every header that shows them;
+figures from real traces say which machine recorded them (the trace's device names).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from html import escape
+
+__all__ = ["report_dict", "print_report", "print_diff", "write_plots", "fmt_ns"]
+
+
+def fmt_ns(ns) -> str:
+    if ns is None:
+        return "-"
+    ns = float(ns)
+    if abs(ns) >= 1e9:
+        return f"{ns / 1e9:,.3f} s"
+    if abs(ns) >= 1e6:
+        return f"{ns / 1e6:,.3f} ms"
+    if abs(ns) >= 1e3:
+        return f"{ns / 1e3:,.2f} us"
+    return f"{ns:,.0f} ns"
+
+
+def _time_label(trace) -> str:
+    if trace.modeled:
+        return "modeled"
+    devs = trace.device_names()
+    return "measured on " + (", ".join(devs) if devs else "the recording machine (CPU)")
+
+
+def report_dict(trace, top: int = 15) -> dict:
+    """The report as plain data (what ``--json`` prints)."""
+    s = trace.summary()
+    out = {"summary": s, "time_source": _time_label(trace),
+           "ops": trace.op_table(limit=top).to_pylist(),
+           "device_work": trace.kernels(limit=top).to_pylist(),
+           "device_lanes": trace.breakdown().to_pylist(),
+           "gaps": _gap_totals(trace),
+           "roofline": trace.roofline().slice(0, top).to_pylist()}
+    if s["instructions"]:
+        out["engines"] = trace.engine_breakdown().to_pylist()
+    if s["ranks"] and len(s["ranks"]) > 1:
+        out["ranks"] = trace.ranks_summary().to_pylist()
+    return out
+
+
+def _gap_totals(trace) -> list[dict]:
+    g = trace.gaps()
+    tot: dict[str, list] = {}
+    for c, ns in zip(g.column("class").to_pylist(), g.column("gap_ns").to_pylist()):
+        a = tot.setdefault(c, [0, 0])
+        a[0] += 1
+        a[1] += ns or 0
+    return [{"class": c, "count": n, "total_ns": t} for c, (n, t) in sorted(tot.items(), key=lambda kv: -kv[1][1])]
+
+
+def print_report(trace, console, top: int = 15) -> None:
+    from rich.markup import escape as resc
+    from rich.table import Table
+
+    d = report_dict(trace, top)
+    s = d["summary"]
+    label = d["time_source"]
+    console.print(f"[bold]{resc(', '.join(s['sources']))}[/bold]: {s['events']:,} events on {s['lanes']} lanes, "
+                  f"ranks {s['ranks']}, span {fmt_ns(s['span_ns'])}; device busy {fmt_ns(s['device_busy_ns'])} "
+                  f"({label})")
+    for w in s["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {resc(w)}")
+    for n in s["notes"]:
+        console.print(f"[dim]note: {resc(n)}[/dim]")
+    t = Table(title=f"top ops (host measured; device {label})")
+    for c in ("op", "calls", "host total", "host self", "device total", "device self"):
+        t.add_column(c, justify="left" if c == "op" else "right")
+    for r in d["ops"]:
+        t.add_row(resc(r["name"][:70]), f"{r['calls']:,}", fmt_ns(r["host_total_ns"]), fmt_ns(r["host_self_ns"]),
+                  fmt_ns(r["device_total_ns"]), fmt_ns(r["device_self_ns"]))
+    console.print(t)
+    if d["device_work"]:
+        t = Table(title=f"device work by name ({label})")
+        for c in ("name", "kind", "calls", "total", "mean", "share"):
+            t.add_column(c, justify="left" if c in ("name", "kind") else "right")
+        for r in d["device_work"]:
+            t.add_row(resc(r["name"][:70]), r["kind"], f"{r['calls']:,}", fmt_ns(r["total_ns"]), fmt_ns(r["mean_ns"]),
+                      f"{r['share']:.1%}")
+        console.print(t)
+    if d["device_lanes"]:
+        t = Table(title=f"device lanes: busy time ({label})")
+        for c in ("lane", "rank", "identifier", "events", "busy", "kernel", "memcpy", "memset", "busy share"):
+            t.add_column(c, justify="left" if c == "identifier" else "right")
+        for r in d["device_lanes"]:
+            t.add_row(str(r["lane"]), str(r["rank"]), resc(str(r["identifier"]).strip()), f"{r['events']:,}",
+                      fmt_ns(r["busy_ns"]), fmt_ns(r["kernel_ns"]), fmt_ns(r["memcpy_ns"]), fmt_ns(r["memset_ns"]),
+                      f"{r['busy_share']:.1%}")
+        console.print(t)
+    if d.get("engines"):
+        t = Table(title="engines (modeled)")
+        for c in ("engine", "instructions", "busy", "bytes", "FLOPs"):
+            t.add_column(c, justify="left" if c == "engine" else "right")
+        for r in d["engines"]:
+            t.add_row(r["engine"], f"{r['instructions']:,}", fmt_ns(r["busy_ns"]), f"{r['bytes']:,}", f"{r['flops']:,.0f}")
+        console.print(t)
+    if d["gaps"]:
+        t = Table(title=f"idle gaps by cause ({label})")
+        for c in ("class", "count", "total"):
+            t.add_column(c, justify="left" if c == "class" else "right")
+        for r in d["gaps"]:
+            t.add_row(r["class"], f"{r['count']:,}", fmt_ns(r["total_ns"]))
+        console.print(t)
+    if d["roofline"]:
+        est = "FLOPs/bytes estimated from shapes" if not trace.modeled else "modeled"
+        t = Table(title=f"roofline ({est}; peaks: {d['roofline'][0]['peak_source']})")
+        for c in ("name", "FLOPs", "bytes", "AI", "TFLOP/s", "GB/s", "MFU", "MBU", "% of roofline"):
+            t.add_column(c, justify="left" if c == "name" else "right")
+        for r in d["roofline"]:
+            pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+            t.add_row(resc(str(r["name"])[:50]), f"{r['flops']:,.0f}", f"{r['bytes']:,.0f}", f"{r['intensity']:.2f}",
+                      f"{r['tflops']:.3f}", f"{r['gbps']:.1f}", pct(r["mfu"]), pct(r["mbu"]), pct(r["pct_of_roofline"]))
+        console.print(t)
+
+
+def print_diff(d, console, top: int = 20) -> None:
+    from rich.markup import escape as resc
+    from rich.table import Table
+
+    unit = " per step" if d.per_step else ""
+    t = Table(title=f"summary{unit}")
+    t.add_column("metric")
+    for n in d.names:
+        t.add_column(resc(n), justify="right")
+    for r in d.summary.to_pylist():
+        t.add_row(r["metric"], *[f"{r[n]:,.1f}" if isinstance(r[n], float) else f"{r[n]:,}" for n in d.names])
+    console.print(t)
+    for f in d.fusion:
+        console.print(f"[bold green]fusion:[/bold green] {resc(f.text())}")
+    rows = d.ops.to_pylist()
+    base = d.names[0]
+    rows.sort(key=lambda r: -max(abs(r.get(f"delta_device_ns[{n}]", 0)) for n in d.names[1:]))
+    t = Table(title=f"ops{unit}: calls and device time")
+    t.add_column("op")
+    for n in d.names:
+        t.add_column(f"calls {resc(n)}", justify="right")
+        t.add_column(f"device {resc(n)}", justify="right")
+    for r in rows[:top]:
+        cells = []
+        for n in d.names:
+            cells += [f"{r[f'calls[{n}]']:,.1f}", fmt_ns(r[f"device_total_ns[{n}]"])]
+        t.add_row(resc(r["op"][:60]), *cells)
+    console.print(t)
+    regs = d.regions.to_pylist()
+    if regs:
+        t = Table(title=f"regions (record_function / module / step){unit}")
+        t.add_column("region")
+        for n in d.names:
+            t.add_column(resc(n), justify="right")
+        for r in regs[:top]:
+            t.add_row(resc(r["region"][:60]), *[fmt_ns(r[f"total_ns[{n}]"]) for n in d.names])
+        console.print(t)
+    _ = base
+
+
+def _svg_bars(title: str, items: list[tuple[str, float]], unit: str) -> str:
+    w, bar_h, left = 760, 18, 300
+    h = 40 + bar_h * len(items) + 20
+    top = max((v for _, v in items), default=1) or 1
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+           f'<text x="10" y="20" font-size="14">{escape(title)}</text>']
+    for i, (name, v) in enumerate(items):
+        y = 35 + i * bar_h
+        bw = (w - left - 90) * v / top
+        out.append(f'<text x="{left - 6}" y="{y + 12}" text-anchor="end">{escape(name[:48])}</text>')
+        out.append(f'<rect x="{left}" y="{y}" width="{bw:.1f}" height="{bar_h - 4}" fill="#4e79a7"/>')
+        out.append(f'<text x="{left + bw + 4:.1f}" y="{y + 12}">{escape(fmt_ns(v) if unit == "ns" else f"{v:,.3g}")}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _svg_roofline(title: str, rows: list[dict], peak_tflops: float | None, peak_gbps: float | None) -> str:
+    import math
+
+    w, h, m = 640, 420, 60
+    pts = [(r["intensity"], r["tflops"], str(r["name"])) for r in rows if r["intensity"] > 0 and r["tflops"] > 0]
+    if not pts:
+        return f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="60"><text x="10" y="30">{escape(title)}: no points</text></svg>'
+    xs = [p[0] for p in pts]
+    ys = [p[1] for p in pts] + ([peak_tflops] if peak_tflops else [])
+    x0, x1 = math.log10(min(xs)) - 0.5, math.log10(max(xs + [1000])) + 0.5
+    y0, y1 = math.log10(min(ys)) - 0.5, math.log10(max(ys)) + 0.3
+
+    def X(v):
+        return m + (math.log10(v) - x0) / (x1 - x0) * (w - 2 * m)
+
+    def Y(v):
+        return h - m - (math.log10(v) - y0) / (y1 - y0) * (h - 2 * m)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+           f'<text x="10" y="20" font-size="14">{escape(title)}</text>',
+           f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="#333"/>',
+           f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="#333"/>',
+           f'<text x="{w / 2}" y="{h - 20}" text-anchor="middle">arithmetic intensity (FLOP/byte, log)</text>',
+           f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">TFLOP/s (log)</text>']
+    if peak_tflops and peak_gbps:
+        ridge = peak_tflops * 1e3 / peak_gbps
+        a = 10 ** x0
+        out.append(f'<polyline fill="none" stroke="#e15759" stroke-width="2" points="{X(a):.1f},{Y(max(a * peak_gbps / 1e3, 10 ** y0)):.1f} '
+                   f'{X(ridge):.1f},{Y(peak_tflops):.1f} {X(10 ** x1):.1f},{Y(peak_tflops):.1f}"/>')
+    for ai, tf, name in pts:
+        out.append(f'<circle cx="{X(ai):.1f}" cy="{Y(tf):.1f}" r="4" fill="#4e79a7"><title>{escape(name)}</title></circle>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def write_plots(trace, out_dir: str, top: int = 15) -> list[str]:
+    """SVG charts: device-time breakdown by op and the roofline. Returns the paths written."""
+    os.makedirs(out_dir, exist_ok=True)
+    label = _time_label(trace)
+    ops = trace.op_table(limit=top, sort="device_self_ns").to_pylist()
+    items = [(r["name"], float(r["device_self_ns"] or 0)) for r in ops if r["device_self_ns"]] or \
+            [(r["name"], float(r["host_self_ns"] or 0)) for r in trace.op_table(limit=top, sort="host_self_ns").to_pylist()]
+    paths = []
+    p = os.path.join(out_dir, "breakdown.svg")
+    with open(p, "w", encoding="utf-8") as f:
+        f.write(_svg_bars(f"self device time by op ({label})", items, "ns"))
+    paths.append(p)
+    rf = trace.roofline().to_pylist()
+    pf = pb = None
+    if trace.modeled:
+        from ..spec import preset
+
+        spec = preset(trace.preset_name() or "trn1")
+        pf, pb = spec.peak_flops() / 1e12, spec.hbm_bytes_per_ns
+    else:
+        from ._roofline import gpu_peak
+
+        names = trace.device_names()
+        row = gpu_peak(names[0]) if names else None
+        if row:
+            pf, pb = row[1], row[3]
+    p = os.path.join(out_dir, "roofline.svg")
+    with open(p, "w", encoding="utf-8") as f:
+        f.write(_svg_roofline(f"roofline ({label})", rf, pf, pb))
+    paths.append(p)
+    return paths
+
+
+def to_json(obj) -> str:
+    return json.dumps(obj, indent=1, default=lambda o: float(o) if hasattr(o, "__float__") else str(o))

@@ -1,0 +1,119 @@
+"""The analysis tables and the classification rules, as data.
+
+Every table the engine writes is described here (column, type, meaning); the ingest and
+the docs are generated from these rows, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SCHEMA_VERSION", "TABLES", "RAW_JSON_COLUMNS", "ARG_COLUMNS", "CATEGORY_KINDS", "kind_case_sql"]
+
+SCHEMA_VERSION = 1
+
+# Columns read from each trace record by DuckDB's JSON reader (types chosen to be exact:
+# microsecond times as DECIMAL keep nanoseconds that a double would round away).
+RAW_JSON_COLUMNS = {
+    "ph": "VARCHAR", "cat": "VARCHAR", "name": "VARCHAR", "pid": "VARCHAR", "tid": "VARCHAR",
+    "ts": "DECIMAL(24,3)", "dur": "DECIMAL(24,3)", "id": "VARCHAR", "bp": "VARCHAR", "s": "VARCHAR",
+    "args": "JSON",
+}
+
+# args fields promoted to typed columns: (column, JSON path, SQL type)
+ARG_COLUMNS = (
+    ("correlation", '$.correlation', "BIGINT"),      # CUDA/HIP: launch <-> kernel
+    ("external_id", '$."External id"', "BIGINT"),    # Kineto: cpu_op <-> its launches
+    ("stream", '$.stream', "BIGINT"),                # GPU stream of a kernel / copy
+    ("device", '$.device', "BIGINT"),                # GPU index
+    ("flow_id", '$.flow_id', "BIGINT"),              # tilescope: one device execution's hops
+    ("program_hash", '$.program_hash', "VARCHAR"),   # tilescope: the executable that ran
+)
+
+# table -> ((column, type, meaning), ...)
+TABLES = {
+    "events": (
+        ("rank", "INTEGER", "rank of the trace (hive partition `rank=<n>`)"),
+        ("part", "INTEGER", "ingest part; eid = part * 2**32 + row within the part file"),
+        ("ph", "VARCHAR", "Chrome trace phase: X complete, i instant, C counter, s/t/f flow, M metadata"),
+        ("cat", "VARCHAR", "category as written by the tracer"),
+        ("name", "VARCHAR", "event name"),
+        ("pid", "VARCHAR", "process id (text: Kineto uses numbers and names)"),
+        ("tid", "VARCHAR", "thread / stream id (text)"),
+        ("ts_ns", "BIGINT", "start, integer nanoseconds on the trace's clock"),
+        ("dur_ns", "BIGINT", "duration in nanoseconds (NULL for instants)"),
+        ("id", "VARCHAR", "flow id (flow records only)"),
+        ("bp", "VARCHAR", "flow binding point ('e': enclosing slice)"),
+        ("s", "VARCHAR", "instant scope"),
+        *((c, t, f"args {p}") for c, p, t in ARG_COLUMNS),
+        ("args", "JSON", "the record's args object, verbatim"),
+    ),
+    "lanes": (
+        ("lane", "INTEGER", "lane index (dense, sorted: host lanes first, then devices)"),
+        ("rank", "INTEGER", "rank"),
+        ("pid", "VARCHAR", "process id"),
+        ("tid", "VARCHAR", "thread / stream id"),
+        ("process_name", "VARCHAR", "process_name metadata"),
+        ("thread_name", "VARCHAR", "thread_name metadata"),
+        ("instance", "VARCHAR", "host / instance"),
+        ("subsystem", "VARCHAR", "framework | runtime | hardware | device | host | other"),
+        ("identifier", "VARCHAR", "the lane's name within its subsystem (thread, stream, core)"),
+        ("side", "VARCHAR", "host | device"),
+        ("events", "BIGINT", "events on the lane"),
+        ("first_ns", "BIGINT", "first event start"),
+        ("last_ns", "BIGINT", "last event end"),
+    ),
+    "executables": (
+        ("program_hash", "VARCHAR", "content hash of the Program"),
+        ("name", "VARCHAR", "Program name"),
+        ("spec", "VARCHAR", "preset it was built for"),
+        ("instructions", "BIGINT", "instruction count"),
+        ("path", "VARCHAR", "executable file"),
+    ),
+    "instructions": (
+        ("program_hash", "VARCHAR", "executable"),
+        ("run", "INTEGER", "run number of the instruction trace"),
+        ("flow_id", "BIGINT", "the device execution it belongs to"),
+        ("preset", "VARCHAR", "preset that modeled it"),
+        ("index", "INTEGER", "instruction index in the Program"),
+        ("engine", "VARCHAR", "lane: TensorE, ScalarE, VectorE, GpSimd, DMA.q<n>"),
+        ("kind", "VARCHAR", "instruction kind"),
+        ("start_ns", "DOUBLE", "start from the execution's start (modeled)"),
+        ("end_ns", "DOUBLE", "end (modeled)"),
+        ("bytes", "BIGINT", "bytes moved / touched"),
+        ("flops", "DOUBLE", "floating-point operations"),
+        ("source", "VARCHAR", "provenance: aten op, FX node, kernel line"),
+    ),
+}
+
+# Event classification: first matching row wins. (category, name prefix or None) -> (kind, side)
+# kind is what analyses group by; side says which clock domain the lane belongs to.
+CATEGORY_KINDS = (
+    (None, "ProfilerStep", "step", "host"),
+    ("cpu_op", None, "op", "host"),
+    ("user_annotation", None, "annotation", "host"),
+    ("python_function", None, "python", "host"),
+    ("cuda_runtime", None, "launch", "host"),
+    ("cuda_driver", None, "launch", "host"),
+    ("hip_runtime", None, "launch", "host"),
+    ("kernel", None, "kernel", "device"),
+    ("gpu_memcpy", None, "memcpy", "device"),
+    ("gpu_memset", None, "memset", "device"),
+    ("gpu_user_annotation", None, "annotation", "device"),
+    ("cuda_sync", None, "sync", "device"),
+    ("runtime", None, "launch", "host"),         # tilescope runtime queue: execute <op>
+    ("hardware", None, "kernel", "device"),      # tilescope hardware: exec_running <op>
+    ("memcpy", None, "memcpy", "device"),        # tilescope host<->device copies
+    ("sync", None, "sync", "host"),              # tilescope synchronize waits
+)
+
+
+def kind_case_sql(cat: str = "cat", name: str = "name") -> str:
+    """A SQL CASE expression giving each event its kind (from CATEGORY_KINDS)."""
+    arms = []
+    for c, prefix, kind, _side in CATEGORY_KINDS:
+        conds = []
+        if c is not None:
+            conds.append(f"{cat} = '{c}'")
+        if prefix is not None:
+            conds.append(f"starts_with({name}, '{prefix}')")
+        arms.append(f"WHEN {' AND '.join(conds)} THEN '{kind}'")
+    return "CASE " + " ".join(arms) + " ELSE 'other' END"

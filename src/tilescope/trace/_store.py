@@ -1,0 +1,283 @@
+"""The Parquet cache: one entry per ingested source, written atomically.
+
+Layout of one entry (``$TILESCOPE_CACHE_DIR`` or ``~/.cache/tilescope/trace/<key>/``)::
+
+    events/rank=<r>/part-<k>.parquet   every trace record (see TABLES["events"])
+    lanes.parquet                      one row per (pid, tid) lane with names and extent
+    lod.parquet                        level-of-detail buckets for the windowed query
+    executables.parquet                tilescope profiles only
+    instructions.parquet               tilescope profiles only (modeled)
+    meta.json                          written last: an entry without it is rebuilt
+
+The ``events/rank=*/part-*.parquet`` glob is hive-partitioned by rank, so Spark, Dask,
+Polars or DuckDB read many ranks' entries (or an :meth:`Trace.export_parquet` copy) as
+one table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+
+import duckdb
+
+from .. import __version__
+from ._ingest import ingest_chrome_file
+from ._jsonscan import TraceFormatError
+from ._profile import instruction_rows, read_itrace_pair, read_profile_dir
+from ._schema import CATEGORY_KINDS, SCHEMA_VERSION, TABLES
+
+__all__ = ["cache_root", "build_entry", "classify_source", "LOD_LEVELS"]
+
+LOD_BASE_BUCKETS = 1024  # buckets across the entry's span at level 0
+LOD_LEVELS = 5  # each level has 4x more buckets: 1k, 4k, 16k, 64k, 256k
+
+
+def cache_root() -> str:
+    root = os.environ.get("TILESCOPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tilescope", "trace")
+    os.makedirs(root, exist_ok=True)
+    return root
+
+
+def classify_source(path: str) -> str:
+    """``profile`` | ``chrome`` | ``itrace`` | ``executable`` for one path."""
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "manifest.json")) or path.rstrip("/").endswith(".partial") \
+                or os.path.isdir(os.path.join(path, "executables")):
+            return "profile"
+        raise TraceFormatError(f"{path}: a directory, but not a tilescope profile (no manifest.json)")
+    if not os.path.exists(path):
+        raise TraceFormatError(f"{path}: no such file or directory")
+    if path.endswith(".itrace.json"):
+        return "itrace"
+    if os.path.basename(path).startswith("exec_") and path.endswith(".json"):
+        return "executable"
+    return "chrome"
+
+
+def _key(path: str, kind: str) -> str:
+    st = os.stat(path)
+    if kind == "profile":
+        st = os.stat(os.path.join(path, "manifest.json")) if os.path.exists(os.path.join(path, "manifest.json")) else st
+    blob = f"{SCHEMA_VERSION}|{__version__}|{kind}|{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}"
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _connect() -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
+    con.execute("SET memory_limit='1GB'")
+    con.execute("SET preserve_insertion_order=true")
+    return con
+
+
+def _side_case() -> str:
+    device = sorted({c for c, _p, _k, side in CATEGORY_KINDS if c and side == "device"})
+    return "(" + " OR ".join(f"cat = '{c}'" for c in device) + ")"
+
+
+def _build_lanes(con, entry: str, rank: int) -> None:
+    glob = os.path.join(entry, "events", "*", "*.parquet")
+    sql = f"""
+    COPY (
+    WITH raw AS (SELECT * FROM read_parquet('{glob}', hive_partitioning=false)),
+    meta AS (
+      SELECT pid, tid, name, json_extract_string(args, '$.name') AS v,
+             json_extract_string(args, '$.labels') AS labels FROM raw WHERE ph = 'M'),
+    pn AS (SELECT pid, any_value(v) AS process_name FROM meta WHERE name = 'process_name' GROUP BY pid),
+    pl AS (SELECT pid, any_value(labels) AS labels FROM meta WHERE name = 'process_labels' GROUP BY pid),
+    tn AS (SELECT pid, tid, any_value(v) AS thread_name FROM meta WHERE name = 'thread_name' GROUP BY pid, tid),
+    st AS (
+      SELECT pid, tid, count(*) AS events, min(ts_ns) AS first_ns, max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) AS last_ns,
+             count(*) FILTER (WHERE {_side_case()}) AS dev
+      FROM raw WHERE ph NOT IN ('M', 's', 't', 'f') GROUP BY pid, tid)
+    SELECT {rank}::INTEGER AS rank, st.pid, st.tid, pn.process_name, tn.thread_name, pl.labels,
+           st.events, st.first_ns, st.last_ns,
+           CASE WHEN st.dev * 2 > st.events OR pl.labels LIKE 'GPU%' THEN 'device' ELSE 'host' END AS side
+    FROM st LEFT JOIN pn USING (pid) LEFT JOIN pl USING (pid) LEFT JOIN tn USING (pid, tid)
+    ) TO '{os.path.join(entry, "lanes.parquet")}' (FORMAT parquet)"""
+    con.execute(sql)
+
+
+def _build_lod(con, entry: str, t0: int, t1: int) -> list[dict]:
+    """Buckets per lane at LOD_LEVELS resolutions; level k has LOD_BASE_BUCKETS * 4**k buckets."""
+    glob = os.path.join(entry, "events", "*", "*.parquet")
+    span = max(1, t1 - t0)
+    levels = []
+    finest = LOD_LEVELS - 1
+    w = max(1, -(-span // (LOD_BASE_BUCKETS * 4 ** finest)))
+    # finest level from the events; coarser ones merge 4 buckets at a time
+    con.execute(f"""
+      CREATE OR REPLACE TEMP TABLE lod_f AS
+      SELECT pid, tid, (ts_ns - {t0}) // {w} AS bucket, count(*)::BIGINT AS count,
+             sum(dur_ns)::BIGINT AS busy_ns, arg_max(name, dur_ns) AS top_name, max(dur_ns) AS top_ns
+      FROM read_parquet('{glob}', hive_partitioning=false)
+      WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL
+      GROUP BY ALL""")
+    parts = []
+    for k in range(finest, -1, -1):
+        width = w * 4 ** (finest - k)
+        div = 4 ** (finest - k)
+        levels.append({"level": k, "bucket_ns": width})
+        parts.append(f"""
+          SELECT {k}::TINYINT AS level, pid, tid, bucket // {div} AS bucket, sum(count)::BIGINT AS count,
+                 sum(busy_ns)::BIGINT AS busy_ns, arg_max(top_name, top_ns) AS top_name, max(top_ns) AS top_ns
+          FROM lod_f GROUP BY ALL""")
+    con.execute(f"COPY ({' UNION ALL '.join(parts)} ORDER BY level, pid, tid, bucket) TO "
+                f"'{os.path.join(entry, 'lod.parquet')}' (FORMAT parquet)")
+    con.execute("DROP TABLE lod_f")
+    return sorted(levels, key=lambda d: d["level"])
+
+
+def _write_program_tables(con, entry: str, pairs: list[tuple[str, int, str]], executables: dict[str, str]) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ex_rows = {c: [] for c, _t, _d in TABLES["executables"]}
+    ex_rows.update({"flops": [], "hbm_bytes": [], "modeled_ns": []})
+    seen = {}
+    for h, fp in sorted(executables.items()):
+        with open(fp, encoding="utf-8") as f:
+            ex = json.load(f)
+        if ex.get("format") != "tilescope.executable":
+            raise TraceFormatError(f"{fp}: field 'format' is {ex.get('format')!r}, expected 'tilescope.executable'")
+        if ex.get("hash") != h:
+            raise TraceFormatError(f"{fp}: file name says hash {h} but the executable records {ex.get('hash')!r}")
+        seen[h] = ex
+    writer = None
+    n = 0
+    summaries: dict[str, dict] = {}
+    for h, run, fp in pairs:
+        ex, it = read_itrace_pair(executables[h], fp)
+        summaries.setdefault(h, it.get("summary") or {})
+        table = pa.table(instruction_rows(ex, it, run))
+        if writer is None:
+            writer = pq.ParquetWriter(os.path.join(entry, "instructions.parquet"), table.schema)
+        writer.write_table(table)
+        n += table.num_rows
+    if writer is not None:
+        writer.close()
+    for h, ex in seen.items():
+        s = summaries.get(h, {})
+        ex_rows["program_hash"].append(h)
+        ex_rows["name"].append(ex.get("name"))
+        ex_rows["spec"].append(ex.get("spec"))
+        ex_rows["instructions"].append(len(ex.get("instructions", [])))
+        ex_rows["path"].append(executables[h])
+        ex_rows["flops"].append(float(s.get("flops", 0.0)) if s else None)
+        ex_rows["hbm_bytes"].append(int(s.get("hbm_read_bytes", 0) + s.get("hbm_write_bytes", 0)) if s else None)
+        ex_rows["modeled_ns"].append(float(s.get("total_ns", 0.0)) if s else None)
+    if seen:
+        pq.write_table(pa.table(ex_rows), os.path.join(entry, "executables.parquet"))
+    return n
+
+
+def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool | None = None,
+                refresh: bool = False, pair: str | None = None) -> str:
+    """Ingest ``path`` into the cache (if not cached yet) and return the entry directory."""
+    root = cache_root()
+    entry = os.path.join(root, _key(path, kind) + (f"-r{rank}" if rank is not None else ""))
+    if not refresh and os.path.exists(os.path.join(entry, "meta.json")):
+        return entry
+    tmp = f"{entry}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    con = _connect()
+    con.execute(f"SET temp_directory='{tmp}/_duckdb_tmp'")
+    t0 = time.perf_counter()
+    meta: dict = {"schema": SCHEMA_VERSION, "tilescope": __version__, "source": os.path.abspath(path),
+                  "kind": kind, "warnings": [], "notes": []}
+    try:
+        executables: dict[str, str] = {}
+        pairs: list[tuple[str, int, str]] = []
+        trace_file = None
+        if kind == "profile":
+            prof = read_profile_dir(path)
+            meta["manifest"] = prof.manifest
+            meta["warnings"] += prof.warnings
+            trace_file = prof.trace_file
+            executables, pairs = prof.executables, prof.itraces
+        elif kind == "chrome":
+            trace_file = path
+        elif kind in ("itrace", "executable"):
+            itrace = path if kind == "itrace" else pair
+            exe = pair if kind == "itrace" else path
+            if itrace is None or exe is None:
+                raise TraceFormatError(f"{path}: an instruction trace needs its executable (pass both files)")
+            ex, it = read_itrace_pair(exe, itrace)
+            import re
+            m = re.search(r"\.(\d+)\.itrace\.json$", itrace)
+            executables = {ex["hash"]: exe}
+            pairs = [(ex["hash"], int(m.group(1)) if m else 0, itrace)]
+        stage = os.path.join(tmp, "events", "_stage")
+        r = 0 if rank is None else rank
+        if trace_file is not None:
+            res = ingest_chrome_file(trace_file, stage, con, progress=progress)
+            meta["ingest"] = {"source": res.source, "bytes": res.bytes, "events": res.events, "parts": res.parts,
+                              "seconds": round(res.seconds, 3), "mode": res.mode, "truncated": res.truncated}
+            meta["warnings"] += res.warnings
+            md = res.metadata
+            meta["trace_metadata"] = {k: v for k, v in md.items() if k != "traceEvents"}
+            dist = md.get("distributedInfo") if isinstance(md.get("distributedInfo"), dict) else {}
+            if rank is None and isinstance(dist.get("rank"), int):
+                r = dist["rank"]
+        else:
+            os.makedirs(stage, exist_ok=True)
+        meta["rank"] = r
+        os.rename(stage, os.path.join(tmp, "events", f"rank={r}"))
+        glob = os.path.join(tmp, "events", "*", "*.parquet")
+        has_events = any(f.endswith(".parquet") for f in os.listdir(os.path.join(tmp, "events", f"rank={r}")))
+        if has_events:
+            row = con.execute(f"""
+              SELECT min(ts_ns) FILTER (WHERE ph NOT IN ('M','s','t','f')),
+                     max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) FILTER (WHERE ph NOT IN ('M','s','t','f')),
+                     count(*) FILTER (WHERE ph NOT IN ('M','s','t','f')),
+                     count(*) FILTER (WHERE ph NOT IN ('M') AND ts_ns IS NULL),
+                     count(*) FILTER (WHERE ph = 'X' AND dur_ns = 0),
+                     count(*) FILTER (WHERE dur_ns < 0),
+                     count(*) FILTER (WHERE ph = 'X' AND dur_ns IS NULL AND ts_ns IS NOT NULL)
+              FROM read_parquet('{glob}', hive_partitioning=false)""").fetchall()[0]
+            t_lo, t_hi, n_ev, no_ts, zero, neg, no_dur = row
+            meta.update(t0_ns=t_lo, t1_ns=t_hi, events=n_ev)
+            name = os.path.basename(trace_file or path)
+            if no_ts:
+                meta["warnings"].append(
+                    f"{name}: {no_ts:,} records have no numeric 'ts' (missing or not a number); "
+                    f"they are kept in the tables but left out of every time-based analysis")
+            if neg:
+                meta["warnings"].append(
+                    f"{name}: {neg:,} events have a negative 'dur'; they are left out of busy-time sums")
+            if no_dur:
+                meta["warnings"].append(
+                    f"{name}: {no_dur:,} complete ('X') events have no numeric 'dur'; treated as instants")
+            if zero:
+                meta["notes"].append(f"{name}: {zero:,} complete events have zero duration (kept; they add no busy time)")
+            if n_ev == 0:
+                meta["warnings"].append(f"{name}: the trace holds no events")
+            con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
+            t_a = time.perf_counter()
+            _build_lanes(con, tmp, r)
+            t_b = time.perf_counter()
+            if t_lo is not None:
+                meta["lod_levels"] = _build_lod(con, tmp, t_lo, t_hi)
+            meta["timing"] = {"ingest_s": round(res.seconds, 3) if trace_file else 0.0,
+                              "lanes_s": round(t_b - t_a, 3), "lod_s": round(time.perf_counter() - t_b, 3)}
+        else:
+            meta.update(t0_ns=None, t1_ns=None, events=0)
+        if pairs or executables:
+            meta["instructions"] = _write_program_tables(con, tmp, pairs, executables)
+        meta["build_seconds"] = round(time.perf_counter() - t0, 3)
+        shutil.rmtree(os.path.join(tmp, "_duckdb_tmp"), ignore_errors=True)
+        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=1, default=str)
+        con.close()
+        shutil.rmtree(entry, ignore_errors=True)
+        os.rename(tmp, entry)
+    except BaseException:
+        con.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return entry

@@ -1,0 +1,394 @@
+"""The one entry class: a set of ingested sources, as DuckDB views over Parquet."""
+
+from __future__ import annotations
+
+import glob as _glob
+import json
+import os
+import warnings as _warnings
+
+import duckdb
+
+from ._jsonscan import TraceFormatError
+from ._schema import ARG_COLUMNS, CATEGORY_KINDS, kind_case_sql
+from ._store import build_entry, classify_source
+
+__all__ = ["Trace", "TraceWarning", "open_trace"]
+
+
+class TraceWarning(UserWarning):
+    """Something in a trace was odd but readable (the message says what and where)."""
+
+
+def _expand(paths) -> list[tuple[str, str, str | None]]:
+    """(path, kind, pair) for every source among ``paths``."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out = []
+    paths = [os.fspath(p) for p in paths]
+    execs = [p for p in paths if classify_source(p) == "executable"]
+    for p in paths:
+        kind = classify_source(p)
+        if kind == "executable":
+            continue
+        if kind == "itrace":
+            pair = None
+            h = os.path.basename(p).split(".")[0]
+            for e in execs:
+                if os.path.basename(e) == f"{h}.json":
+                    pair = e
+            if pair is None:
+                for cand in (os.path.join(os.path.dirname(p), f"{h}.json"),
+                             os.path.join(os.path.dirname(os.path.dirname(p)), "executables", f"{h}.json")):
+                    if os.path.exists(cand):
+                        pair = cand
+            if pair is None and execs:
+                pair = execs[0]  # the hash check names both files if they do not belong together
+            out.append((p, kind, pair))
+        else:
+            out.append((p, kind, None))
+    if not out and execs:
+        raise TraceFormatError(f"{execs[0]}: an executable alone has no timeline; pass its .itrace.json too")
+    return out
+
+
+class Trace:
+    """One or more ingested sources (ranks), queried with DuckDB.
+
+    >>> import tilescope.trace as tt                                   # doctest: +SKIP
+    >>> t = tt.open("trace.json.gz")                                   # doctest: +SKIP
+    >>> t.sql("SELECT kind, count(*) FROM events GROUP BY kind").fetchall()   # doctest: +SKIP
+
+    Views: ``events`` (slices and instants, with ``lane``, ``kind``, ``end_ns``), ``flows``,
+    ``lanes``, ``raw`` (every record), ``executables``, ``instructions``, ``lod``.
+    Times are integer nanoseconds on each trace's own clock; ``t0_ns`` is the earliest.
+    """
+
+    def __init__(self, entries: list[str], sources: list[str], align: str = "none"):
+        self.entries = entries
+        self.sources = sources
+        self.meta = []
+        for e in entries:
+            with open(os.path.join(e, "meta.json"), encoding="utf-8") as f:
+                self.meta.append(json.load(f))
+        self.warnings: list[str] = [w for m in self.meta for w in m.get("warnings", [])]
+        self.notes: list[str] = [n for m in self.meta for n in m.get("notes", [])]
+        ranks = [m["rank"] for m in self.meta]
+        if len(set(ranks)) != len(ranks) and len(entries) > 1:
+            self.warnings.append(
+                f"several sources claim the same rank ({ranks}); ranks were renumbered by position 0..{len(ranks) - 1}")
+            ranks = list(range(len(entries)))
+        self.ranks = ranks
+        self.align = align
+        self.con = duckdb.connect()
+        self.con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
+        self.con.execute("SET memory_limit='2GB'")
+        self._offsets = self._clock_offsets(align)
+        self._make_views()
+        self._cache: dict = {}
+        for w in self.warnings:
+            _warnings.warn(w, TraceWarning, stacklevel=3)
+
+    # ---- set-up ---------------------------------------------------------------------
+    def _clock_offsets(self, align: str) -> dict[int, int]:
+        spans = [(r, m.get("t0_ns"), m.get("t1_ns")) for r, m in zip(self.ranks, self.meta) if m.get("t0_ns") is not None]
+        offsets = {r: 0 for r in self.ranks}
+        if len(spans) > 1:
+            lo = min(s[1] for s in spans)
+            starts = sorted(spans, key=lambda s: s[1])
+            shortest = min(s[2] - s[1] for s in spans) or 1
+            overlap = min(s[2] for s in spans) - max(s[1] for s in spans)
+            skew = starts[-1][1] - lo
+            if overlap <= 0 or skew > shortest / 2:
+                msg = (f"ranks' clocks disagree: rank {starts[-1][0]} starts {skew / 1e6:,.3f} ms after rank "
+                       f"{starts[0][0]} (traces span {shortest / 1e6:,.3f} ms); cross-rank timing may be skewed")
+                if align == "start":
+                    msg += "; aligned each rank's first event to t=0 (align='start')"
+                else:
+                    msg += ". Open with align='start' to align each rank's first event"
+                self.warnings.append(msg)
+            if align == "start":
+                offsets = {r: t0 - lo for r, t0, _ in spans}
+        return offsets
+
+    def _make_views(self) -> None:
+        con = self.con
+        globs = []
+        for e, r in zip(self.entries, self.ranks):
+            files = _glob.glob(os.path.join(e, "events", "*", "*.parquet"))
+            if files:
+                globs.append((os.path.join(e, "events", "*", "*.parquet"), r))
+        arg_cols = ", ".join(c for c, _p, _t in ARG_COLUMNS)
+        if globs:
+            selects = " UNION ALL ".join(
+                f"SELECT {r}::INTEGER AS rank, ((({r}::BIGINT) << 48) | (part::BIGINT << 32) | file_row_number) AS eid, "
+                f"* EXCLUDE (file_row_number) FROM read_parquet('{g}', hive_partitioning=false, file_row_number=true)"
+                for g, r in globs)
+        else:
+            selects = ("SELECT NULL::INTEGER AS rank, NULL::BIGINT AS eid, NULL::INTEGER AS part, NULL AS ph, NULL AS cat, "
+                       "NULL AS name, NULL AS pid, NULL AS tid, NULL::BIGINT AS ts_ns, NULL::BIGINT AS dur_ns, NULL AS id, "
+                       "NULL AS bp, NULL AS s, " + ", ".join(f"NULL::{t} AS {c}" for c, _p, t in ARG_COLUMNS)
+                       + ", NULL::JSON AS args WHERE false")
+        off = " UNION ALL ".join(f"SELECT {r}::INTEGER AS rank, {o}::BIGINT AS off" for r, o in self._offsets.items()) \
+            or "SELECT 0 AS rank, 0::BIGINT AS off"
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _raw0 AS {selects}")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _offsets AS {off}")
+        con.execute("""CREATE OR REPLACE TEMP VIEW raw AS
+            SELECT r.* REPLACE (r.ts_ns - o.off AS ts_ns) FROM _raw0 r JOIN _offsets o USING (rank)""")
+        lane_files = [(os.path.join(e, "lanes.parquet"), r) for e, r in zip(self.entries, self.ranks)
+                      if os.path.exists(os.path.join(e, "lanes.parquet"))]
+        if lane_files:
+            lsel = " UNION ALL ".join(f"SELECT * REPLACE ({r}::INTEGER AS rank) FROM read_parquet('{f}')" for f, r in lane_files)
+            con.execute(f"""CREATE OR REPLACE TEMP TABLE lanes AS
+              WITH l AS ({lsel}),
+              p AS (SELECT *, regexp_extract(process_name, '^(.*)/([^/]+)/(framework|runtime|hardware)$', ['inst', 'p', 'sub']) AS m FROM l)
+              SELECT (row_number() OVER (ORDER BY rank, CASE WHEN side = 'host' THEN 0 ELSE 1 END,
+                        CASE m.sub WHEN 'framework' THEN 0 WHEN 'runtime' THEN 1 WHEN 'hardware' THEN 2 ELSE 3 END,
+                        TRY_CAST(pid AS BIGINT) NULLS LAST, pid, TRY_CAST(tid AS BIGINT) NULLS LAST, tid) - 1)::INTEGER AS lane,
+                     rank, pid, tid, process_name, thread_name,
+                     CASE WHEN m.sub <> '' THEN m.inst ELSE 'rank' || rank END AS instance,
+                     CASE WHEN m.sub <> '' THEN m.sub ELSE side END AS subsystem,
+                     coalesce(thread_name, CASE WHEN side = 'device' THEN coalesce(labels, 'device ' || pid) || ' stream ' || tid
+                                                ELSE 'thread ' || tid END) AS identifier,
+                     CASE WHEN m.sub = 'hardware' THEN 'device' ELSE side END AS side,
+                     events, first_ns - o.off AS first_ns, last_ns - o.off AS last_ns
+              FROM p JOIN _offsets o USING (rank)""")
+        else:
+            con.execute("""CREATE OR REPLACE TEMP TABLE lanes (lane INTEGER, rank INTEGER, pid VARCHAR, tid VARCHAR,
+              process_name VARCHAR, thread_name VARCHAR, instance VARCHAR, subsystem VARCHAR, identifier VARCHAR,
+              side VARCHAR, events BIGINT, first_ns BIGINT, last_ns BIGINT)""")
+        con.execute(f"""CREATE OR REPLACE TEMP VIEW events AS
+            SELECT r.eid, r.rank, l.lane, r.ph, r.cat, r.name, {kind_case_sql('r.cat', 'r.name')} AS kind, l.side,
+                   r.ts_ns, CASE WHEN r.dur_ns >= 0 THEN r.dur_ns ELSE NULL END AS dur_ns,
+                   r.ts_ns + CASE WHEN r.dur_ns > 0 THEN r.dur_ns ELSE 0 END AS end_ns,
+                   r.pid, r.tid, {', '.join('r.' + c for c, _p, _t in ARG_COLUMNS)}, r.args
+            FROM raw r JOIN lanes l ON l.rank = r.rank AND l.pid = r.pid AND l.tid IS NOT DISTINCT FROM r.tid
+            WHERE r.ph NOT IN ('s', 't', 'f', 'M') AND r.ts_ns IS NOT NULL""")
+        con.execute("""CREATE OR REPLACE TEMP VIEW flows AS
+            SELECT eid, rank, ph, cat, name, id, pid, tid, ts_ns, bp FROM raw WHERE ph IN ('s', 't', 'f')""")
+        ex = [os.path.join(e, "executables.parquet") for e in self.entries if os.path.exists(os.path.join(e, "executables.parquet"))]
+        ins = [(os.path.join(e, "instructions.parquet"), r) for e, r in zip(self.entries, self.ranks)
+               if os.path.exists(os.path.join(e, "instructions.parquet"))]
+        if ex:
+            con.execute(f"CREATE OR REPLACE TEMP VIEW executables AS SELECT DISTINCT * FROM read_parquet({ex!r})")
+        else:
+            con.execute("""CREATE OR REPLACE TEMP VIEW executables AS SELECT NULL::VARCHAR AS program_hash, NULL::VARCHAR AS name,
+              NULL::VARCHAR AS spec, NULL::BIGINT AS instructions, NULL::VARCHAR AS path, NULL::DOUBLE AS flops,
+              NULL::BIGINT AS hbm_bytes, NULL::DOUBLE AS modeled_ns WHERE false""")
+        if ins:
+            isel = " UNION ALL ".join(f"SELECT {r}::INTEGER AS rank, * FROM read_parquet('{f}')" for f, r in ins)
+            con.execute(f"CREATE OR REPLACE TEMP VIEW instructions AS {isel}")
+        else:
+            con.execute("""CREATE OR REPLACE TEMP VIEW instructions AS SELECT NULL::INTEGER AS rank, NULL::VARCHAR AS program_hash,
+              NULL::INTEGER AS run, NULL::BIGINT AS flow_id, NULL::VARCHAR AS preset, NULL::INTEGER AS index,
+              NULL::VARCHAR AS engine, NULL::VARCHAR AS kind, NULL::DOUBLE AS start_ns, NULL::DOUBLE AS end_ns,
+              NULL::BIGINT AS bytes, NULL::DOUBLE AS flops, NULL::VARCHAR AS source WHERE false""")
+        lods = [(os.path.join(e, "lod.parquet"), r) for e, r in zip(self.entries, self.ranks)
+                if os.path.exists(os.path.join(e, "lod.parquet"))]
+        if lods:
+            lsel = " UNION ALL ".join(f"SELECT {r}::INTEGER AS rank, * FROM read_parquet('{f}')" for f, r in lods)
+            con.execute(f"""CREATE OR REPLACE TEMP VIEW lod AS SELECT l.lane, x.* FROM ({lsel}) x
+                            JOIN lanes l ON l.rank = x.rank AND l.pid = x.pid AND l.tid IS NOT DISTINCT FROM x.tid""")
+
+    # ---- basic facts ------------------------------------------------------------------
+    @property
+    def t0_ns(self) -> int:
+        """Earliest event start (after alignment)."""
+        return self.con.execute("SELECT coalesce(min(first_ns), 0) FROM lanes").fetchall()[0][0]
+
+    @property
+    def t1_ns(self) -> int:
+        return self.con.execute("SELECT coalesce(max(last_ns), 0) FROM lanes").fetchall()[0][0]
+
+    @property
+    def kind(self) -> str:
+        """``tilescope`` (a profile directory) or ``kineto`` (any other Chrome trace)."""
+        return "tilescope" if any(m["kind"] in ("profile", "itrace") for m in self.meta) else "kineto"
+
+    @property
+    def modeled(self) -> bool:
+        """Device times come from tilescope's device model (a simulated device)."""
+        for m in self.meta:
+            dev = (m.get("manifest") or {}).get("device") or {}
+            if m["kind"] == "itrace" or dev.get("kind") == "sim":
+                return True
+        return False
+
+    def device_names(self) -> list[str]:
+        names = []
+        for m in self.meta:
+            for d in (m.get("trace_metadata") or {}).get("deviceProperties") or []:
+                if isinstance(d, dict) and d.get("name") and d["name"] not in names:
+                    names.append(d["name"])
+            dev = (m.get("manifest") or {}).get("device") or {}
+            if dev.get("preset") and f"tilescope {dev['preset']}" not in names:
+                names.append(f"tilescope {dev['preset']}")
+        return names
+
+    def preset_name(self) -> str | None:
+        for m in self.meta:
+            dev = (m.get("manifest") or {}).get("device") or {}
+            if dev.get("preset"):
+                return dev["preset"]
+        row = self.con.execute("SELECT any_value(preset) FROM instructions").fetchall()
+        return row[0][0] if row else None
+
+    # ---- querying ---------------------------------------------------------------------
+    def sql(self, query: str, params=None) -> duckdb.DuckDBPyRelation:
+        """Run SQL over the views; returns a DuckDB relation (``.fetchall()``, ``.arrow()``, ``.pl()``, ``.df()``)."""
+        return self.con.sql(query, params=params)
+
+    def table(self, name: str):
+        """A whole view as a pyarrow Table (``events``, ``flows``, ``lanes``, ``executables``, ``instructions``)."""
+        if name not in ("events", "flows", "lanes", "executables", "instructions", "raw", "lod"):
+            raise ValueError(f"unknown table {name!r}; tables: events, flows, lanes, executables, instructions, raw, lod")
+        return _arrow(self.con.sql(f"SELECT * FROM {name}"))
+
+    def to_pandas(self, name: str = "events"):
+        """A view as a pandas DataFrame (through Arrow; needs pandas installed)."""
+        return self.table(name).to_pandas()
+
+    def to_polars(self, name: str = "events"):
+        """A view as a polars DataFrame (through Arrow; needs polars installed)."""
+        import polars as pl
+
+        return pl.from_arrow(self.table(name))
+
+    def export_parquet(self, out_dir: str) -> str:
+        """Copy the tables into ``out_dir`` in the hive layout distributed engines read:
+        ``events/rank=<r>/part-*.parquet``, ``lanes.parquet``, ``executables.parquet``, ``instructions.parquet``."""
+        import shutil
+
+        for e, r in zip(self.entries, self.ranks):
+            for src in _glob.glob(os.path.join(e, "events", "*", "*.parquet")):
+                d = os.path.join(out_dir, "events", f"rank={r}")
+                os.makedirs(d, exist_ok=True)
+                shutil.copy2(src, os.path.join(d, os.path.basename(src)))
+        self.con.execute(f"COPY lanes TO '{os.path.join(out_dir, 'lanes.parquet')}' (FORMAT parquet)")
+        for name in ("executables", "instructions"):
+            if self.con.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0]:
+                self.con.execute(f"COPY {name} TO '{os.path.join(out_dir, name + '.parquet')}' (FORMAT parquet)")
+        return out_dir
+
+    def event(self, eid: int) -> dict:
+        """One event as a dict (args parsed)."""
+        rel = self.con.execute("SELECT * FROM events WHERE eid = ?", [eid])
+        cols = [d[0] for d in rel.description]
+        rows = rel.fetchall()
+        row = rows[0] if rows else None
+        if row is None:
+            raise KeyError(f"no event with eid {eid}")
+        d = dict(zip(cols, row))
+        try:
+            d["args"] = json.loads(d["args"]) if d.get("args") else {}
+        except ValueError:
+            pass
+        return d
+
+    # ---- analyses (one module each) ----------------------------------------------------
+    def summary(self) -> dict:
+        from ._summary import summary
+
+        return summary(self)
+
+    def op_table(self, **kw):
+        from ._ops import op_table
+
+        return op_table(self, **kw)
+
+    def kernels(self, **kw):
+        from ._ops import kernel_table
+
+        return kernel_table(self, **kw)
+
+    def breakdown(self, **kw):
+        from ._breakdown import breakdown
+
+        return breakdown(self, **kw)
+
+    def engine_breakdown(self, **kw):
+        from ._breakdown import engine_breakdown
+
+        return engine_breakdown(self, **kw)
+
+    def gaps(self, **kw):
+        from ._gaps import idle_gaps
+
+        return idle_gaps(self, **kw)
+
+    def lineage(self, eid: int) -> list[dict]:
+        from ._lineage import lineage
+
+        return lineage(self, eid)
+
+    def roofline(self, **kw):
+        from ._roofline import roofline
+
+        return roofline(self, **kw)
+
+    def memory(self, **kw):
+        from ._memory import peak_memory
+
+        return peak_memory(self, **kw)
+
+    def ranks_summary(self):
+        from ._summary import ranks_summary
+
+        return ranks_summary(self)
+
+    def window(self, t0_ns=None, t1_ns=None, lanes=None, pixels: int = 1000, **kw):
+        from ._window import window
+
+        return window(self, t0_ns, t1_ns, lanes, pixels, **kw)
+
+    def replay(self, preset, **kw) -> "Trace":
+        from ._replay import replay
+
+        return replay(self, preset, **kw)
+
+    def __repr__(self) -> str:
+        n = sum(m.get("events") or 0 for m in self.meta)
+        return f"Trace({', '.join(os.path.basename(s.rstrip('/')) for s in self.sources)}: {n:,} events, ranks {self.ranks})"
+
+
+def _arrow(rel):
+    """A DuckDB relation as a pyarrow Table (the method name changed across DuckDB versions)."""
+    for name in ("to_arrow_table", "fetch_arrow_table", "arrow"):
+        fn = getattr(rel, name, None)
+        if fn is not None:
+            out = fn()
+            if hasattr(out, "read_all"):
+                out = out.read_all()
+            return out
+    raise RuntimeError("this DuckDB cannot export Arrow")
+
+
+def open_trace(paths, *, align: str = "none", progress: bool | None = None, refresh: bool = False) -> Trace:
+    """Open profile directories, Kineto/Chrome traces (one per rank) or executable+itrace pairs.
+
+    A directory that is not a profile but holds ``*.json``/``*.json.gz`` traces opens as one
+    trace per rank. ``align='start'`` shifts each rank so that clocks agree at the first event.
+    """
+    if align not in ("none", "start"):
+        raise ValueError(f"align must be 'none' or 'start', got {align!r}")
+    if isinstance(paths, (str, os.PathLike)) and os.path.isdir(paths) and classify_source_safe(os.fspath(paths)) is None:
+        found = sorted(_glob.glob(os.path.join(paths, "*.json")) + _glob.glob(os.path.join(paths, "*.json.gz")))
+        if not found:
+            raise TraceFormatError(f"{paths}: no manifest.json and no *.json / *.json.gz traces inside")
+        paths = found
+    srcs = _expand(paths)
+    entries = []
+    multi = len(srcs) > 1
+    for i, (p, kind, pair) in enumerate(srcs):
+        entries.append(build_entry(p, kind, progress=progress, refresh=refresh, pair=pair))
+    t = Trace(entries, [s[0] for s in srcs], align=align)
+    if multi and len(set(t.ranks)) < len(t.ranks):
+        pass
+    return t
+
+
+def classify_source_safe(path: str):
+    try:
+        return classify_source(path)
+    except TraceFormatError:
+        return None
