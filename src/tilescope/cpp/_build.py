@@ -105,8 +105,8 @@ class _Source:
 
 def _object_paths(obj_dir: Path, src: _Source, key: str) -> tuple[Path, Path]:
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", src.path.name)
-    base = obj_dir / f"{stem}-{key[:16]}"
-    return base.with_suffix(".o"), base.with_suffix(".deps.json")
+    base = f"{stem}-{key[:16]}"
+    return obj_dir / f"{base}.o", obj_dir / f"{base}.deps.json"
 
 
 def _source_key(src: _Source, cxx_id: str, flags: tuple[str, ...]) -> str:
@@ -209,7 +209,7 @@ def build(name: str, sources: list[str | os.PathLike], build_directory: str | os
                 raise errors[0] if len(errors) == 1 else CompileError.combine(errors)
 
     # the library: named by its objects (each object's name already hashes its inputs)
-    lib_key = _sha(json.dumps([cxx_id, flags, [str(obj) for _, _, obj, _, _ in plan],
+    lib_key = _sha(json.dumps([cxx_id, flags, [key for _, key, _, _, _ in plan],
                                [json.loads(deps.read_text()) for *_, deps, _ in plan]]).encode())
     lib_path = out_dir / f"lib{name}.{lib_key[:16]}.so"
     cached = not stale and lib_path.exists()
@@ -224,8 +224,22 @@ def build(name: str, sources: list[str | os.PathLike], build_directory: str | os
             raise CompileError.from_output(f"lib{name}.so (link)", _shown(proc.stdout + proc.stderr, srcs))
         os.replace(tmp, lib_path)
     _point_stable_name(out_dir / f"lib{name}.so", lib_path)
+    _prune(out_dir, f"lib{name}.*.so", keep={lib_path})
+    for src, _, obj, deps, _ in plan:
+        _prune(obj_dir, obj.name.rsplit("-", 1)[0] + "-*.o", keep={obj})
     compiled = tuple(src.shown for src, *_ in stale)
     return BuildResult(lib_path, cached, time.perf_counter() - t0, compiled)
+
+
+def _prune(folder: Path, pattern: str, keep: set[Path], newest: int = 4) -> None:
+    """Delete all but the ``newest`` files matching ``pattern`` (old builds of the same source)."""
+    found = sorted(folder.glob(pattern), key=lambda p: p.stat().st_mtime if p.exists() else 0, reverse=True)
+    for p in found[newest:]:
+        if p in keep:
+            continue
+        for q in (p, p.with_name(p.name[:-2] + ".deps.json") if p.suffix == ".o" else None):
+            if q is not None:
+                q.unlink(missing_ok=True)
 
 
 def _point_stable_name(link: Path, target: Path) -> None:

@@ -133,8 +133,8 @@ def _index(flat: int, shape: tuple[int, ...]) -> str:
 
 def _range(a: int, b: int, shape: tuple[int, ...]) -> str:
     n = b - a
-    where = _index(a, shape) if n == 1 else f"{_index(a, shape)} .. {_index(b - 1, shape)}"
-    return f"elements [{a}, {b}) ({n} element{'s' if n != 1 else ''}: out{where})"
+    where = f"out{_index(a, shape)}" if n == 1 else f"out{_index(a, shape)} .. out{_index(b - 1, shape)}"
+    return f"elements [{a}, {b}) ({n} element{'s' if n != 1 else ''}: {where})"
 
 
 def _cores(cores: tuple[int, ...]) -> str:
@@ -152,7 +152,9 @@ def _core_line(core: int, log: np.ndarray, where: str) -> str:
     size = f"{int(counts[0])} elements" if len(counts) == 1 else f"{int(counts.min())}-{int(counts.max())} elements"
     shown = ", ".join(str(int(o)) for o in offs[:4]) + (f", ... {int(offs[-1])}" if len(offs) > 4 else "")
     lo, hi = int(offs.min()), int((offs + w["count"]).max())
-    return f"  core {core}: {len(w)} write{'s' if len(w) != 1 else ''} of {size} at offsets {shown} (span [{lo}, {hi})){where}"
+    many = len(w) != 1
+    return (f"  core {core}: {len(w)} write{'s' if many else ''} of {size} at offset{'s' if many else ''} {shown} "
+            f"(span [{lo}, {hi})){where}")
 
 
 def _regular(offsets: np.ndarray) -> int | None:

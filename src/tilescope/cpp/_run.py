@@ -17,7 +17,7 @@ from math import prod
 import numpy as np
 import torch
 
-from ._abi import Arg, DTYPE_CODES, MAX_DIMS, ROLE_INPUT, ROLE_OUTPUT, NativeLibrary, NativeOp, TensorDesc
+from ._abi import Arg, DTYPE_CODES, MAX_DIMS, ROLE_INPUT, ROLE_META, ROLE_OUTPUT, NativeLibrary, NativeOp, TensorDesc
 from ._coverage import CoverageReport, check_coverage, coverage_message
 from ._errors import CoverageError, CppError, CppKernelError
 
@@ -75,7 +75,7 @@ def _poison(t: torch.Tensor) -> None:
         t.fill_(torch.iinfo(t.dtype).min)
 
 
-def _desc(t: torch.Tensor, role: int, index: int, what: str) -> TensorDesc:
+def _desc(t: torch.Tensor, role: int, index: int, what: str, meta: bool = False) -> TensorDesc:
     name = _TORCH_DTYPES.get(t.dtype)
     if name is None:
         raise CppError(
@@ -88,7 +88,7 @@ def _desc(t: torch.Tensor, role: int, index: int, what: str) -> TensorDesc:
             f"most {MAX_DIM_SIZE} elements each (as on the device); reshape it, e.g. split a long dimension"
         )
     d = TensorDesc()
-    d.data = t.data_ptr() if t.numel() else None
+    d.data = t.data_ptr() if t.numel() and not meta else None
     for k, n in enumerate(t.shape):
         d.sizes[k] = n
     d.numel = t.numel()
@@ -118,10 +118,7 @@ def pack_args(op: NativeOp, args: tuple, names: list[str], meta: bool = False) -
                     a = a.cpu()
                 a = a.contiguous()
                 keep.append(a)
-            p.t = _desc(a, ROLE_INPUT, k, what)
-            if meta:
-                p.t.data = None
-                p.t.role = 2
+            p.t = _desc(a, ROLE_META if meta else ROLE_INPUT, k, what, meta=meta)
         elif kind == "f":
             p.f = float(a)
         elif kind == "i":
