@@ -57,7 +57,9 @@ def _select_sql(src: str, part: int) -> str:
         f"TRY_CAST(a[{i + 1}] AS {t}) AS {c}" for i, (c, _, t) in enumerate(ARG_COLUMNS)
     )
     return f"""
-    SELECT {part}::INTEGER AS part, ph, cat, name, pid, tid,
+    SELECT {part}::INTEGER AS part,
+      CASE WHEN ph IS NOT NULL THEN ph WHEN dur IS NOT NULL THEN 'X' WHEN ts IS NOT NULL THEN 'i' END AS ph,
+      cat, name, pid, tid,
       CAST(ts * 1000 AS BIGINT) AS ts_ns, CAST(dur * 1000 AS BIGINT) AS dur_ns,
       id, bp, s,
       {typed},
@@ -162,7 +164,7 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
     os.makedirs(tmp_dir, exist_ok=True)
 
     jobs: queue.Queue = queue.Queue(maxsize=2)
-    results: dict[int, int] = {}
+    results: dict[int, tuple] = {}
     errors: list[BaseException] = []
 
     def worker():
@@ -175,9 +177,10 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
             k, src = job
             try:
                 dst = os.path.join(stage_dir, f"part-{k:05d}.parquet")
-                rows = cur.execute(f"COPY ({_select_sql(src, k)}) TO '{dst}' (FORMAT parquet, COMPRESSION lz4)").fetchall()
-                results[k] = int(rows[0][0]) if rows and rows[0] and rows[0][0] is not None else \
-                    cur.execute(f"SELECT count(*) FROM read_parquet('{dst}')").fetchall()[0][0]
+                cur.execute(f"COPY ({_select_sql(src, k)}) TO '{dst}' (FORMAT parquet, COMPRESSION lz4)").fetchall()
+                # a line DuckDB could not parse comes back as a row of NULLs (ignore_errors)
+                results[k] = cur.execute(f"""SELECT count(*), count(*) FILTER (WHERE ph IS NULL AND name IS NULL
+                                             AND ts_ns IS NULL AND args IS NULL) FROM read_parquet('{dst}')""").fetchall()[0]
             except BaseException as e:  # reported in the main thread
                 errors.append(e)
             finally:
@@ -256,10 +259,11 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
     shutil.rmtree(tmp_dir, ignore_errors=True)
     if errors:
         raise errors[0]
-    read = sum(results.values())
+    read = sum(r[0] for r in results.values())
+    bad = sum(r[1] for r in results.values())
     found = scanner.events
     mode = scanner.mode
-    if read != found:
+    if read != found or bad:
         if fast:
             # the fast split was wrong somewhere (or an event is malformed): redo exactly
             for fn in os.listdir(stage_dir):
@@ -267,11 +271,11 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
                     os.remove(os.path.join(stage_dir, fn))
             return ingest_chrome_file(path, stage_dir, con, progress=progress, fast=False)
         warnings.append(
-            f"{name}: {found - read:,} of {found:,} events are not valid JSON objects and were skipped"
+            f"{name}: {found - read + bad:,} of {found:,} events are not valid JSON objects and were skipped"
         )
     warnings = warnings + scanner.warnings
     return IngestResult(
-        source=os.path.abspath(path), bytes=reader.size, events=read, parts=state["k"],
+        source=os.path.abspath(path), bytes=reader.size, events=read - bad, parts=state["k"],
         seconds=time.perf_counter() - t0, mode=mode, metadata=scanner.metadata,
         warnings=warnings, truncated=scanner.truncated,
     )

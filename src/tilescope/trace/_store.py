@@ -267,6 +267,8 @@ def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool
                               "lanes_s": round(t_b - t_a, 3), "lod_s": round(time.perf_counter() - t_b, 3)}
         else:
             meta.update(t0_ns=None, t1_ns=None, events=0)
+            if trace_file is not None:
+                meta["warnings"].append(f"{os.path.basename(trace_file)}: the trace holds no events")
         if pairs or executables:
             meta["instructions"] = _write_program_tables(con, tmp, pairs, executables)
         meta["build_seconds"] = round(time.perf_counter() - t0, 3)

@@ -37,13 +37,13 @@ def _expand(paths) -> list[tuple[str, str, str | None]]:
             for e in execs:
                 if os.path.basename(e) == f"{h}.json":
                     pair = e
+            if pair is None and len(execs) == 1:
+                pair = execs[0]  # given together: the hash check names both files if they do not belong
             if pair is None:
                 for cand in (os.path.join(os.path.dirname(p), f"{h}.json"),
                              os.path.join(os.path.dirname(os.path.dirname(p)), "executables", f"{h}.json")):
                     if os.path.exists(cand):
                         pair = cand
-            if pair is None and execs:
-                pair = execs[0]  # the hash check names both files if they do not belong together
             out.append((p, kind, pair))
         else:
             out.append((p, kind, None))

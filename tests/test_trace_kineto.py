@@ -1,0 +1,185 @@
+"""The analysis engine on real Kineto traces recorded elsewhere (../shared/traces/kineto/).
+
+Expected numbers were cross-checked once against HolisticTraceAnalysis 0.5.0
+(`TraceAnalysis(trace_dir, include_last_profiler_step=True)` on the decompressed control
+trace; `benchmarks/ingest_vs_hta.py` prints the same figures from HTA). Each constant
+below says where it came from.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import tilescope.trace as tt
+
+KINETO = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces", "kineto")
+CONTROL = os.path.join(KINETO, "cuda_trace_diff_control.json.gz")
+TEST = os.path.join(KINETO, "cuda_trace_diff_test.json.gz")
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(KINETO), reason="../shared/traces/kineto is not present")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    old = os.environ.get("TILESCOPE_CACHE_DIR")
+    os.environ["TILESCOPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("trace-cache"))
+    yield
+    if old is None:
+        os.environ.pop("TILESCOPE_CACHE_DIR", None)
+    else:
+        os.environ["TILESCOPE_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def control():
+    return tt.open(CONTROL)
+
+
+def test_record_and_category_counts(control):
+    # 109,123 records: ../shared/traces/kineto/README.md; same count from json.load of the file.
+    assert control.sql("SELECT count(*) FROM raw").fetchall()[0][0] == 109_123
+    # per-category counts of complete events: HTA 0.5.0 trace DataFrame (value_counts of 'cat')
+    cats = dict(control.sql("SELECT cat, count(*) FROM events WHERE ph = 'X' GROUP BY cat").fetchall())
+    hta = {"cpu_op": 40_506, "cuda_runtime": 24_692, "kernel": 8_568, "gpu_memset": 654,
+           "user_annotation": 288, "gpu_memcpy": 228}
+    assert {k: cats[k] for k in hta} == hta
+    # flows: 9,450 's' and 24,692 'f' records (count of "ph" values in the file)
+    assert dict(control.sql("SELECT ph, count(*) FROM flows GROUP BY ph").fetchall()) == {"s": 9_450, "f": 24_692}
+
+
+def test_rank_comes_from_distributed_info(control):
+    # HTA names this trace rank 3 (distributedInfo.rank)
+    assert control.ranks == [3]
+    assert "NVIDIA A100-PG509-200" in control.device_names()
+
+
+def test_per_stream_busy_time_matches_hta(control):
+    # HTA 0.5.0: events per stream and the union of their [ts, ts+dur) intervals, in us
+    hta = {"7": (8_964, 280_227), "20": (282, 7_165), "21": (60, 163_535), "22": (144, 50_640)}
+    got = {r["tid"]: (r["events"], r["busy_ns"] // 1000) for r in control.breakdown().to_pylist()}
+    assert got == hta
+
+
+def test_temporal_breakdown_matches_hta(control):
+    # HTA get_temporal_breakdown: kernel_time 464,594 us, idle_time 76,007 us (rank 3)
+    r = control.ranks_summary().to_pylist()[0]
+    assert r["device_span_ns"] == 464_594_000
+    assert r["device_idle_ns"] == 76_007_000
+    assert r["device_active_ns"] == 464_594_000 - 76_007_000
+
+
+def test_top_kernels_match_hta(control):
+    # HTA get_gpu_kernel_breakdown (per-kernel sum in us and count), the three largest kernels
+    k = [r for r in control.kernels().to_pylist() if r["kind"] == "kernel"][:3]
+    assert [(r["name"][:40], r["calls"], r["total_ns"] // 1000) for r in k] == [
+        ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8", 42, 130_655),
+        ("void split_embedding_backward_codegen_ro", 6, 36_180),
+        ("ncclKernel_AllReduce_RING_LL_Sum_float(n", 18, 32_880),
+    ]
+    # HTA: 8,568 kernels totalling 446,813 us
+    tot = control.sql("SELECT count(*), sum(dur_ns) FROM events WHERE kind = 'kernel'").fetchall()[0]
+    assert (tot[0], tot[1] // 1000) == (8_568, 446_813)
+
+
+def test_op_table_attributes_kernel_time_to_the_launching_op(control):
+    ops = {r["name"]: r for r in control.op_table().to_pylist()}
+    # every kernel/memcpy/memset reached from a launch (by correlation id) lands on the nearest
+    # enclosing aten op, or on the launch itself when no op encloses it (as key_averages shows it)
+    linked = control.sql("SELECT sum(d.dur_ns) FROM _links k JOIN events d ON d.eid = k.dev_eid").fetchall()[0][0]
+    rows = control.op_table(kinds=("op", "launch")).to_pylist()
+    assert sum(r["device_self_ns"] for r in rows) == linked
+    # kernels launched outside any op: 7.642 ms here (cudaLaunchKernel rows)
+    outside = sum(r["device_self_ns"] for r in rows if r["name"].startswith("cuda"))
+    assert outside == linked - sum(r["device_self_ns"] for r in ops.values()) == 7_642_000
+    # NCCL's record_param_comms launches all of stream 21's kernels: 163,535 us (HTA stream 21 busy)
+    assert ops["record_param_comms"]["device_self_ns"] == 163_535_000
+    # self host time never exceeds total, and parents include their children's device time
+    assert all(r["host_self_ns"] <= r["host_total_ns"] for r in ops.values())
+
+
+def test_lineage_from_a_kernel_reaches_its_op_and_launch(control):
+    eid = control.sql("SELECT eid FROM events WHERE name LIKE 'ncclKernel_SendRecv%' ORDER BY ts_ns LIMIT 1").fetchall()[0][0]
+    hops = control.lineage(eid)
+    kinds = [h["hop"] for h in hops]
+    assert "op" in kinds and "launch" in kinds and "device" in kinds
+    launch = next(h for h in hops if h["hop"] == "launch")
+    dev = next(h for h in hops if h["hop"] == "device")
+    assert launch["correlation"] == dev["correlation"] and dev["eid"] == eid
+    assert launch["ts_ns"] <= dev["ts_ns"]
+
+
+def test_gaps_are_classified(control):
+    g = control.gaps()
+    classes = set(g.column("class").to_pylist())
+    assert classes <= {"device_waits_on_host", "device_waits_on_runtime", "device_other", "host_waits_on_device"}
+    # device gaps on a lane never overlap that lane's busy time: their total is the lane's span minus busy
+    lane = control.breakdown().to_pylist()[0]
+    span = control.sql(f"SELECT max(end_ns) - min(ts_ns) FROM events WHERE lane = {lane['lane']} AND ph = 'X'").fetchall()[0][0]
+    tot = sum(ns for ln, c, ns in zip(g.column("lane").to_pylist(), g.column("class").to_pylist(), g.column("gap_ns").to_pylist())
+              if ln == lane["lane"] and c != "host_waits_on_device")
+    assert tot == span - lane["busy_ns"]
+
+
+def test_diff_of_two_runs(control):
+    d = tt.diff(control, tt.open(TEST))
+    ops = {r["op"]: r for r in d.ops.to_pylist()}
+    names = d.names
+    assert ops["aten::mm"][f"calls[{names[0]}]"] > 0
+    assert set(d.summary.column("metric").to_pylist()) >= {"events", "device busy ns", "device executions / kernels"}
+
+
+@pytest.mark.parametrize("name, kernels, ops", [
+    # counts by "cat" in each file (json.load), the same numbers HTA's trace DataFrame shows
+    ("cuda_alexnet_small", 79, 359),
+    ("rocm_mi250_small", 14, 70),
+    ("cuda_triton_tiny", 1, 3),
+    ("cpu_only_tiny", 0, 4),
+])
+def test_small_traces(name, kernels, ops):
+    t = tt.open(os.path.join(KINETO, f"{name}.json.gz"))
+    s = t.summary()
+    assert s["by_kind"].get("kernel", 0) == kernels
+    assert s["by_category"].get("cpu_op", 0) == ops
+    t.op_table()
+    t.gaps()
+    if kernels:
+        assert s["device_lanes"] >= 1
+        assert sum(r["events"] for r in t.breakdown().to_pylist()) >= kernels
+    else:
+        assert t.breakdown().num_rows == 0
+
+
+def test_rocm_lineage_uses_correlation():
+    t = tt.open(os.path.join(KINETO, "rocm_mi250_small.json.gz"))
+    eid = t.sql("SELECT eid FROM events WHERE kind = 'kernel' LIMIT 1").fetchall()[0][0]
+    assert [h["hop"] for h in t.lineage(eid)][-2:] == ["launch", "device"]
+
+
+def test_ac2g_flows_bind_to_launch_and_kernel():
+    t = tt.open(os.path.join(KINETO, "cuda_alexnet_small.json.gz"))
+    # every ac2g 'f' record sits at the start of a device event or its launch on the same lane
+    bound = t.sql("""SELECT count(*) FROM flows f JOIN lanes l ON l.rank = f.rank AND l.pid = f.pid AND l.tid = f.tid
+                     JOIN events e ON e.lane = l.lane AND e.ts_ns = f.ts_ns WHERE f.cat = 'ac2g' AND f.ph = 'f'""").fetchall()[0][0]
+    total = t.sql("SELECT count(*) FROM flows WHERE cat = 'ac2g' AND ph = 'f'").fetchall()[0][0]
+    assert total > 0 and bound >= total
+
+
+def test_dataframe_exports(control):
+    tab = control.table("lanes")
+    assert tab.num_rows == control.summary()["lanes"]
+    pytest.importorskip("pandas")
+    assert len(control.to_pandas("lanes")) == tab.num_rows
+
+
+def test_window_is_exact_when_small_and_lod_when_large(control):
+    full = control.window(pixels=1000)
+    assert not full["exact"]  # 75k slices: served from the LOD buckets plus the wide events
+    assert full["buckets"]["count"].sum() > 0
+    assert (full["events"]["dur_ns"] >= full["bucket_ns"] // 4).all() or full["events"]["dur_ns"].size == 0
+    # a 50 us window around one kernel is small: exact events
+    k = control.sql("SELECT ts_ns - (SELECT min(first_ns) FROM lanes) FROM events WHERE kind = 'kernel' LIMIT 1").fetchall()[0][0]
+    w = control.window(k, k + 50_000, pixels=800)
+    assert w["exact"] and w["events"]["eid"].size > 0
+    assert ((w["events"]["start_ns"] < k + 50_000) & (w["events"]["start_ns"] + w["events"]["dur_ns"] >= k)).all()
