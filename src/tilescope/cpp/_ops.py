@@ -115,7 +115,7 @@ class CppOp:
 
     def output_spec(self, *args) -> tuple[tuple[int, ...], torch.dtype]:
         """(shape, dtype) of the output for these arguments, from the shape function."""
-        shape, dtype = out_from_shape(self.library.native, self.native, args, self.arg_names)
+        shape, dtype = out_from_shape(self.library.native, self.native, args, self.arg_names, self.library.show)
         return shape, torch_dtype(dtype)
 
     def estimate(self, *args, preset: str | CoreSpec | None = None, cost_model: CostModel | None = None,

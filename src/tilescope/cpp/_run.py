@@ -128,10 +128,14 @@ def pack_args(op: NativeOp, args: tuple, names: list[str], meta: bool = False) -
     return packed, keep
 
 
-def out_from_shape(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str]) -> tuple[tuple, str]:
+def out_from_shape(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str],
+                   show=lambda s: s) -> tuple[tuple, str]:
     """(shape, dtype name) of the output, from the operator's shape function."""
     packed, _ = pack_args(op, args, names, meta=True)
-    d = lib.shape(op, packed)
+    try:
+        d = lib.shape(op, packed)
+    except CppError as e:
+        raise CppError(show(str(e))) from None
     if d.ndim < 0 or d.ndim > MAX_DIMS:
         raise CppError(f"shape function of {op.qualname} returned a tensor with {d.ndim} dimensions")
     if d.dtype not in _FROM_CODE:
@@ -153,7 +157,7 @@ def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, 
     many, while the best time still improves by more than 0.5% within 3 rounds. ``show`` rewrites file
     paths in messages the way the user wrote them.
     """
-    shape, dtype = out_from_shape(lib, op, args, names)
+    shape, dtype = out_from_shape(lib, op, args, names, show)
     if out is None:
         out = torch.empty(shape, dtype=torch_dtype(dtype))
     _poison(out)
