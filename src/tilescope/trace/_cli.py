@@ -88,8 +88,8 @@ def _cmd_sql(args) -> int:
         return _fail(e)
     except Exception as e:  # a SQL error: show DuckDB's message, which names the column or token
         return _fail(f"SQL error: {e}")
-    cols = rel.columns
-    rows = rel.fetchmany(args.limit + 1)
+    rows = rel.limit(args.limit + 1).fetchall() if rel is not None else []
+    cols = rel.columns if rel is not None else []
     if args.json:
         print(to_json([dict(zip(cols, r)) for r in rows[:args.limit]]))
         return 0
