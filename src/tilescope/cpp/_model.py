@@ -42,7 +42,7 @@ import numpy as np
 from ..dtypes import canonical, itemsize
 from ..errors import ProgramError
 from ..isa import AP
-from ..program import TileBuilder
+from ..program import Provenance, TileBuilder
 from ..sim import register_gpsimd_impl
 from ..spec import CoreSpec
 
@@ -138,8 +138,7 @@ def build_program(qualname: str, arg_specs: list[tuple[str, tuple[int, ...], str
     windows = {dt: b.sbuf((cores, max(1, pool // itemsize(dt))), dt, name=f"tcm.{dt}", site=f"tcm.{dt}", bufs=1)
                for dt in dtypes}
 
-    def queue(c: int) -> int | None:
-        return c % spec.dma.engines if model.queue_per_core else None
+    provs: dict[tuple, Provenance] = {}
 
     def emit(c: int, rec, direction: int) -> None:
         buf, dt = hbm[int(rec["arg"])]
@@ -147,17 +146,22 @@ def build_program(qualname: str, arg_specs: list[tuple[str, tuple[int, ...], str
         if count <= 0:
             return
         row = windows[dt].buffer.row_elems
-        tcm = AP(windows[dt].name, dt, c * row, ((row, 1), (1, min(count, row))))
-        tensor = AP(buf, dt, int(rec["offset"]), ((1, min(count, row)),))
-        files = file_names[c]
-        f = files[int(rec["file"])] if 0 <= int(rec["file"]) < len(files) else None
-        with b.provenance(op=qualname, file=f, line=int(rec["line"]) or None,
-                          label=f"GpSimd core {c} TCM accessor"):
-            if direction == 0:
-                b.dma_copy(tcm, tensor, queue=queue(c))
-            else:
-                b.dma_copy(tensor, tcm, queue=queue(c))
+        tcm = AP(windows[dt].name, dt, c * row, ((row, 1), (1, count)))
+        tensor = AP(buf, dt, int(rec["offset"]), ((1, count),))
+        key = (c, int(rec["file"]), int(rec["line"]))
+        prov = provs.get(key)
+        if prov is None:
+            files = file_names[c]
+            f = files[key[1]] if 0 <= key[1] < len(files) else None
+            prov = provs[key] = Provenance(op=qualname, file=f, line=key[2] or None,
+                                           label=f"GpSimd core {c} TCM accessor")
+        b.set_provenance(prov)
+        q = c % spec.dma.engines if model.queue_per_core else None
+        b.dma_copy(tcm, tensor, queue=q) if direction == 0 else b.dma_copy(tensor, tcm, queue=q)
 
+    # every operand is built here from checked accessor records (offset + count <= numel,
+    # count <= the TCM pool): skip the builder's per-instruction checks, validated in tests
+    b.check = False
     for c, log in enumerate(core_logs):
         for rec in log[log["dir"] == 0]:
             emit(c, rec, 0)
@@ -166,12 +170,15 @@ def build_program(qualname: str, arg_specs: list[tuple[str, tuple[int, ...], str
     label = (f"estimated compute: slowest core {slowest.core}, +-{spread:.0%} measured spread; "
              f"x{model.gpsimd_cycles_per_host_cycle:g} GpSimd/host cycles (assumed)")
     tiles = [w for w in windows.values()]
+    b.check = True
     with b.provenance(op=qualname, label=label):
         b.gpsimd_call(qualname, GPSIMD_IMPL, tiles, tiles, math.ceil(slowest.gpsimd_cycles),
                       attrs=(("op", qualname), ("cores", cores)))
+    b.check = False
     for c, log in enumerate(core_logs):
         for rec in log[log["dir"] == 1]:
             emit(c, rec, 1)
+    b.set_provenance(Provenance())
     return b.build(meta={"kind": "cpp", "op": qualname, "estimated": True, **(meta or {})})
 
 
