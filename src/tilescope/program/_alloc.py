@@ -54,18 +54,55 @@ class _SlotState:
     aliases: list[str] = field(default_factory=list)
 
 
-def allocate(buffers: dict[str, Buffer], instructions, spec, *, describe_site=None) -> tuple[list[Slot], dict[str, str]]:
-    """Assign every used on-chip buffer a slot and every slot an address."""
+def allocate(buffers: dict[str, Buffer], instructions, spec, *, describe_site=None,
+             shrink_rotation: bool = False, report: dict | None = None) -> tuple[list[Slot], dict[str, str]]:
+    """Assign every used on-chip buffer a slot and every slot an address.
+
+    With ``shrink_rotation``, a site's rotation depth (``bufs``) is a preference, as in a
+    compiler: when the live tiles do not fit, the site whose extra rotating buffers hold
+    the most memory gets one buffer fewer and allocation is tried again, until it fits
+    or no site can give up a buffer (then the CapacityError of the last attempt is
+    raised). ``report`` (a dict) receives ``{site: depth}`` for every site shrunk.
+    """
     first, last = liveness(instructions)
     tiles = [b for b in buffers.values() if b.memory != "hbm" and b.name in first]
     tiles.sort(key=lambda b: first[b.name])
+    depth: dict[tuple[str, str], int] = {}
+    while True:
+        slots, placement = _rings(tiles, first, last, spec, depth)
+        try:
+            for memory, capacity, align in (
+                ("sbuf", spec.sbuf_bytes_per_partition, SBUF_ALIGN),
+                ("psum", spec.psum_bytes_per_partition, spec.psum_bank_bytes),
+            ):
+                _assign_addresses([s for s in slots if s.memory == memory], memory, capacity, align, spec,
+                                  describe_site)
+        except CapacityError as e:
+            key = _shrinkable(e, depth) if shrink_rotation else None
+            if key is None:
+                raise
+            depth[key[0]] = key[1]
+            if report is not None:
+                report[key[0][1]] = key[1]
+            continue
+        break
 
+    return [
+        Slot(s.name, s.memory, s.addr, s.nbytes, s.partitions, s.start, s.end, s.site,
+             tuple(s.members), tuple(s.aliases))
+        for s in slots
+    ], placement
+
+
+def _rings(tiles, first, last, spec, depth) -> tuple[list[_SlotState], dict[str, str]]:
+    """Rotation per allocation site (step 1 of the module docs)."""
     rings: dict[tuple[str, str], list[_SlotState]] = {}
     slots: list[_SlotState] = []
     placement: dict[str, str] = {}
     for t in tiles:
         site = t.site or t.name
-        ring = rings.setdefault((t.memory, site), [])
+        key = (t.memory, site)
+        ring = rings.setdefault(key, [])
         start, end = first[t.name], last[t.name]
         free = [s for s in ring if s.end < start]
         nbytes = t.bytes_per_partition
@@ -73,7 +110,7 @@ def allocate(buffers: dict[str, Buffer], instructions, spec, *, describe_site=No
             nbytes = spec.psum_bank_bytes
         else:
             nbytes = -(-nbytes // SBUF_ALIGN) * SBUF_ALIGN
-        if len(ring) < max(1, t.bufs) or not free:
+        if len(ring) < max(1, depth.get(key, t.bufs)) or not free:
             slot = _SlotState(
                 name=f"{t.memory}:{site}#{len(ring)}", memory=t.memory, site=site,
                 start=start, end=end, nbytes=nbytes, partitions=t.shape[0],
@@ -87,18 +124,24 @@ def allocate(buffers: dict[str, Buffer], instructions, spec, *, describe_site=No
             slot.partitions = max(slot.partitions, t.shape[0])
         slot.members.append(t.name)
         placement[t.name] = slot.name
+    return slots, placement
 
-    for memory, capacity, align in (
-        ("sbuf", spec.sbuf_bytes_per_partition, SBUF_ALIGN),
-        ("psum", spec.psum_bytes_per_partition, spec.psum_bank_bytes),
-    ):
-        _assign_addresses([s for s in slots if s.memory == memory], memory, capacity, align, spec, describe_site)
 
-    return [
-        Slot(s.name, s.memory, s.addr, s.nbytes, s.partitions, s.start, s.end, s.site,
-             tuple(s.members), tuple(s.aliases))
-        for s in slots
-    ], placement
+def _shrinkable(err: CapacityError, depth: dict) -> tuple[tuple[str, str], int] | None:
+    """The site (and its new depth) whose extra live rotating buffers free the most memory."""
+    groups: dict[tuple[str, str], list[_SlotState]] = {}
+    for s in getattr(err, "_live", ()):
+        groups.setdefault((s.memory, s.site), []).append(s)
+    best = None
+    for key, group in groups.items():
+        n = len(group)
+        new = n - 1
+        if new < 1 or depth.get(key, n + 1) <= new:
+            continue
+        freed = max(s.nbytes for s in group)
+        if best is None or (freed, key) > (best[0], best[1]):
+            best = (freed, key, new)
+    return None if best is None else (best[1], best[2])
 
 
 def _assign_addresses(slots: list[_SlotState], memory: str, capacity: int, align: int, spec, describe_site) -> None:
@@ -167,4 +210,5 @@ def _capacity_error(memory, s, active, capacity, spec, describe_site) -> Capacit
         f"the limit is {cap_s} on {spec.name}. Live tiles by allocation site: {listing}. Fix: {fix}"
     )
     err.instruction, err.site = s.start, s.site
+    err._live = live
     return err

@@ -257,6 +257,15 @@ class TileBuilder:
     def set_provenance(self, prov: Provenance) -> None:
         self._prov = prov
 
+    @property
+    def current_provenance(self) -> Provenance:
+        """The provenance the next emitted instruction gets."""
+        return self._prov
+
+    def buffer(self, name: str) -> Buffer:
+        """The buffer named ``name``."""
+        return self._buffers[name]
+
     # ---- emission ----------------------------------------------------------
     def emit(self, instr: Instruction) -> int:
         """Append one instruction (checked against the tile limits); returns its index."""
@@ -348,15 +357,19 @@ class TileBuilder:
     def instruction_count(self) -> int:
         return len(self._instructions)
 
-    def build(self, meta: dict | None = None, *, describe_site=None) -> Program:
+    def build(self, meta: dict | None = None, *, describe_site=None, shrink_rotation: bool = False,
+              report: dict | None = None) -> Program:
         """Allocate on-chip memory and return the finished, immutable Program.
 
         ``describe_site(site) -> str`` words allocation sites in capacity errors
-        (e.g. as the kernel source line that made the tiles).
+        (e.g. as the kernel source line that made the tiles). ``shrink_rotation``:
+        sites may get fewer rotating buffers than asked when memory is short
+        (``report`` receives ``{site: depth}``); see :func:`~tilescope.program._alloc.allocate`.
         """
         if not self._instructions:
             raise ProgramError(f"program {self.name!r} has no instructions")
-        slots, placement = allocate(self._buffers, self._instructions, self.spec, describe_site=describe_site)
+        slots, placement = allocate(self._buffers, self._instructions, self.spec, describe_site=describe_site,
+                                    shrink_rotation=shrink_rotation, report=report)
         used = {n for n in placement} | set(self._inputs) | set(self._outputs)
         used |= {b.name for b in self._buffers.values() if b.memory == "hbm"}
         return Program(
