@@ -19,6 +19,7 @@ DTYPES: dict[str, tuple[np.dtype, bool]] = {
     "bfloat16": (np.dtype(ml_dtypes.bfloat16), True),
     "float16": (np.dtype(np.float16), True),
     "float8_e4m3": (np.dtype(ml_dtypes.float8_e4m3fn), True),
+    "int64": (np.dtype(np.int64), False),  # index tensors (PyTorch's default integer type)
     "int32": (np.dtype(np.int32), False),
     "int16": (np.dtype(np.int16), False),
     "int8": (np.dtype(np.int8), False),
@@ -30,7 +31,7 @@ _ALIASES = {
     "bf16": "bfloat16",
     "fp16": "float16", "half": "float16", "f16": "float16",
     "fp8": "float8_e4m3", "float8_e4m3fn": "float8_e4m3",
-    "int": "int32", "i32": "int32",
+    "int": "int32", "i32": "int32", "long": "int64", "i64": "int64",
     "bool": "uint8",
 }
 

@@ -293,3 +293,13 @@ def _scalar_fields(instr: Instruction):
     for name in ("scalar0", "scalar1", "scale", "bias", "on_false"):
         if hasattr(instr, name):
             yield getattr(instr, name)
+    if hasattr(instr, "attrs"):  # gpsimd_call: runtime scalars nested in its attributes
+        yield from _nested_runtime(instr.attrs)
+
+
+def _nested_runtime(v):
+    if isinstance(v, RuntimeScalar):
+        yield v
+    elif isinstance(v, tuple):
+        for x in v:
+            yield from _nested_runtime(x)

@@ -86,6 +86,20 @@ def _scalar(mem: _Memory, v, scalars: dict):
     return np.float32(v)
 
 
+def _resolve_runtime(v, scalars: dict):
+    """``attrs`` of a gpsimd_call with every nested RuntimeScalar replaced by its value."""
+    if isinstance(v, RuntimeScalar):
+        try:
+            return scalars[v.name]
+        except KeyError:
+            raise ProgramError(
+                f"runtime scalar {v.name!r} has no value; pass scalars={{{v.name!r}: ...}}"
+            ) from None
+    if isinstance(v, tuple):
+        return tuple(_resolve_runtime(x, scalars) for x in v)
+    return v
+
+
 def _apply(op: str, a, b, reverse: bool):
     fn = ALU_OPS[op]
     return fn(b, a) if reverse else fn(a, b)
@@ -179,7 +193,8 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
                 f"gpsimd_call {instr.name!r} uses implementation {instr.impl!r}, which is not "
                 f"registered; register it with tilescope.sim.register_gpsimd_impl"
             )
-        fn([mem.view(a) for a in instr.inputs], [mem.view(a) for a in instr.outputs], dict(instr.attrs))
+        fn([mem.view(a) for a in instr.inputs], [mem.view(a) for a in instr.outputs],
+           dict(_resolve_runtime(instr.attrs, scalars)))
     else:  # pragma: no cover - every kind is handled above
         raise ProgramError(f"no numerics for instruction kind {instr.KIND!r}")
 

@@ -1,0 +1,21 @@
+"""The simulated device inside PyTorch.
+
+>>> import torch, tilescope.device
+>>> tilescope.device.register()
+'sim'
+>>> x = torch.ones(4, 4, device="sim")
+>>> (x * 2 + 1).sum().item()
+48.0
+"""
+
+from __future__ import annotations
+
+from ._config import Settings, configure, settings
+from ._registration import device_name, is_registered, register
+from ._runtime import Execution, subscribe, unsubscribe
+from ._worker import DeviceExecutionError
+
+__all__ = [
+    "register", "is_registered", "device_name", "configure", "settings", "Settings",
+    "Execution", "subscribe", "unsubscribe", "DeviceExecutionError",
+]

@@ -1,0 +1,119 @@
+"""The device's settings: one frozen, validated dataclass and ``configure``.
+
+>>> from tilescope.device import configure, settings
+>>> _ = configure(clock="virtual")
+>>> settings().clock
+'virtual'
+>>> _ = configure(clock="wall")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from ..spec import CoreSpec, preset
+
+__all__ = ["Settings", "settings", "configure"]
+
+_CLOCKS = ("wall", "virtual")
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the simulated device behaves.
+
+    Attributes:
+        preset: the hardware preset every core models (``$TILESCOPE_PRESET``, default trn1).
+        clock: ``"wall"`` places executions at real host submit times and makes
+            ``synchronize`` wait for modeled time; ``"virtual"`` models host dispatch cost
+            too (the preset's assumed ``host_dispatch_us``) and never sleeps, so runs are
+            deterministic.
+        numerics: compute values (on the device worker). ``False`` skips them for
+            performance-only studies: wall time then follows the model exactly, and
+            tensor contents are undefined.
+        blocking: wait for each execution's numerics before returning (like
+            ``CUDA_LAUNCH_BLOCKING=1``), so errors surface at the call that caused them.
+            ``$TILESCOPE_LAUNCH_BLOCKING=1`` sets it.
+        gil_switch_interval_s: the interpreter's thread switch interval while the device
+            is registered. The default 5 ms lets a busy host thread hold the GIL so long
+            that the worker lags far behind; 0.5 ms keeps it close. ``None`` leaves it alone.
+    """
+
+    preset: CoreSpec
+    clock: str = "wall"
+    numerics: bool = True
+    blocking: bool = False
+    gil_switch_interval_s: float | None = 0.0005
+
+    def __post_init__(self) -> None:
+        if self.clock not in _CLOCKS:
+            raise ValueError(f"clock must be one of {_CLOCKS}, got {self.clock!r}")
+        if self.gil_switch_interval_s is not None and not 0 < self.gil_switch_interval_s <= 1:
+            raise ValueError(
+                f"gil_switch_interval_s must be in (0, 1] seconds or None, got {self.gil_switch_interval_s}"
+            )
+
+
+_SETTINGS: Settings | None = None
+_LISTENERS: list = []
+
+
+def settings() -> Settings:
+    """The current settings (created from the environment on first use)."""
+    global _SETTINGS
+    if _SETTINGS is None:
+        _SETTINGS = Settings(
+            preset=preset(None),
+            clock=os.environ.get("TILESCOPE_CLOCK", "wall") or "wall",
+            numerics=_env_flag("TILESCOPE_NUMERICS", True),
+            blocking=_env_flag("TILESCOPE_LAUNCH_BLOCKING", False),
+        )
+    return _SETTINGS
+
+
+def configure(*, preset: str | CoreSpec | None = None, clock: str | None = None,
+              numerics: bool | None = None, blocking: bool | None = None,
+              gil_switch_interval_s: float | None = ...) -> Settings:
+    """Change settings; unspecified ones keep their value. Returns the new settings.
+
+    Changing the preset or the clock first waits for pending device work (so no
+    execution straddles two models) and resets the device clocks.
+    """
+    global _SETTINGS
+    old = settings()
+    changes: dict = {}
+    if preset is not None:
+        changes["preset"] = _resolve(preset)
+    if clock is not None:
+        changes["clock"] = clock
+    if numerics is not None:
+        changes["numerics"] = bool(numerics)
+    if blocking is not None:
+        changes["blocking"] = bool(blocking)
+    if gil_switch_interval_s is not ...:
+        changes["gil_switch_interval_s"] = gil_switch_interval_s
+    new = dataclasses.replace(old, **changes)
+    if new == old:
+        return old
+    for fn in list(_LISTENERS):
+        fn(old, new)
+    _SETTINGS = new
+    return new
+
+
+def _resolve(p) -> CoreSpec:
+    return preset(p)
+
+
+def on_change(fn) -> None:
+    """Call ``fn(old, new)`` before every change takes effect (the runtime uses it)."""
+    _LISTENERS.append(fn)

@@ -1,0 +1,141 @@
+"""Registering the simulated device with PyTorch (PrivateUse1), once per process.
+
+Steps, in the order PyTorch needs them:
+
+1. name the PrivateUse1 backend (``"sim"``; ``register(name)`` or
+   ``$TILESCOPE_DEVICE_NAME`` choose another, once per process);
+2. load the native runtime (allocator, device guard for the preset's cores,
+   generators, pinned memory, metadata-only kernels) and tell it the core count and
+   each core's HBM size;
+3. generate ``Tensor.sim()`` / ``is_sim`` / ``Module.sim()`` and register ``torch.sim``;
+4. register the Python kernels: one backend fallback for every op, plus direct
+   kernels for ops that would otherwise reach it in two pieces (structured ops
+   PyTorch would split into ``empty`` + ``op.out``, ``_foreach_*`` loops) and for the
+   ops with their own semantics (copies, ``.item()``, ``resize_``) and the fused
+   built-ins.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import torch
+
+from . import _config, _dispatch, _module, _special
+
+__all__ = ["register", "is_registered", "device_name"]
+
+_LOCK = threading.Lock()
+_NAME: str | None = None
+_LIBS: list = []  # keep torch.library registrations alive
+
+
+def device_name() -> str | None:
+    """The registered device's name, or None before :func:`register`."""
+    return _NAME
+
+
+def is_registered() -> bool:
+    return _NAME is not None
+
+
+def register(name: str | None = None) -> str:
+    """Register the simulated device (idempotent); returns its name (default ``"sim"``)."""
+    global _NAME
+    if _NAME is not None:
+        if name is not None and name != _NAME:
+            raise RuntimeError(
+                f"the simulated device is already registered as {_NAME!r} in this process; PyTorch "
+                f"allows one PrivateUse1 name per process, so it cannot also be {name!r}. Use "
+                f"{_NAME!r}, or start a new process (TILESCOPE_DEVICE_NAME={name} sets it at start-up)."
+            )
+        return _NAME
+    with _LOCK:
+        if _NAME is not None:
+            return _NAME
+        name = name or os.environ.get("TILESCOPE_DEVICE_NAME") or "sim"
+        current = torch._C._get_privateuse1_backend_name()
+        if current != "privateuseone" and current != name:
+            raise RuntimeError(
+                f"PyTorch's PrivateUse1 backend is already named {current!r} in this process (another "
+                f"extension registered it), so tilescope cannot register {name!r}. Use a separate process."
+            )
+        if current != name:
+            torch.utils.rename_privateuse1_backend(name)
+        s = _config.settings()
+        from ._native import load
+
+        rt = load()
+        rt.initialize(name, s.preset.cores_per_chip)
+        _apply_limits(rt, s)
+        torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+        torch._register_device_module(name, _module)
+        _dispatch.init(name)
+        _register_kernels()
+        if s.gil_switch_interval_s is not None:
+            sys.setswitchinterval(s.gil_switch_interval_s)
+        _config.on_change(lambda old, new: _on_change(rt, old, new))
+        _NAME = name
+        return name
+
+
+def _apply_limits(rt, s) -> None:
+    for core in range(s.preset.cores_per_chip):
+        rt.set_limit(core, int(s.preset.hbm_bytes))
+
+
+def _on_change(rt, old, new) -> None:
+    if old.preset.cores_per_chip != new.preset.cores_per_chip:
+        rt.initialize(_NAME, new.preset.cores_per_chip)
+    _apply_limits(rt, new)
+    if new.gil_switch_interval_s is not None:
+        sys.setswitchinterval(new.gil_switch_interval_s)
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+
+# ops with their own semantics (see _special)
+_SPECIAL = {
+    "_copy_from": _special.copy_from,
+    "copy_": _special.copy_,
+    "_copy_from_and_resize": _special.copy_from_and_resize,
+    "_local_scalar_dense": _special.local_scalar_dense,
+    "resize_": _special.resize_,
+    "record_stream": _special.record_stream,
+}
+
+# ops whose CompositeExplicitAutograd kernel would loop per tensor: one execution instead
+_FOREACH_PREFIX = "_foreach_"
+
+
+def _register_kernels() -> None:
+    lib = torch.library.Library("aten", "IMPL")
+    _LIBS.append(lib)
+    for name, fn in _SPECIAL.items():
+        lib.impl(name, fn, "PrivateUse1")
+    fallback = torch.library.Library("_", "IMPL")
+    _LIBS.append(fallback)
+    fallback.fallback(_dispatch.handle, "PrivateUse1")
+    done = set(_SPECIAL)
+    for qualified in torch._C._dispatch_get_all_op_names():
+        if not qualified.startswith("aten::"):
+            continue
+        name = qualified[6:]
+        base = name.split(".", 1)[0]
+        if base in done or name in done:
+            continue
+        direct = torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeExplicitAutogradNonFunctional")
+        if not direct and base.startswith(_FOREACH_PREFIX):
+            direct = torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeExplicitAutograd")
+        if not direct:
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "PrivateUse1"):
+            continue
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+        lib.impl(name, _dispatch.handler_for(op), "PrivateUse1")
+    from . import _fused
+
+    _fused.register(lib)

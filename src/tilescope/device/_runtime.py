@@ -1,0 +1,250 @@
+"""The runtime: per-core queues on a modeled clock, execution records, listeners.
+
+Every device execution goes through :func:`submit`. Its time is decided there, at
+submission, from the model alone (DESIGN, "Time semantics"):
+
+* host submit time: the real ``perf_counter_ns`` (``clock="wall"``) or a virtual host
+  clock advanced by the preset's *assumed* ``host_dispatch_us`` per execution
+  (``clock="virtual"``);
+* queued (the runtime can start it): submit + the preset's *assumed* ``runtime_exec_us``;
+* device start: max(queued, end of the previous execution on that core);
+* device end: start + the Program's modeled duration.
+
+Numerics are a separate matter: the work item goes to the device worker thread
+(:mod:`tilescope.device._worker`). :func:`synchronize` waits for both -- the
+worker, and in wall mode the modeled end in wall-clock time.
+
+Each execution produces one :class:`Execution` record, given to every listener
+(:func:`subscribe`) on the submitting thread, inside the aten op that launched it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from . import _config, _worker
+
+__all__ = [
+    "Execution", "submit", "synchronize", "subscribe", "unsubscribe", "now_ns", "core_end_ns",
+    "reset_clocks", "counters",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One device execution, as the runtime scheduled it. Times are nanoseconds.
+
+    Attributes:
+        flow_id: unique id linking the framework op, this runtime record and the
+            hardware execution (profiles draw it as a flow).
+        op: what ran (``"aten::add.Tensor"``, ``"memcpy HtoD"``, a custom op's name).
+        kind: ``"kernel"`` or ``"memcpy"``.
+        lowering: the lowering rule that made the Program (``"elementwise"``,
+            ``"generic"``, ``"fused:rms_norm"``, ``"dma"``, ...).
+        program: the Program that ran (its instruction trace comes from
+            ``tilescope.sim.simulate(program)``).
+        program_hash: ``program.hash``.
+        core, stream: where it ran (``sim:<core>``, stream 0 is the default stream).
+        thread_id: the host thread that submitted it.
+        host_submit_ns: host time of submission, in the runtime's clock (:func:`now_ns`).
+        queued_ns: submit + the assumed runtime cost per execution.
+        device_start_ns, device_end_ns: modeled execution window on the core.
+        modeled_ns: the Program's modeled duration (from the simulator).
+        runtime_ns: the assumed runtime cost per execution (preset ``runtime_exec_us``).
+        nbytes: bytes moved (copies) or HBM bytes touched (kernels), modeled.
+        direction: ``"HtoD"``, ``"DtoH"`` or ``"DtoD"`` for copies, else None.
+        clock: ``"wall"`` or ``"virtual"``.
+    """
+
+    flow_id: int
+    op: str
+    kind: str
+    lowering: str
+    program: object
+    program_hash: str
+    core: int
+    stream: int
+    thread_id: int
+    host_submit_ns: float
+    queued_ns: float
+    device_start_ns: float
+    device_end_ns: float
+    modeled_ns: float
+    runtime_ns: float
+    nbytes: int
+    direction: str | None
+    clock: str
+
+    @property
+    def duration_ns(self) -> float:
+        return self.device_end_ns - self.device_start_ns
+
+
+class _State:
+    """Mutable runtime state; one per process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.flow = itertools.count(1)
+        self.core_end: list[float] = []
+        self.core_busy: list[float] = []
+        self.core_count: list[int] = []
+        self.vhost = 0.0
+        self.listeners: tuple = ()
+        self.apply(_config.settings())
+
+    def apply(self, s: _config.Settings) -> None:
+        self.settings = s
+        self.virtual = s.clock == "virtual"
+        self.numerics = s.numerics
+        self.blocking = s.blocking
+        self.clock = s.clock
+        self.dispatch_ns = s.preset.host_dispatch_us * 1000.0
+        self.runtime_ns = s.preset.runtime_exec_us * 1000.0
+        n = s.preset.cores_per_chip
+        if len(self.core_end) < n:
+            grow = n - len(self.core_end)
+            self.core_end += [0.0] * grow
+            self.core_busy += [0.0] * grow
+            self.core_count += [0] * grow
+
+
+_S = _State()
+
+
+def _on_settings(old: _config.Settings, new: _config.Settings) -> None:
+    if old.preset != new.preset or old.clock != new.clock or old.numerics != new.numerics:
+        synchronize()
+    if old.preset != new.preset or old.clock != new.clock:
+        reset_clocks(_state_settings=new)
+    else:
+        _S.apply(new)
+
+
+_config.on_change(_on_settings)
+
+
+def reset_clocks(*, _state_settings: _config.Settings | None = None) -> None:
+    """Start the modeled clocks afresh (virtual host time 0, every core idle)."""
+    with _S.lock:
+        _S.apply(_state_settings or _S.settings)
+        _S.vhost = 0.0
+        base = 0.0 if _S.virtual else float(time.perf_counter_ns())
+        _S.core_end = [base] * len(_S.core_end)
+
+
+def now_ns() -> float:
+    """The host's current time in the runtime's clock (virtual or ``perf_counter_ns``)."""
+    return _S.vhost if _S.virtual else float(time.perf_counter_ns())
+
+
+def core_end_ns(core: int | None = None) -> float:
+    """Modeled end of the last execution submitted to ``core`` (all cores if None)."""
+    if core is None:
+        return max(_S.core_end)
+    return _S.core_end[core]
+
+
+def counters() -> dict:
+    """Executions and modeled busy time per core since the clocks were reset."""
+    return {"executions": list(_S.core_count), "busy_ns": list(_S.core_busy)}
+
+
+def subscribe(fn) -> None:
+    """Call ``fn(execution)`` for every execution, on the submitting thread."""
+    with _S.lock:
+        if fn not in _S.listeners:
+            _S.listeners = _S.listeners + (fn,)
+
+
+def unsubscribe(fn) -> None:
+    with _S.lock:
+        _S.listeners = tuple(f for f in _S.listeners if f is not fn)
+
+
+def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: float,
+           work, nbytes: int = 0, direction: str | None = None, extra_wait_core: int | None = None):
+    """Schedule one execution; queue its numerics ``work`` = ``(fn, args, kwargs, label)``.
+
+    Returns the device end time (ns). ``extra_wait_core``: a second core whose
+    pending work must finish first (copies between cores).
+    """
+    s = _S
+    with s.lock:
+        if s.virtual:
+            s.vhost += s.dispatch_ns
+            host = s.vhost
+        else:
+            host = float(time.perf_counter_ns())
+        queued = host + s.runtime_ns
+        start = s.core_end[core]
+        if extra_wait_core is not None and s.core_end[extra_wait_core] > start:
+            start = s.core_end[extra_wait_core]
+        if queued > start:
+            start = queued
+        end = start + modeled_ns
+        s.core_end[core] = end
+        s.core_busy[core] += modeled_ns
+        s.core_count[core] += 1
+        flow = next(s.flow)
+    if s.listeners:
+        rec = Execution(flow, op, kind, lowering, program, program.hash if program is not None else "",
+                        core, 0, threading.get_ident(), host, queued, start, end, modeled_ns,
+                        s.runtime_ns, nbytes, direction, s.clock)
+        for fn in s.listeners:
+            fn(rec)
+    if work is not None and s.numerics:
+        _worker.put(work)
+        if s.blocking:
+            _worker.wait()
+    return end
+
+
+def wait_numerics() -> None:
+    """Wait until the worker has computed everything submitted so far (raises its errors)."""
+    _worker.wait()
+
+
+def synchronize(core: int | None = None) -> None:
+    """Return when the work submitted so far is done: numerics computed and, in wall
+    mode, modeled device time elapsed in wall-clock time. In virtual mode the host
+    clock jumps to the device's end instead of sleeping.
+    """
+    _worker.wait()
+    end = core_end_ns(core)
+    if _S.virtual:
+        with _S.lock:
+            if end > _S.vhost:
+                _S.vhost = end
+        return
+    remaining = end - time.perf_counter_ns()
+    if remaining > 0:
+        time.sleep(remaining / 1e9)
+
+
+def wait_until(end_ns: float) -> None:
+    """Host waits for one execution that ends at ``end_ns`` (a data-dependent read)."""
+    _worker.wait()
+    if _S.virtual:
+        with _S.lock:
+            if end_ns > _S.vhost:
+                _S.vhost = end_ns
+        return
+    remaining = end_ns - time.perf_counter_ns()
+    if remaining > 0:
+        time.sleep(remaining / 1e9)
+
+
+def settings() -> _config.Settings:
+    return _S.settings
+
+
+def _after_fork_in_child() -> None:
+    _S.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,110 @@
+"""The device worker: one thread that computes the numerics of every execution, in order.
+
+It plays the part of the accelerator's execution stream: dispatch returns as soon as
+a work item is queued, so the host's profiled time never includes the numerics.
+Work items are ``(fn, args, kwargs, label)``; the loop is kept minimal because it shares the
+interpreter lock with the host threads. The worker's own aten calls are hidden from
+the profiler (record functions disabled on its thread).
+
+An error in a work item does not stop the worker; it is raised, naming the
+execution that failed, by the next call that waits for the device
+(``synchronize``, ``.cpu()``, ``.item()``, printing). ``configure(blocking=True)``
+(``TILESCOPE_LAUNCH_BLOCKING=1``) raises it at the call that caused it instead.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+
+import torch
+
+__all__ = ["put", "wait", "pending_error", "DeviceExecutionError"]
+
+
+class DeviceExecutionError(RuntimeError):
+    """A device execution failed; raised at the next call that waits for the device."""
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.errors: list[tuple[str, BaseException]] = []
+        self.thread = threading.Thread(target=self._run, name="tilescope-device-worker", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        torch._C._autograd._enable_record_function(False)
+        get = self.queue.get
+        errors = self.errors
+        while True:
+            fn, args, kwargs, label = get()
+            try:
+                fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - reported at the next synchronisation
+                errors.append((label, e))
+
+
+_W: _Worker | None = None
+_LOCK = threading.Lock()
+
+
+def _get() -> _Worker:
+    global _W
+    if _W is None:
+        with _LOCK:
+            if _W is None:
+                _W = _Worker()
+    return _W
+
+
+def put(work) -> None:
+    """Queue one work item ``(fn, args, kwargs, label)``."""
+    w = _W if _W is not None else _get()
+    w.queue.put(work)
+
+
+def wait() -> None:
+    """Block until every item queued so far has run; raise the first error, if any."""
+    w = _W
+    if w is None:
+        return
+    if threading.current_thread() is w.thread:
+        return
+    done = threading.Event()
+    w.queue.put((done.set, (), {}, "synchronize"))
+    done.wait()
+    if w.errors:
+        raise_pending()
+
+
+def pending_error() -> tuple[str, BaseException] | None:
+    w = _W
+    return w.errors[0] if w is not None and w.errors else None
+
+
+def raise_pending() -> None:
+    w = _W
+    if w is None or not w.errors:
+        return
+    label, err = w.errors[0]
+    more = len(w.errors) - 1
+    w.errors.clear()
+    suffix = f" ({more} later execution(s) also failed)" if more else ""
+    raise DeviceExecutionError(
+        f"sim device: the execution of {label} failed: {type(err).__name__}: {err}{suffix}. "
+        f"Device errors surface at the next call that waits for the device; set "
+        f"TILESCOPE_LAUNCH_BLOCKING=1 (or tilescope.device.configure(blocking=True)) to raise "
+        f"them at the call that caused them."
+    ) from err
+
+
+def _after_fork_in_child() -> None:
+    # the worker thread does not survive fork(); a child starts its own on first use
+    global _W, _LOCK
+    _W = None
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,457 @@
+"""Elementwise ops: one tiled loop over the output, operands through their own strides.
+
+Broadcasting is an access pattern (stride 0), so each operand is loaded straight from
+HBM into a tile of the output's shape. Each op is one row of :data:`OPS`: which
+arguments are tensor operands and how to compute one tile from them with engine
+instructions (ScalarE activations, VectorE tensor-tensor / tensor-scalar ALU ops,
+selects). Number arguments arrive as runtime scalars.
+
+Engines compute in float32 and round when writing the destination tile, as the
+hardware's engines do; integer and bool tensors go through the same instructions.
+"""
+
+from __future__ import annotations
+
+from ..isa import RuntimeScalar
+from ..program import TileBuilder, View
+from ._call import Call, ScalarArg, TensorMeta
+from ._layout import TilePlan, coalesce, hbm_input, hbm_output
+from ._rules import Rule, add_rules
+
+__all__ = ["OPS", "lower_elementwise", "broadcast_strides"]
+
+_MAX_FREE = 2048
+
+
+def broadcast_strides(meta: TensorMeta, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``meta``'s strides over the broadcast ``shape`` (0 where it is broadcast)."""
+    pad = len(shape) - len(meta.shape)
+    out = []
+    for i, n in enumerate(shape):
+        j = i - pad
+        if j < 0 or meta.shape[j] == 1 and n != 1:
+            out.append(0)
+        else:
+            out.append(meta.stride[j])
+    return tuple(out)
+
+
+class _Emit:
+    """What an op row uses to compute one tile: engines, temporaries, operands."""
+
+    def __init__(self, b: TileBuilder, out: View, shape):
+        self.b = b
+        self.out = out
+        self.shape = shape
+        self._n = 0
+
+    def tmp(self) -> View:
+        self._n += 1
+        return self.b.sbuf(self.shape, "float32", site=f"ew.tmp{self._n}")
+
+    # one method per instruction form (dst first)
+    def act(self, dst, src, func, scale=1.0, bias=None):
+        self.b.activation(dst, src, func, scale=scale, bias=bias)
+
+    def ts(self, dst, src, op0, s0, op1=None, s1=None, rev0=False, rev1=False):
+        self.b.tensor_scalar(dst, src, op0, s0, op1, s1, reverse0=rev0, reverse1=rev1)
+
+    def tt(self, dst, a, b, op):
+        self.b.tensor_tensor(dst, a, b, op)
+
+    def copy(self, dst, src):
+        self.b.tensor_copy(dst, src)
+
+    def select(self, dst, pred, on_true, on_false):
+        self.b.select(dst, pred, on_true, on_false)
+
+    def binary(self, dst, a, b, op, reverse=False):
+        """``a op b`` where ``b`` is a tile or a scalar (``reverse``: ``b op a``)."""
+        if isinstance(b, View):
+            if reverse:
+                a, b = b, a
+            self.tt(dst, a, b, op)
+        else:
+            self.ts(dst, a, op, b, rev0=reverse)
+
+
+def _is_tile(v) -> bool:
+    return isinstance(v, View)
+
+
+def _default(v, d):
+    return d if v is None else v
+
+
+# ---- op rows: (tensor argument names, emit(E, args) -> None or False to decline) ----
+
+def _unary(func, scale=1.0, bias=None, post=None):
+    def emit(E, a):
+        E.act(E.out if post is None else E.out, a["self"], func, scale=scale, bias=bias)
+        if post is not None:
+            post(E)
+    return (("self",), emit)
+
+
+def _alpha_other(E, a, op):
+    other, alpha = a["other"], a.get("alpha", 1)
+    if isinstance(alpha, (int, float)) and alpha == 1:
+        E.binary(E.out, a["self"], other, op)
+        return None
+    if _is_tile(other):
+        t = E.tmp()
+        E.ts(t, other, "multiply", alpha)
+        E.tt(E.out, a["self"], t, op)
+        return None
+    return False  # scalar other with a non-default alpha: two runtime scalars multiplied
+
+
+def _rsub(E, a):
+    other, alpha = a["other"], a.get("alpha", 1)
+    x = a["self"]
+    if _is_tile(other):
+        if isinstance(alpha, (int, float)) and alpha == 1:
+            E.tt(E.out, other, x, "subtract")
+        else:
+            t = E.tmp()
+            E.ts(t, x, "multiply", alpha)
+            E.tt(E.out, other, t, "subtract")
+    else:
+        E.ts(E.out, x, "multiply", alpha, "subtract", other, rev1=True)
+
+
+def _div(E, a):
+    if a.get("rounding_mode") is not None:
+        return False
+    E.binary(E.out, a["self"], a["other"], "divide")
+
+
+def _cmp(op):
+    return (("self", "other"), lambda E, a: E.binary(E.out, a["self"], a["other"], op))
+
+
+def _pow(E, a):
+    base, exp = a["self"], a["exponent"]
+    if _is_tile(base):
+        E.binary(E.out, base, exp, "power")
+    else:  # Scalar base, tensor exponent
+        E.ts(E.out, exp, "power", base, rev0=True)
+
+
+def _clamp(E, a):
+    x, lo, hi = a["self"], a.get("min"), a.get("max")
+    if lo is None and hi is None:
+        return False
+    if lo is not None and hi is not None:
+        if _is_tile(lo) or _is_tile(hi):
+            t = E.tmp()
+            E.binary(t, x, lo, "maximum")
+            E.binary(E.out, t, hi, "minimum")
+        else:
+            E.ts(E.out, x, "maximum", lo, "minimum", hi)
+    elif lo is not None:
+        E.binary(E.out, x, lo, "maximum")
+    else:
+        E.binary(E.out, x, hi, "minimum")
+
+
+def _clamp_one(op):
+    def emit(E, a):
+        bound = a.get("min") if op == "maximum" else a.get("max")
+        E.binary(E.out, a["self"], bound, op)
+    return emit
+
+
+def _where(E, a):
+    cond, x, y = a["condition"], a["self"], a["other"]
+    if _is_tile(x):
+        E.select(E.out, cond, x, y)
+    elif _is_tile(y):
+        # cond ? scalar : tile  ==  (cond == 0) ? tile : scalar
+        inv = E.tmp()
+        E.ts(inv, cond, "equal", 0.0)
+        E.select(E.out, inv, y, x)
+    else:
+        return False
+
+
+def _masked_fill(E, a):
+    keep = E.tmp()
+    E.ts(keep, a["mask"], "equal", 0.0)
+    value = a["value"]
+    if _is_tile(value):
+        return False
+    E.select(E.out, keep, a["self"], value)
+
+
+def _addc(op):
+    def emit(E, a):
+        t = E.tmp()
+        E.tt(t, a["tensor1"], a["tensor2"], op)
+        value = a.get("value", 1)
+        if not (isinstance(value, (int, float)) and value == 1):
+            E.ts(t, t, "multiply", value)
+        E.tt(E.out, a["self"], t, "add")
+    return (("self", "tensor1", "tensor2"), emit)
+
+
+def _lerp(E, a):
+    x, end, w = a["self"], a["end"], a["weight"]
+    t = E.tmp()
+    E.tt(t, end, x, "subtract")
+    if _is_tile(w):
+        E.tt(t, t, w, "multiply")
+    else:
+        E.ts(t, t, "multiply", w)
+    E.tt(E.out, x, t, "add")
+
+
+def _fill(E, a):
+    value = a["value"]
+    if _is_tile(value):
+        E.copy(E.out, value)  # fill_.Tensor: a 0-dim tensor broadcast by its access pattern
+        return None
+    E.b.memset(E.out, 0.0)
+    if not (isinstance(value, (int, float)) and value == 0):
+        E.ts(E.out, E.out, "add", value)
+
+
+def _zero(E, a):
+    E.b.memset(E.out, 0.0)
+
+
+def _copy_like(E, a):
+    E.copy(E.out, a["self"])
+
+
+def _leaky_relu(E, a):
+    slope = a.get("negative_slope", 0.01)
+    neg = E.tmp()
+    E.ts(neg, a["self"], "minimum", 0.0, "multiply", slope)
+    pos = E.tmp()
+    E.ts(pos, a["self"], "maximum", 0.0)
+    E.tt(E.out, pos, neg, "add")
+
+
+def _hardtanh(E, a):
+    E.ts(E.out, a["self"], "maximum", _default(a.get("min_val"), -1.0), "minimum", _default(a.get("max_val"), 1.0))
+
+
+def _gelu(E, a):
+    E.act(E.out, a["self"], "gelu_tanh" if a.get("approximate", "none") == "tanh" else "gelu")
+
+
+def _softplus(E, a):
+    beta = a.get("beta", 1)
+    if isinstance(beta, (int, float)) and beta == 1:
+        E.act(E.out, a["self"], "softplus")
+    else:
+        t = E.tmp()
+        E.act(t, a["self"], "softplus", scale=beta)
+        E.ts(E.out, t, "divide", beta)
+
+
+def _elu(E, a):
+    alpha = a.get("alpha", 1.0)
+    if not all(isinstance(a.get(k, 1), (int, float)) and a.get(k, 1) == 1 for k in ("scale", "input_scale")):
+        return False
+    x = a["self"]
+    e = E.tmp()
+    E.ts(e, x, "minimum", 0.0)
+    E.act(e, e, "exp")
+    E.ts(e, e, "subtract", 1.0, "multiply", alpha)
+    p = E.tmp()
+    E.ts(p, x, "maximum", 0.0)
+    E.tt(E.out, p, e, "add")
+
+
+def _hardsigmoid(E, a):
+    E.ts(E.out, a["self"], "divide", 6.0, "add", 0.5)
+    E.ts(E.out, E.out, "maximum", 0.0, "minimum", 1.0)
+
+
+def _hardswish(E, a):
+    t = E.tmp()
+    E.ts(t, a["self"], "divide", 6.0, "add", 0.5)
+    E.ts(t, t, "maximum", 0.0, "minimum", 1.0)
+    E.tt(E.out, t, a["self"], "multiply")
+
+
+def _mish(E, a):
+    t = E.tmp()
+    E.act(t, a["self"], "softplus")
+    E.act(t, t, "tanh")
+    E.tt(E.out, t, a["self"], "multiply")
+
+
+def _sigmoid_backward(E, a):
+    g, y = a["grad_output"], a["output"]
+    t = E.tmp()
+    E.ts(t, y, "subtract", 1.0, rev0=True)  # 1 - y
+    E.tt(t, t, y, "multiply")
+    E.tt(E.out, t, g, "multiply")
+
+
+def _tanh_backward(E, a):
+    g, y = a["grad_output"], a["output"]
+    t = E.tmp()
+    E.tt(t, y, y, "multiply")
+    E.ts(t, t, "subtract", 1.0, rev0=True)  # 1 - y^2
+    E.tt(E.out, t, g, "multiply")
+
+
+def _threshold_backward(E, a):
+    g, x, thr = a["grad_output"], a["self"], a["threshold"]
+    keep = E.tmp()
+    E.ts(keep, x, "greater", thr)
+    E.tt(E.out, keep, g, "multiply")
+
+
+def _silu_backward(E, a):
+    g, x = a["grad_output"], a["self"]
+    s = E.tmp()
+    E.act(s, x, "sigmoid")
+    t = E.tmp()
+    E.ts(t, s, "subtract", 1.0, rev0=True)  # 1 - s
+    E.tt(t, t, x, "multiply")
+    E.ts(t, t, "add", 1.0)  # 1 + x (1 - s)
+    E.tt(t, t, s, "multiply")
+    E.tt(E.out, t, g, "multiply")
+
+
+def _gelu_backward(E, a):
+    g, x = a["grad_output"], a["self"]
+    if a.get("approximate", "none") != "none":
+        return False
+    cdf = E.tmp()
+    E.act(cdf, x, "erf", scale=0.7071067811865476)
+    E.ts(cdf, cdf, "multiply", 0.5, "add", 0.5)  # Phi(x)
+    pdf = E.tmp()
+    E.tt(pdf, x, x, "multiply")
+    E.act(pdf, pdf, "exp", scale=-0.5)
+    E.tt(pdf, pdf, x, "multiply")
+    E.ts(pdf, pdf, "multiply", 0.3989422804014327)  # x phi(x)
+    E.tt(cdf, cdf, pdf, "add")
+    E.tt(E.out, cdf, g, "multiply")
+
+
+def _log_base(k):
+    def emit(E, a):
+        t = E.tmp()
+        E.act(t, a["self"], "log")
+        E.ts(E.out, t, "multiply", k)
+    return (("self",), emit)
+
+
+def _expm1(E, a):
+    t = E.tmp()
+    E.act(t, a["self"], "exp")
+    E.ts(E.out, t, "subtract", 1.0)
+
+
+def _rsqrt_like(func):
+    return (("self",), lambda E, a: E.act(E.out, a["self"], func))
+
+
+_BIN = ("self", "other")
+
+OPS: dict[str, tuple[tuple[str, ...], object]] = {
+    # unary, ScalarE activation table
+    "abs": _unary("abs"), "neg": _unary("negative"), "negative": _unary("negative"),
+    "exp": _unary("exp"), "log": _unary("log"), "sqrt": _unary("sqrt"), "rsqrt": _unary("rsqrt"),
+    "tanh": _unary("tanh"), "sigmoid": _unary("sigmoid"), "relu": _unary("relu"),
+    "sin": _unary("sin"), "cos": _unary("cos"), "erf": _unary("erf"), "sign": _unary("sign"),
+    "sgn": _unary("sign"), "reciprocal": _unary("reciprocal"), "silu": _unary("silu"),
+    "log1p": _unary("log", bias=1.0), "exp2": _unary("exp", scale=0.6931471805599453),
+    "log2": _log_base(1.4426950408889634), "log10": _log_base(0.4342944819032518),
+    "expm1": (("self",), _expm1), "gelu": (("self",), _gelu), "softplus": (("self",), _softplus),
+    "leaky_relu": (("self",), _leaky_relu), "hardtanh": (("self",), _hardtanh),
+    "elu": (("self",), _elu), "hardsigmoid": (("self",), _hardsigmoid),
+    "hardswish": (("self",), _hardswish), "mish": (("self",), _mish),
+    "relu6": (("self",), lambda E, a: E.ts(E.out, a["self"], "maximum", 0.0, "minimum", 6.0)),
+    # binary, VectorE ALU (tensor-tensor, or tensor-scalar with a runtime scalar)
+    "add": (_BIN, lambda E, a: _alpha_other(E, a, "add")),
+    "sub": (_BIN, lambda E, a: _alpha_other(E, a, "subtract")),
+    "subtract": (_BIN, lambda E, a: _alpha_other(E, a, "subtract")),
+    "rsub": (_BIN, _rsub),
+    "mul": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "multiply")),
+    "multiply": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "multiply")),
+    "div": (_BIN, _div), "divide": (_BIN, _div), "true_divide": (_BIN, _div),
+    "maximum": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "maximum")),
+    "minimum": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "minimum")),
+    "fmod": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "mod")),
+    "pow": (("self", "exponent"), _pow),
+    "eq": _cmp("equal"), "ne": _cmp("not_equal"), "lt": _cmp("less"), "le": _cmp("less_equal"),
+    "gt": _cmp("greater"), "ge": _cmp("greater_equal"),
+    "logical_and": _cmp("logical_and"), "logical_or": _cmp("logical_or"),
+    "logical_xor": _cmp("logical_xor"),
+    "logical_not": (("self",), lambda E, a: E.ts(E.out, a["self"], "equal", 0.0)),
+    "clamp": (("self", "min", "max"), _clamp), "clip": (("self", "min", "max"), _clamp),
+    "clamp_min": (("self", "min"), _clamp_one("maximum")),
+    "clamp_max": (("self", "max"), _clamp_one("minimum")),
+    "where": (("condition", "self", "other"), _where),
+    "masked_fill": (("self", "mask", "value"), _masked_fill),
+    "addcmul": _addc("multiply"), "addcdiv": _addc("divide"),
+    "lerp": (("self", "end", "weight"), _lerp),
+    "fill": (("self", "value"), _fill), "zero": (("self",), _zero),
+    "_to_copy": (("self",), _copy_like), "clone": (("self",), _copy_like),
+    "positive": (("self",), _copy_like), "alias_copy": (("self",), _copy_like),
+    # backward formulas of activations
+    "sigmoid_backward": (("grad_output", "output"), _sigmoid_backward),
+    "tanh_backward": (("grad_output", "output"), _tanh_backward),
+    "threshold_backward": (("grad_output", "self"), _threshold_backward),
+    "silu_backward": (("grad_output", "self"), _silu_backward),
+    "gelu_backward": (("grad_output", "self"), _gelu_backward),
+}
+
+
+def _operands(call: Call, tensor_names):
+    named = call.named()
+    return named, [(n, named[n]) for n in tensor_names if isinstance(named.get(n), TensorMeta)]
+
+
+def lower_elementwise(call: Call, spec):
+    """The Program of an elementwise ``call`` (None when the row declines)."""
+    packet = call.packet.rstrip("_") if call.packet not in ("_to_copy",) else call.packet
+    row = OPS.get(packet)
+    if row is None or len(call.outputs) != 1:
+        return None
+    tensor_names, emit = row
+    out = call.outputs[0]
+    if out.numel == 0:
+        return None
+    named, tensors = _operands(call, tensor_names)
+    shape = out.shape
+    for _, m in tensors:
+        if len(m.shape) > len(shape) or any(
+            n != 1 and n != shape[len(shape) - len(m.shape) + i] for i, n in enumerate(m.shape)
+        ):
+            return None  # not a broadcast of the output (the op does more than elementwise)
+    strides = [tuple(out.stride)] + [broadcast_strides(m, shape) for _, m in tensors]
+    cshape, cstrides = coalesce(tuple(shape) or (1,), [s or (0,) for s in strides] if not shape else strides)
+    max_free = _MAX_FREE if len(tensors) <= 2 else _MAX_FREE // 2
+    plan = TilePlan(cshape, max_free=max_free, partitions=spec.partitions)
+    b = TileBuilder(call.op, spec)
+    with b.provenance(op=call.op):
+        views = {n: hbm_input(b, f"in_{n}", m) for n, m in tensors}
+        out_view = hbm_output(b, "out", out)
+        for tile in plan.tiles:
+            tshape = (tile.partitions, tile.free)
+            args = {}
+            for k, v in named.items():
+                args[k] = RuntimeScalar(v.name) if isinstance(v, ScalarArg) else v
+            for (n, m), st in zip(tensors, cstrides[1:]):
+                t = b.sbuf(tshape, m.device_dtype, site=f"ew.in_{n}")
+                b.dma_copy(t, plan.operand_ap(views[n], st, tile))
+                args[n] = t
+            o = b.sbuf(tshape, out.device_dtype, site="ew.out")
+            if emit(_Emit(b, o, tshape), args) is False:
+                return None
+            b.dma_copy(plan.operand_ap(out_view, cstrides[0], tile), o)
+    return b.build(meta={"lowering": "elementwise"})
+
+
+_NAMES = []
+for _name in OPS:
+    _NAMES += [_name, _name + "_"]
+add_rules(_NAMES, Rule("elementwise", lower_elementwise, __doc__.splitlines()[0]))

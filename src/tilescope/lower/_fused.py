@@ -1,0 +1,1 @@
+"""(rules added below)"""

@@ -1,0 +1,41 @@
+"""The table of lowering rules: op name -> rule.
+
+A key is either a full overload name (``"aten::add.Tensor"``) or a bare op name
+(``"add"``, matching every overload); full names win. Each rule module adds its rows
+with :func:`add_rules`; the table is assembled at import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = ["Rule", "RULES", "add_rules"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One lowering rule.
+
+    ``build(call, spec)`` returns the Program, or None when this call is outside what
+    the rule handles (the generic lowering takes it then).
+    """
+
+    name: str
+    build: Callable
+    doc: str = ""
+
+
+RULES: dict[str, Rule] = {}
+
+
+def add_rules(names, rule: Rule) -> None:
+    for n in names:
+        RULES[n] = rule
+
+
+def _load() -> None:
+    from . import _elementwise, _fused, _matmul, _movement, _reduce  # noqa: F401  (they add rows)
+
+
+_load()
