@@ -1,3 +1,24 @@
 """tilescope: a hardware-free re-creation of a Trainium-class accelerator's PyTorch toolchain."""
 
 __version__ = "0.1.0"
+
+# name -> module that defines it; imported on first use so `import tilescope` stays cheap
+_LAZY = {
+    "kernel": "tilescope.lang._kernel",
+    "simulate": "tilescope.lang._run",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tilescope' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

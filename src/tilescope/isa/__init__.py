@@ -15,6 +15,10 @@ from ._instructions import (
     DmaCopy, GpsimdCall, Instruction, Iota, Matmul, Memset, Select, TensorCopy,
     TensorReduce, TensorScalar, TensorTensor, Transpose,
 )
+from ._kernel_api import (
+    activation, activation_reduce, bn_aggr, bn_stats, dma_copy, engine, iota, memset, nc_matmul,
+    nc_transpose, select, tensor_copy, tensor_reduce, tensor_scalar, tensor_tensor,
+)
 from ._ops import ACTIVATIONS, ALU_OPS, REDUCE_OPS
 
 __all__ = [
@@ -25,4 +29,8 @@ __all__ = [
     "INSTRUCTION_KINDS", "ENGINE_NAMES", "ALU_OPS", "ACTIVATIONS", "REDUCE_OPS",
     "COST_TABLE", "CostRule", "DmaCost", "dma_cost", "engine_cycles", "engine_ns",
     "matmul_cycles", "load_stationary_cycles", "flops",
+    # kernel calls: one instruction each, inside a tile kernel
+    "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor", "tensor_scalar",
+    "tensor_reduce", "tensor_copy", "iota", "memset", "bn_stats", "bn_aggr", "dma_copy", "select",
+    "engine",
 ]

@@ -1,0 +1,59 @@
+"""Which source lines assign a *fresh* value into a tile.
+
+``t[...] = tl.load(x[...])`` should be one DMA straight into ``t``, not a DMA into
+a temporary tile and a copy. That is only safe when nothing else can see the
+temporary: when the right-hand side is an expression that makes a new value
+(a call, an operator) rather than a name that the kernel may read again. This
+is a property of the source, so it is read from the source (once per file): a
+line qualifies when every assignment on it is ``target[...] = <call or
+operator>`` or ``target (op)= <call or operator>``. Where the source cannot be
+read, nothing qualifies and assignments copy (same values, more instructions).
+
+>>> import textwrap
+>>> src = textwrap.dedent('''
+...     t[...] = tl.exp(x)
+...     t[...] = y
+...     acc += tl.matmul(a, b)
+... ''')
+>>> sorted(fresh_lines_of_source(src))
+[2, 4]
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+
+__all__ = ["fresh_lines", "fresh_lines_of_source"]
+
+_FRESH_VALUES = (ast.Call, ast.BinOp, ast.UnaryOp, ast.Compare)
+_cache: dict[tuple[str, int], frozenset[int]] = {}
+
+
+def fresh_lines_of_source(source: str) -> frozenset[int]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return frozenset()
+    good: set[int] = set()
+    bad: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            ok = isinstance(node.value, _FRESH_VALUES) and all(isinstance(t, ast.Subscript) for t in node.targets)
+        elif isinstance(node, ast.AugAssign):
+            ok = isinstance(node.value, _FRESH_VALUES)
+        else:
+            continue
+        lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+        (good if ok else bad).update(lines)
+    return frozenset(good - bad)
+
+
+def fresh_lines(filename: str) -> frozenset[int]:
+    """Lines of ``filename`` whose assignments store fresh values (cached per file version)."""
+    lines = linecache.getlines(filename)
+    key = (filename, len(lines), hash(tuple(lines[:1])) if lines else 0)
+    hit = _cache.get(key)
+    if hit is None:
+        hit = _cache[key] = fresh_lines_of_source("".join(lines)) if lines else frozenset()
+    return hit

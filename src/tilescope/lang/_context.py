@@ -1,0 +1,230 @@
+"""The kernel being traced, and the ``builtin`` decorator every language call goes through.
+
+While a kernel is traced, one :class:`KernelContext` is active (per thread). A
+builtin looks it up, records the user's source line as the provenance of the
+instructions it emits, and turns any tilescope error it raises into one that
+names that line. Outside a kernel, a builtin raises a :class:`KernelError`
+that says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from dataclasses import dataclass
+
+from ..errors import KernelError, TilescopeError
+from ..isa import AP, Memset
+from ..program import Provenance
+from ._frames import display_path, locate, user_frame
+
+__all__ = ["KernelContext", "BufState", "builtin", "current", "active", "maybe_current"]
+
+_local = threading.local()
+
+
+def maybe_current() -> "KernelContext | None":
+    return getattr(_local, "ctx", None)
+
+
+def current(name: str = "this call") -> "KernelContext":
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        raise _outside(name)
+    return ctx
+
+
+def _outside(name: str) -> KernelError:
+    err = KernelError(
+        f"{name}() was called outside a tile kernel: language calls work only while a "
+        f"@tilescope.kernel function is traced (run it with tilescope.simulate(kernel, *arrays)). "
+        f"Did you forget the @tilescope.kernel decorator, or keep a tile after the kernel returned?")
+    return locate(err, user_frame(3))
+
+
+@contextlib.contextmanager
+def active(ctx: "KernelContext"):
+    outer = getattr(_local, "ctx", None)
+    if outer is not None:
+        raise KernelError(f"kernel {ctx.kernel!r} is traced while kernel {outer.kernel!r} is being traced; "
+                          f"call a kernel's function from another kernel instead of simulating it")
+    _local.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _local.ctx = None
+
+
+class BufState:
+    """What the tracer knows about one on-chip buffer.
+
+    ``fill``: a constant the buffer is still to be filled with (``tl.zeros``),
+    emitted only if something reads it or writes part of it first. ``temp``: made
+    by an operation (not by ``tl.ndarray``/``tl.zeros``), so its one writer may be
+    retargeted into the tile it is assigned to.
+    """
+
+    __slots__ = ("name", "size", "nbytes", "fill", "fill_prov", "writes", "read", "writer", "temp")
+
+    def __init__(self, name: str, size: int, nbytes: int, temp: bool):
+        self.name = name
+        self.size = size
+        self.nbytes = nbytes
+        self.fill = None
+        self.fill_prov = None
+        self.writes = 0
+        self.read = False
+        self.writer = -1
+        self.temp = temp
+
+
+def _covers(ap: AP, st: BufState) -> bool:
+    return ap.offset == 0 and ap.size == st.size and ap.contiguous_bytes() == st.nbytes
+
+
+@dataclass
+class _Launch:
+    grid: tuple[int, ...]
+    program_id: tuple[int, ...]
+
+
+class KernelContext:
+    """Tracing state of one kernel: its builder, on-chip buffer states, print hooks."""
+
+    def __init__(self, builder, kernel: str, grid: tuple[int, ...], *, fail_at: int | None = None,
+                 fail_exc: BaseException | None = None):
+        self.b = builder
+        self.kernel = kernel
+        self.launch = _Launch(grid, (0,) * len(grid))
+        self.states: dict[str, BufState] = {}
+        self.hooks: dict[int, list] = {}
+        self.depth = 0
+        self.frame = None
+        self.label = ""
+        self.fail_at = fail_at
+        self.fail_exc = fail_exc
+        self.hbm_shared: list = []  # HBM tensors made by the first program of a grid
+        self.hbm_cursor = 0
+        self.written_hbm: set[str] = set()
+        self.site_labels: dict[str, str] = {}
+        self._prov: dict[tuple, Provenance] = {}
+        self._positions: dict = {}
+        self.instance = 0
+
+    # ---- where we are -----------------------------------------------------
+    def enter(self, frame, label: str) -> None:
+        self.frame = frame
+        self.label = label
+        key = (frame.f_code.co_filename, frame.f_lineno, label)
+        prov = self._prov.get(key)
+        if prov is None:
+            prov = self._prov[key] = Provenance(op=self.kernel, file=display_path(key[0]), line=key[1], label=label)
+        self.b.set_provenance(prov)
+
+    def site(self) -> str:
+        """The allocation site of the current call: ``file:line:column`` of the user's expression."""
+        f = self.frame
+        if f is None:
+            return "kernel"
+        code = f.f_code
+        pos = self._positions.get(code)
+        if pos is None:
+            pos = self._positions[code] = list(code.co_positions())
+        k = f.f_lasti // 2
+        col = pos[k][2] if k < len(pos) and pos[k][2] is not None else 0
+        site = f"{display_path(code.co_filename)}:{f.f_lineno}:{col + 1}"
+        if site not in self.site_labels:
+            self.site_labels[site] = self.label
+        return site
+
+    def describe_site(self, site: str) -> str:
+        label = self.site_labels.get(site)
+        return f"{site} ({label})" if label else site
+
+    def tile_name(self, label: str) -> str:
+        line = self.frame.f_lineno if self.frame is not None else 0
+        return f"{label.rsplit('.', 1)[-1]}@{line}"
+
+    # ---- buffers and emission ----------------------------------------------
+    def state(self, buffer, *, temp: bool) -> BufState:
+        st = self.states[buffer.name] = BufState(buffer.name, buffer.size, buffer.nbytes, temp)
+        return st
+
+    def emit(self, instr) -> int:
+        """Emit one instruction, first filling any pending-``zeros`` buffer it touches
+        (unless it overwrites the whole buffer without reading it)."""
+        states = self.states
+        reads = instr.reads()
+        writes = instr.writes()
+        for ap in reads:
+            st = states.get(ap.buffer)
+            if st is not None:
+                if st.fill is not None:
+                    self.materialize(st)
+                st.read = True
+        for ap in writes:
+            st = states.get(ap.buffer)
+            if st is not None and st.fill is not None:
+                if _covers(ap, st) and not any(r.buffer == ap.buffer for r in reads):
+                    st.fill = None
+                else:
+                    self.materialize(st)
+        idx = self._emit(instr)
+        for ap in writes:
+            st = states.get(ap.buffer)
+            if st is not None:
+                st.writes += 1
+                st.writer = idx
+        return idx
+
+    def _emit(self, instr) -> int:
+        idx = self.b.emit(instr)
+        if idx == self.fail_at:  # re-raise a build-time error where its tile is first used
+            raise self.fail_exc.with_traceback(None)
+        return idx
+
+    def materialize(self, st: BufState) -> None:
+        value, prov = st.fill, st.fill_prov
+        st.fill = None
+        buf = self.b.buffer(st.name)
+        outer = self.b.current_provenance
+        self.b.set_provenance(prov)
+        try:
+            idx = self._emit(Memset(buf.full(), float(value)))
+        finally:
+            self.b.set_provenance(outer)
+        st.writes += 1
+        st.writer = idx
+
+    def add_hook(self, fn) -> None:
+        idx = max(self.b.instruction_count - 1, 0)
+        self.hooks.setdefault(idx, []).append(fn)
+
+
+def builtin(label: str):
+    """Decorate a language call: kernel context, provenance, and errors at the user's line."""
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            ctx = getattr(_local, "ctx", None)
+            if ctx is None:
+                raise _outside(label)
+            if ctx.depth:  # called by another builtin: provenance stays the user's call
+                return fn(*args, **kwargs)
+            frame = user_frame(2)
+            ctx.depth = 1
+            ctx.enter(frame, label)
+            try:
+                return fn(*args, **kwargs)
+            except TilescopeError as e:
+                raise locate(e, frame, ctx.kernel)
+            finally:
+                ctx.depth = 0
+                ctx.frame = None
+
+        wrapper.__wrapped_label__ = label
+        return wrapper
+
+    return deco
