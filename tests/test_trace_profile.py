@@ -174,6 +174,8 @@ def test_window_lod_and_exact_paths(naive):
     w = naive.window(pixels=2000)
     assert w["exact"] and w["events"]["eid"].size == naive.summary()["events"]
     assert w["events"]["start_ns"].min() == 0  # relative to the trace start
+    depth = {w["names"][n]: int(d) for n, d in zip(w["events"]["name"], w["events"]["depth"])}
+    assert (depth["ProfilerStep#0"], depth["RMSNorm"], depth["aten::mul"]) == (0, 1, 2)  # as in the op hierarchy
     assert set(w) >= {"t0_ns", "t1_ns", "origin_ns", "exact", "bucket_ns", "names", "events", "buckets"}
     lod = naive.window(pixels=10, max_events=5)
     assert not lod["exact"] and lod["buckets"]["lane"].size > 0

@@ -24,14 +24,14 @@ import zlib
 from dataclasses import dataclass, field
 
 from ._jsonscan import ChromeTraceScanner, TraceFormatError
-from ._schema import ARG_COLUMNS, RAW_JSON_COLUMNS
+from ._schema import RAW_JSON_COLUMNS
 
 __all__ = ["IngestResult", "ingest_chrome_file", "BLOCK_BYTES", "PART_BYTES"]
 
 BLOCK_BYTES = 4 << 20
 FIRST_BLOCK_BYTES = 256 << 10
 PART_BYTES = 16 << 20
-WORKER_THREADS = 1  # the scanner keeps the other core busy
+WORKER_THREADS = max(1, os.cpu_count() or 1)
 PROGRESS_MIN_BYTES = 64 << 20
 
 
@@ -51,22 +51,17 @@ class IngestResult:
 
 
 def _select_sql(src: str, part: int) -> str:
+    """The per-part SELECT: raw columns, times as integer ns. The typed args columns
+    (correlation, stream, ...) are computed by the views on the rows a query touches, not
+    here: extracting them from every record at ingest would double DuckDB's work."""
     cols = ", ".join(f"'{k}': '{v}'" for k, v in RAW_JSON_COLUMNS.items())
-    paths = ", ".join(f"'{p}'" for _, p, _ in ARG_COLUMNS)
-    typed = ",\n      ".join(
-        f"TRY_CAST(a[{i + 1}] AS {t}) AS {c}" for i, (c, _, t) in enumerate(ARG_COLUMNS)
-    )
     return f"""
     SELECT {part}::INTEGER AS part,
       CASE WHEN ph IS NOT NULL THEN ph WHEN dur IS NOT NULL THEN 'X' WHEN ts IS NOT NULL THEN 'i' END AS ph,
       cat, name, pid, tid,
       CAST(ts * 1000 AS BIGINT) AS ts_ns, CAST(dur * 1000 AS BIGINT) AS dur_ns,
-      id, bp, s,
-      {typed},
-      args
-    FROM (SELECT *, json_extract_string(args, [{paths}]) AS a
-          FROM read_json('{src}', format='newline_delimited', columns={{{cols}}},
-                         ignore_errors=true))
+      id, bp, s, args
+    FROM read_json('{src}', format='newline_delimited', columns={{{cols}}}, ignore_errors=true)
     """
 
 
@@ -263,7 +258,8 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
     bad = sum(r[1] for r in results.values())
     found = scanner.events
     mode = scanner.mode
-    if read != found or bad:
+    counted = not scanner.events_uncounted
+    if (counted and read != found) or bad:
         if fast:
             # the fast split was wrong somewhere (or an event is malformed): redo exactly
             for fn in os.listdir(stage_dir):

@@ -72,6 +72,7 @@ class ChromeTraceScanner:
         self._sep: bytes | None = None  # the learned separator between two events, e.g. b"},\n  {"
         self._fast_on = False
         self._fast_used = False
+        self.events_uncounted = False  # the fast path does not count events (DuckDB does)
         self._ftail = bytearray()
         self._raw_tail_start: int | None = None
         self._emit = emit
@@ -153,18 +154,34 @@ class ChromeTraceScanner:
             self._leave_fast(block)
             return
         self.offset += len(block)
-        data = self._ftail + block
-        r = data.rfind(self._sep)
-        if r < 0:
-            self._ftail = data
-            if len(data) > _FAST_TAIL_LIMIT:
-                self._leave_fast(b"")
+        sep = self._sep
+        k = len(sep) - 1
+        r = block.rfind(sep)
+        junction = bytes(self._ftail[-k:]) + block[:k]
+        if r < 0 or sep in junction:
+            # rare: no separator in this block, or one straddles the previous block's end
+            data = self._ftail + block
+            r = data.rfind(sep)
+            if r < 0:
+                self._ftail = data
+                if len(data) > _FAST_TAIL_LIMIT:
+                    self._leave_fast(b"")
+                return
+            head = bytes(data[:r + 1])
+            self._emit(head.replace(sep, b"}\x00{").translate(_FAST))
+            self._emit(b"\n")
+            self._ftail = data[r + k:]
+            self.events_uncounted = True
             return
-        head = bytes(data[:r + 1])
-        n = head.count(self._sep) + 1
-        self._emit(head.replace(self._sep, b"}\x00{").translate(_FAST) + b"\n")
-        self.events += n
-        self._ftail = data[r + len(self._sep) - 1:]
+        # common case, three passes over the block: replace, translate, write
+        out = block.replace(sep, b"}\x00{").translate(_FAST)
+        q = out.rfind(b"}\n{")
+        if self._ftail:
+            self._emit(bytes(self._ftail).translate(_FAST))
+        self._emit(memoryview(out)[:q + 1])
+        self._emit(b"\n")
+        self._ftail = bytearray(block[r + k:])
+        self.events_uncounted = True
 
     @property
     def mode(self) -> str:

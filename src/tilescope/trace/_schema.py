@@ -43,8 +43,9 @@ TABLES = {
         ("id", "VARCHAR", "flow id (flow records only)"),
         ("bp", "VARCHAR", "flow binding point ('e': enclosing slice)"),
         ("s", "VARCHAR", "instant scope"),
-        *((c, t, f"args {p}") for c, p, t in ARG_COLUMNS),
         ("args", "JSON", "the record's args object, verbatim"),
+        # the views add typed columns read from args (ARG_COLUMNS) on the rows a query touches:
+        *((c, t, f"view column: args {p}") for c, p, t in ARG_COLUMNS),
     ),
     "lanes": (
         ("lane", "INTEGER", "lane index (dense, sorted: host lanes first, then devices)"),

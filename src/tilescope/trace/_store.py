@@ -83,17 +83,17 @@ def _build_lanes(con, entry: str, rank: int) -> None:
     glob = os.path.join(entry, "events", "*", "*.parquet")
     sql = f"""
     COPY (
-    WITH raw AS (SELECT * FROM read_parquet('{glob}', hive_partitioning=false)),
-    meta AS (
+    WITH meta AS (
       SELECT pid, tid, name, json_extract_string(args, '$.name') AS v,
-             json_extract_string(args, '$.labels') AS labels FROM raw WHERE ph = 'M'),
+             json_extract_string(args, '$.labels') AS labels
+      FROM read_parquet('{glob}', hive_partitioning=false) WHERE ph = 'M'),
     pn AS (SELECT pid, any_value(v) AS process_name FROM meta WHERE name = 'process_name' GROUP BY pid),
     pl AS (SELECT pid, any_value(labels) AS labels FROM meta WHERE name = 'process_labels' GROUP BY pid),
     tn AS (SELECT pid, tid, any_value(v) AS thread_name FROM meta WHERE name = 'thread_name' GROUP BY pid, tid),
     st AS (
       SELECT pid, tid, count(*) AS events, min(ts_ns) AS first_ns, max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) AS last_ns,
              count(*) FILTER (WHERE {_side_case()}) AS dev
-      FROM raw WHERE ph NOT IN ('M', 's', 't', 'f') GROUP BY pid, tid)
+      FROM read_parquet('{glob}', hive_partitioning=false) WHERE ph NOT IN ('M', 's', 't', 'f') GROUP BY pid, tid)
     SELECT {rank}::INTEGER AS rank, st.pid, st.tid, pn.process_name, tn.thread_name, pl.labels,
            st.events, st.first_ns, st.last_ns,
            CASE WHEN st.dev * 2 > st.events OR pl.labels LIKE 'GPU%' THEN 'device' ELSE 'host' END AS side

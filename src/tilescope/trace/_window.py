@@ -20,7 +20,6 @@ def window(trace, t0_ns=None, t1_ns=None, lanes=None, pixels: int = 1000, *, max
     "events": {"eid","lane","start_ns","dur_ns","name","depth"} -> np.ndarray,
     "buckets": {"lane","start_ns","count","busy_ns","name"} -> np.ndarray}``;
     ``name`` columns index into ``names``."""
-    from ._nesting import ensure_hierarchy
     from ._trace import _arrow
 
     con = trace.con
@@ -51,20 +50,19 @@ def window(trace, t0_ns=None, t1_ns=None, lanes=None, pixels: int = 1000, *, max
                             WHERE level = {level[0]} {lane_sql}
                             AND r.f + bucket * {level[1]} < {B} AND r.f + (bucket + 1) * {level[1]} > {A}""").fetchall()[0][0]
         exact = n <= max_events
-    ensure_hierarchy(trace)
     min_dur = 0 if exact else px
     ev = _arrow(con.sql(f"""
-        SELECT e.eid, e.lane, e.ts_ns - {origin} AS start_ns, coalesce(e.dur_ns, 0) AS dur_ns, e.name, coalesce(h.depth, 0) AS depth
-        FROM events e LEFT JOIN _hier h USING (eid)
+        SELECT e.eid, e.lane, e.ts_ns - {origin} AS start_ns, coalesce(e.dur_ns, 0) AS dur_ns, e.name
+        FROM events e
         WHERE e.ts_ns < {B} AND e.end_ns >= {A} AND coalesce(e.dur_ns, 0) >= {min_dur} {lane_sql.replace('lane', 'e.lane')}
-        ORDER BY e.lane, e.ts_ns LIMIT {max_events * 4}"""))
+        ORDER BY e.lane, e.ts_ns, e.dur_ns DESC, e.eid LIMIT {max_events * 4}"""))
     names: dict[str, int] = {}
     ev_names = np.array([names.setdefault(x, len(names)) for x in ev.column("name").to_pylist()], dtype=np.int32)
     out = {
         "t0_ns": a, "t1_ns": b, "origin_ns": origin, "exact": exact, "bucket_ns": 0 if exact else level[1],
         "events": {"eid": ev.column("eid").to_numpy(), "lane": ev.column("lane").to_numpy().astype(np.int32),
                    "start_ns": ev.column("start_ns").to_numpy(), "dur_ns": ev.column("dur_ns").to_numpy(),
-                   "name": ev_names, "depth": ev.column("depth").to_numpy().astype(np.int16)},
+                   "name": ev_names, "depth": _depths(ev)},
         "buckets": {k: np.zeros(0, dtype=np.int64) for k in ("lane", "start_ns", "count", "busy_ns", "name")},
     }
     if not exact:
@@ -81,3 +79,25 @@ def window(trace, t0_ns=None, t1_ns=None, lanes=None, pixels: int = 1000, *, max
         }
     out["names"] = list(names)
     return out
+
+
+def _depths(ev) -> np.ndarray:
+    """Nesting depth of each returned slice among the returned slices of its lane.
+
+    Every ancestor of a returned slice overlaps the window and is at least as long, so it
+    is returned too: the depth needs no table beyond the answer itself."""
+    lane = ev.column("lane").to_pylist()
+    start = ev.column("start_ns").to_pylist()
+    end = [s + d for s, d in zip(start, ev.column("dur_ns").to_pylist())]
+    depth = np.zeros(len(lane), dtype=np.int16)
+    stack: list[int] = []
+    prev = None
+    for i in range(len(lane)):
+        if lane[i] != prev:
+            stack.clear()
+            prev = lane[i]
+        while stack and end[stack[-1]] <= start[i] and not (end[stack[-1]] == start[i] == start[stack[-1]]):
+            stack.pop()
+        depth[i] = len(stack)
+        stack.append(i)
+    return depth

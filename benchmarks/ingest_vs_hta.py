@@ -1,0 +1,226 @@
+"""Ingest speed and memory: tilescope.trace against HolisticTraceAnalysis 0.5.0, and 1 GB throughput.
+
+    .venv/bin/python benchmarks/ingest_vs_hta.py [--skip-hta] [--gb 1.0] [--workdir DIR]
+
+1. The 35 MB CUDA trace (../shared/traces/kineto/cuda_trace_diff_control.json.gz, decompressed
+   first so neither tool pays for gzip) is loaded by HTA's ``TraceAnalysis`` in a separate
+   virtualenv this script creates (``~/.cache/tilescope/hta-0.5.0-venv``, pip install
+   holistictraceanalysis==0.5.0), and ingested by ``tilescope.trace.open`` into an empty cache.
+   Each runs in its own fresh process; the time is the load call alone (imports excluded),
+   the memory is the process's peak RSS (imports included for both) and the growth over the
+   RSS after imports. Targets: tilescope >= 10x faster, <= 1/3 of HTA's peak memory.
+   HTA's per-stream busy time, category counts and top kernels are printed next to
+   tilescope's: they are the cross-check behind the constants in tests/test_trace_kineto.py.
+2. A ~1 GB synthetic trace made by replicating the control trace's events (times, ids and
+   correlation ids shifted per copy) is ingested the same way. Targets: >= 100 MB/s, peak RSS <= 2 GB.
+
+Every time printed is wall-clock time measured on the machine running this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRACE = os.path.join(ROOT, "..", "shared", "traces", "kineto", "cuda_trace_diff_control.json.gz")
+HTA_VENV = os.path.join(os.path.expanduser("~"), ".cache", "tilescope", "hta-0.5.0-venv")
+
+_HTA_CHILD = textwrap.dedent(r"""
+    import json, logging, os, resource, sys, time, warnings
+    logging.disable(logging.WARNING); warnings.filterwarnings("ignore")
+    from hta.trace_analysis import TraceAnalysis
+    def rss():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    base = rss()
+    t = time.perf_counter()
+    ta = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)
+    dt = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    tr = ta.t
+    rank = tr.get_all_traces()[0]
+    df = tr.get_trace(rank)
+    sym = tr.symbol_table.get_sym_table()
+    cats = {}
+    for c in df["cat"]:
+        cats[sym[c]] = cats.get(sym[c], 0) + 1
+    streams = {}
+    for s, g in df[df["stream"] >= 0].groupby("stream"):
+        iv = sorted(zip(g["ts"].tolist(), (g["ts"] + g["dur"]).tolist()))
+        busy, cs, ce = 0, None, None
+        for a, b in iv:
+            if ce is None or a > ce:
+                if ce is not None:
+                    busy += ce - cs
+                cs, ce = a, b
+            else:
+                ce = max(ce, b)
+        busy += ce - cs
+        streams[str(int(s))] = [len(g), int(busy)]
+    k = df[df["cat"].map(lambda c: sym[c] == "kernel")]
+    top = k.groupby("name")["dur"].agg(["sum", "count"]).sort_values("sum", ascending=False).head(3)
+    kernels = [[sym[n][:40], int(r["count"]), int(r["sum"])] for n, r in top.iterrows()]
+    tb = ta.get_temporal_breakdown(visualize=False)
+    print(json.dumps({"seconds": dt, "peak_rss": peak, "base_rss": base, "rank": int(rank), "rows": len(df),
+                      "cats": cats, "streams": streams, "top_kernels": kernels,
+                      "kernel_time_us": int(tb["kernel_time(us)"].iloc[0]), "idle_time_us": int(tb["idle_time(us)"].iloc[0])}))
+""")
+
+_TS_CHILD = textwrap.dedent(r"""
+    import json, os, resource, sys, time, warnings
+    warnings.filterwarnings("ignore")
+    import duckdb, pyarrow, numpy
+    import tilescope.trace as tt
+    from tilescope.trace import _trace, _store, _ingest, _jsonscan  # noqa: F401  (imports before timing)
+    def rss():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    base = rss()
+    t = time.perf_counter()
+    tr = tt.open(sys.argv[1], progress=False)
+    dt = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out = {"seconds": dt, "peak_rss": peak, "base_rss": base, "events": tr.meta[0]["events"],
+           "timing": tr.meta[0].get("timing"), "mode": tr.meta[0]["ingest"]["mode"]}
+    if len(sys.argv) > 2:
+        out["ranks"] = tr.ranks
+        out["cats"] = dict(tr.sql("SELECT cat, count(*) FROM events WHERE ph = 'X' GROUP BY cat").fetchall())
+        out["streams"] = {r["tid"]: [r["events"], r["busy_ns"] // 1000] for r in tr.breakdown().to_pylist()}
+        out["top_kernels"] = [[r["name"][:40], r["calls"], r["total_ns"] // 1000]
+                              for r in tr.kernels().to_pylist() if r["kind"] == "kernel"][:3]
+        rs = tr.ranks_summary().to_pylist()[0]
+        out["kernel_time_us"] = rs["device_span_ns"] // 1000
+        out["idle_time_us"] = rs["device_idle_ns"] // 1000
+    print(json.dumps(out))
+""")
+
+
+def _run_child(python: str, code: str, *args: str, env=None) -> dict:
+    p = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"child failed ({python}):\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def ensure_hta_venv() -> str:
+    py = os.path.join(HTA_VENV, "bin", "python")
+    ok = os.path.exists(py) and subprocess.run([py, "-c", "import hta"], capture_output=True).returncode == 0
+    if not ok:
+        print(f"creating {HTA_VENV} with holistictraceanalysis==0.5.0 (one-time, needs pip) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", HTA_VENV], check=True)
+        subprocess.run([py, "-m", "pip", "install", "--quiet", "holistictraceanalysis==0.5.0"], check=True)
+    return py
+
+
+def synthesize(src_json: str, dst: str, target_bytes: int) -> int:
+    """Replicate the events of ``src_json`` (Kineto pretty format) until ``dst`` is ~target_bytes."""
+    with open(src_json, "rb") as f:
+        text = f.read()
+    start = text.index(b'"traceEvents"')
+    start = text.index(b"[", start) + 1
+    end = text.rindex(b"]")
+    head, body, tail = text[:start], text[start:end].strip().rstrip(b","), text[end:]
+    span_us = 10_000_000  # each copy starts 10 s after the previous one
+    ts_re = re.compile(rb'("ts": )(\d+)')
+    id_re = re.compile(rb'("(?:correlation|External id|id)": )(\d+)')
+    copies = max(1, target_bytes // len(body))
+    with open(dst, "wb") as out:
+        out.write(head + b"\n  ")
+        for k in range(copies):
+            chunk = ts_re.sub(lambda m: m.group(1) + str(int(m.group(2)) + k * span_us).encode(), body)
+            chunk = id_re.sub(lambda m: m.group(1) + str(int(m.group(2)) + k * 100_000_000).encode(), chunk)
+            out.write(chunk)
+            out.write(b",\n  " if k < copies - 1 else b"\n")
+        out.write(tail)
+    return os.path.getsize(dst)
+
+
+def mb(n: float) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--skip-hta", action="store_true", help="do not run HTA (no venv, no pip)")
+    ap.add_argument("--gb", type=float, default=1.0, help="size of the synthetic trace (default 1.0)")
+    ap.add_argument("--workdir", help="where to put the decompressed and synthetic traces (default: a temp dir)")
+    args = ap.parse_args()
+    work = args.workdir or tempfile.mkdtemp(prefix="tilescope-bench-")
+    os.makedirs(work, exist_ok=True)
+    print(f"machine: {platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}), Python {platform.python_version()}")
+    trace_dir = os.path.join(work, "control")
+    os.makedirs(trace_dir, exist_ok=True)
+    plain = os.path.join(trace_dir, "cuda_trace_diff_control.json")
+    if not os.path.exists(plain):
+        with gzip.open(TRACE, "rb") as f, open(plain, "wb") as g:
+            shutil.copyfileobj(f, g, 1 << 20)
+    size = os.path.getsize(plain)
+    env = dict(os.environ, TILESCOPE_CACHE_DIR=os.path.join(work, "cache-35mb"))
+    shutil.rmtree(env["TILESCOPE_CACHE_DIR"], ignore_errors=True)
+    ts = _run_child(sys.executable, _TS_CHILD, plain, "check", env=env)
+    print(f"\n== 35 MB CUDA trace ({mb(size)}, {ts['events']:,} records)")
+    print(f"tilescope.trace.open: {ts['seconds']:.2f} s ({size / ts['seconds'] / 1e6:,.0f} MB/s, {ts['mode']} scan; "
+          f"phases {ts['timing']}), peak RSS {mb(ts['peak_rss'])} (+{mb(ts['peak_rss'] - ts['base_rss'])} over imports)")
+    ok = True
+    if not args.skip_hta:
+        hta_py = ensure_hta_venv()
+        hta = _run_child(hta_py, _HTA_CHILD, trace_dir)
+        print(f"HTA 0.5.0 TraceAnalysis: {hta['seconds']:.2f} s ({size / hta['seconds'] / 1e6:,.0f} MB/s), "
+              f"peak RSS {mb(hta['peak_rss'])} (+{mb(hta['peak_rss'] - hta['base_rss'])} over imports)")
+        speed = hta["seconds"] / ts["seconds"]
+        mem = ts["peak_rss"] / hta["peak_rss"]
+        mem_growth = (ts["peak_rss"] - ts["base_rss"]) / max(1, hta["peak_rss"] - hta["base_rss"])
+        print(f"ratio: tilescope is {speed:.1f}x faster (target >= 10x: {'met' if speed >= 10 else 'NOT met'}); "
+              f"peak memory {mem:.2f} of HTA's (target <= 0.33: {'met' if mem <= 1 / 3 else 'NOT met'}; "
+              f"growth over imports {mem_growth:.2f} of HTA's)")
+        ok &= speed >= 10 and mem <= 1 / 3
+        print("\ncross-check (HTA | tilescope):")
+        print(f"  rank {hta['rank']} | {ts['ranks']}")
+        for c in sorted(hta["cats"]):
+            print(f"  {c:<16} {hta['cats'][c]:>7,} | {ts['cats'].get(c, 0):>7,}")
+        for s in sorted(hta["streams"], key=int):
+            print(f"  stream {s:>3}: {hta['streams'][s][0]:>6,} events {hta['streams'][s][1]:>9,} us busy | "
+                  f"{ts['streams'][s][0]:>6,} events {ts['streams'][s][1]:>9,} us busy")
+        for a, b in zip(hta["top_kernels"], ts["top_kernels"]):
+            print(f"  {a[0]:<40} x{a[1]:<3} {a[2]:>9,} us | x{b[1]:<3} {b[2]:>9,} us")
+        print(f"  kernel time {hta['kernel_time_us']:,} us, idle {hta['idle_time_us']:,} us | "
+              f"{ts['kernel_time_us']:,} us, idle {ts['idle_time_us']:,} us")
+    big = os.path.join(work, "synthetic_1gb.json")
+    target = int(args.gb * 1e9)
+    if not os.path.exists(big) or abs(os.path.getsize(big) - target) > 0.1 * target:
+        t = time.perf_counter()
+        synthesize(plain, big, target)
+        print(f"\n(built {big}: {mb(os.path.getsize(big))} in {time.perf_counter() - t:.1f} s)")
+    bsize = os.path.getsize(big)
+    env = dict(os.environ, TILESCOPE_CACHE_DIR=os.path.join(work, "cache-1gb"))
+    shutil.rmtree(env["TILESCOPE_CACHE_DIR"], ignore_errors=True)
+    r = _run_child(sys.executable, _TS_CHILD, big, env=env)
+    mbps = bsize / r["seconds"] / 1e6
+    print(f"\n== synthetic trace ({mb(bsize)}, {r['events']:,} records)")
+    print(f"tilescope.trace.open: {r['seconds']:.1f} s = {mbps:,.0f} MB/s (target >= 100: {'met' if mbps >= 100 else 'NOT met'}; "
+          f"{r['mode']} scan; phases {r['timing']}), peak RSS {mb(r['peak_rss'])} "
+          f"(target <= 2 GB: {'met' if r['peak_rss'] <= 2e9 else 'NOT met'})")
+    ok &= mbps >= 100 and r["peak_rss"] <= 2e9
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\nall targets met" if ok else "\nsome targets not met (see above)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
