@@ -8,10 +8,10 @@ device execution; the fused model runs one ``aten::rms_norm`` execution.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
+from tilescope.profiler import ProfileWriter
 from tilescope.program import TileBuilder
 from tilescope.sim import simulate
 from tilescope.spec import preset
@@ -76,11 +76,10 @@ def programs_for(model: str, spec: str):
 
 def write_profile(root: str, model: str = "naive", spec: str = "trn1", steps: int = 2,
                   itraces: bool = True, corrupt: str | None = None) -> str:
-    """Write a complete profile directory under ``root``; return its path."""
+    """Write a complete profile directory under ``root`` with the profiler's ProfileWriter;
+    return its path. ``corrupt``: ``"checksum"`` (a manifest SHA-256 no longer matches) or
+    ``"no_manifest"`` (as if the export was killed before the manifest)."""
     core = preset(spec)
-    path = os.path.join(root, f"host_pid_100/{model}_{spec}")
-    os.makedirs(os.path.join(path, "executables"), exist_ok=True)
-    os.makedirs(os.path.join(path, "itraces"), exist_ok=True)
     pid, tid = 100, 100
     inst = "host"
     ev = [
@@ -91,85 +90,71 @@ def write_profile(root: str, model: str = "naive", spec: str = "trn1", steps: in
         {"ph": "M", "name": "process_name", "pid": 3, "tid": 0, "args": {"name": f"{inst}/{pid}/hardware"}},
         {"ph": "M", "name": "thread_name", "pid": 3, "tid": 0, "args": {"name": "NC0:0"}},
     ]
+    device = {"kind": "sim", "name": "sim", "preset": spec, "preset_fingerprint": core.fingerprint, "clock": "virtual"}
     progs = programs_for(model, spec)
-    seen_runs: dict[str, int] = {}
+    runs: dict[str, int] = {}
     t = 5.0  # us
     flow = 0
     prev_end = 0.0
     dispatch = core.host_dispatch_us
     runtime = core.runtime_exec_us
-    ext = 0
-    for step in range(steps):
-        step_start = t
-        t += 1.0
-        module_start = t
-        t += 1.0
-        for op, prog in progs:
-            flow += 1
-            ext += 1
-            res = simulate(prog, core)
-            dur = res.summary.total_ns / 1000.0
-            op_start = t
-            submit = op_start + dispatch * 0.8
-            hw_start = max(submit + runtime, prev_end)
-            hw_end = hw_start + dur
-            prev_end = hw_end
-            ev.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": 1, "tid": tid, "ts": op_start, "dur": dispatch,
-                       "args": {"External id": ext, "Input Dims": [[ROWS, COLS]], "Input type": ["float"]}})
-            ev.append({"ph": "s", "cat": "tilescope.flow", "name": "exec", "id": flow, "pid": 1, "tid": tid, "ts": submit})
-            common = {"flow_id": flow, "program_hash": prog.hash, "op": op, "core": 0}
-            ev.append({"ph": "X", "cat": "runtime", "name": f"execute {op}", "pid": 2, "tid": 0, "ts": submit,
-                       "dur": hw_start - submit, "args": dict(common)})
-            ev.append({"ph": "t", "cat": "tilescope.flow", "name": "exec", "id": flow, "pid": 2, "tid": 0, "ts": submit})
-            ev.append({"ph": "X", "cat": "hardware", "name": f"exec_running {op}", "pid": 3, "tid": 0, "ts": hw_start,
-                       "dur": dur, "args": {**common, "modeled": True, "instructions": len(prog)}})
-            ev.append({"ph": "f", "bp": "e", "cat": "tilescope.flow", "name": "exec", "id": flow, "pid": 3, "tid": 0,
-                       "ts": hw_start})
-            t = op_start + dispatch + 0.5
-            with open(os.path.join(path, "executables", f"exec_{prog.hash}.json"), "w") as f:
-                json.dump(prog.to_json(), f)
-            if itraces:
-                run = seen_runs.get(prog.hash, 0)
-                seen_runs[prog.hash] = run + 1
-                tl = res.timeline
-                doc = {"format": "tilescope.itrace", "version": 1, "program_hash": prog.hash, "preset": spec,
-                       "modeled": True, "execution": {"flow_id": flow, "core": 0, "start_us": hw_start},
-                       "lanes": list(tl.lanes), "kinds": list(tl.kinds),
-                       "columns": {"index": tl.index.tolist(), "lane": tl.lane.tolist(), "kind": tl.kind.tolist(),
-                                   "start_ns": tl.start_ns.tolist(), "end_ns": tl.end_ns.tolist(),
-                                   "bytes": tl.nbytes.tolist(), "flops": tl.flops.tolist(), "prov": tl.prov.tolist()},
-                       "summary": res.summary.to_dict()}
-                with open(os.path.join(path, "itraces", f"exec_{prog.hash}.{run}.itrace.json"), "w") as f:
-                    json.dump(doc, f)
-        sync_start = t
-        t = max(t, prev_end) + 2.0
-        ev.append({"ph": "X", "cat": "sync", "name": "synchronize", "pid": 1, "tid": tid, "ts": sync_start,
-                   "dur": t - sync_start, "args": {}})
-        ev.append({"ph": "X", "cat": "user_annotation", "name": "RMSNorm", "pid": 1, "tid": tid, "ts": module_start,
-                   "dur": sync_start - module_start, "args": {}})
-        t += 1.0
-        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": tid,
-                   "ts": step_start, "dur": t - step_start, "args": {}})
-        t += 3.0
-    doc = {"traceEvents": ev, "displayTimeUnit": "ns", "metadata": {"preset": spec}}
-    with open(os.path.join(path, "system_trace.json"), "w") as f:
-        json.dump(doc, f, indent=1)
-    with open(os.path.join(path, "trace.json"), "w") as f:
-        json.dump({"traceEvents": [e for e in ev if e.get("pid") == 1]}, f)
-    files = []
-    for dirpath, _d, names in os.walk(path):
-        for n in sorted(names):
-            fp = os.path.join(dirpath, n)
-            with open(fp, "rb") as f:
-                data = f.read()
-            files.append({"path": os.path.relpath(fp, path), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-    manifest = {"format": "tilescope.profile", "version": 1, "complete": True, "created": "2026-11-29T07:40:00Z",
-                "tilescope": "0.1.0", "device": {"kind": "sim", "name": "sim", "preset": spec,
-                                                 "preset_fingerprint": core.fingerprint, "clock": "virtual"},
-                "config": {}, "stats": {"events": len(ev), "executions": flow}, "files": files}
+    with ProfileWriter(root, device=device, config={"source": "trace_fixtures", "model": model},
+                       instance=inst, pid=pid, timestamp=f"{model}_{spec}") as w:
+        for step in range(steps):
+            step_start = t
+            t += 1.0
+            module_start = t
+            t += 1.0
+            for op, prog in progs:
+                flow += 1
+                res = simulate(prog, core)
+                dur = res.summary.total_ns / 1000.0
+                op_start = t
+                submit = op_start + dispatch * 0.8
+                hw_start = max(submit + runtime, prev_end)
+                prev_end = hw_start + dur
+                ev.append({"ph": "X", "cat": "cpu_op", "name": op, "pid": 1, "tid": tid, "ts": op_start,
+                           "dur": dispatch, "args": {"External id": flow, "Input Dims": [[ROWS, COLS]],
+                                                     "Input type": ["float"]}})
+                ev.append({"ph": "s", "cat": "tilescope.flow", "name": "exec", "id": flow, "pid": 1, "tid": tid,
+                           "ts": submit})
+                common = {"flow_id": flow, "program_hash": prog.hash, "op": op, "core": 0}
+                ev.append({"ph": "X", "cat": "runtime", "name": f"execute {op}", "pid": 2, "tid": 0, "ts": submit,
+                           "dur": hw_start - submit, "args": dict(common)})
+                ev.append({"ph": "t", "cat": "tilescope.flow", "name": "exec", "id": flow, "pid": 2, "tid": 0,
+                           "ts": submit})
+                ev.append({"ph": "X", "cat": "hardware", "name": f"exec_running {op}", "pid": 3, "tid": 0,
+                           "ts": hw_start, "dur": dur, "args": {**common, "modeled": True, "instructions": len(prog)}})
+                ev.append({"ph": "f", "bp": "e", "cat": "tilescope.flow", "name": "exec", "id": flow, "pid": 3,
+                           "tid": 0, "ts": hw_start})
+                t = op_start + dispatch + 0.5
+                if itraces:
+                    run = runs.get(prog.hash, 0)
+                    runs[prog.hash] = run + 1
+                    w.add_itrace(prog, res, run, execution={"flow_id": flow, "core": 0, "start_us": hw_start})
+                else:
+                    w.add_executable(prog)
+            sync_start = t
+            t = max(t, prev_end) + 2.0
+            ev.append({"ph": "X", "cat": "sync", "name": "synchronize", "pid": 1, "tid": tid, "ts": sync_start,
+                       "dur": t - sync_start, "args": {}})
+            ev.append({"ph": "X", "cat": "user_annotation", "name": "RMSNorm", "pid": 1, "tid": tid,
+                       "ts": module_start, "dur": sync_start - module_start, "args": {}})
+            t += 1.0
+            ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": tid,
+                       "ts": step_start, "dur": t - step_start, "args": {}})
+            t += 3.0
+        w.write_json("system_trace.json", {"traceEvents": ev, "displayTimeUnit": "ns", "metadata": {"preset": spec}})
+        w.write_json("trace.json", {"traceEvents": [e for e in ev if e.get("pid") == 1]})
+        w.stats = {"events": len(ev), "executions": flow}
+    path = str(w.path)
+    mpath = os.path.join(path, "manifest.json")
     if corrupt == "checksum":
-        files[0]["sha256"] = "0" * 64
-    if corrupt != "no_manifest":
-        with open(os.path.join(path, "manifest.json"), "w") as f:
-            json.dump(manifest, f, indent=1)
+        with open(mpath) as f:
+            manifest = json.load(f)
+        manifest["files"][0]["sha256"] = "0" * 64
+        with open(mpath, "w") as f:
+            json.dump(manifest, f)
+    elif corrupt == "no_manifest":
+        os.remove(mpath)
     return path

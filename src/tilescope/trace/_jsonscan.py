@@ -18,7 +18,7 @@ cannot split. This scanner finds the structure with numpy over fixed-size blocks
 >>> s.feed(b'{"schemaVersion": 1, "traceEvents": [\\n {"ph": "X",\\n  "name": "a"},\\n {"ph": "i"}\\n]}')
 >>> s.finish()
 >>> out.getvalue().split(b"\\n")[:2]
-[b' {"ph": "X",   "name": "a"}', b' {"ph": "i"}']
+[b'  {"ph": "X",   "name": "a"}', b'  {"ph": "i"} ']
 >>> s.events, s.metadata
 (2, {'schemaVersion': 1, 'traceEvents': []})
 """
@@ -145,10 +145,12 @@ class ChromeTraceScanner:
             self._ftail = bytearray(block[self._raw_tail_start:])
             self._tail = bytearray()
 
-    # Fast path: once the separator between two events is known and holds a newline (as in
-    # every pretty-printed Kineto trace), it cannot occur inside a string, and a match at a
-    # deeper level would leave unbalanced lines that the strict JSON reader rejects (the
-    # caller then re-reads in exact mode). So a block needs only bytes.replace + translate.
+    # Fast path: once the separator between two events is known (e.g. b"},\n  {" in Kineto's
+    # pretty print, b"},{" in compact JSON), every occurrence is taken for a boundary. A wrong
+    # one (inside a string, or deeper in an event) always leaves at least one line that is not
+    # a JSON object (an unterminated string or unbalanced brackets); DuckDB reads such a line
+    # as a row of NULLs, and the caller then re-reads the file in exact mode. So a block needs
+    # only bytes.replace + translate.
     def _feed_fast(self, block: bytes) -> None:
         if block.find(b"\x00") >= 0:
             self._leave_fast(block)
@@ -293,7 +295,7 @@ class ChromeTraceScanner:
                 a, z = block.rfind(b"}", 0, c), block.find(b"{", c)
                 if a >= 0 and z > 0:
                     sep = block[a:z + 1]
-                    if not sep[1:-1].replace(b",", b"", 1).strip(_WS) and b"\n" in sep:
+                    if not sep[1:-1].replace(b",", b"", 1).strip(_WS):
                         self._sep = sep
             head = self._tail + seg[:last + 1] if self._tail else seg[:last + 1]
             self._emit(bytes(head))

@@ -7,7 +7,6 @@ system trace (handed to the Chrome-trace ingest), executables and instruction tr
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import re
@@ -32,51 +31,23 @@ class ProfileDir:
         self.warnings = warnings
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def read_profile_dir(path: str, verify: bool = True) -> ProfileDir:
-    """Validate ``path`` as a complete profile directory; raise TraceFormatError if it is not."""
+    """Validate ``path`` with the profiler's reader (completeness, sizes, SHA-256); raise
+    TraceFormatError naming every problem if it is not a complete profile."""
+    from ..profiler._reader import read_profile  # the format's own reader (no torch, no device)
+
     path = os.path.abspath(path)
-    mpath = os.path.join(path, "manifest.json")
-    if path.endswith(".partial") or not os.path.exists(mpath):
-        raise TraceFormatError(
-            f"{path}: incomplete profile directory (no manifest.json; the profiler writes it last, "
-            f"so the export was interrupted). Re-run the profile; `tilescope doctor {path}` says more"
-        )
     try:
-        with open(mpath, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except ValueError as e:
-        raise TraceFormatError(f"{mpath}: manifest is not valid JSON ({e})") from None
-    if manifest.get("format") != "tilescope.profile":
-        raise TraceFormatError(f"{mpath}: field 'format' is {manifest.get('format')!r}, expected 'tilescope.profile'")
-    if manifest.get("version") != 1:
+        prof = read_profile(path, verify=verify)
+    except (OSError, ValueError) as e:
+        raise TraceFormatError(f"{path}: {e}") from None
+    if not prof.complete:
         raise TraceFormatError(
-            f"{mpath}: profile format version {manifest.get('version')!r}; this tilescope reads version 1"
+            f"{path}: incomplete profile directory: {'; '.join(prof.problems)}. "
+            f"It was probably interrupted while being written (the manifest is written last); profile again"
         )
-    if manifest.get("complete") is not True:
-        raise TraceFormatError(f"{mpath}: 'complete' is {manifest.get('complete')!r}: the profile is incomplete")
+    manifest = prof.manifest
     warnings: list[str] = []
-    files = manifest.get("files")
-    if not isinstance(files, list):
-        raise TraceFormatError(f"{mpath}: field 'files' must be a list of {{path, bytes, sha256}}")
-    for entry in files:
-        fp = os.path.join(path, entry.get("path", ""))
-        if not os.path.isfile(fp):
-            raise TraceFormatError(f"{path}: file {entry.get('path')!r} listed in the manifest is missing")
-        size = os.path.getsize(fp)
-        if size != entry.get("bytes"):
-            raise TraceFormatError(
-                f"{fp}: {size:,} bytes on disk, manifest says {entry.get('bytes')!r}: the profile was modified or truncated"
-            )
-        if verify and entry.get("sha256") and _sha256(fp) != entry["sha256"]:
-            raise TraceFormatError(f"{fp}: SHA-256 differs from the manifest: the file was modified")
     trace_file = os.path.join(path, "system_trace.json")
     if not os.path.exists(trace_file):
         trace_file = os.path.join(path, "trace.json")

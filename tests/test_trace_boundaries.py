@@ -1,0 +1,39 @@
+"""The analysis engine's module rules: it reads the profile format and never imports the
+device; its docstring examples run."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_opening_and_analysing_a_profile_never_imports_the_device(tmp_path):
+    code = f"""
+import os, sys
+sys.path.insert(0, {HERE!r})
+os.environ["TILESCOPE_CACHE_DIR"] = {str(tmp_path / 'cache')!r}
+from trace_fixtures import write_profile
+import tilescope.trace as tt
+a = tt.open(write_profile({str(tmp_path / 'a')!r}, "naive", steps=1))
+b = tt.open(write_profile({str(tmp_path / 'b')!r}, "fused", steps=1))
+a.op_table(); a.lineage(a.sql("SELECT min(eid) FROM events WHERE kind = 'op'").fetchall()[0][0])
+a.window(); a.roofline(); tt.diff(a, b); a.replay("trn2")
+bad = sorted(m for m in sys.modules if m.startswith(("tilescope.device", "tilescope.lower", "torch")))
+print("IMPORTED", bad)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "IMPORTED []" in out.stdout
+
+
+@pytest.mark.parametrize("name", ["tilescope.trace._jsonscan", "tilescope.trace._roofline"])
+def test_docstring_examples(name):
+    failures, tried = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert tried > 0 and failures == 0
