@@ -162,7 +162,9 @@ def main() -> int:
     args = ap.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="tilescope-bench-")
     os.makedirs(work, exist_ok=True)
-    print(f"machine: {platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}), Python {platform.python_version()}")
+    load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
+    print(f"machine: {platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}), Python {platform.python_version()}, "
+          f"load average {' '.join(load)} (other work on the machine slows every figure below)")
     trace_dir = os.path.join(work, "control")
     os.makedirs(trace_dir, exist_ok=True)
     plain = os.path.join(trace_dir, "cuda_trace_diff_control.json")
