@@ -37,3 +37,15 @@ print("IMPORTED", bad)
 def test_docstring_examples(name):
     failures, tried = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert tried > 0 and failures == 0
+
+
+def test_the_guide_lists_every_table_column():
+    from tilescope.trace import TABLES
+
+    with open(os.path.join(HERE, "..", "docs", "trace-analysis.md"), encoding="utf-8") as f:
+        doc = f.read()
+    import re
+
+    missing = [f"{t}.{c}" for t, cols in TABLES.items() for c, _ty, _d in cols
+               if not re.search(rf"[`\s,]{re.escape(c)}[`,\s]", doc)]
+    assert not missing, f"docs/trace-analysis.md does not mention {missing}"
