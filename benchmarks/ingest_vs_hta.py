@@ -51,7 +51,7 @@ _HTA_CHILD = textwrap.dedent(r"""
     dt = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     tr = ta.t
-    rank = tr.get_all_traces()[0]
+    rank = list(tr.get_all_traces())[0]
     df = tr.get_trace(rank)
     sym = tr.symbol_table.get_sym_table()
     cats = {}
@@ -95,7 +95,7 @@ _TS_CHILD = textwrap.dedent(r"""
     tr = tt.open(sys.argv[1], progress=False)
     dt = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    out = {"seconds": dt, "peak_rss": peak, "base_rss": base, "events": tr.meta[0]["events"],
+    out = {"seconds": dt, "peak_rss": peak, "base_rss": base, "events": tr.meta[0]["ingest"]["events"],
            "timing": tr.meta[0].get("timing"), "mode": tr.meta[0]["ingest"]["mode"]}
     if len(sys.argv) > 2:
         out["ranks"] = tr.ranks

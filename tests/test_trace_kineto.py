@@ -174,6 +174,10 @@ def test_dataframe_exports(control):
 
 
 def test_window_is_exact_when_small_and_lod_when_large(control):
+    # every LOD level accounts for every slice exactly once
+    n = control.sql("SELECT count(*) FROM events WHERE ph = 'X' AND dur_ns IS NOT NULL").fetchall()[0][0]
+    per_level = control.sql("SELECT level, sum(count), sum(busy_ns) FROM lod GROUP BY level ORDER BY level").fetchall()
+    assert len(per_level) == 5 and {c for _l, c, _b in per_level} == {n} and len({b for *_x, b in per_level}) == 1
     full = control.window(pixels=1000)
     assert not full["exact"]  # 75k slices: served from the LOD buckets plus the wide events
     assert full["buckets"]["count"].sum() > 0

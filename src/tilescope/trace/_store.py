@@ -117,17 +117,21 @@ def _build_lod(con, entry: str, t0: int, t1: int) -> list[dict]:
       FROM read_parquet('{glob}', hive_partitioning=false)
       WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL
       GROUP BY ALL""")
-    parts = []
+    # each coarser level merges 4 buckets of the level below it (a table 4x smaller each time)
+    prev = "lod_f"
     for k in range(finest, -1, -1):
-        width = w * 4 ** (finest - k)
-        div = 4 ** (finest - k)
-        levels.append({"level": k, "bucket_ns": width})
-        parts.append(f"""
+        levels.append({"level": k, "bucket_ns": w * 4 ** (finest - k)})
+        div = 1 if k == finest else 4
+        con.execute(f"""
+          CREATE OR REPLACE TEMP TABLE lod_{k} AS
           SELECT {k}::TINYINT AS level, pid, tid, bucket // {div} AS bucket, sum(count)::BIGINT AS count,
                  sum(busy_ns)::BIGINT AS busy_ns, arg_max(top_name, top_ns) AS top_name, max(top_ns) AS top_ns
-          FROM lod_f GROUP BY ALL""")
-    con.execute(f"COPY ({' UNION ALL '.join(parts)} ORDER BY level, pid, tid, bucket) TO "
-                f"'{os.path.join(entry, 'lod.parquet')}' (FORMAT parquet)")
+          FROM {prev} GROUP BY ALL ORDER BY pid, tid, bucket""")
+        prev = f"lod_{k}"
+    union = " UNION ALL ".join(f"SELECT * FROM lod_{k}" for k in range(LOD_LEVELS))
+    con.execute(f"COPY ({union}) TO '{os.path.join(entry, 'lod.parquet')}' (FORMAT parquet)")
+    for k in range(LOD_LEVELS):
+        con.execute(f"DROP TABLE lod_{k}")
     con.execute("DROP TABLE lod_f")
     return sorted(levels, key=lambda d: d["level"])
 
