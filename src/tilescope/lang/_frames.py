@@ -16,7 +16,7 @@ import sys
 import types
 
 __all__ = [
-    "is_internal", "user_frame", "display_path", "locate", "filter_traceback", "source_line",
+    "is_internal", "user_frame", "display_path", "locate", "filter_traceback", "source_line", "surface",
 ]
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -98,3 +98,23 @@ def filter_traceback(tb):
     for entry in reversed(kept):
         out = types.TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
     return out
+
+
+def surface(fn):
+    """Decorate a user-facing method that is not a builtin (indexing, index arithmetic):
+    a tilescope error it raises names the user's line."""
+    import functools
+
+    from ..errors import TilescopeError
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TilescopeError as e:
+            from ._context import maybe_current
+
+            ctx = maybe_current()
+            raise locate(e, user_frame(2), ctx.kernel if ctx is not None else None)
+
+    return wrapper

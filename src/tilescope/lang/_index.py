@@ -32,6 +32,7 @@ import itertools
 from typing import NamedTuple
 
 from ..errors import IndexRangeError, KernelError
+from ._frames import surface
 
 __all__ = [
     "IndexExpr", "Predicate", "MGrid", "arange", "mgrid", "Check", "resolve_index",
@@ -90,6 +91,7 @@ class IndexExpr:
         shift = rank - len(self.shape)
         return tuple((v, a + shift, c) for v, a, c in self.terms)
 
+    @surface
     def __add__(self, other):
         if isinstance(other, IndexExpr):
             shape = broadcast_shapes(self.shape, other.shape, what="index expressions")
@@ -103,15 +105,19 @@ class IndexExpr:
 
     __radd__ = __add__
 
+    @surface
     def __neg__(self):
         return IndexExpr(self.shape, -self.const, tuple((v, a, -c) for v, a, c in self.terms))
 
+    @surface
     def __sub__(self, other):
         return self + (-other)
 
+    @surface
     def __rsub__(self, other):
         return (-self) + other
 
+    @surface
     def __mul__(self, other):
         if isinstance(other, IndexExpr):
             raise KernelError("the product of two index expressions is not affine; multiply by an integer")
@@ -122,11 +128,13 @@ class IndexExpr:
 
     __rmul__ = __mul__
 
+    @surface
     def __floordiv__(self, other):
         raise KernelError("index expressions must stay affine (const + coef * index); '//' and '%' are not")
 
     __mod__ = __truediv__ = __floordiv__
 
+    @surface
     def __getitem__(self, index):
         """``[:, None]`` / ``[None, :]`` reshaping (only full slices and None)."""
         if not isinstance(index, tuple):
@@ -160,26 +168,33 @@ class IndexExpr:
         lhs = self - other  # condition: lhs (op) 0
         return Predicate(((lhs, op),))
 
+    @surface
     def __lt__(self, other):
         return self._cmp(other, "<")
 
+    @surface
     def __le__(self, other):
         return self._cmp(other, "<=")
 
+    @surface
     def __gt__(self, other):
         return (-self)._cmp(-other, "<")
 
+    @surface
     def __ge__(self, other):
         return (-self)._cmp(-other, "<=")
 
+    @surface
     def __eq__(self, other):  # noqa: D105 - a mask, like numpy's elementwise ==
         return self._cmp(other, "==")
 
+    @surface
     def __ne__(self, other):
         raise KernelError("'!=' does not describe a range of indices; masks use <, <=, >, >=, == and &")
 
     __hash__ = None  # type: ignore[assignment]
 
+    @surface
     def __bool__(self):
         raise KernelError("an index expression has no truth value; use it to index a tensor or in a mask=")
 
@@ -199,20 +214,24 @@ class Predicate:
     def __init__(self, conditions: tuple[tuple[IndexExpr, str], ...]):
         self.conditions = conditions
 
+    @surface
     def __and__(self, other):
         if not isinstance(other, Predicate):
             raise KernelError(f"masks combine with other masks (&); got {type(other).__name__}")
         return Predicate(self.conditions + other.conditions)
 
+    @surface
     def __or__(self, other):
         raise KernelError("a mask must describe a box of indices; '|' of conditions does not. "
                           "Split the operation in two, or use tl.where on the data")
 
     __ror__ = __or__
 
+    @surface
     def __invert__(self):
         raise KernelError("'~' of a mask is not a box of indices; write the opposite comparison instead")
 
+    @surface
     def __bool__(self):
         raise KernelError("a mask has no truth value in Python; pass it as mask=... to a tile operation")
 
@@ -286,6 +305,7 @@ class MGrid:
     def __getitem__(self, k: int) -> IndexExpr:
         return self.exprs[k]
 
+    @surface
     def _axis(self, k: int, name: str) -> IndexExpr:
         if k >= len(self.exprs):
             raise KernelError(f"this mgrid has {len(self.exprs)} axes; it has no '.{name}'")
@@ -297,6 +317,7 @@ class MGrid:
     z = property(lambda self: self._axis(3, "z"))
 
 
+@surface
 def arange(start: int, stop: int | None = None, step: int = 1) -> IndexExpr:
     """A 1-D index expression over ``range(start, stop, step)`` (``arange(n)``: 0..n-1)."""
     if stop is None:
@@ -313,6 +334,7 @@ def arange(start: int, stop: int | None = None, step: int = 1) -> IndexExpr:
 class _MGridMaker:
     """``tl.mgrid[0:128, 0:512]``: broadcastable index expressions, one per axis."""
 
+    @surface
     def __getitem__(self, index) -> MGrid:
         if not isinstance(index, tuple):
             index = (index,)

@@ -22,6 +22,7 @@ from math import prod
 
 from ..errors import KernelError
 from ..isa import AP
+from ._frames import surface
 from ._index import Check, apply_box, resolve_index
 
 __all__ = ["Tensor", "Tile", "View"]
@@ -175,11 +176,13 @@ class View:
 
     __hash__ = object.__hash__
 
+    @surface
     def __bool__(self):
         raise KernelError(
             f"the value of {self.describe()} is not known while the kernel is traced, so it cannot "
             f"steer Python control flow; select values with tl.where(cond, a, b) or masks instead")
 
+    @surface
     def __iter__(self):
         raise KernelError(f"{self.describe()} is not iterable; loop with tl.affine_range over its indices")
 
@@ -192,6 +195,7 @@ class Tensor(View):
     def __repr__(self) -> str:
         return f"<HBM tensor {self.buffer.name!r} view shape={self.shape} {self.dtype}>"
 
+    @surface
     def __getitem__(self, index) -> "Tensor":
         if self.checks or self.axis_vars:
             raise KernelError(f"{self.describe()} was already indexed with tl.arange expressions; "
@@ -202,6 +206,7 @@ class Tensor(View):
     def __setitem__(self, index, value) -> None:
         _core().store(self[index], value)
 
+    @surface
     def reshape(self, *shape) -> "Tensor":
         """A view with another shape (the view must be contiguous); one size may be -1."""
         shape = _shape_arg(shape)
@@ -214,6 +219,7 @@ class Tensor(View):
             stride *= n
         return Tensor(self.buffer, self.offset, tuple(reversed(dims)))
 
+    @surface
     def broadcast_to(self, *shape) -> "Tensor":
         """A view repeating size-1 dimensions (numpy rules): reads the same elements again."""
         shape = _shape_arg(shape)
@@ -262,6 +268,7 @@ class Tile(View):
     def __itruediv__(self, other):
         return _core()._inplace(self, "divide", other)
 
+    @surface
     def reshape(self, *shape) -> "Tile":
         """Another shape for the free dimensions (partition size unchanged, view contiguous)."""
         shape = _shape_arg(shape)
@@ -276,6 +283,7 @@ class Tile(View):
             stride *= n
         return Tile(self.buffer, self.offset, (self.dims[0],) + tuple(reversed(dims)), pdim=0, state=self.state)
 
+    @surface
     def broadcast_to(self, *shape) -> "Tile":
         """A view repeating size-1 free dimensions (the partition dim cannot broadcast)."""
         shape = _shape_arg(shape)

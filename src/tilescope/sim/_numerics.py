@@ -9,6 +9,7 @@ does) and rounded to the destination's dtype on write.
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -39,24 +40,35 @@ def poison_value(dtype: str):
 
 
 class _Memory:
-    __slots__ = ("arrays", "buffers")
+    __slots__ = ("arrays", "buffers", "overwritten", "backing")
 
-    def __init__(self, buffers):
+    def __init__(self, buffers, overwritten: frozenset = frozenset(), backing: dict | None = None):
         self.buffers = buffers
         self.arrays: dict[str, np.ndarray] = {}
+        self.overwritten = overwritten  # first access writes every element: no poison needed
+        self.backing = backing or {}  # such on-chip buffers -> memory of their physical slot
 
     def flat(self, name: str) -> np.ndarray:
         arr = self.arrays.get(name)
         if arr is None:
-            b = self.buffers[name]
-            arr = np.full(b.size, poison_value(b.dtype), dtype=to_numpy(b.dtype))
+            arr = self.backing.get(name)
+            if arr is None:
+                b = self.buffers[name]
+                if name in self.overwritten:
+                    arr = np.empty(b.size, dtype=to_numpy(b.dtype))
+                else:
+                    arr = np.full(b.size, poison_value(b.dtype), dtype=to_numpy(b.dtype))
             self.arrays[name] = arr
         return arr
 
     def view(self, ap: AP) -> np.ndarray:
         arr = self.flat(ap.buffer)
         isz = arr.itemsize
-        return as_strided(arr[ap.offset:], shape=ap.shape, strides=tuple(s * isz for s, _ in ap.dims))
+        dims = ap.dims
+        if all(s >= 0 for s, _ in dims):  # an ndarray over the buffer (bounds-checked by numpy)
+            return np.ndarray(tuple([c for _, c in dims]), arr.dtype, arr, ap.offset * isz,
+                              tuple([s * isz for s, _ in dims]))
+        return as_strided(arr[ap.offset:], shape=ap.shape, strides=tuple(s * isz for s, _ in dims))
 
     def read(self, ap: AP) -> np.ndarray:
         """Operand values as a (P, N) float32 (or int64) array."""
@@ -86,6 +98,122 @@ def _scalar(mem: _Memory, v, scalars: dict):
     return np.float32(v)
 
 
+def _scalar_nd(mem: _Memory, v, scalars: dict, ndim: int):
+    """A scalar operand shaped to broadcast against an ``ndim``-dimensional operand view."""
+    if isinstance(v, AP):
+        return mem.read(v).reshape((v.partitions,) + (1,) * (ndim - 1))
+    return _scalar(mem, v, scalars)
+
+
+def _same_f32(*aps) -> bool:
+    """Zero-copy path: float32 operands of one logical shape are used as strided views
+    (numpy works on them in place of (P, N) copies; same values, fewer passes)."""
+    shape = aps[0].shape
+    for ap in aps:
+        if ap.dtype != "float32" or ap.shape != shape:
+            return False
+    return True
+
+
+def _split_axes(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Short free axes to loop over in Python for an elementwise op on views of ``shape``.
+
+    numpy runs its inner loop along the axis of smallest stride; on a view such as
+    ``[P, n, 2]`` (x/y pairs) that axis has 2 elements and the op crawls. Slicing the
+    short axes off leaves calls whose inner loops are long. Values do not change.
+    """
+    if len(shape) < 3:
+        return ()
+    short = tuple(k for k in range(1, len(shape)) if shape[k] <= 8)
+    rest = [shape[k] for k in range(1, len(shape)) if k not in short]
+    n = 1
+    for k in short:
+        n *= shape[k]
+    return short if short and rest and max(rest) >= 32 and n <= 32 else ()
+
+
+def _each(views: list, shape: tuple[int, ...]):
+    """Tuples of sub-views of ``views`` (all of ``shape`` or broadcastable to it), split as above."""
+    split = _split_axes(shape)
+    if not split:
+        yield views
+        return
+    for idx in np.ndindex(*(shape[k] for k in split)):
+        out = []
+        for v in views:
+            if not isinstance(v, np.ndarray) or v.ndim != len(shape):
+                out.append(v)
+                continue
+            key = [slice(None)] * v.ndim
+            for k, j in zip(split, idx):
+                key[k] = j if v.shape[k] > 1 else 0
+            out.append(v[tuple(key)])
+        yield out
+
+
+def _views(mem: _Memory, *aps) -> list:
+    return [mem.view(ap) for ap in aps]
+
+
+def _put(dst: np.ndarray, ap: AP, r) -> None:
+    if not is_float(ap.dtype):
+        r = np.rint(r)
+    dst[...] = r
+
+
+_OVERWRITTEN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _overwritten_first(program) -> frozenset:
+    """Buffers whose first access writes every element (cached per Program)."""
+    hit = _OVERWRITTEN.get(program)
+    if hit is None:
+        seen = set(program.inputs)
+        out = set()
+        buffers = program.buffers
+        for instr in program.instructions:
+            for ap in instr.reads():
+                seen.add(ap.buffer)
+            for ap in instr.writes():
+                if ap.buffer not in seen:
+                    seen.add(ap.buffer)
+                    b = buffers[ap.buffer]
+                    if ap.offset == 0 and ap.size == b.size and ap.contiguous_bytes() == b.nbytes:
+                        out.add(ap.buffer)
+        hit = _OVERWRITTEN[program] = frozenset(out)
+    return hit
+
+
+_POOLS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _slot_backing(program, overwritten: frozenset) -> dict:
+    """Memory for on-chip buffers that are overwritten before any read: one array per
+    physical slot, shared by the slot's tiles (whose lifetimes never overlap, as on the
+    device). Reusing it across runs spares numpy fresh allocations; tiles that may be
+    read before they are written still get fresh NaN-filled memory."""
+    pool = _POOLS.get(program)
+    if pool:
+        try:
+            return pool.pop()
+        except IndexError:
+            pass
+    buffers = program.buffers
+    backing = {}
+    for slot in program.slots.values():
+        members = [buffers[m] for m in slot.members if m in overwritten and m in buffers]
+        if not members:
+            continue
+        raw = np.empty(max(b.nbytes for b in members), dtype=np.uint8)
+        for b in members:
+            backing[b.name] = raw[:b.nbytes].view(to_numpy(b.dtype))
+    return backing
+
+
+def _release(program, backing: dict) -> None:
+    _POOLS.setdefault(program, []).append(backing)
+
+
 def _resolve_runtime(v, scalars: dict):
     """``attrs`` of a gpsimd_call with every nested RuntimeScalar replaced by its value."""
     if isinstance(v, RuntimeScalar):
@@ -98,6 +226,11 @@ def _resolve_runtime(v, scalars: dict):
     if isinstance(v, tuple):
         return tuple(_resolve_runtime(x, scalars) for x in v)
     return v
+
+
+# ALU ops that are numpy ufuncs (they can write straight into the destination view)
+_UFUNCS = {name: fn for name, fn in ALU_OPS.items() if isinstance(fn, np.ufunc)}
+_UFUNCS.update(divide=np.divide, power=np.power)
 
 
 def _apply(op: str, a, b, reverse: bool):
@@ -113,25 +246,58 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
         dst[...] = src.reshape(dst.shape)
     elif t is TensorTensor:
         with np.errstate(all="ignore"):
-            mem.write(instr.dst, ALU_OPS[instr.op](mem.read(instr.a), mem.read(instr.b)))
+            fn = ALU_OPS[instr.op]
+            if _same_f32(instr.a, instr.b) and instr.a.shape == instr.dst.shape:
+                uf = _UFUNCS.get(instr.op) if instr.dst.dtype == "float32" else None
+                for a, b, d in _each(_views(mem, instr.a, instr.b, instr.dst), instr.dst.shape):
+                    if uf is not None:
+                        uf(a, b, out=d)
+                    else:
+                        _put(d, instr.dst, fn(a, b))
+            else:
+                mem.write(instr.dst, fn(mem.read(instr.a), mem.read(instr.b)))
     elif t is TensorScalar:
         with np.errstate(all="ignore"):
-            r = _apply(instr.op0, mem.read(instr.src), _scalar(mem, instr.scalar0, scalars), instr.reverse0)
-            if instr.op1 is not None:
-                r = _apply(instr.op1, r, _scalar(mem, instr.scalar1, scalars), instr.reverse1)
-        mem.write(instr.dst, r)
+            if _same_f32(instr.src) and instr.src.shape == instr.dst.shape:
+                nd = len(instr.dst.dims)
+                s0 = _scalar_nd(mem, instr.scalar0, scalars, nd)
+                s1 = _scalar_nd(mem, instr.scalar1, scalars, nd) if instr.op1 is not None else None
+                u0 = _UFUNCS.get(instr.op0) if instr.dst.dtype == "float32" else None
+                u1 = _UFUNCS.get(instr.op1) if instr.op1 is not None else None
+                for x, d, a, b in _each(_views(mem, instr.src, instr.dst) + [s0, s1], instr.dst.shape):
+                    if u0 is not None and (instr.op1 is None or u1 is not None):
+                        u0(*((a, x) if instr.reverse0 else (x, a)), out=d)
+                        if u1 is not None:
+                            u1(*((b, d) if instr.reverse1 else (d, b)), out=d)
+                        continue
+                    r = _apply(instr.op0, x, a, instr.reverse0)
+                    if instr.op1 is not None:
+                        r = _apply(instr.op1, r, b, instr.reverse1)
+                    _put(d, instr.dst, r)
+            else:
+                r = _apply(instr.op0, mem.read(instr.src), _scalar(mem, instr.scalar0, scalars), instr.reverse0)
+                if instr.op1 is not None:
+                    r = _apply(instr.op1, r, _scalar(mem, instr.scalar1, scalars), instr.reverse1)
+                mem.write(instr.dst, r)
     elif t is Activation or t is ActivationReduce:
         with np.errstate(all="ignore"):
-            x = mem.read(instr.src) * _scalar(mem, instr.scale, scalars)
-            bias = _scalar(mem, instr.bias, scalars)
+            if _same_f32(instr.src) and instr.src.shape == instr.dst.shape:
+                x, nd = mem.view(instr.src), len(instr.src.dims)
+            else:
+                x, nd = mem.read(instr.src), 2
+            scale = _scalar_nd(mem, instr.scale, scalars, nd)
+            if not (isinstance(scale, np.float32) and scale == 1.0):
+                x = x * scale
+            bias = _scalar_nd(mem, instr.bias, scalars, nd)
             if bias is not None:
                 x = x + bias
-            r = ACTIVATIONS[instr.func](x).astype(np.float32)
+            r = ACTIVATIONS[instr.func](x).astype(np.float32, copy=False)
             if t is Activation and instr.accumulate:
-                r = r + mem.read(instr.dst)
+                r = r + mem.read(instr.dst).reshape(r.shape)
         mem.write(instr.dst, r)
         if t is ActivationReduce:
-            mem.write(instr.reduce_dst, REDUCE_OPS[instr.reduce_op][0](r, axis=1, keepdims=True))
+            flat = r.reshape(instr.src.partitions, -1)
+            mem.write(instr.reduce_dst, REDUCE_OPS[instr.reduce_op][0](flat, axis=1, keepdims=True))
     elif t is TensorReduce:
         src = mem.view(instr.src)
         src = src.astype(np.float32) if is_float(instr.src.dtype) else src.astype(np.int64)
@@ -141,10 +307,22 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
             r = -r
         mem.write(instr.dst, r)
     elif t is TensorCopy:
-        mem.write(instr.dst, mem.view(instr.src).reshape(instr.dst.partitions, -1))
+        if instr.src.shape == instr.dst.shape and (is_float(instr.dst.dtype) or not is_float(instr.src.dtype)):
+            for d, x in _each(_views(mem, instr.dst, instr.src), instr.dst.shape):
+                d[...] = x
+        else:
+            mem.write(instr.dst, mem.view(instr.src).reshape(instr.dst.partitions, -1))
     elif t is Select:
-        pred = mem.read(instr.pred)
-        mem.write(instr.dst, np.where(pred != 0, mem.read(instr.on_true), _scalar(mem, instr.on_false, scalars)))
+        if _same_f32(instr.on_true) and instr.pred.shape == instr.on_true.shape == instr.dst.shape and (
+                not isinstance(instr.on_false, AP) or _same_f32(instr.on_true, instr.on_false)):
+            on_false = (mem.view(instr.on_false) if isinstance(instr.on_false, AP)
+                        else _scalar_nd(mem, instr.on_false, scalars, len(instr.dst.dims)))
+            views = _views(mem, instr.dst, instr.pred, instr.on_true) + [on_false]
+            for d, p, yes, no in _each(views, instr.dst.shape):
+                _put(d, instr.dst, np.where(p != 0, yes, no))
+        else:
+            mem.write(instr.dst, np.where(mem.read(instr.pred) != 0, mem.read(instr.on_true),
+                                          _scalar(mem, instr.on_false, scalars)))
     elif t is Iota:
         shape = instr.dst.shape
         p = np.arange(shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
@@ -208,7 +386,9 @@ def run_numerics(program, inputs: dict[str, np.ndarray], scalars: dict | None = 
     With ``copy_inputs=False`` inputs are used in place (stores into an input
     buffer land in the caller's array, if its dtype and layout allow).
     """
-    mem = _Memory(program.buffers)
+    overwritten = _overwritten_first(program)
+    backing = _slot_backing(program, overwritten)
+    mem = _Memory(program.buffers, overwritten, backing)
     scalars = scalars or {}
     for name in program.inputs:
         if name not in inputs:
@@ -228,17 +408,20 @@ def run_numerics(program, inputs: dict[str, np.ndarray], scalars: dict | None = 
         if name not in scalars:
             raise ProgramError(f"program {program.name!r} needs runtime scalar {name!r}; pass scalars={{...}}")
     hooks = hooks or {}
-    for i, instr in enumerate(program.instructions):
-        try:
-            _exec(mem, instr, scalars)
-        except ProgramError:
-            raise
-        except Exception as e:
-            raise ProgramError(
-                f"numerics of instruction #{i} ({instr.KIND}, from {program.prov_of(i).describe()}) "
-                f"failed: {type(e).__name__}: {e}"
-            ) from e
-        hook = hooks.get(i)
-        if hook is not None:
-            hook(mem.read)
-    return {name: mem.flat(name).reshape(program.buffers[name].shape) for name in program.outputs}
+    with np.errstate(all="ignore"):  # NaN/inf propagate as on the device
+        for i, instr in enumerate(program.instructions):
+            try:
+                _exec(mem, instr, scalars)
+            except ProgramError:
+                raise
+            except Exception as e:
+                raise ProgramError(
+                    f"numerics of instruction #{i} ({instr.KIND}, from {program.prov_of(i).describe()}) "
+                    f"failed: {type(e).__name__}: {e}"
+                ) from e
+            hook = hooks.get(i)
+            if hook is not None:
+                hook(mem.read)
+    outputs = {name: mem.flat(name).reshape(program.buffers[name].shape) for name in program.outputs}
+    _release(program, backing)
+    return outputs
