@@ -1,0 +1,91 @@
+"""Putting modeled device time into torch's own tables.
+
+torch's CPU-only build cannot record PrivateUse1 kernels by itself. After torch
+has parsed its events, each ``tilescope::exec#<flow>`` marker (recorded inside
+the op that launched an execution) is replaced by:
+
+* a kernel on its parent op (``FunctionEvent.append_kernel``), which fills the
+  ``Self SIM`` / ``SIM total`` columns of ``key_averages()``, and
+* a PrivateUse1 ``FunctionEvent`` on the device timeline, which torch counts in the
+  table's totals footer, as it does CUDA kernels.
+
+Executions still running on the device when the trace is exported are left out
+(as a real device's unfinished kernels are) and counted as pending.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.autograd.profiler_util import DeviceType, FunctionEvent
+
+from ._capture import MARKER
+
+__all__ = ["Matched", "correlate"]
+
+
+@dataclass
+class Matched:
+    """One execution found in the trace: its record, marker time and launching op."""
+
+    rec: object
+    real_ns: int  # wall-clock time of the launch (time.time_ns)
+    marker_us: float  # marker time on torch's clock (us from the trace start)
+    thread: int
+    parent: FunctionEvent | None
+
+
+def device_event_name(rec) -> str:
+    return f"{'memcpy' if rec.kind == 'memcpy' else 'exec_running'} {rec.op}"
+
+
+def correlate(prof, capture, now_ns: float, *, into_tables: bool) -> tuple[list[Matched], int]:
+    """Match markers to executions; with ``into_tables`` rewrite torch's events.
+
+    Returns the matched executions (launch order) and how many were still pending.
+    """
+    events = prof.profiler.function_events
+    use_device = prof.profiler.use_device
+    matched: list[Matched] = []
+    pending = 0
+    markers = []
+    for evt in events:
+        if evt.name.startswith(MARKER):
+            markers.append(evt)
+    next_id = max((e.id for e in events), default=0) + 1
+    device_events = []
+    for m in markers:
+        try:
+            flow = int(m.name[len(MARKER):])
+        except ValueError:
+            continue
+        entry = capture.get(flow)
+        if entry is None:
+            continue
+        rec, real_ns = entry
+        if rec.device_end_ns > now_ns:
+            pending += 1
+            continue
+        parent = m.cpu_parent
+        matched.append(Matched(rec, real_ns, m.time_range.start, m.thread, parent))
+        if into_tables:
+            dur_us = (rec.device_end_ns - rec.device_start_ns) / 1000.0
+            name = device_event_name(rec)
+            if parent is not None:
+                parent.append_kernel(name, DeviceType.PrivateUse1, dur_us)
+            start = m.time_range.start + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
+            dev = FunctionEvent(
+                id=next_id, name=name, thread=rec.stream, start_us=start, end_us=start + dur_us,
+                device_type=DeviceType.PrivateUse1, device_index=rec.core, use_device=use_device,
+                is_legacy=False, stack=[], input_shapes=[], trace_name=name,
+            )
+            next_id += 1
+            device_events.append(dev)
+    # markers are bookkeeping, not ops: take them out of the event list and the tree
+    marker_ids = {id(m) for m in markers}
+    for m in markers:
+        if m.cpu_parent is not None:
+            m.cpu_parent.cpu_children = [c for c in m.cpu_parent.cpu_children if id(c) not in marker_ids]
+    events[:] = [e for e in events if id(e) not in marker_ids] + (device_events if into_tables else [])
+    matched.sort(key=lambda x: x.rec.flow_id)
+    return matched, pending

@@ -1,0 +1,275 @@
+"""``Profiler(config).export_trace``: from a finished torch profile to a profile directory.
+
+It correlates device time into torch's tables, then writes (docs/profile-format.md):
+torch's own framework trace (``trace.json``), the system trace with framework /
+runtime / hardware lanes linked by flows, and -- in DEVICE mode -- one executable
+plus instruction traces per Program that ran, all through the atomic writer.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from ._capture import capture
+from ._config import ProfileConfig, ProfileMode
+from ._correlate import correlate, device_event_name
+from ._format import ProfileWriter
+
+__all__ = ["Profiler"]
+
+_FRAMEWORK, _RUNTIME, _HARDWARE, _HOST = 1, 2, 3, 4
+
+
+class Profiler:
+    """Writes one profile directory per finished trace; pass ``export_trace`` as ``on_trace_ready``.
+
+    ``path`` is the directory written last (``paths`` every one).
+    """
+
+    def __init__(self, config: ProfileConfig | None = None):
+        self.config = config or ProfileConfig()
+        self.paths: list[Path] = []
+        self._sampler = _HostSampler() if (self.config.has(ProfileMode.HOST_CPU)
+                                           or self.config.has(ProfileMode.HOST_MEMORY)) else None
+        if self._device_in_use():
+            capture.install()
+
+    @staticmethod
+    def _device_in_use() -> bool:
+        return os.environ.get("TILESCOPE_PROFILE_DEVICE", "sim") != "none"
+
+    @property
+    def path(self) -> Path | None:
+        return self.paths[-1] if self.paths else None
+
+    def export_trace(self, prof) -> Path:
+        """The ``on_trace_ready`` callback."""
+        cfg = self.config
+        activities = sorted(a.name for a in getattr(prof, "activities", ()))
+        registered = _sim_registered()
+        now = _runtime_now() if registered else float("inf")
+        matched, pending = correlate(prof, capture, now, into_tables=cfg.correlate_device_time)
+        device = _device_info(sim=bool(matched) or (registered and "PrivateUse1" in activities))
+        device["activities"] = activities
+        matched = [m for m in matched if cfg.captures(m.rec.core)]
+        trace_start_ns = prof.profiler.kineto_results.trace_start_ns()
+        with ProfileWriter(cfg.output_dir, device=device, config=cfg.to_dict()) as w:
+            with tempfile.TemporaryDirectory() as tmp:
+                fw = Path(tmp) / "trace.json"
+                prof.export_chrome_trace(str(fw))
+                w.add_file("trace.json", fw)
+            events = _system_trace(prof, matched, trace_start_ns, cfg, self._sampler)
+            w.write_json("system_trace.json", {
+                "traceEvents": events, "displayTimeUnit": "ns",
+                "metadata": {"tilescope": {"modeled_device": device["kind"] == "sim", "clock": device.get("clock")}},
+            })
+            dropped = {}
+            if cfg.has(ProfileMode.DEVICE):
+                dropped = _write_device_traces(w, matched, cfg)
+            w.stats = {
+                "events": len(events), "executions": len(matched), "pending_executions": pending,
+                "dropped_events": dropped, "record_buffer_drops": capture.dropped,
+            }
+        capture.forget(m.rec.flow_id for m in matched)
+        self.paths.append(w.path)
+        return w.path
+
+
+def _runtime_now() -> float:
+    from ..device import _runtime
+
+    return _runtime.now_ns()
+
+
+def _sim_registered() -> bool:
+    from ..device._registration import is_registered
+
+    return is_registered()
+
+
+def _device_info(sim: bool) -> dict:
+    """Which device the profiled code ran on: the simulator, a GPU, or the CPU alone."""
+    if not sim:
+        if torch.cuda.is_available():
+            return {"kind": "cuda", "name": torch.cuda.get_device_name(0),
+                    "measured_on": torch.cuda.get_device_name(0)}
+        import platform
+
+        return {"kind": "cpu", "name": "cpu", "measured_on": platform.processor() or platform.machine()}
+    from ..device import settings
+    from ..device._registration import device_name
+
+    s = settings()
+    return {"kind": "sim", "name": device_name(), "preset": s.preset.name,
+            "preset_fingerprint": s.preset.fingerprint, "clock": s.clock, "numerics": s.numerics,
+            "assumed": {"runtime_exec_us": s.preset.runtime_exec_us, "host_dispatch_us": s.preset.host_dispatch_us}}
+
+
+def _meta(pid: int, name: str, tid: int | None = None, tname: str | None = None) -> list[dict]:
+    out = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}}]
+    if tid is not None:
+        out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": tname}})
+    return out
+
+
+def _system_trace(prof, matched, trace_start_ns: int, cfg: ProfileConfig, sampler) -> list[dict]:
+    inst = socket.gethostname().split(".")[0] or "host"
+    pid = os.getpid()
+    events: list[dict] = []
+    threads = {}
+    for evt in prof.profiler.function_events:
+        if evt.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        tid = threads.setdefault(evt.thread, len(threads))
+        args = {"External id": evt.id}
+        if evt.input_shapes:
+            args["Input Dims"] = evt.input_shapes
+        events.append({
+            "ph": "X", "cat": "user_annotation" if evt.is_user_annotation else "cpu_op", "name": evt.name,
+            "pid": _FRAMEWORK, "tid": tid, "ts": round(evt.time_range.start, 3),
+            "dur": round(evt.time_range.elapsed_us(), 3), "args": args,
+        })
+    events[:0] = _meta(_FRAMEWORK, f"{inst}/{pid}/framework")
+    for thread, tid in threads.items():
+        events.append({"ph": "M", "name": "thread_name", "pid": _FRAMEWORK, "tid": tid, "args": {"name": f"TID:{tid}"}})
+
+    if cfg.has(ProfileMode.RUNTIME) and matched:
+        events += _meta(_RUNTIME, f"{inst}/{pid}/runtime")
+        events += _meta(_HARDWARE, f"{inst}/{pid}/hardware")
+        cores = sorted({m.rec.core for m in matched})
+        for c in cores:
+            events.append({"ph": "M", "name": "thread_name", "pid": _RUNTIME, "tid": c, "args": {"name": f"NC:{c}"}})
+            events.append({"ph": "M", "name": "thread_name", "pid": _HARDWARE, "tid": c, "args": {"name": f"NC{c}:0"}})
+        hw_end: dict[int, float] = {}
+        for m in matched:
+            rec = m.rec
+            t_launch = m.marker_us
+            rt_dur = (rec.queued_ns - rec.host_submit_ns) / 1000.0
+            hw_ts = t_launch + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
+            hw_ts = max(hw_ts, hw_end.get(rec.core, hw_ts), t_launch + rt_dur)
+            hw_dur = (rec.device_end_ns - rec.device_start_ns) / 1000.0
+            hw_end[rec.core] = hw_ts + hw_dur
+            common = {"flow_id": rec.flow_id, "program_hash": rec.program_hash, "op": rec.op, "core": rec.core}
+            fw_tid = threads.get(m.thread, 0)
+            fw_ts = t_launch
+            if m.parent is not None:
+                fw_ts = m.parent.time_range.start
+            events.append({"ph": "X", "cat": "runtime", "name": f"execute {rec.op}", "pid": _RUNTIME,
+                           "tid": rec.core, "ts": round(t_launch, 3), "dur": round(rt_dur, 3),
+                           "args": {**common, "lowering": rec.lowering, "assumed_runtime_us": rt_dur}})
+            hw_args = {**common, "modeled": True, "lowering": rec.lowering,
+                       "instructions": len(rec.program) if rec.program is not None else 0}
+            if rec.kind == "memcpy":
+                hw_args.update(bytes=rec.nbytes, direction=rec.direction)
+            events.append({"ph": "X", "cat": "memcpy" if rec.kind == "memcpy" else "hardware",
+                           "name": device_event_name(rec), "pid": _HARDWARE, "tid": rec.core,
+                           "ts": round(hw_ts, 3), "dur": round(hw_dur, 3), "args": hw_args})
+            flow = {"cat": "tilescope.flow", "name": "launch", "id": rec.flow_id}
+            events.append({**flow, "ph": "s", "pid": _FRAMEWORK, "tid": fw_tid, "ts": round(max(fw_ts, t_launch - 1e-3), 3)})
+            events.append({**flow, "ph": "t", "pid": _RUNTIME, "tid": rec.core, "ts": round(t_launch, 3)})
+            events.append({**flow, "ph": "f", "bp": "e", "pid": _HARDWARE, "tid": rec.core, "ts": round(hw_ts, 3)})
+    if sampler is not None:
+        events += sampler.events(trace_start_ns, cfg)
+    return events
+
+
+def _write_device_traces(w: ProfileWriter, matched, cfg: ProfileConfig) -> dict:
+    """Executables and instruction traces; keeps at most ``max_events_per_core`` rows per core,
+    dropping the oldest runs first (a ring buffer), and returns the drops per core."""
+    from ..sim import simulate
+
+    runs: dict[str, int] = {}
+    chosen = []
+    for m in matched:
+        prog = m.rec.program
+        if prog is None:
+            continue
+        run = runs.get(prog.hash, 0)
+        runs[prog.hash] = run + 1
+        if cfg.device_profile == "first" and run > 0:
+            continue
+        chosen.append((m, run))
+    per_core: dict[int, int] = {}
+    dropped: dict[str, int] = {}
+    keep = []
+    for m, run in reversed(chosen):  # newest first: the ring buffer keeps the latest events
+        rows = len(m.rec.program)
+        core = m.rec.core
+        if per_core.get(core, 0) + rows > cfg.max_events_per_core:
+            dropped[str(core)] = dropped.get(str(core), 0) + rows
+            continue
+        per_core[core] = per_core.get(core, 0) + rows
+        keep.append((m, run))
+    for m, run in reversed(keep):
+        rec = m.rec
+        result = simulate(rec.program)
+        w.add_itrace(rec.program, result, run, execution={
+            "flow_id": rec.flow_id, "core": rec.core, "op": rec.op, "lowering": rec.lowering,
+            "start_us": round(m.marker_us + (rec.device_start_ns - rec.host_submit_ns) / 1000.0, 3),
+        })
+        if cfg.executable_cache_dir:
+            _cache_executable(cfg.executable_cache_dir, rec.program)
+    for m in matched:  # every Program that ran has its executable, traced or not
+        if m.rec.program is not None:
+            w.add_executable(m.rec.program)
+    return dropped
+
+
+def _cache_executable(directory: str, program) -> None:
+    path = Path(directory) / f"exec_{program.hash}.json"
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(program.dumps())
+    os.replace(tmp, path)
+
+
+class _HostSampler:
+    """Samples host CPU utilisation and resident memory every 10 ms, on a daemon thread."""
+
+    def __init__(self, interval_s: float = 0.01):
+        self.samples: list[tuple[int, float, int]] = []
+        self._interval = interval_s
+        self._thread = threading.Thread(target=self._run, name="tilescope-host-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        last_wall, last_cpu = time.time_ns(), time.process_time_ns()
+        while True:
+            time.sleep(self._interval)
+            wall, cpu = time.time_ns(), time.process_time_ns()
+            util = (cpu - last_cpu) / max(1, wall - last_wall)
+            rss = 0
+            try:
+                with open("/proc/self/statm") as f:
+                    rss = int(f.read().split()[1]) * page
+            except OSError:
+                pass
+            self.samples.append((wall, util, rss))
+            if len(self.samples) > 100_000:
+                del self.samples[:50_000]
+            last_wall, last_cpu = wall, cpu
+
+    def events(self, trace_start_ns: int, cfg: ProfileConfig) -> list[dict]:
+        out = _meta(_HOST, f"{socket.gethostname().split('.')[0]}/{os.getpid()}/host")
+        for wall, util, rss in list(self.samples):
+            ts = (wall - trace_start_ns) / 1000.0
+            if ts < 0:
+                continue
+            if cfg.has(ProfileMode.HOST_CPU):
+                out.append({"ph": "C", "name": "host CPU", "pid": _HOST, "tid": 0, "ts": round(ts, 3),
+                            "args": {"cpu_util": round(util, 4)}})
+            if cfg.has(ProfileMode.HOST_MEMORY):
+                out.append({"ph": "C", "name": "host memory", "pid": _HOST, "tid": 0, "ts": round(ts, 3),
+                            "args": {"rss_bytes": rss}})
+        return out

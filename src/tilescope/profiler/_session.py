@@ -1,0 +1,75 @@
+"""``tilescope.profile(...)``: the short way to profile a block of code.
+
+>>> import torch, tilescope                                       # doctest: +SKIP
+>>> with tilescope.profile("profile_out") as prof:                # doctest: +SKIP
+...     y = model(x)
+>>> print(prof.key_averages().table(sort_by="self_device_time_total"))  # doctest: +SKIP
+>>> prof.profile_dir                                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.profiler import ProfilerActivity
+
+from ._config import ProfileConfig
+from ._export import Profiler
+
+__all__ = ["profile"]
+
+
+@contextlib.contextmanager
+def profile(output_dir="profile_out", *, device: str | None = None, config: ProfileConfig | None = None,
+            record_shapes: bool = False, profile_memory: bool = False, with_stack: bool = False,
+            synchronize: bool = True, **config_kwargs):
+    """Profile the enclosed block into ``output_dir``.
+
+    ``device`` is ``"sim"``, ``"cuda"`` or ``"cpu"`` (default: sim when the simulated device
+    is registered, else cuda when available, else cpu). The device is synchronised before
+    the trace is exported (``synchronize=False`` reproduces the classic mistake instead).
+    The yielded torch profile gains a ``profile_dir`` attribute once the block exits.
+    """
+    cfg = config or ProfileConfig(output_dir=output_dir, **config_kwargs)
+    device = device or _device_kind()
+    if device not in ("sim", "cuda", "cpu"):
+        raise ValueError(f"device must be 'sim', 'cuda' or 'cpu', got {device!r}")
+    if device == "sim":
+        from ..device import register
+
+        register()
+    exporter = Profiler(cfg)
+    activities = [ProfilerActivity.CPU]
+    if device == "sim":
+        activities.append(ProfilerActivity.PrivateUse1)
+    elif device == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities, experimental_config=cfg, on_trace_ready=exporter.export_trace,
+                                record_shapes=record_shapes, profile_memory=profile_memory,
+                                with_stack=with_stack) as prof:
+        try:
+            yield prof
+        finally:
+            if synchronize:
+                _synchronize(device)
+    prof.profile_dir = exporter.path
+
+
+def _device_kind() -> str:
+    from ..device._registration import is_registered
+
+    if is_registered():
+        return "sim"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def _synchronize(device: str) -> None:
+    if device == "sim":
+        from ..device import _runtime
+
+        _runtime.synchronize()
+    elif device == "cuda":
+        torch.cuda.synchronize()
