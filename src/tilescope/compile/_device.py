@@ -1,0 +1,62 @@
+"""A fused Program as one device execution of the simulated device.
+
+The host allocates the outputs, submits one execution (modeled time from the
+simulator) and queues the numerics -- the fused FX nodes run with CPU torch on
+zero-copy views of device memory -- for the device worker, like any eager op.
+Inside a profile the execution sits under a ``tilescope::fused[...]`` range that
+names the FX nodes it fused.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..sim import simulate
+from ._plan import node_shape
+from ._run import interpret_nodes
+
+__all__ = ["run_program_step"]
+
+_TORCH_DTYPE = {}
+
+
+def _native():
+    from ..device._native import load
+
+    return load()
+
+
+def _contiguous(t):
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _work(nodes, in_nodes, in_views, out_nodes, out_views):
+    env = dict(zip(in_nodes, in_views))
+    interpret_nodes(nodes, env)
+    for node, view in zip(out_nodes, out_views):
+        view.copy_(env[node])
+
+
+def run_program_step(step, inputs, env, compiled) -> None:
+    from ..device import _runtime
+
+    rt = _native()
+    inputs = [_contiguous(t) if isinstance(t, torch.Tensor) else t for t in inputs]
+    core = next(t.device.index for t in inputs if isinstance(t, torch.Tensor))
+    outputs = []
+    for node in step.outputs:
+        val = node.meta.get("val")
+        shape = list(node_shape(node))
+        stride = list(torch.empty(shape, device="meta").stride()) if shape else []
+        outputs.append(rt.empty(shape, stride, val.dtype, core))
+    in_views = [rt.cpu_view(t) if isinstance(t, torch.Tensor) else t for t in inputs]
+    out_views = [rt.cpu_view(t) for t in outputs]
+    program = step.program
+    result = simulate(program)
+    label = f"tilescope::fused[{', '.join(n.name for n in step.nodes)}]"
+    work = (_work, (step.nodes, step.inputs, in_views, step.outputs, out_views), {}, label)
+    with torch.profiler.record_function(label):
+        _runtime.submit(core, label, "kernel", "compiled", program, result.summary.total_ns, work,
+                        result.summary.hbm_bytes)
+    for node, out in zip(step.outputs, outputs):
+        env[node] = out
