@@ -104,22 +104,28 @@ class BenchResult:
             if self.device_us is not None:
                 row.append(f"{self.p(q):,.2f}")
             t.add_row(*row)
-        s = self.summary
-        if s is not None:
-            t.caption = escape(f"modeled: TensorE {s.mfu:.1%} of peak, HBM {s.achieved_gbps:,.0f} GB/s "
-                               f"(MBU {s.mbu:.0%}), bound by {s.bound_by}. " + " ".join(self.notes))
-        elif self.notes:
-            t.caption = escape(" ".join(self.notes))
         return t
 
+    def lines(self) -> list[str]:
+        """The notes under the table (modeled utilisation first, for the sim backend)."""
+        s = self.summary
+        out = []
+        if s is not None:
+            out.append(f"modeled: TensorE {s.mfu:.1%} of peak, HBM {s.achieved_gbps:,.0f} GB/s "
+                       f"(MBU {s.mbu:.0%}), bound by {s.bound_by}")
+        return out + list(self.notes)
+
     def __rich__(self):
-        return self.table()
+        from rich.console import Group
+        from rich.text import Text
+
+        return Group(self.table(), *(Text(line) for line in self.lines()))
 
     def __str__(self) -> str:
         from rich.console import Console
 
         console = Console(width=100, record=True, file=_Null())
-        console.print(self.table())
+        console.print(self)
         return console.export_text().rstrip()
 
 
