@@ -1,0 +1,102 @@
+"""The analysis engine on profiles written by the real profiler (torch.profiler + ProfileConfig
+on the simulated device): the documented RMSNorm loop, read back by tilescope.trace."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity
+
+import tilescope.device
+import tilescope.trace as tt
+from tilescope.profiler import ProfileConfig, Profiler
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    tilescope.device.register()
+    old = tilescope.device.settings().clock
+    tilescope.device.configure(clock="virtual")
+    old_cache = os.environ.get("TILESCOPE_CACHE_DIR")
+    os.environ["TILESCOPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    yield tmp_path_factory
+    tilescope.device.configure(clock=old)
+    if old_cache is None:
+        os.environ.pop("TILESCOPE_CACHE_DIR", None)
+    else:
+        os.environ["TILESCOPE_CACHE_DIR"] = old_cache
+
+
+def naive_rmsnorm(x, w):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def fused_rmsnorm(x, w):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+
+def _profile(out_dir, model, x, w):
+    cfg = ProfileConfig(output_dir=str(out_dir))
+    exporter = Profiler(cfg)
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+                                schedule=torch.profiler.schedule(wait=2, warmup=1, active=1),
+                                experimental_config=cfg, on_trace_ready=exporter.export_trace) as prof:
+        for _ in range(4):
+            model(x, w)
+            torch.sim.synchronize()
+            prof.step()
+    return prof, exporter.path
+
+
+@pytest.fixture(scope="module")
+def naive(sim):
+    x = torch.randn(128, 256, device="sim")
+    w = torch.randn(256, device="sim")
+    prof, path = _profile(sim.mktemp("naive"), naive_rmsnorm, x, w)
+    return prof, tt.open(str(path))
+
+
+def test_op_table_agrees_with_key_averages(naive):
+    prof, t = naive
+    assert t.kind == "tilescope" and t.modeled
+    ka = {e.key: e for e in prof.key_averages()}
+    ops = {r["name"]: r for r in t.op_table().to_pylist()}
+    for op in ("aten::mul", "aten::mean", "aten::add", "aten::rsqrt"):
+        assert ops[op]["calls"] == ka[op].count
+        assert ops[op]["device_self_ns"] > 0
+        # key_averages' Self SIM (us) is the same modeled device time, read from torch's side
+        assert ops[op]["device_self_ns"] / 1000 == pytest.approx(ka[op].self_device_time_total, rel=0.01, abs=1)
+
+
+def test_six_executions_each_with_its_whole_chain(naive):
+    _prof, t = naive
+    assert t.sql("SELECT count(*) FROM events WHERE cat = 'hardware'").fetchall()[0][0] == 6
+    eid = t.sql("SELECT eid FROM events WHERE name = 'aten::rsqrt' AND kind = 'op'").fetchall()[0][0]
+    hops = [h["hop"] for h in t.lineage(eid)]
+    assert hops[-4:] == ["op", "launch", "device", "instructions"]
+
+
+def test_replay_on_trn2_changes_device_times_only(naive):
+    _prof, t = naive
+    if t.preset_name() == "trn2":
+        pytest.skip("profile recorded on trn2 already")
+    r = t.replay("trn2")
+    same = "SELECT eid, ph, cat, name, pid, tid, program_hash FROM raw ORDER BY eid"
+    assert t.sql(same).fetchall() == r.sql(same).fetchall()
+    q = "SELECT dur_ns FROM events WHERE cat = 'hardware' ORDER BY eid"
+    assert t.sql(q).fetchall() != r.sql(q).fetchall()
+
+
+def test_fused_has_one_execution_where_naive_has_six_and_the_diff_says_so(sim, naive):
+    _prof, t_naive = naive
+    x = torch.randn(128, 256, device="sim")
+    w = torch.randn(256, device="sim")
+    _p, path = _profile(sim.mktemp("fused"), fused_rmsnorm, x, w)
+    t_fused = tt.open(str(path))
+    n = t_fused.sql("SELECT count(*) FROM events WHERE cat = 'hardware'").fetchall()[0][0]
+    if n != 1:
+        pytest.skip(f"the simulated device runs F.rms_norm as {n} executions: no fused rms_norm built-in yet")
+    d = tt.diff(t_naive, t_fused)
+    assert d.fusion and d.fusion[0].before_executions == 6 and d.fusion[0].after_executions == 1
