@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .trace._cli import register as _register_trace  # report, diff, compare, sql, replay
 
     _register_trace(sub)
+    from .explorer._cli import register as _register_explorer  # explore
+
+    _register_explorer(sub)
     return parser
 
 

@@ -1,0 +1,207 @@
+"""The opened sources of one explorer session: each a trace, its timeline index, the files
+it may serve, and a lock (one DuckDB connection per trace is used by one thread at a time).
+
+A source that cannot be loaded stays in the session with its error and the fix, so the
+page can say why instead of showing an empty timeline.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import threading
+import time
+
+__all__ = ["Session", "Source", "LoadError"]
+
+
+class LoadError(Exception):
+    """A source the explorer cannot open (the message names the path and what to do)."""
+
+
+def _fix_for(msg: str) -> str:
+    m = msg.lower()
+    if "incomplete" in m or "manifest" in m:
+        return "re-run the profile (an interrupted export never completes); `tilescope doctor PATH` says more"
+    if "no such file" in m:
+        return "check the path; tilescope explore takes profile directories, Kineto .json/.json.gz traces, " \
+               "a directory of per-rank traces, or EXEC.json+ITRACE.json"
+    if "hash" in m:
+        return "pair an instruction trace with the executable of the same exec_<hash> name"
+    if "json" in m or "format" in m:
+        return "the file is not a Chrome/Kineto trace or tilescope profile; re-export it with torch.profiler " \
+               "(prof.export_chrome_trace) or the tilescope profiler"
+    return "see the message; `tilescope report PATH` shows the same error on the command line"
+
+
+class Source:
+    """One opened path."""
+
+    def __init__(self, sid: str, path: str, source_dirs: list[str] | None = None):
+        self.id = sid
+        self.path = os.path.abspath(path) if "+" not in path or os.path.exists(path) else path
+        self.label = os.path.basename(self.path.rstrip("/")) or self.path
+        self.source_dirs = [os.path.abspath(d) for d in (source_dirs or [])]
+        self.trace = None
+        self.index = None
+        self.error: str | None = None
+        self.fix: str | None = None
+        self.lock = threading.RLock()
+        self.cache: dict = {}
+        self.doctor: list[dict] = []
+        self.load_seconds = None
+        self.files: dict[str, str] = {}  # servable: relative name -> absolute path
+        self.roots: list[str] = []  # directories whose files (and only those) may be read
+
+    # ---- loading ------------------------------------------------------------------------
+    def load(self) -> "Source":
+        from ._engine import open_source
+        from ._index import TimelineIndex
+
+        t0 = time.perf_counter()
+        try:
+            self._collect_files()
+            self.trace = open_source(self.path)
+            self.index = TimelineIndex.load_or_build(self.trace)
+        except Exception as e:  # every failure becomes a clear page, never a traceback
+            self.trace = self.index = None
+            self.error = f"{self.path}: {e}" if self.path not in str(e) else str(e)
+            self.fix = _fix_for(self.error)
+        self.load_seconds = time.perf_counter() - t0
+        if self.trace is not None and self.kind_of_path() == "profile":
+            try:
+                from ..profiler import diagnose
+
+                self.doctor = [{"code": f.code, "severity": f.severity, "message": f.message, "fix": f.fix}
+                               for f in diagnose(self.path)]
+            except Exception as e:  # the doctor is advice: its failure must not hide the profile
+                self.doctor = [{"code": "doctor-failed", "severity": "info", "message": str(e),
+                                "fix": "run `tilescope doctor PATH` to see the problem"}]
+        return self
+
+    def kind_of_path(self) -> str:
+        p = self.path
+        if "+" in p and not os.path.exists(p):
+            return "pair"
+        if os.path.isdir(p):
+            return "profile" if os.path.exists(os.path.join(p, "manifest.json")) else "ranks"
+        return "file"
+
+    def _collect_files(self) -> None:
+        """The files this source may serve: the profile's manifest list, or the trace file(s)."""
+        kind = self.kind_of_path()
+        files = {}
+        if kind == "profile":
+            self.roots = [os.path.realpath(self.path)]
+            try:
+                with open(os.path.join(self.path, "manifest.json"), encoding="utf-8") as f:
+                    man = json.load(f)
+                for e in man.get("files", []):
+                    if isinstance(e, dict) and isinstance(e.get("path"), str):
+                        files[e["path"]] = os.path.join(self.path, e["path"])
+            except (OSError, ValueError):
+                pass
+            files["manifest.json"] = os.path.join(self.path, "manifest.json")
+            for extra in glob.glob(os.path.join(self.path, "sources", "**", "*"), recursive=True):
+                if os.path.isfile(extra):
+                    files[os.path.relpath(extra, self.path)] = extra
+        elif kind == "ranks":
+            self.roots = [os.path.realpath(self.path)]
+            for f in sorted(glob.glob(os.path.join(self.path, "*.json")) + glob.glob(os.path.join(self.path, "*.json.gz"))):
+                files[os.path.basename(f)] = f
+        elif kind == "pair":
+            parts = [os.path.abspath(x) for x in self.path.split("+")]
+            self.roots = [os.path.realpath(os.path.dirname(x)) for x in parts]
+            for x in parts:
+                files[os.path.basename(x)] = x
+        else:
+            self.roots = [os.path.realpath(os.path.dirname(self.path))]
+            files[os.path.basename(self.path)] = self.path
+        # keep only regular files that really lie inside the roots (no symlink escapes)
+        self.files = {k: v for k, v in files.items() if self.allowed(v) and os.path.isfile(v)}
+
+    # ---- access rules -------------------------------------------------------------------
+    def allowed(self, path: str) -> bool:
+        """True when ``path`` resolves inside this source (the profile directory, or for a single
+        trace file: that file only; an executable named by the tables: inside the profile)."""
+        real = os.path.realpath(path)
+        kind = self.kind_of_path()
+        if kind == "file":
+            me = os.path.realpath(self.path)
+            if real == me:
+                return True
+            # an instruction trace opened alone reads its executable beside it or in ../executables/
+            if me.endswith(".itrace.json") and os.path.basename(real).startswith("exec_") and real.endswith(".json"):
+                here = os.path.dirname(me)
+                return os.path.dirname(real) in (here, os.path.join(os.path.dirname(here), "executables"))
+            return False
+        if kind == "pair":
+            return real in {os.path.realpath(x) for x in self.path.split("+")}
+        return any(real == r or real.startswith(r + os.sep) for r in self.roots)
+
+    def source_roots(self) -> list[str]:
+        """Directories that kernel source text may be read from: the profile's ``sources/`` and
+        the directories given with ``--sources``."""
+        roots = []
+        if self.kind_of_path() == "profile":
+            roots.append(os.path.join(self.path, "sources"))
+        return roots + self.source_dirs
+
+    def file_path(self, rel: str) -> str:
+        """Absolute path of a servable file by its listed name; KeyError otherwise."""
+        if rel not in self.files:
+            raise KeyError(f"{rel!r} is not a file of {self.label} (its files: {', '.join(sorted(self.files)[:8])}"
+                           f"{', ...' if len(self.files) > 8 else ''})")
+        p = self.files[rel]
+        if not self.allowed(p):
+            raise KeyError(f"{rel!r} resolves outside {self.label}")
+        return p
+
+    # ---- facts --------------------------------------------------------------------------
+    @property
+    def ok(self) -> bool:
+        return self.trace is not None
+
+    def label_text(self) -> str:
+        """What the figures are: modeled (tilescope's device) or measured (on which device)."""
+        t = self.trace
+        if t is None:
+            return ""
+        if t.modeled:
+            return f"modeled: device times come from tilescope's device model (preset {t.preset_name() or '?'})"
+        names = t.device_names()
+        return f"measured on {', '.join(names)}" if names else "measured on the host CPU (no device in the trace)"
+
+    def describe(self) -> dict:
+        d = {"id": self.id, "path": self.path, "label": self.label, "ok": self.ok, "error": self.error, "fix": self.fix,
+             "load_seconds": round(self.load_seconds or 0, 3)}
+        if self.ok:
+            d.update({"modeled": self.trace.modeled, "kind": self.trace.kind, "events": self.index.n,
+                      "what": self.label_text()})
+        return d
+
+
+class Session:
+    """All sources opened by one ``tilescope explore`` (ids ``p0``, ``p1``, ... in argument order)."""
+
+    def __init__(self, paths: list[str], *, source_dirs: list[str] | None = None, load: bool = True):
+        if not paths:
+            raise ValueError("tilescope explore needs at least one PATH (profile directory or trace)")
+        self.sources = [Source(f"p{i}", p, source_dirs) for i, p in enumerate(paths)]
+        self.started = time.time()
+        if load:
+            for s in self.sources:
+                s.load()
+
+    def get(self, sid: str) -> Source:
+        if not re.fullmatch(r"p\d{1,4}", sid or ""):
+            raise KeyError(f"no profile {sid!r}")
+        for s in self.sources:
+            if s.id == sid:
+                return s
+        raise KeyError(f"no profile {sid!r}; open ones: {', '.join(s.id for s in self.sources)}")
+
+    def describe(self) -> list[dict]:
+        return [s.describe() for s in self.sources]
