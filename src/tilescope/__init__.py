@@ -6,6 +6,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "kernel": "tilescope.lang._kernel",
     "simulate": "tilescope.lang._run",
+    "profile": "tilescope.profiler._session",
 }
 
 
@@ -22,3 +23,16 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
+
+
+def _start_profile_from_env() -> None:
+    """``TILESCOPE_PROFILE=1 python script.py``: profile the whole run, no code change."""
+    import os
+
+    if os.environ.get("TILESCOPE_PROFILE", "").strip().lower() in ("1", "true", "yes", "on"):
+        from .profiler._auto import start_from_env
+
+        start_from_env()
+
+
+_start_profile_from_env()

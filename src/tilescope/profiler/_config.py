@@ -18,7 +18,7 @@ import os
 
 from torch._C._profiler import _ExperimentalConfig
 
-__all__ = ["ProfileConfig", "ProfileMode", "parse_cores", "config_from_env"]
+__all__ = ["ProfileConfig", "ProfileMode", "parse_cores"]
 
 
 class ProfileMode(enum.Enum):
@@ -108,31 +108,3 @@ class ProfileConfig(_ExperimentalConfig):
 
     def __repr__(self) -> str:
         return "ProfileConfig(" + ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items()) + ")"
-
-
-def config_from_env(environ=os.environ) -> ProfileConfig | None:
-    """The "inspect" mode: capture with no code change, configured by environment variables.
-
-    ``TILESCOPE_INSPECT=1`` enables it; ``TILESCOPE_INSPECT_OUTPUT_DIR``,
-    ``TILESCOPE_INSPECT_CORES``, ``TILESCOPE_INSPECT_MAX_EVENTS``,
-    ``TILESCOPE_INSPECT_DEVICE_PROFILE`` (first|session) and ``TILESCOPE_INSPECT_MODES``
-    (comma-separated mode names) configure it.
-    """
-    if environ.get("TILESCOPE_INSPECT", "") not in ("1", "true", "yes"):
-        return None
-    modes = environ.get("TILESCOPE_INSPECT_MODES")
-    kwargs = {}
-    if modes:
-        try:
-            kwargs["modes"] = tuple(ProfileMode[m.strip().upper()] for m in modes.split(",") if m.strip())
-        except KeyError as e:
-            raise ValueError(
-                f"TILESCOPE_INSPECT_MODES={modes!r}: unknown mode {e.args[0]}; use "
-                + ", ".join(m.name for m in ProfileMode)) from None
-    return ProfileConfig(
-        output_dir=environ.get("TILESCOPE_INSPECT_OUTPUT_DIR", "profile_out"),
-        capture_cores=environ.get("TILESCOPE_INSPECT_CORES"),
-        max_events_per_core=int(environ.get("TILESCOPE_INSPECT_MAX_EVENTS", 1_000_000)),
-        device_profile=environ.get("TILESCOPE_INSPECT_DEVICE_PROFILE", "first"),
-        **kwargs,
-    )

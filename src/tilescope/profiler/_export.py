@@ -8,6 +8,7 @@ plus instruction traces per Program that ran, all through the atomic writer.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -65,7 +66,7 @@ class Profiler:
             with tempfile.TemporaryDirectory() as tmp:
                 fw = Path(tmp) / "trace.json"
                 prof.export_chrome_trace(str(fw))
-                w.add_file("trace.json", fw)
+                w.write_bytes("trace.json", _framework_trace_with_device(fw, prof, matched))
             events = _system_trace(prof, matched, trace_start_ns, cfg, self._sampler)
             w.write_json("system_trace.json", {
                 "traceEvents": events, "displayTimeUnit": "ns",
@@ -80,7 +81,17 @@ class Profiler:
             }
         capture.forget(m.rec.flow_id for m in matched)
         self.paths.append(w.path)
+        _report_findings(w.path)
         return w.path
+
+
+def _report_findings(path: Path) -> None:
+    """The doctor runs at export too: one line per finding on stderr."""
+    from ._doctor import diagnose
+
+    for f in diagnose(path):
+        if f.severity != "info":
+            print(f"tilescope doctor: [{f.severity}] {f.code}: {f.message} (fix: {f.fix})", file=sys.stderr)
 
 
 def _runtime_now() -> float:
@@ -120,11 +131,14 @@ def _meta(pid: int, name: str, tid: int | None = None, tname: str | None = None)
     return out
 
 
-def _system_trace(prof, matched, trace_start_ns: int, cfg: ProfileConfig, sampler) -> list[dict]:
-    inst = socket.gethostname().split(".")[0] or "host"
-    pid = os.getpid()
+def _lane_prefix() -> str:
+    return f"{socket.gethostname().split('.')[0] or 'host'}/pid:{os.getpid()}"
+
+
+def _framework_events(prof) -> tuple[list[dict], dict]:
+    """Every CPU event of torch's trace on the framework lanes; returns the thread -> tid map."""
     events: list[dict] = []
-    threads = {}
+    threads: dict[int, int] = {}
     for evt in prof.profiler.function_events:
         if evt.device_type != torch.autograd.DeviceType.CPU:
             continue
@@ -132,53 +146,101 @@ def _system_trace(prof, matched, trace_start_ns: int, cfg: ProfileConfig, sample
         args = {"External id": evt.id}
         if evt.input_shapes:
             args["Input Dims"] = evt.input_shapes
+        if evt.stack:
+            args["Call stack"] = ";".join(evt.stack)
         events.append({
             "ph": "X", "cat": "user_annotation" if evt.is_user_annotation else "cpu_op", "name": evt.name,
             "pid": _FRAMEWORK, "tid": tid, "ts": round(evt.time_range.start, 3),
             "dur": round(evt.time_range.elapsed_us(), 3), "args": args,
         })
-    events[:0] = _meta(_FRAMEWORK, f"{inst}/{pid}/framework")
+    meta = _meta(_FRAMEWORK, f"{_lane_prefix()}/framework")
     for thread, tid in threads.items():
-        events.append({"ph": "M", "name": "thread_name", "pid": _FRAMEWORK, "tid": tid, "args": {"name": f"TID:{tid}"}})
+        meta.append({"ph": "M", "name": "thread_name", "pid": _FRAMEWORK, "tid": tid, "args": {"name": f"tid:{tid}"}})
+    return meta + events, threads
 
-    if cfg.has(ProfileMode.RUNTIME) and matched:
-        events += _meta(_RUNTIME, f"{inst}/{pid}/runtime")
-        events += _meta(_HARDWARE, f"{inst}/{pid}/hardware")
-        cores = sorted({m.rec.core for m in matched})
-        for c in cores:
-            events.append({"ph": "M", "name": "thread_name", "pid": _RUNTIME, "tid": c, "args": {"name": f"NC:{c}"}})
-            events.append({"ph": "M", "name": "thread_name", "pid": _HARDWARE, "tid": c, "args": {"name": f"NC{c}:0"}})
-        hw_end: dict[int, float] = {}
-        for m in matched:
-            rec = m.rec
-            t_launch = m.marker_us
-            rt_dur = (rec.queued_ns - rec.host_submit_ns) / 1000.0
-            hw_ts = t_launch + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
-            hw_ts = max(hw_ts, hw_end.get(rec.core, hw_ts), t_launch + rt_dur)
-            hw_dur = (rec.device_end_ns - rec.device_start_ns) / 1000.0
-            hw_end[rec.core] = hw_ts + hw_dur
-            common = {"flow_id": rec.flow_id, "program_hash": rec.program_hash, "op": rec.op, "core": rec.core}
-            fw_tid = threads.get(m.thread, 0)
-            fw_ts = t_launch
-            if m.parent is not None:
-                fw_ts = m.parent.time_range.start
-            events.append({"ph": "X", "cat": "runtime", "name": f"execute {rec.op}", "pid": _RUNTIME,
-                           "tid": rec.core, "ts": round(t_launch, 3), "dur": round(rt_dur, 3),
-                           "args": {**common, "lowering": rec.lowering, "assumed_runtime_us": rt_dur}})
-            hw_args = {**common, "modeled": True, "lowering": rec.lowering,
-                       "instructions": len(rec.program) if rec.program is not None else 0}
-            if rec.kind == "memcpy":
-                hw_args.update(bytes=rec.nbytes, direction=rec.direction)
-            events.append({"ph": "X", "cat": "memcpy" if rec.kind == "memcpy" else "hardware",
-                           "name": device_event_name(rec), "pid": _HARDWARE, "tid": rec.core,
-                           "ts": round(hw_ts, 3), "dur": round(hw_dur, 3), "args": hw_args})
-            flow = {"cat": "tilescope.flow", "name": "launch", "id": rec.flow_id}
-            events.append({**flow, "ph": "s", "pid": _FRAMEWORK, "tid": fw_tid, "ts": round(max(fw_ts, t_launch - 1e-3), 3)})
-            events.append({**flow, "ph": "t", "pid": _RUNTIME, "tid": rec.core, "ts": round(t_launch, 3)})
-            events.append({**flow, "ph": "f", "bp": "e", "pid": _HARDWARE, "tid": rec.core, "ts": round(hw_ts, 3)})
-    if sampler is not None:
-        events += sampler.events(trace_start_ns, cfg)
+
+def _device_events(matched, threads: dict, *, shift: float = 0.0, fw_pid=_FRAMEWORK, fw_tid=None) -> list[dict]:
+    """Runtime and hardware lanes and the flows linking each execution to its framework op.
+
+    An execution's runtime ``execute`` event starts at its launch marker; its hardware
+    ``exec_running`` event starts ``device_start - host_submit`` later (the modeled queue and
+    runtime cost), never before the previous execution on that core ends; durations are the
+    modeled ones, unchanged. ``shift`` moves everything onto another trace's clock.
+    """
+    if not matched:
+        return []
+    prefix = _lane_prefix()
+    events = _meta(_RUNTIME, f"{prefix}/runtime") + _meta(_HARDWARE, f"{prefix}/hardware")
+    for c in sorted({m.rec.core for m in matched}):
+        events.append({"ph": "M", "name": "thread_name", "pid": _RUNTIME, "tid": c, "args": {"name": f"core:{c}"}})
+        events.append({"ph": "M", "name": "thread_name", "pid": _HARDWARE, "tid": c, "args": {"name": f"core:{c}"}})
+    hw_end: dict[int, float] = {}
+    r = lambda v: round(v + shift, 3)  # noqa: E731
+    for m in matched:
+        rec = m.rec
+        t_launch = m.marker_us
+        rt_dur = (rec.queued_ns - rec.host_submit_ns) / 1000.0
+        hw_ts = t_launch + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
+        hw_ts = max(hw_ts, hw_end.get(rec.core, hw_ts), t_launch + rt_dur)
+        hw_dur = (rec.device_end_ns - rec.device_start_ns) / 1000.0
+        hw_end[rec.core] = hw_ts + hw_dur
+        common = {"flow_id": rec.flow_id, "program_hash": rec.program_hash, "op": rec.op, "core": rec.core,
+                  "lowering": rec.lowering}
+        events.append({"ph": "X", "cat": "runtime", "name": f"execute {rec.op}", "pid": _RUNTIME, "tid": rec.core,
+                       "ts": r(t_launch), "dur": round(rt_dur, 3),
+                       "args": {**common, "queued_us": round(rt_dur, 3), "assumed_runtime_cost": True}})
+        hw_args = {**common, "modeled": True, "instructions": len(rec.program) if rec.program is not None else 0}
+        if rec.kind == "memcpy":
+            hw_args.update(bytes=rec.nbytes, direction=rec.direction)
+        events.append({"ph": "X", "cat": "memcpy" if rec.kind == "memcpy" else "hardware",
+                       "name": device_event_name(rec), "pid": _HARDWARE, "tid": rec.core,
+                       "ts": r(hw_ts), "dur": round(hw_dur, 3), "args": hw_args})
+        fw_ts = m.parent.time_range.start if m.parent is not None else t_launch
+        flow = {"cat": "tilescope.flow", "name": "launch", "id": rec.flow_id}
+        tid = threads.get(m.thread, 0) if fw_tid is None else fw_tid(m)
+        events.append({**flow, "ph": "s", "pid": fw_pid, "tid": tid, "ts": r(max(fw_ts, t_launch - 1e-3))})
+        events.append({**flow, "ph": "t", "pid": _RUNTIME, "tid": rec.core, "ts": r(t_launch)})
+        events.append({**flow, "ph": "f", "bp": "e", "pid": _HARDWARE, "tid": rec.core, "ts": r(hw_ts)})
     return events
+
+
+def _system_trace(prof, matched, trace_start_ns: int, cfg: ProfileConfig, sampler) -> list[dict]:
+    events, threads = _framework_events(prof)
+    if cfg.has(ProfileMode.RUNTIME):
+        events += _device_events(matched, threads)
+    if sampler is not None:
+        end_us = max((e["ts"] + e.get("dur", 0) for e in events if e.get("ph") == "X"), default=0.0)
+        events += sampler.events(trace_start_ns, cfg, end_us)
+    return events
+
+
+def _framework_trace_with_device(path: Path, prof, matched) -> bytes:
+    """torch's own Chrome trace with the device executions (and their flows) added."""
+    doc = json.loads(path.read_bytes())
+    events = doc.get("traceEvents", [])
+    if not matched:
+        return path.read_bytes()
+    by_ext = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op":
+            ext = e.get("args", {}).get("External id")
+            if ext is not None:
+                by_ext.setdefault(ext, e)
+    shift = None
+    fw_lane = {}
+    for evt in prof.profiler.function_events:
+        e = by_ext.get(evt.id)
+        if e is not None and e.get("name") == evt.name:
+            if shift is None:
+                shift = e["ts"] - evt.time_range.start
+            fw_lane[evt.thread] = (e["pid"], e["tid"])
+    if shift is None:
+        return path.read_bytes()
+    pid, _ = next(iter(fw_lane.values()))
+    extra = _device_events(matched, {}, shift=shift, fw_pid=pid,
+                           fw_tid=lambda m: fw_lane.get(m.thread, (pid, 0))[1])
+    doc["traceEvents"] = events + extra
+    return json.dumps(doc).encode()
 
 
 def _write_device_traces(w: ProfileWriter, matched, cfg: ProfileConfig) -> dict:
@@ -260,11 +322,11 @@ class _HostSampler:
                 del self.samples[:50_000]
             last_wall, last_cpu = wall, cpu
 
-    def events(self, trace_start_ns: int, cfg: ProfileConfig) -> list[dict]:
-        out = _meta(_HOST, f"{socket.gethostname().split('.')[0]}/{os.getpid()}/host")
+    def events(self, trace_start_ns: int, cfg: ProfileConfig, end_us: float) -> list[dict]:
+        out = _meta(_HOST, f"{_lane_prefix()}/host")
         for wall, util, rss in list(self.samples):
             ts = (wall - trace_start_ns) / 1000.0
-            if ts < 0:
+            if ts < 0 or ts > end_us:
                 continue
             if cfg.has(ProfileMode.HOST_CPU):
                 out.append({"ph": "C", "name": "host CPU", "pid": _HOST, "tid": 0, "ts": round(ts, 3),

@@ -1,0 +1,107 @@
+"""Capture with no code change: ``TILESCOPE_PROFILE=1 python script.py`` and ``tilescope profile``.
+
+Environment: ``TILESCOPE_PROFILE=1`` turns it on; ``TILESCOPE_PROFILE_DIR`` (output dir,
+default ``profile_out``), ``TILESCOPE_PROFILE_CORES`` (e.g. ``0,2-3``),
+``TILESCOPE_PROFILE_MODE`` (comma-separated ``DEVICE,RUNTIME,HOST_CPU,HOST_MEMORY``),
+``TILESCOPE_PROFILE_MAX_EVENTS`` (per-core ring buffer) and
+``TILESCOPE_PROFILE_DEVICE_PROFILE`` (``first`` or ``session``). The profile covers the whole
+run and is exported when the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import runpy
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity
+
+from ._config import ProfileConfig, ProfileMode
+from ._export import Profiler
+
+__all__ = ["config_from_env", "start_from_env", "run_script"]
+
+_active = None
+
+
+def config_from_env(environ=os.environ) -> ProfileConfig | None:
+    if environ.get("TILESCOPE_PROFILE", "").strip().lower() not in ("1", "true", "yes", "on"):
+        return None
+    kwargs = {}
+    modes = environ.get("TILESCOPE_PROFILE_MODE")
+    if modes:
+        try:
+            kwargs["modes"] = tuple(ProfileMode[m.strip().upper()] for m in modes.split(",") if m.strip())
+        except KeyError as e:
+            raise ValueError(f"TILESCOPE_PROFILE_MODE={modes!r}: unknown mode {e.args[0]}; use "
+                             + ", ".join(m.name for m in ProfileMode)) from None
+    max_events = environ.get("TILESCOPE_PROFILE_MAX_EVENTS")
+    if max_events:
+        try:
+            kwargs["max_events_per_core"] = int(max_events)
+        except ValueError:
+            raise ValueError(f"TILESCOPE_PROFILE_MAX_EVENTS={max_events!r} is not an integer") from None
+    return ProfileConfig(
+        output_dir=environ.get("TILESCOPE_PROFILE_DIR", "profile_out"),
+        capture_cores=environ.get("TILESCOPE_PROFILE_CORES"),
+        device_profile=environ.get("TILESCOPE_PROFILE_DEVICE_PROFILE", "first"),
+        **kwargs,
+    )
+
+
+def _start(cfg: ProfileConfig):
+    global _active
+    if _active is not None:
+        return _active
+    from ..device import register
+
+    register()
+    exporter = Profiler(cfg)
+    prof = torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+                                  experimental_config=cfg, on_trace_ready=exporter.export_trace)
+    prof.start()
+    _active = (prof, exporter)
+
+    def stop():
+        global _active
+        if _active is None:
+            return
+        _active = None
+        prof.stop()  # synchronises the device, then exports
+        if exporter.path is not None:
+            print(f"tilescope: profile written to {exporter.path}", file=sys.stderr)
+
+    atexit.register(stop)
+    return _active
+
+
+def start_from_env() -> bool:
+    """Start a whole-run profile if ``TILESCOPE_PROFILE`` asks for one."""
+    cfg = config_from_env()
+    if cfg is None:
+        return False
+    _start(cfg)
+    return True
+
+
+def run_script(path: str, argv: list[str], cfg: ProfileConfig) -> Profiler:
+    """Run ``path`` as ``__main__`` under a whole-run profile; returns the exporter."""
+    from ..device import register
+
+    register()
+    exporter = Profiler(cfg)
+    old_argv = sys.argv
+    sys.argv = [path] + list(argv)
+    try:
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+                                    experimental_config=cfg, on_trace_ready=exporter.export_trace):
+            try:
+                runpy.run_path(path, run_name="__main__")
+            except SystemExit as e:
+                if e.code not in (None, 0):
+                    raise
+    finally:
+        sys.argv = old_argv
+    return exporter

@@ -1,0 +1,60 @@
+"""`tilescope profile`, `tilescope doctor` and `tilescope share`."""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["register"]
+
+
+def _cmd_profile(args) -> int:
+    from ._auto import run_script
+    from ._config import ProfileConfig, ProfileMode
+
+    modes = tuple(ProfileMode[m.strip().upper()] for m in args.mode.split(",")) if args.mode else None
+    cfg = ProfileConfig(output_dir=args.out, capture_cores=args.cores, max_events_per_core=args.max_events,
+                        device_profile=args.device_profile, **({"modes": modes} if modes else {}))
+    exporter = run_script(args.script, args.args, cfg)
+    print(f"tilescope: profile written to {exporter.path}", file=sys.stderr)
+    print(f"open it with: tilescope explore {exporter.path}", file=sys.stderr)
+    return 0
+
+
+def _cmd_doctor(args) -> int:
+    from ._doctor import diagnose
+
+    findings = diagnose(args.path)
+    if not findings:
+        print(f"{args.path}: no known profiling mistakes found")
+        return 0
+    for f in findings:
+        print(f)
+    return 1 if any(f.severity == "error" for f in findings) else 0
+
+
+def _cmd_share(args) -> int:
+    from ._share import share
+
+    path = share(args.path, args.out, redact=args.redact)
+    print(f"wrote {'redacted ' if args.redact else ''}copy to {path}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("profile", help="run a Python script under the profiler (no code change)")
+    p.add_argument("--out", default="profile_out", help="output directory (default profile_out)")
+    p.add_argument("--cores", default=None, help='cores to capture, e.g. "0,2-3" (default all)')
+    p.add_argument("--mode", default=None, help="comma-separated modes: DEVICE,RUNTIME,HOST_CPU,HOST_MEMORY")
+    p.add_argument("--max-events", type=int, default=1_000_000, help="instruction events kept per core")
+    p.add_argument("--device-profile", choices=("first", "session"), default="first")
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("args", nargs="...", help="arguments for the script")
+    p.set_defaults(func=_cmd_profile)
+    d = sub.add_parser("doctor", help="check a profile directory for common profiling mistakes")
+    d.add_argument("path")
+    d.set_defaults(func=_cmd_doctor)
+    s = sub.add_parser("share", help="copy a profile, redacting host names, paths, environment and stacks")
+    s.add_argument("path")
+    s.add_argument("--out", default="profile_shared", help="output directory (default profile_shared)")
+    s.add_argument("--redact", action=__import__("argparse").BooleanOptionalAction, default=True)
+    s.set_defaults(func=_cmd_share)
