@@ -111,6 +111,7 @@ class KernelContext:
         self._prov: dict[tuple, Provenance] = {}
         self._positions: dict = {}
         self.instance = 0
+        self.index_cache: dict = {}  # tile view by index structure (see _semantic.tile_index)
 
     # ---- where we are -----------------------------------------------------
     def enter(self, frame, label: str) -> None:

@@ -855,12 +855,41 @@ def device_print(prefix: str, x, *, label: str = "device_print") -> None:
 
 # ---- indexing tiles -----------------------------------------------------------------------
 
+def _index_key(t: Tile, index):
+    """A hashable description of ``t[index]`` (None when an index part is not a plain value)."""
+    parts = [t.buffer.name, t.offset, t.dims, t.pdim]
+    for ix in index if isinstance(index, tuple) else (index,):
+        c = ix.__class__
+        if c is IndexExpr:
+            parts.append((ix.shape, ix.const, ix.terms))
+        elif c is int or c is slice or ix is Ellipsis:
+            parts.append((c.__name__, ix.start, ix.stop, ix.step) if c is slice else ix)
+        else:
+            return None
+    return tuple(parts)
+
+
 def tile_index(t: Tile, index) -> Tile:
     """A view of ``t``: block dims take integers (or slices); the partition dim stays axis 0.
 
     With ``tl.arange``/``tl.mgrid`` indices, the partition dim must be indexed by the
     expression on result axis 0 with step 1 (each partition stays in its lane).
+    Views repeat in loop nests, so they are cached per trace by the index's structure.
     """
+    ctx = current("index")
+    key = None if (t.checks or t.axis_vars) else _index_key(t, index)
+    if key is not None:
+        hit = ctx.index_cache.get(key)
+        if hit is not None:
+            offset, dims, checks, axis_vars, pdim = hit
+            return Tile(t.buffer, offset, dims, checks, axis_vars, pdim=pdim, state=t.state)
+    view = _tile_index(t, index)
+    if key is not None:
+        ctx.index_cache[key] = (view.offset, view.dims, view.checks, view.axis_vars, view.pdim)
+    return view
+
+
+def _tile_index(t: Tile, index) -> Tile:
     from ._index import normalize_index, resolve_index
 
     if t.checks or t.axis_vars:
