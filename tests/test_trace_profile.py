@@ -84,6 +84,10 @@ def test_lineage_from_framework_op_to_instructions(naive):
     assert launch["name"] == "execute aten::mul" and device["name"] == "exec_running aten::mul"
     assert launch["flow_id"] == device["flow_id"] and device["program_hash"] == ins["program_hash"]
     assert ins["modeled"] and ins["instructions"] == len(dict(programs_for("naive", "trn1"))["aten::mul"])
+    ex = naive.execution(device["eid"])
+    assert ex["modeled"] and len(ex["instructions"]["index"]) == ins["instructions"]
+    assert set(ex["engine_busy_ns"]) >= {"VectorE"} and ex["span_ns"] == pytest.approx(ins["span_ns"])
+    assert all("aten::mul" in s for s in ex["instructions"]["source"])
     # starting from the hardware event gives the same chain
     assert [h["eid"] for h in naive.lineage(device["eid"]) if "eid" in h] == [h["eid"] for h in hops if "eid" in h]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ._nesting import ensure_hierarchy
 
-__all__ = ["lineage"]
+__all__ = ["lineage", "execution"]
 
 
 def _row(trace, eid: int, hop: str) -> dict:
@@ -68,3 +68,30 @@ def lineage(trace, eid: int) -> list[dict]:
     if not out:
         out.append(_row(trace, eid, "self"))
     return out
+
+
+def execution(trace, eid: int) -> dict:
+    """The device view of one tilescope execution (a hardware event): its instructions as
+    columns, ordered by start, with per-engine busy time. All times *modeled*, in ns from the
+    execution's start; ``source`` is each instruction's provenance (aten op, FX node, kernel line)."""
+    import numpy as np
+
+    from ._trace import _arrow
+
+    row = trace.con.execute("SELECT program_hash, flow_id, name, ts_ns, dur_ns FROM events WHERE eid = ?", [eid]).fetchall()
+    if not row or row[0][0] is None:
+        raise KeyError(f"event {eid} is not a tilescope device execution (it has no program_hash)")
+    h, fid, name, ts, dur = row[0]
+    tab = _arrow(trace.con.sql(f"""
+        SELECT index, engine, kind, start_ns, end_ns, bytes, flops, source FROM instructions
+        WHERE program_hash = '{h}' AND (flow_id = {fid if fid is not None else 'NULL'} OR flow_id IS NULL)
+          AND run = (SELECT min(run) FROM instructions WHERE program_hash = '{h}'
+                     AND (flow_id = {fid if fid is not None else 'NULL'} OR flow_id IS NULL))
+        ORDER BY start_ns, index"""))
+    cols = {c: tab.column(c).to_numpy(zero_copy_only=False) for c in tab.column_names}
+    busy: dict[str, float] = {}
+    for e, s, t in zip(cols["engine"].tolist(), cols["start_ns"].tolist(), cols["end_ns"].tolist()):
+        busy[e] = busy.get(e, 0.0) + (t - s)
+    return {"eid": eid, "name": name, "program_hash": h, "flow_id": fid, "start_ns": ts, "dur_ns": dur,
+            "modeled": True, "instructions": cols, "engine_busy_ns": busy,
+            "span_ns": float(np.max(cols["end_ns"])) if len(tab) else 0.0}

@@ -320,6 +320,11 @@ class Trace:
 
         return lineage(self, eid)
 
+    def execution(self, eid: int) -> dict:
+        from ._lineage import execution
+
+        return execution(self, eid)
+
     def roofline(self, **kw):
         from ._roofline import roofline
 
