@@ -90,7 +90,8 @@ class ProfileWriter:
     """
 
     def __init__(self, output_dir, *, device: dict | None = None, config: dict | None = None,
-                 instance: str | None = None, pid: int | None = None, timestamp: str | None = None):
+                 instance: str | None = None, pid: int | None = None, timestamp: str | None = None,
+                 redacted: bool = False):
         now = _dt.datetime.now(_dt.timezone.utc)
         self.created = now.isoformat().replace("+00:00", "Z")
         stamp = timestamp or now.strftime("%Y%m%d_%H%M%S_%f")
@@ -105,6 +106,7 @@ class ProfileWriter:
         self.device = dict(device or {})
         self.config = dict(config or {})
         self.stats: dict = {}
+        self.redacted = redacted
         self._files: dict[str, tuple[int, str]] = {}
         self._executables: set[str] = set()
         self._finished = False
@@ -150,12 +152,16 @@ class ProfileWriter:
 
     # ---- completion -------------------------------------------------------
     def manifest(self) -> dict:
+        versions = _versions()
+        if self.redacted:  # keep the software versions, drop what describes the machine
+            versions = {k: v for k, v in versions.items() if k not in ("platform", "python")}
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "complete": True,
             "created": self.created,
-            **_versions(),
+            **({"redacted": True} if self.redacted else {}),
+            **versions,
             "device": self.device,
             "config": self.config,
             "stats": self.stats,

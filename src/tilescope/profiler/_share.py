@@ -76,7 +76,7 @@ def share(src, out_dir, *, redact: bool = True) -> Path:
     manifest = prof.manifest
     w = ProfileWriter(out_dir, device=fn(manifest.get("device", {})), config=fn(manifest.get("config", {})),
                       instance="host" if redact else recorded_host, pid=0 if redact else None,
-                      timestamp=Path(prof.path).name)
+                      timestamp=Path(prof.path).name, redacted=redact)
     with w:
         for entry in manifest["files"]:
             rel = entry["path"]

@@ -1,0 +1,64 @@
+"""Zero-code capture, `tilescope profile`, `tilescope doctor`, `tilescope share --redact`."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+from tilescope.profiler import find_profiles, load
+
+SCRIPT = textwrap.dedent("""
+    import sys, torch, tilescope.device
+    tilescope.device.register()
+    x = torch.randn(128, 256, device="sim")
+    y = (x * 2).exp().sum(-1)
+    print("ran", y.shape[0], sys.argv[1:])
+""")
+
+
+def _run(args, env=None, cwd=None):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(args, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
+
+
+def test_env_var_capture_profiles_a_script_without_code_change(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import tilescope\n" + SCRIPT)
+    out = tmp_path / "out"
+    proc = _run([sys.executable, str(script)], env={"TILESCOPE_PROFILE": "1", "TILESCOPE_PROFILE_DIR": str(out),
+                                                   "TILESCOPE_PROFILE_MODE": "DEVICE,RUNTIME"})
+    assert proc.returncode == 0, proc.stderr
+    assert "ran 128" in proc.stdout and "profile written to" in proc.stderr
+    (prof,) = find_profiles(out)
+    p = load(prof.path)
+    assert p.manifest["stats"]["executions"] >= 3 and p.executables()
+
+
+def test_cli_profile_doctor_and_redacted_share(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    tilescope = [sys.executable, "-m", "tilescope"]
+    proc = _run(tilescope + ["profile", "--out", str(out), str(script), "a", "b"])
+    assert proc.returncode == 0, proc.stderr
+    assert "ran 128 ['a', 'b']" in proc.stdout
+    (prof,) = find_profiles(out)
+    doctor = _run(tilescope + ["doctor", str(prof.path)])
+    assert doctor.returncode == 0 and "no known profiling mistakes" in doctor.stdout
+
+    shared = _run(tilescope + ["share", str(prof.path), "--out", str(tmp_path / "shared")])
+    assert shared.returncode == 0, shared.stderr
+    (copy,) = find_profiles(tmp_path / "shared")
+    copy = load(copy.path)  # complete, checksums verified
+    assert copy.path.parent.name == "host_pid_0"
+    host = socket.gethostname().split(".")[0]
+    for f in copy.manifest["files"]:
+        text = (copy.path / f["path"]).read_text()
+        assert str(tmp_path) not in text and "Call stack" not in text
+        if len(host) > 3:
+            assert host not in text
+    for h, _, trace in copy.itraces():  # pairs renamed consistently
+        assert copy.load_itrace(trace)["program_hash"] == h
+    assert "platform" not in json.loads((copy.path / "manifest.json").read_text())
