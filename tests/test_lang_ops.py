@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tilescope
+import tilescope.errors
 import tilescope.isa as nisa
 import tilescope.lang as tl
 from tilescope.lang._context import current
@@ -544,3 +545,63 @@ def test_provenance_is_the_kernel_line():
 
     lines, start = inspect.getsourcelines(unary.fn)
     assert prov.line == start + 2
+
+
+@tilescope.kernel
+def mixed_dtypes(h, i, out_h, out_i):
+    a = tl.load(h)                          # float16
+    tl.store(out_h, tl.sigmoid(a) * 2.0)    # stays float16
+    n = tl.load(i)                          # int32
+    tl.store(out_i, n * 3 + 1)              # integer arithmetic, int32 result
+
+
+def test_float16_and_int32_tiles():
+    h = rand(128, 40).astype(np.float16)
+    i = RNG.integers(-1000, 1000, (128, 40)).astype(np.int32)
+    out_h, out_i = np.empty_like(h), np.empty_like(i)
+    tilescope.simulate(mixed_dtypes, h, i, out_h, out_i)
+    expect = (1 / (1 + np.exp(-h.astype(np.float32)))).astype(np.float16).astype(np.float32) * 2
+    np.testing.assert_allclose(out_h.astype(np.float32), expect, rtol=2e-3)
+    np.testing.assert_array_equal(out_i, i * 3 + 1)
+
+
+@tilescope.kernel
+def isa_engines(x):
+    t = tl.load(x)
+    nisa.tensor_scalar(t, np.add, 1.0, engine="scalar")
+    nisa.tensor_tensor(t, t, "maximum", engine="gpsimd")
+    nisa.tensor_copy(t, engine=nisa.engine.gpsimd)
+    nisa.tensor_reduce("add", t, axis=1)
+    tl.store(x, t)
+
+
+def test_isa_calls_run_on_the_named_engine():
+    r = tilescope.simulate(isa_engines, rand(128, 32))
+    got = [(i.KIND, i.engine) for i in r.program.instructions if i.KIND != "dma_copy"]
+    assert got == [("tensor_scalar", "act"), ("tensor_tensor", "pool"), ("tensor_copy", "pool"),
+                   ("tensor_reduce", "dve")]
+    with pytest.raises(tilescope.errors.KernelError, match="runs on vector, gpsimd; got engine='tensor'"):
+        tilescope.simulate(tilescope.kernel(lambda x: nisa.tensor_tensor(tl.load(x), tl.load(x), np.add,
+                                                                         engine="tensor")), rand(128, 4))
+
+
+def _same(t):
+    return t
+
+
+@tilescope.kernel
+def helper_returns_a_named_tile(x, out):
+    u = tl.exp(tl.load(x))
+    t = tl.ndarray(u.shape, u.dtype)
+    t[...] = _same(u)          # a call, but its value is the named tile u: copied, u stays valid
+    tl.store(out[0], t)
+    tl.store(out[1], u)
+
+
+def test_assigning_a_call_that_returns_an_existing_tile_copies():
+    x = rand(128, 16)
+    out = np.empty((2, 128, 16), np.float32)
+    r = tilescope.simulate(helper_returns_a_named_tile, x, out)
+    np.testing.assert_allclose(out[0], np.exp(x), rtol=1e-6)
+    np.testing.assert_allclose(out[1], np.exp(x), rtol=1e-6)
+    assert kinds(r)["tensor_copy"] == 1

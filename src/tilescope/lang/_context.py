@@ -112,6 +112,7 @@ class KernelContext:
         self._positions: dict = {}
         self.instance = 0
         self.index_cache: dict = {}  # tile view by index structure (see _semantic.tile_index)
+        self.last_emit = None  # (file, line) of the user's line that emitted the last instruction
 
     # ---- where we are -----------------------------------------------------
     def enter(self, frame, label: str) -> None:
@@ -181,6 +182,8 @@ class KernelContext:
 
     def _emit(self, instr) -> int:
         idx = self.b.emit(instr)
+        f = self.frame
+        self.last_emit = (f.f_code.co_filename, f.f_lineno) if f is not None else None
         if idx == self.fail_at:  # re-raise a build-time error where its tile is first used
             raise self.fail_exc.with_traceback(None)
         return idx

@@ -384,9 +384,13 @@ def tile_view(tile: Tile, index) -> Tile:
     return S.tile_index(tile, index)
 
 
-def _fresh() -> bool:
+def _fresh():
+    """The (file, first, last line) of the current statement if it assigns a fresh value, else None."""
     frame = current().frame
-    return frame is not None and frame.f_lineno in fresh_lines(frame.f_code.co_filename)
+    if frame is None:
+        return None
+    span = fresh_lines(frame.f_code.co_filename).get(frame.f_lineno)
+    return None if span is None else (frame.f_code.co_filename,) + span
 
 
 @builtin("assign")

@@ -754,12 +754,19 @@ def dma_copy(dst, src, *, mask=None, label: str = "dma_copy"):
 
 # ---- assignment ----------------------------------------------------------------------------
 
-def _retarget(ctx: KernelContext, v: Tile, target: Tile, *, accumulate: bool | None = None) -> bool:
-    """Write ``v``'s one producing instruction straight into ``target`` (see module docs)."""
+def _retarget(ctx: KernelContext, v: Tile, target: Tile, fresh, *, accumulate: bool | None = None) -> bool:
+    """Write ``v``'s one producing instruction straight into ``target`` (see module docs).
+
+    ``fresh`` is (file, first line, last line) of the assigning statement: the producer
+    must be the last instruction emitted, and emitted by that statement.
+    """
     st, ts = v.state, target.state
     b = ctx.b
-    if (st is None or ts is None or not st.temp or st.writes != 1 or st.read
+    if (not fresh or st is None or ts is None or not st.temp or st.writes != 1 or st.read
             or st.writer != b.instruction_count - 1 or not v.is_whole() or v.shape != target.shape):
+        return False
+    site = ctx.last_emit
+    if site is None or site[0] != fresh[0] or not fresh[1] <= site[1] <= fresh[2]:
         return False
     instr = b.instruction(st.writer)
     if not hasattr(instr, "dst") or instr.dst.buffer != v.buffer.name or instr.dst.size != v.size:
@@ -795,7 +802,7 @@ def _retarget(ctx: KernelContext, v: Tile, target: Tile, *, accumulate: bool | N
     return True
 
 
-def assign(target: Tile, value, *, fresh: bool, label: str = "assign") -> None:
+def assign(target: Tile, value, *, fresh, label: str = "assign") -> None:
     """``target[...] = value`` (``target`` is the indexed view)."""
     ctx = current(label)
     if isinstance(value, Tile) and value.inplace and value.buffer is target.buffer \
@@ -811,17 +818,17 @@ def assign(target: Tile, value, *, fresh: bool, label: str = "assign") -> None:
         _emit(ctx, Memset(aps[0], float(value)))
         return
     v = tile_operand(value, "value", label)
-    if fresh and _retarget(ctx, v, t):
+    if _retarget(ctx, v, t, fresh):
         return
     copy(v, out=t, label=label)
 
 
-def inplace(target: Tile, op: str, value, *, fresh: bool, label: str) -> Tile:
+def inplace(target: Tile, op: str, value, *, fresh, label: str) -> Tile:
     """``target (op)= value``: ``acc += <fresh matmul>`` accumulates in PSUM; else an in-place op."""
     ctx = current(label)
     t = tile_operand(target, "target", label)
     if not (op == "add" and fresh and isinstance(value, Tile) and t.memory == "psum"
-            and _retarget(ctx, value, t, accumulate=True)):
+            and _retarget(ctx, value, t, fresh, accumulate=True)):
         binary(op, t, value, out=t, dtype=t.dtype, label=label)
     t.inplace = True
     return t
