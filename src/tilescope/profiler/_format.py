@@ -1,10 +1,11 @@
 """Writing the profile directory (format: docs/profile-format.md), atomically.
 
-A profile is written into ``.<timestamp>.partial`` next to its final name; every
-file is flushed and fsynced, ``manifest.json`` (with each file's size and sha256)
-goes last through a temporary file, and only then is the directory renamed. A
-crash at any point leaves a ``.partial`` directory or one without a complete
-manifest -- which readers report as incomplete, never as a profile.
+A profile is written into ``.<timestamp>.partial`` next to its final name;
+``manifest.json`` (with each file's size and sha256) goes last through a temporary
+file, and only then is the directory renamed. A crash at any point leaves a
+``.partial`` directory or one without a complete manifest -- which readers report
+as incomplete, never as a profile. Files are not fsynced one by one: a torn write
+after a power loss shows as a size or checksum mismatch, which readers also report.
 
 >>> import tempfile
 >>> from tilescope.profiler import ProfileWriter
@@ -124,8 +125,6 @@ class ProfileWriter:
         target = self._target(relpath)
         with open(target, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         self._files[relpath] = (len(data), hashlib.sha256(data).hexdigest())
         return relpath
 
