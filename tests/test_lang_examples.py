@@ -126,7 +126,7 @@ def test_examples_run_as_scripts(script):
     assert "modeled" in res.stdout
 
 
-def test_matmul_example_main_small(capsys):
-    assert matmul.main(["--small"]) == 0
+def test_matmul_example_main(capsys):
+    assert matmul.main([]) == 0
     text = capsys.readouterr().out
     assert "of peak" in text and "modeled" in text and "TensorE" in text

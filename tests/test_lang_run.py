@@ -182,3 +182,14 @@ def test_import_tilescope_stays_light():
 def test_docstring_examples(name):
     failures, tried = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert tried > 0 and failures == 0
+
+
+def test_a_derived_preset_is_traced_and_scheduled_with_its_own_numbers():
+    from tilescope.spec import preset
+
+    slow_dma = preset("trn1").replace(name="trn1-slowdma", dma={"bytes_per_ns_per_engine": 1.0})
+    x, out = np.ones((256, 4096), np.float32), np.empty((256, 4096), np.float32)
+    base = tilescope.simulate(scale_into, x, out).summary
+    slow = tilescope.simulate(scale_into, x, out, preset=slow_dma).summary
+    assert slow.preset == "trn1-slowdma" and slow.total_ns > 5 * base.total_ns
+    assert (out == 2).all()

@@ -180,7 +180,7 @@ def _prepare_sim(fn, args, kwargs):
 
     def describe():
         s = state["summary"]
-        spec = _preset(s.preset)
+        spec = _preset(kwargs.get("preset"))
         kernel = fn.kernel if hasattr(fn, "kernel") else fn
         notes = (f"Device time is the kernel's modeled duration; the runtime's launch cost "
                  f"(assumed {spec.runtime_exec_us:g} us per execution) is not included.",

@@ -120,6 +120,7 @@ class Traced:
     outputs: tuple[OutputSpec, ...]
     returns: Any  # the return structure, outputs as placeholders
     grid: tuple[int, ...]
+    spec: CoreSpec | None = field(default=None, repr=False)  # the preset it was traced for
     hooks: dict = field(default_factory=dict, repr=False)  # device_print: instruction -> [fn(read)]
 
     def run(self, arrays, *, print_values: bool = True) -> dict[str, np.ndarray]:
@@ -332,7 +333,7 @@ class Kernel:
             buf = program.buffers[name]
             outs.append(OutputSpec(name, buf.shape, buf.dtype, order.index(name) if name in handles else None))
         return Traced(self.name, program, tuple(order), tuple(_spec_of(arrays[n], n) for n in order),
-                      tuple(outs), plan, grid, dict(ctx.hooks))
+                      tuple(outs), plan, grid, spec, dict(ctx.hooks))
 
     def cache_clear(self) -> None:
         self._cache.clear()

@@ -83,7 +83,7 @@ def simulate(kernel, *args, grid=None, preset=None, profile_dir=None, numerics: 
             what = getattr(kernel, "__name__", type(kernel).__name__)
             raise KernelError(f"simulate() runs tile kernels; {what!r} is not one. Decorate it with @tilescope.kernel")
         traced, arrays = kernel._traced(args, kwargs, grid, preset)
-        result = _sim.simulate(traced.program)
+        result = _sim.simulate(traced.program, traced.spec)
         outputs = traced.run(arrays) if numerics else {}
         written = None
         if profile_dir is not None:

@@ -23,7 +23,7 @@ assignment ``t[...] = v``  a fresh ``v`` is written straight into ``t`` (its one
 
 from __future__ import annotations
 
-import dataclasses
+import copy as copy_module
 from math import prod
 
 import numpy as np
@@ -789,8 +789,11 @@ def _retarget(ctx: KernelContext, v: Tile, target: Tile, fresh, *, accumulate: b
             changes["accumulate"] = True
     elif ts.fill is not None and not covers:
         return False
+    new = copy_module.copy(instr)  # the same instruction with a new destination (checked by replace)
+    for name, value in changes.items():
+        object.__setattr__(new, name, value)
     try:
-        b.replace(st.writer, dataclasses.replace(instr, **changes))
+        b.replace(st.writer, new)
     except ProgramError:
         return False
     if ts.fill is not None:
