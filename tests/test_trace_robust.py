@@ -261,3 +261,23 @@ def test_executable_itrace_hash_mismatch_names_both_files(tmp_path):
     with pytest.raises(TraceFormatError, match=r"belongs to another executable") as e:
         tt.open([a, b])
     assert ex[0] in str(e.value) and other in str(e.value)
+
+
+def test_fractional_epoch_timestamps_keep_every_nanosecond(tmp_path):
+    # absolute-epoch microseconds with a fraction: a double would round to 0.25 us
+    base = 1_686_355_493_423_513
+    lines = [f'  {{"ph": "X", "cat": "kernel", "name": "k{i}", "pid": 0, "tid": 7, "ts": {base}.{i:03d}, "dur": 0.001}}'
+             for i in range(1, 6)]
+    text = '{"traceEvents": [\n' + ",\n".join(lines) + "\n]}"
+    t, _ = _open(_write(tmp_path, text))
+    assert t.meta[0]["ingest"]["ts_type"].startswith("DECIMAL")
+    rows = t.sql("SELECT name, ts_ns, dur_ns FROM events ORDER BY ts_ns").fetchall()
+    assert rows == [(f"k{i}", base * 1000 + i, 1) for i in range(1, 6)]
+
+
+def test_integer_epoch_timestamps_are_exact_as_doubles(tmp_path):
+    base = 1_661_203_463_029_566  # Kineto's integer microseconds (the control trace's clock)
+    ev = [{"ph": "X", "name": "k", "pid": 0, "tid": 7, "ts": base + i, "dur": 1} for i in range(3)]
+    t, _ = _open(_write(tmp_path, {"traceEvents": ev}))
+    assert t.meta[0]["ingest"]["ts_type"] == "DOUBLE"
+    assert [r[0] for r in t.sql("SELECT ts_ns FROM events ORDER BY ts_ns").fetchall()] == [(base + i) * 1000 for i in range(3)]

@@ -24,7 +24,9 @@ import zlib
 from dataclasses import dataclass, field
 
 from ._jsonscan import ChromeTraceScanner, TraceFormatError
-from ._schema import RAW_JSON_COLUMNS
+import re
+
+from ._schema import RAW_JSON_COLUMNS, TS_EXACT_TYPE
 
 __all__ = ["IngestResult", "ingest_chrome_file", "BLOCK_BYTES", "PART_BYTES"]
 
@@ -48,18 +50,30 @@ class IngestResult:
     metadata: dict
     warnings: list[str] = field(default_factory=list)
     truncated: bool = False
+    ts_type: str = "DOUBLE"
 
 
-def _select_sql(src: str, part: int) -> str:
+_FRACTIONAL_EPOCH_TS = re.compile(rb'"ts"\s*:\s*"?-?\d{13,}\.\d')
+
+
+def _ns(col: str, exact: bool) -> str:
+    """Microseconds -> integer nanoseconds without a double product (which rounds above 2**53)."""
+    if exact:
+        return f"CAST({col} * 1000 AS BIGINT)"
+    return (f"(CAST(floor({col}) AS BIGINT) * 1000 + CAST(round(({col} - floor({col})) * 1000) AS BIGINT))")
+
+
+def _select_sql(src: str, part: int, exact_ts: bool = False) -> str:
     """The per-part SELECT: raw columns, times as integer ns. The typed args columns
     (correlation, stream, ...) are computed by the views on the rows a query touches, not
     here: extracting them from every record at ingest would double DuckDB's work."""
-    cols = ", ".join(f"'{k}': '{v}'" for k, v in RAW_JSON_COLUMNS.items())
+    types = dict(RAW_JSON_COLUMNS, ts=TS_EXACT_TYPE) if exact_ts else RAW_JSON_COLUMNS
+    cols = ", ".join(f"'{k}': '{v}'" for k, v in types.items())
     return f"""
     SELECT {part}::INTEGER AS part,
       CASE WHEN ph IS NOT NULL THEN ph WHEN dur IS NOT NULL THEN 'X' WHEN ts IS NOT NULL THEN 'i' END AS ph,
       cat, name, pid, tid,
-      CAST(ts * 1000 AS BIGINT) AS ts_ns, CAST(dur * 1000 AS BIGINT) AS dur_ns,
+      {_ns("ts", exact_ts)} AS ts_ns, {_ns("dur", exact_ts)} AS dur_ns,
       id, bp, s, args
     FROM read_json('{src}', format='newline_delimited', columns={{{cols}}}, ignore_errors=true)
     """
@@ -172,7 +186,8 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
             k, src = job
             try:
                 dst = os.path.join(stage_dir, f"part-{k:05d}.parquet")
-                cur.execute(f"COPY ({_select_sql(src, k)}) TO '{dst}' (FORMAT parquet, COMPRESSION lz4)").fetchall()
+                sql = _select_sql(src, k, exact_ts=state["exact_ts"])
+                cur.execute(f"COPY ({sql}) TO '{dst}' (FORMAT parquet, COMPRESSION lz4)").fetchall()
                 # a line DuckDB could not parse comes back as a row of NULLs (ignore_errors)
                 # (the small columns only: re-reading args would cost as much as writing it)
                 results[k] = cur.execute(f"""SELECT count(*), count(*) FILTER (WHERE ph IS NULL AND name IS NULL
@@ -189,7 +204,7 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
     th = threading.Thread(target=worker, name="tilescope-ingest", daemon=True)
     th.start()
 
-    state = {"k": 0, "f": None, "bytes": 0, "events0": 0}
+    state = {"k": 0, "f": None, "bytes": 0, "events0": 0, "exact_ts": False}
     part_events: dict[int, int] = {}
     scanner: ChromeTraceScanner
 
@@ -226,12 +241,16 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
         carry = bytearray()
         offset = 0
         first = True
+        first_block = None
         while True:
             # a small first block: the exact scan runs only until the event separator is learned
             block = reader.read(FIRST_BLOCK_BYTES if first else BLOCK_BYTES)
             first = False
             if not block:
                 break
+            if first_block is None:
+                first_block = block
+                state["exact_ts"] = bool(_FRACTIONAL_EPOCH_TS.search(block))
             clean = _utf8_clean(block, offset, name, warnings, carry)
             offset += len(block)
             scanner.feed(clean)
@@ -276,4 +295,5 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
         source=os.path.abspath(path), bytes=reader.size, events=read - bad, parts=state["k"],
         seconds=time.perf_counter() - t0, mode=mode, metadata=scanner.metadata,
         warnings=warnings, truncated=scanner.truncated,
+        ts_type=TS_EXACT_TYPE if state["exact_ts"] else RAW_JSON_COLUMNS["ts"],
     )

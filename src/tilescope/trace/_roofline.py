@@ -7,7 +7,6 @@ Peaks are data: :data:`GPU_PEAKS` for named GPUs, the preset for tilescope's dev
 from __future__ import annotations
 
 import json
-import re
 from math import prod
 
 import pyarrow as pa

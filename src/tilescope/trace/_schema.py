@@ -6,17 +6,22 @@ the docs are generated from these rows, so they cannot drift apart.
 
 from __future__ import annotations
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "RAW_JSON_COLUMNS", "ARG_COLUMNS", "CATEGORY_KINDS", "kind_case_sql"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "RAW_JSON_COLUMNS", "TS_EXACT_TYPE", "ARG_COLUMNS", "CATEGORY_KINDS", "kind_case_sql"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-# Columns read from each trace record by DuckDB's JSON reader (types chosen to be exact:
-# microsecond times as DECIMAL keep nanoseconds that a double would round away).
+# Columns read from each trace record by DuckDB's JSON reader. Times are microseconds; a
+# double holds them exactly to the nanosecond below 2**53 ns (~104 days: relative clocks,
+# and integer-microsecond epoch times are exact too). Epoch times with fractional
+# microseconds (>= 13 integer digits) need DECIMAL, which makes DuckDB parse every number as
+# text (~1.5x the parse time), so the ingest picks it only when the first block shows them
+# (TS_EXACT_TYPE).
 RAW_JSON_COLUMNS = {
     "ph": "VARCHAR", "cat": "VARCHAR", "name": "VARCHAR", "pid": "VARCHAR", "tid": "VARCHAR",
-    "ts": "DECIMAL(24,3)", "dur": "DECIMAL(24,3)", "id": "VARCHAR", "bp": "VARCHAR", "s": "VARCHAR",
+    "ts": "DOUBLE", "dur": "DOUBLE", "id": "VARCHAR", "bp": "VARCHAR", "s": "VARCHAR",
     "args": "JSON",
 }
+TS_EXACT_TYPE = "DECIMAL(24,3)"
 
 # args fields promoted to typed columns: (column, JSON path, SQL type)
 ARG_COLUMNS = (

@@ -221,7 +221,8 @@ def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool
         if trace_file is not None:
             res = ingest_chrome_file(trace_file, stage, con, progress=progress)
             meta["ingest"] = {"source": res.source, "bytes": res.bytes, "events": res.events, "parts": res.parts,
-                              "seconds": round(res.seconds, 3), "mode": res.mode, "truncated": res.truncated}
+                              "seconds": round(res.seconds, 3), "mode": res.mode, "truncated": res.truncated,
+                              "ts_type": res.ts_type}
             meta["warnings"] += res.warnings
             md = res.metadata
             meta["trace_metadata"] = {k: v for k, v in md.items() if k != "traceEvents"}

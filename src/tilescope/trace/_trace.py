@@ -10,7 +10,7 @@ import warnings as _warnings
 import duckdb
 
 from ._jsonscan import TraceFormatError
-from ._schema import ARG_COLUMNS, CATEGORY_KINDS, kind_case_sql
+from ._schema import ARG_COLUMNS, kind_case_sql
 from ._store import build_entry, classify_source
 
 __all__ = ["Trace", "TraceWarning", "open_trace"]
@@ -375,23 +375,17 @@ def open_trace(paths, *, align: str = "none", progress: bool | None = None, refr
     """
     if align not in ("none", "start"):
         raise ValueError(f"align must be 'none' or 'start', got {align!r}")
-    if isinstance(paths, (str, os.PathLike)) and os.path.isdir(paths) and classify_source_safe(os.fspath(paths)) is None:
+    if isinstance(paths, (str, os.PathLike)) and os.path.isdir(paths) and _classify_or_none(os.fspath(paths)) is None:
         found = sorted(_glob.glob(os.path.join(paths, "*.json")) + _glob.glob(os.path.join(paths, "*.json.gz")))
         if not found:
             raise TraceFormatError(f"{paths}: no manifest.json and no *.json / *.json.gz traces inside")
         paths = found
     srcs = _expand(paths)
-    entries = []
-    multi = len(srcs) > 1
-    for i, (p, kind, pair) in enumerate(srcs):
-        entries.append(build_entry(p, kind, progress=progress, refresh=refresh, pair=pair))
-    t = Trace(entries, [s[0] for s in srcs], align=align)
-    if multi and len(set(t.ranks)) < len(t.ranks):
-        pass
-    return t
+    entries = [build_entry(p, kind, progress=progress, refresh=refresh, pair=pair) for p, kind, pair in srcs]
+    return Trace(entries, [s[0] for s in srcs], align=align)
 
 
-def classify_source_safe(path: str):
+def _classify_or_none(path: str):
     try:
         return classify_source(path)
     except TraceFormatError:
