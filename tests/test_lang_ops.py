@@ -590,7 +590,7 @@ def _same(t):
 
 
 @tilescope.kernel
-def helper_returns_a_named_tile(x, out):
+def function_returns_a_named_tile(x, out):
     u = tl.exp(tl.load(x))
     t = tl.ndarray(u.shape, u.dtype)
     t[...] = _same(u)          # a call, but its value is the named tile u: copied, u stays valid
@@ -601,7 +601,7 @@ def helper_returns_a_named_tile(x, out):
 def test_assigning_a_call_that_returns_an_existing_tile_copies():
     x = rand(128, 16)
     out = np.empty((2, 128, 16), np.float32)
-    r = tilescope.simulate(helper_returns_a_named_tile, x, out)
+    r = tilescope.simulate(function_returns_a_named_tile, x, out)
     np.testing.assert_allclose(out[0], np.exp(x), rtol=1e-6)
     np.testing.assert_allclose(out[1], np.exp(x), rtol=1e-6)
     assert kinds(r)["tensor_copy"] == 1

@@ -7,7 +7,7 @@ temporary: when the right-hand side is an expression that makes a new value
 is a property of the source, so it is read from the source (once per file): a
 line qualifies when every assignment on it is ``target[...] = <call or
 operator>`` or ``target (op)= <call or operator>``, and the value's producing
-instruction must come from that same statement (so ``t[...] = helper(u)``
+instruction must come from that same statement (so ``t[...] = f(u)``
 returning an existing tile ``u`` copies). Where the source cannot be read,
 nothing qualifies and assignments copy (same values, more instructions).
 
