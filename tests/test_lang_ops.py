@@ -605,3 +605,16 @@ def test_assigning_a_call_that_returns_an_existing_tile_copies():
     np.testing.assert_allclose(out[0], np.exp(x), rtol=1e-6)
     np.testing.assert_allclose(out[1], np.exp(x), rtol=1e-6)
     assert kinds(r)["tensor_copy"] == 1
+
+
+@tilescope.kernel
+def masked_mean(x, out):
+    i_p, i_f = tl.mgrid[0:128, 0:64]
+    tl.store(out, tl.mean(tl.load(x), axis=1, keepdims=True, mask=(i_f < 40)))
+
+
+def test_mean_under_a_mask_divides_by_the_masked_count():
+    x = rand(128, 64)
+    out = np.empty((128, 1), np.float32)
+    tilescope.simulate(masked_mean, x, out)
+    np.testing.assert_allclose(out, x[:, :40].mean(axis=1, keepdims=True), rtol=1e-5)

@@ -532,7 +532,11 @@ def mean(x, axis, *, keepdims=False, dtype=None, mask=None, label: str = "mean")
     axes = _axes(axis, len(t.shape), label)
     r = reduce("add", t, axes, keepdims=keepdims, dtype=dtype or (t.dtype if is_float(t.dtype) else "float32"),
                mask=mask, label=label)
-    n = prod(t.shape[a] for a in axes)
+    box = _box(mask, (t,)) or {}
+    n = 1  # elements reduced per result: the mask's range on each reduced axis
+    for a in axes:
+        lo, hi = box.get(a, (0, t.shape[a]))
+        n *= max(1, min(hi, t.shape[a]) - max(lo, 0))
     aps = _aps({}, (r,))
     _emit(ctx, TensorScalar(aps[0], aps[0], "multiply", 1.0 / n))
     return r
