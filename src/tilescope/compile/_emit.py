@@ -47,6 +47,7 @@ class _Val:
     once: bool = False  # loaded before the loop (colvec, scalar tensors)
     spill: object = None  # HBM scratch holding it when spilled
     width: int = 0
+    act: int | None = None  # index of the ScalarE activation that produced it (reduce fusion)
 
 
 class _RowGroupEmitter:
@@ -254,8 +255,9 @@ class _RowGroupEmitter:
             self.b.tensor_copy(dst, x.tile[:rows], engine="act" if self._pick_engine("multiply", width) == "act" else "dve")
             self._account("dve", width)
         else:
-            self.b.activation(dst, x.tile[:rows], func)
+            index = self.b.activation(dst, x.tile[:rows], func)
             self._account("act", width)
+            return _Val(x.kind, out_dt, dst, once=x.once, width=width, act=index)
         return _Val(x.kind, out_dt, dst, once=x.once, width=width)
 
     def _binary(self, env, node, a: _Val, bv: _Val, op: str, out_dt: str, n: int) -> _Val:
@@ -264,6 +266,10 @@ class _RowGroupEmitter:
 
         if a.kind == "const" and bv.kind == "const":
             return _Val("const", out_dt, const=float(ALU_OPS[op](np.float32(a.const), np.float32(bv.const))))
+        if op == "multiply" and a is bv:
+            # x * x reads one tile: ScalarE's square (N cycles) instead of a two-input
+            # VectorE pass (2N cycles)
+            return self._unary(env, node, a, "square", out_dt, n)
         # order: a "big" (row/colvec) operand first where possible; remember reversal
         reverse = False
         rank = {"row": 3, "colvec": 2, "rowvec": 1, "const": 0}
@@ -309,8 +315,19 @@ class _RowGroupEmitter:
             raise _Unfusable(f"a reduction over a {src.kind} value")
         acc_dt = out_dt
         dst = self._new_tile(env, node, n, 1, acc_dt)
-        self.b.tensor_reduce(dst, src.tile[:n], op)
-        self._account("dve", self.d)
+        producer = node.args[0]
+        if (src.act is not None and op in ("add", "max", "min") and len(self.uses.get(producer, ())) == 1
+                and not src.once):
+            # the value's only use is this reduction: ScalarE reduces while it computes it
+            # (activation_reduce), instead of a second pass over the tile on VectorE
+            from ..isa import ActivationReduce
+
+            act = self.b.instruction(src.act)
+            self.b.replace(src.act, ActivationReduce(act.dst, act.src, act.func, dst.ap, op, act.scale, act.bias))
+            self._account("act", 64)
+        else:
+            self.b.tensor_reduce(dst, src.tile[:n], op)
+            self._account("dve", self.d)
         if mean:
             self.b.tensor_scalar(dst, dst, "multiply", 1.0 / self.d)
             self._account("dve", 1)
