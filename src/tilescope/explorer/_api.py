@@ -128,7 +128,7 @@ def _hash(q):
 # ---- endpoints ----------------------------------------------------------------------------
 def _core_of(lane: dict) -> str:
     ident = lane.get("identifier") or ""
-    m = re.match(r"NC(\d+)", ident)
+    m = re.match(r"(?:NC|core)[:]?(\d+)", ident, re.IGNORECASE)
     if m and lane.get("subsystem") in ("runtime", "hardware"):
         return f"NC{m.group(1)}"
     if lane.get("side") == "device":
@@ -200,6 +200,8 @@ def _lineage_hops(src, eid: int) -> list[dict]:
         if d.get("ts_ns") is not None:
             d["start_ns"] = d.pop("ts_ns") - ix.origin_ns
         d["ref"] = r if r >= 0 else None
+        if r >= 0:
+            d["depth"] = ix.event_brief(r)["depth"]
         ex = execs.get(d.get("eid"))
         if ex is not None:
             d["device_view"] = {"hash": ex["program_hash"], "run": ex["run"], "own_trace": ex["own_trace"]}

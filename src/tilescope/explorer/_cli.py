@@ -16,7 +16,8 @@ def register(sub) -> None:
         description="Serve a local web app over profile directories, Kineto traces (.json/.json.gz), directories of "
                     "per-rank traces, or EXEC.json+ITRACE.json pairs. Binds 127.0.0.1 unless --host says otherwise "
                     "(then a token is required).")
-    p.add_argument("paths", nargs="+", metavar="PATH", help="profiles or traces; two or more can be compared")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="profiles or traces (NAME=PATH names one); two or more can be compared")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; any other address requires the printed token)")

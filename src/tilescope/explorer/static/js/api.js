@@ -1,0 +1,36 @@
+// Fetch helpers: JSON and packed bodies; an API error becomes an Error with message and fix.
+import { unpack } from "./binary.js";
+
+export class ApiError extends Error {
+  constructor(status, message, fix) {
+    super(message);
+    this.status = status;
+    this.fix = fix || "";
+  }
+}
+
+function url(path, params) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {})) if (v !== undefined && v !== null) q.set(k, String(v));
+  const s = q.toString();
+  return s ? `${path}?${s}` : path;
+}
+
+async function check(r) {
+  if (r.ok) return r;
+  let body = { error: `${r.status} ${r.statusText}`, fix: "" };
+  try { body = await r.json(); } catch (e) { /* not JSON */ }
+  throw new ApiError(r.status, body.error, body.fix);
+}
+
+export async function getJSON(path, params, signal) {
+  const r = await check(await fetch(url(path, params), { signal, credentials: "same-origin" }));
+  return r.json();
+}
+
+export async function getPacked(path, params, signal) {
+  const r = await check(await fetch(url(path, params), { signal, credentials: "same-origin" }));
+  return unpack(await r.arrayBuffer());
+}
+
+export function href(path, params) { return url(path, params); }

@@ -1,0 +1,81 @@
+// The summary page: totals, HFU / MFU / MBU, arithmetic intensity, DMA sizes, spill bytes,
+// per-engine active time, idle-gap classes, recommendations (rule table) and doctor findings.
+import { getJSON, href } from "./api.js";
+import { bytes, esc, flops, ns, num, pct } from "./format.js";
+
+function card(k, v, title = "") {
+  return `<div class="card" title="${esc(title)}"><div class="v">${v}</div><div class="k">${esc(k)}</div></div>`;
+}
+
+export class SummaryView {
+  constructor(app, profile, meta) {
+    this.app = app; this.profile = profile; this.meta = meta;
+    this.el = document.createElement("div");
+    this.el.className = "page";
+    this.el.dataset.testid = "summary";
+  }
+
+  async mount(main) {
+    main.appendChild(this.el);
+    this.el.innerHTML = `<div class="loading">Computing the summary…</div>`;
+    const s = await getJSON(`/api/p/${this.profile.id}/summary`);
+    const m = s.metrics;
+    const badge = s.modeled ? '<span class="badge modeled">MODELED</span>' : '<span class="badge measured">MEASURED</span>';
+    let cards = "";
+    if (s.modeled) {
+      cards = [
+        card("device time (modeled)", ns(m.device_ns), "sum of the device executions' modeled durations"),
+        card("executions", num(m.executions)),
+        card("HFU", pct(m.hfu), "hardware FLOPs utilisation: all TensorE FLOPs (transposes included) / (peak x device time)"),
+        card("MFU", pct(m.mfu), "model FLOPs utilisation: matmul FLOPs = 2*MACs / (2*rows*cols*clock*time)"),
+        card("MBU", pct(m.mbu), "memory bandwidth utilisation: HBM bytes / (HBM bandwidth x device time)"),
+        card("arithmetic intensity", m.arithmetic_intensity === null ? "–" : `${num(m.arithmetic_intensity, 2)} FLOP/B`),
+        card("FLOPs", flops(m.flops)),
+        card("HBM traffic", bytes(m.hbm_bytes)),
+        card("average DMA size", bytes(m.average_dma_bytes), `${num(m.dma_transfers)} transfers, ${num(m.small_dma_transfers)} under 4 KiB`),
+        card("spill bytes", bytes(m.spill_bytes), `stores ${bytes(m.spill_store_bytes)}, reloads ${bytes(m.spill_reload_bytes)}`),
+        card("span", ns(s.span_ns)),
+      ].join("");
+    } else {
+      cards = [
+        card("span", ns(s.span_ns)),
+        card("device active", ns(m.device_active_ns), "union of device activity over all device lanes"),
+        card("device idle", pct(m.idle_share), "share of the device span with no kernel, copy or memset"),
+        card("kernels", num(m.kernels)),
+        card("median kernel", ns(m.median_kernel_ns)),
+        card("memcpy share", pct(m.memcpy_share)),
+        card("MFU (estimated)", pct(m.mfu), "FLOPs estimated from op input shapes / (datasheet peak x device time of those ops)"),
+        card("MBU (estimated)", pct(m.mbu)),
+        card("arithmetic intensity (est.)", m.arithmetic_intensity === null ? "–" : `${num(m.arithmetic_intensity, 2)} FLOP/B`),
+        card("events", num(s.events)),
+      ].join("");
+    }
+    let engines = "";
+    if (s.modeled && m.engines.length) {
+      const rows = m.engines.map((e) => `<tr><td class="text">${esc(e.engine)}</td><td>${ns(e.busy_ns)}</td>
+        <td class="barcell"><div class="bar" style="width:${Math.min(100, 100 * (e.active_share || 0)).toFixed(1)}%"></div></td>
+        <td>${pct(e.active_share)}</td><td>${num(e.instructions)}</td><td>${bytes(e.bytes)}</td><td>${flops(e.flops)}</td></tr>`).join("");
+      engines = `<h3>Per-engine active time <span class="badge modeled">modeled</span></h3>
+        <table class="data" data-testid="engine-active"><tr><th class="text">engine</th><th>busy</th><th></th><th>of device time</th><th>instructions</th><th>bytes</th><th>FLOPs</th></tr>${rows}</table>`;
+    }
+    const gaps = Object.entries(s.gaps || {}).map(([k, v]) => `<tr><td class="text">${esc(k.replaceAll("_", " "))}</td><td>${num(v.gaps)}</td><td>${ns(v.ns)}</td></tr>`).join("");
+    const recs = s.recommendations.length
+      ? s.recommendations.map((r) => `<div class="rec" data-testid="recommendation"><span class="code">${esc(r.code)}</span> ${esc(r.message)}<div class="fix">→ ${esc(r.fix)}</div></div>`).join("")
+      : `<p class="muted">No rule fired: nothing in the known list of problems applies to this profile.</p>`;
+    const doc = this.meta.doctor.length
+      ? this.meta.doctor.map((d) => `<div class="rec"><span class="code">${esc(d.severity)} · ${esc(d.code)}</span> ${esc(d.message)}<div class="fix">→ ${esc(d.fix)}</div></div>`).join("")
+      : "";
+    this.el.innerHTML = `
+      <h2>${esc(this.profile.label)} ${badge}</h2>
+      <p class="muted" data-testid="label">${esc(s.label)}</p>
+      <div class="cards" data-testid="cards">${cards}</div>
+      <h3>Recommendations</h3>${recs}
+      ${doc ? `<h3>Profile doctor</h3>${doc}` : ""}
+      ${engines}
+      ${gaps ? `<h3>Idle gaps by class</h3><table class="data" style="max-width:600px"><tr><th class="text">class</th><th>gaps</th><th>total</th></tr>${gaps}</table>` : ""}
+      <p class="muted">Export: <a href="${href(`/api/p/${this.profile.id}/export/summary.json`)}" download>summary.json</a> ·
+      same data on the command line: <span class="mono">tilescope explore PATH --json /api/p/${this.profile.id}/summary</span></p>`;
+  }
+
+  destroy() { this.el.remove(); }
+}
