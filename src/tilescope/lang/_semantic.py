@@ -95,6 +95,8 @@ def _dtype(dtype) -> str | None:
 
 def _shape_of(shape) -> tuple[tuple[int, ...], int]:
     """Plain sizes and the index of the partition dim (marked by par_dim, else 0)."""
+    if shape.__class__ is tuple and shape and all(n.__class__ is int and n > 0 for n in shape):
+        return shape, 0
     if isinstance(shape, (int, np.integer, par_dim)):
         shape = (shape,)
     sizes, pdims = [], []
@@ -106,8 +108,8 @@ def _shape_of(shape) -> tuple[tuple[int, ...], int]:
         sizes.append(int(n.__index__()) if not isinstance(n, par_dim) else n.size)
     if len(pdims) > 1:
         raise KernelError(f"shape {tuple(shape)!r} marks {len(pdims)} partition dims; mark one with tl.par_dim")
-    if any(n < 1 for n in sizes):
-        raise KernelError(f"shape {tuple(sizes)} has a dimension < 1")
+    if not sizes or any(n < 1 for n in sizes):
+        raise KernelError(f"shape {tuple(sizes)} needs at least one dimension, each >= 1")
     return tuple(sizes), (pdims[0] if pdims else 0)
 
 
