@@ -6,23 +6,23 @@ imported (``tilescope.isa`` sits below ``tilescope.lang``). Outside a kernel
 each call raises an error saying so. A call that reads a ``tl.zeros`` tile
 whose fill was still pending also emits that fill (one ``memset``) first.
 
-==================  ========================  =================================================
-call                engine                    instruction
-==================  ========================  =================================================
-nc_matmul           TensorE                   matmul into a new fp32 PSUM tile
-nc_transpose        TensorE                   transpose into a new PSUM tile
-activation          ScalarE                   activation: op(data * scale + bias)
-activation_reduce   ScalarE                   activation_reduce (result + reduction into [P,1])
-tensor_tensor       VectorE / GpSimd          tensor_tensor
-tensor_scalar       VectorE / ScalarE / GpSimd  tensor_scalar: op1(op0(data, a), b)
-tensor_reduce       VectorE / GpSimd          tensor_reduce over free axes
-tensor_copy         VectorE / ScalarE / GpSimd  tensor_copy (cast)
-iota                GpSimd                    iota of an index expression
-memset              VectorE / GpSimd / ScalarE  memset
-bn_stats, bn_aggr   VectorE                   mean/variance statistics, and their combination
-dma_copy            DMA queue                 dma_copy
-select              VectorE / GpSimd          select
-==================  ========================  =================================================
+=================  ==========================  ==================================================
+call               engine                      instruction
+=================  ==========================  ==================================================
+nc_matmul          TensorE                     matmul into a new fp32 PSUM tile
+nc_transpose       TensorE                     transpose into a new PSUM tile
+activation         ScalarE                     activation: op(data * scale + bias)
+activation_reduce  ScalarE                     activation_reduce (result + reduction into [P, 1])
+tensor_tensor      VectorE / GpSimd            tensor_tensor
+tensor_scalar      VectorE / ScalarE / GpSimd  tensor_scalar: op1(op0(data, a), b)
+tensor_reduce      VectorE / GpSimd            tensor_reduce over free axes
+tensor_copy        VectorE / ScalarE / GpSimd  tensor_copy (cast)
+iota               GpSimd                      iota of an index expression
+memset             VectorE / GpSimd / ScalarE  memset
+bn_stats, bn_aggr  VectorE                     mean/variance statistics, and their combination
+dma_copy           DMA queue                   dma_copy
+select             VectorE / GpSimd            select
+=================  ==========================  ==================================================
 """
 
 from __future__ import annotations
