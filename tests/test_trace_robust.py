@@ -281,3 +281,17 @@ def test_integer_epoch_timestamps_are_exact_as_doubles(tmp_path):
     t, _ = _open(_write(tmp_path, {"traceEvents": ev}))
     assert t.meta[0]["ingest"]["ts_type"] == "DOUBLE"
     assert [r[0] for r in t.sql("SELECT ts_ns FROM events ORDER BY ts_ns").fetchall()] == [(base + i) * 1000 for i in range(3)]
+
+
+def test_peak_device_memory_per_op(tmp_path):
+    # Kineto's profile_memory=True writes '[memory]' instants on the host thread
+    ev = [{"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 10, "dur": 5},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 20, "dur": 10},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 40, "dur": 10}]
+    for ts, dev, total in ((11, 1, 1000), (21, 1, 5000), (25, 0, 99999), (41, 1, 3000), (60, 1, 8000)):
+        ev.append({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts, "s": "t",
+                   "args": {"Device Type": dev, "Device Id": 0, "Total Allocated": total, "Bytes": 512}})
+    t, _ = _open(_write(tmp_path, {"traceEvents": ev}))
+    peak = {r["name"]: r["peak_allocated_bytes"] for r in t.memory().to_pylist()}
+    assert peak == {"aten::mm": 5000, "aten::empty": 1000}  # the CPU (type 0) allocation is not device memory
+    assert tt.open(_write(tmp_path, {"traceEvents": ev[:3]}, "nomem.json")).memory().num_rows == 0
