@@ -74,9 +74,13 @@ def _graph_key(gm: fx.GraphModule, sig: tuple, spec) -> str:
     return h.hexdigest()[:24]
 
 
-def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str) -> list[Step]:
-    """Plan ``gm`` for one input signature and build its Programs (disk-cached)."""
-    propagate_shapes(gm, [s if isinstance(s, tuple) else s for s in sig])
+def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str, *, propagate: bool = True) -> list[Step]:
+    """Plan ``gm`` for one input signature and build its Programs (disk-cached).
+
+    ``propagate=False`` when the graph's ``val`` metadata already has these shapes (the
+    example inputs AOT autograd traced with)."""
+    if propagate:
+        propagate_shapes(gm, [s if isinstance(s, tuple) else s for s in sig])
     forced: set = set()
     while True:
         segments = plan_graph(gm)
@@ -119,23 +123,63 @@ def _group(segments: list[Segment]) -> list[Step]:
     return steps
 
 
-def _build_programs(gm, steps, sig, spec, name) -> None:
-    from ..program import Program
+_CACHE_FORMAT = 1
 
+
+def _load_cached(path: Path):
+    """A Program pickled by :func:`_store_cached`, or None if absent, stale or damaged.
+
+    The pickle keeps the Program's precomputed arrays (signatures, dependencies, hash),
+    so a cache hit costs no analysis; a sha256 of the payload guards against torn files.
+    """
+    import pickle
+
+    from .. import __version__
+
+    try:
+        blob = path.read_bytes()
+    except OSError:
+        return None
+    header, _, payload = blob.partition(b"\n")
+    try:
+        fmt, version, digest, program_hash = header.decode().split(" ")
+        if int(fmt) != _CACHE_FORMAT or version != __version__:
+            return None
+        if hashlib.sha256(payload).hexdigest() != digest:
+            return None
+        prog = pickle.loads(payload)
+    except Exception:  # noqa: BLE001 - any damage means: rebuild
+        return None
+    return prog if prog.hash == program_hash else None
+
+
+def _store_cached(path: Path, prog) -> None:
+    import pickle
+
+    from .. import __version__
+
+    prog.static, prog.dependencies, prog.hash  # computed once, kept in the pickle
+    payload = pickle.dumps(prog, protocol=pickle.HIGHEST_PROTOCOL)
+    header = f"{_CACHE_FORMAT} {__version__} {hashlib.sha256(payload).hexdigest()} {prog.hash}\n".encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(header + payload)
+    os.replace(tmp, path)
+
+
+def _build_programs(gm, steps, sig, spec, name) -> None:
     key = _graph_key(gm, sig, spec)
     cdir = cache_dir()
     for k, st in enumerate(steps):
         if st.kind != "program":
             continue
-        path = cdir / f"{key}.{k}.json"
-        if path.exists():
-            try:
-                st.program = Program.from_json(path.read_text())
-                st.stats = EmitStats(**json.loads(st.program.meta.get("emit_stats", "{}")))
-                STATS["programs_from_disk"] += 1
-                continue
-            except (ValueError, KeyError, TypeError):
-                pass  # a stale or damaged cache entry: rebuild it
+        path = cdir / f"{key}.{k}.pkl"
+        cached = _load_cached(path)
+        if cached is not None:
+            st.program = cached
+            st.stats = EmitStats(**json.loads(cached.meta.get("emit_stats", "{}")))
+            STATS["programs_from_disk"] += 1
+            continue
         fused_names = "+".join(n.name for n in st.nodes[:4]) + ("+..." if len(st.nodes) > 4 else "")
         try:
             prog, stats = emit_segments(st.segments, f"{name}[{fused_names}]", spec)
@@ -147,10 +191,7 @@ def _build_programs(gm, steps, sig, spec, name) -> None:
         st.program, st.stats = prog, stats
         STATS["programs_built"] += 1
         try:
-            cdir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(prog.dumps())
-            os.replace(tmp, path)
+            _store_cached(path, prog)
         except OSError:
             pass  # a read-only cache only costs rebuilds
 
@@ -170,7 +211,10 @@ class CompiledGraph:
         self.output_node = next(n for n in gm.graph.nodes if n.op == "output")
         STATS["graphs"] += 1
         if all(not isinstance(a, torch.SymInt) for a in example_inputs) and not _has_symbolic(gm):
-            self.steps_for(_signature(example_inputs))
+            sig = _signature(example_inputs)
+            with self._lock:  # the graph's metadata already has these shapes
+                STATS["plans"] += 1
+                self._plans[sig] = build_steps(gm, sig, self.spec, name, propagate=False)
 
     def steps_for(self, sig: tuple) -> list[Step]:
         steps = self._plans.get(sig)
