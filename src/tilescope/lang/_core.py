@@ -353,8 +353,10 @@ def program_id(axis: int = 0) -> int:
 
 
 @builtin("tl.num_programs")
-def num_programs(axis: int | None = None) -> int:
-    """Programs in the launch grid along ``axis`` (all of them when ``axis`` is None)."""
+def num_programs(axis: int | None = None, *, axes: int | None = None) -> int:
+    """Programs in the launch grid along ``axis`` (all of them when ``axis`` is None; NKI's
+    ``axes=`` is accepted too)."""
+    axis = axes if axis is None else axis
     grid = current("num_programs").launch.grid or (1,)
     if axis is None:
         n = 1
