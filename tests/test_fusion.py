@@ -131,11 +131,15 @@ def test_random_pointwise_and_reduction_graphs_fuse_into_one_pass(rows, d, ops):
                 vals.append(cur + vals[k % len(vals)])
         return vals[-1]
 
-    x = torch.randn(rows, d) * 0.5
-    w = torch.randn(d) * 0.5
+    gen = torch.Generator().manual_seed(rows * 1000 + d)  # deterministic per example
+    x = torch.randn(rows, d, generator=gen) * 0.5
+    w = torch.randn(d, generator=gen) * 0.5
     segs, prog, stats, out = fuse(fn, x, w)
     assert [s.kind for s in segs] == ["rowgroup"]
-    np.testing.assert_allclose(_only(out), fn(x, w).numpy(), rtol=2e-4, atol=2e-4)
+    ref = fn(x, w).numpy()
+    # x - sum(x) cancels: compare against the magnitudes that went in, not the result's
+    scale = max(1.0, float(np.abs(ref).max()), float(np.abs(x.numpy()).max()) * d)
+    np.testing.assert_allclose(_only(out), ref, rtol=2e-4, atol=2e-6 * scale)
     s = simulate(prog).summary
     if not stats.spill_bytes:
         # each input is read once and the output written once: no intermediate touches HBM
