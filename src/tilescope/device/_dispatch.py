@@ -1,20 +1,22 @@
-"""Every aten op that reaches the device: metadata, lowering, submission, numerics.
+"""Every aten op that reaches the device: signature, lowering, submission, numerics.
 
 One :class:`Handler` per op overload, made on its first call from the op's schema.
 A call:
 
-1. scans its arguments once: a signature key (tensor shapes/strides/dtypes, number
-   arguments by type, everything else by value), the CPU views the worker will
-   compute on (zero-copy aliases of device memory) and the device;
-2. looks the key up: a hit gives the output metadata and the lowered Program at
-   once; a miss runs the op on meta tensors for the output metadata (errors surface
-   here, at the call, like PyTorch's own checks) and lowers the call
-   (:func:`tilescope.lower.lower`);
-3. allocates outputs, submits one execution to the runtime (modeled time) and
-   queues the numerics (CPU torch on the views) for the device worker; returns.
+1. scans its arguments once (:func:`scan`): a signature key (tensor shapes, strides,
+   dtypes; ``Scalar`` arguments by type, everything else by value), the zero-copy CPU
+   views the worker computes on, and the device;
+2. looks the key up. The **first call** of a signature runs synchronously: the worker
+   computes it with CPU torch (the host waits), which gives the exact output metadata
+   PyTorch's CPU kernels produce (shapes, strides, dtypes) and raises PyTorch's own
+   errors at the call; the call is then lowered (:func:`tilescope.lower.lower`) and
+   the pair cached. Every **later call** with that signature is asynchronous:
+   allocate outputs, submit one execution (modeled time), queue the numerics, return;
+3. ops whose results the host needs (``.item()``-like non-tensor results, data-dependent
+   shapes such as ``nonzero``) always take the synchronous path.
 
-Ops whose results the host needs now (``.item()``, data-dependent shapes,
-non-tensor results) wait for the device instead (``_sync_call``).
+Metadata-only ops (views, ``squeeze_``-like in-place view ops) run PyTorch's CPU
+kernels on the device tensors themselves: no execution, true views.
 """
 
 from __future__ import annotations
@@ -27,16 +29,20 @@ from .. import lower as _lower
 from . import _runtime, _worker
 from ._native import load as _load_native
 
-__all__ = ["Handler", "handler_for", "handle", "op_label", "stats"]
+__all__ = ["Handler", "handler_for", "handle", "op_label", "stats", "same_device_error"]
 
 _Tensor = torch.Tensor
 _rt = None  # the native module, set by init()
-_meta = torch.device("meta")
-_NUMBER_KINDS = ("number", "Optional[number]", "List[number]", "float", "Optional[float]", "List[float]",
-                 "Optional[List[float]]")
+_CPU_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+# Scalar-typed arguments are runtime operands (by type in cache keys): optimizer step
+# sizes and other per-call numbers. float-typed ones (eps, p, scale) are constants.
+_NUMBER_KINDS = frozenset(("number", "Optional[number]", "List[number]"))
+# a Python number in a Tensor-typed position is a wrapped number (``x * 2``): a runtime operand
+_TENSOR_KINDS = frozenset(("Tensor", "Optional[Tensor]"))
 _enable_rf = torch._C._autograd._enable_record_function
-_STATS = {"calls": 0, "meta_misses": 0, "sync_calls": 0}
+_STATS = {"calls": 0, "first_calls": 0, "sync_calls": 0}
 _DEVICE_TYPE = "privateuseone"
+_PLAIN, _NUMBER, _WRAPPED = 0, 1, 2
 
 
 def init(device_type: str) -> None:
@@ -46,6 +52,7 @@ def init(device_type: str) -> None:
 
 
 def stats() -> dict:
+    """Calls handled, first calls of a signature (synchronous) and calls that always wait."""
     return dict(_STATS)
 
 
@@ -76,41 +83,57 @@ def same_device_error(a, b) -> RuntimeError:
     )
 
 
-# ---- argument scanning ------------------------------------------------------------
+# ---- argument scanning ------------------------------------------------------------------
+
+_WRAP_CACHE: dict = {}
+
+
+def _wrapped(v):
+    """A 0-dim CPU tensor standing for a wrapped Python number (PyTorch's promotion rules
+    treat it like the number: floats take the default dtype)."""
+    key = (v.__class__, v)
+    t = _WRAP_CACHE.get(key)
+    if t is None:
+        if v.__class__ is float:
+            t = torch.tensor(v, dtype=torch.get_default_dtype())
+        else:
+            t = torch.tensor(v)
+        if len(_WRAP_CACHE) < 512:
+            _WRAP_CACHE[key] = t
+    return t
+
 
 class _Scan:
     """Result of one pass over the arguments."""
 
-    __slots__ = ("key", "cpu_args", "cpu_kwargs", "device", "tensors")
+    __slots__ = ("key", "cpu_args", "cpu_kwargs", "device", "host")
 
 
-def _scan_value(v, number: bool, key: list, tensors: list, ctx: list):
-    """Key part and CPU form of one argument value. ctx = [device index or None, cpu_devices]."""
+def _scan_value(v, flag: int, key: list, s: _Scan):
     c = v.__class__
     if c is _Tensor or isinstance(v, _Tensor):
-        if v.device.type == _DEVICE_TYPE:
-            idx = v.device.index
-            if ctx[0] is None:
-                ctx[0] = idx
-            elif ctx[0] != idx:
-                raise same_device_error(torch.device(_DEVICE_TYPE, ctx[0]), v.device)
-            key.append((v.shape, v.stride(), v.dtype, idx))
-            tensors.append(v)
+        d = v.get_device()
+        if d >= 0:
+            if s.device is None:
+                s.device = d
+            elif s.device != d:
+                raise same_device_error(torch.device(_DEVICE_TYPE, s.device), v.device)
+            key.append((v.shape, v.stride(), v.dtype, d))
             return _rt.cpu_view(v)
-        # a host tensor: only 0-dim ones (scalars) may be mixed in, read now
-        if v.dim() != 0:
-            ctx[1].append(v)
+        # a host tensor: 0-dim ones are scalars, read at dispatch (later host changes do not leak in)
         key.append((v.shape, v.stride(), v.dtype, -1))
-        tensors.append(v)
-        return v.detach().clone() if v.dim() == 0 else v
+        if v.dim() == 0:
+            return v.detach().clone()
+        s.host = v
+        return v
     if c is list or c is tuple:
         sub: list = []
-        out = [_scan_value(x, number, sub, tensors, ctx) for x in v]
+        out = [_scan_value(x, flag, sub, s) for x in v]
         key.append(tuple(sub))
         return out
-    if number:
+    if flag and (c is float or c is int or c is bool or c is complex):
         key.append(c)
-        return v
+        return _wrapped(v) if flag == _WRAPPED else v
     if c is torch.Generator:
         key.append("gen")
         return v
@@ -118,37 +141,21 @@ def _scan_value(v, number: bool, key: list, tensors: list, ctx: list):
     return v
 
 
-def scan(args, kwargs, numbers_pos, numbers_kw) -> _Scan:
+def scan(args, kwargs, pos_flags, kw_flags) -> _Scan:
+    """Signature key, CPU arguments and device of one call."""
+    s = _Scan()
+    s.device = None
+    s.host = None
     key: list = []
-    tensors: list = []
-    ctx: list = [None, []]
-    cpu_args = [_scan_value(a, i in numbers_pos, key, tensors, ctx) for i, a in enumerate(args)]
+    n = len(pos_flags)
+    s.cpu_args = [_scan_value(a, pos_flags[i] if i < n else 0, key, s) for i, a in enumerate(args)]
     cpu_kwargs = {}
     for k, v in kwargs.items():
         key.append(k)
-        cpu_kwargs[k] = _scan_value(v, k in numbers_kw, key, tensors, ctx)
-    s = _Scan()
-    s.key = tuple(key)
-    s.cpu_args = cpu_args
+        cpu_kwargs[k] = _scan_value(v, kw_flags.get(k, 0), key, s)
     s.cpu_kwargs = cpu_kwargs
-    s.device = ctx[0]
-    s.tensors = tensors
-    if ctx[1] and ctx[0] is not None:
-        s.device = ctx[0]
-        s._cpu = ctx[1]  # type: ignore[attr-defined]
+    s.key = tuple(key)
     return s
-
-
-# ---- meta inference -------------------------------------------------------------
-
-def _to_meta(v):
-    if isinstance(v, torch.Generator):
-        return None
-    if isinstance(v, _Tensor):
-        return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=_meta)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_to_meta(x) for x in v)
-    return v
 
 
 def _flat_tensors(result) -> list:
@@ -162,13 +169,13 @@ def _flat_tensors(result) -> list:
     return []
 
 
-def _abstract(v, numbers: bool, counter: list):
+def _abstract(v, flag: int, counter: list):
     """Lowering form of an argument: TensorMeta / ScalarArg / hashable values."""
     if isinstance(v, _Tensor):
         return _lower.meta_of(v)
     if isinstance(v, (list, tuple)):
-        return tuple(_abstract(x, numbers, counter) for x in v)
-    if numbers and isinstance(v, (bool, int, float)):
+        return tuple(_abstract(x, flag, counter) for x in v)
+    if flag and isinstance(v, (bool, int, float)):
         name = f"s{counter[0]}"
         counter[0] += 1
         return _lower.ScalarArg(name, type(v))
@@ -177,119 +184,114 @@ def _abstract(v, numbers: bool, counter: list):
     return v
 
 
-# ---- handlers ------------------------------------------------------------------------
+# ---- handlers ------------------------------------------------------------------------------
 
 class Entry:
-    """What a signature key maps to: output metadata and the lowered Program."""
+    """What a signature key maps to: output metadata and the lowered Program (None: nothing to run)."""
 
-    __slots__ = ("outs", "lowered", "nbytes")
+    __slots__ = ("outs", "lowered")
 
     def __init__(self, outs, lowered):
-        self.outs = outs  # list of (shape, stride, dtype)
+        self.outs = outs  # (shape, stride, dtype) per result (None for an undefined one), or per out= tensor
         self.lowered = lowered
+
+
+def _arg_flag(a) -> int:
+    t = str(a.type)
+    if t in _NUMBER_KINDS:
+        return _NUMBER
+    if t in _TENSOR_KINDS:
+        return _WRAPPED
+    return _PLAIN
 
 
 class Handler:
     """The device kernel of one op overload."""
 
-    def __init__(self, op):
+    def __init__(self, op, cpu_fn=None):
         self.op = op
         self.name = op_label(op)
         schema = op._schema
         self.schema = schema
         args = schema.arguments
-        self.arg_names = [a.name for a in args]
-        self.numbers_pos = frozenset(i for i, a in enumerate(args) if not a.kwarg_only and str(a.type) in _NUMBER_KINDS)
-        self.numbers_kw = frozenset(a.name for a in args if str(a.type) in _NUMBER_KINDS)
-        self.write_pos = [i for i, a in enumerate(args) if not a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+        self.pos_flags = tuple(_arg_flag(a) for a in args if not a.kwarg_only)
+        self.kw_flags = {a.name: _arg_flag(a) for a in args}
+        self.write_pos = [i for i, a in enumerate(args) if not a.kwarg_only and a.alias_info is not None
+                          and a.alias_info.is_write]
         self.out_kw = [a.name for a in args if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
         rets = schema.returns
+        self.n_returns = len(rets)
+        self.list_return = len(rets) == 1 and str(rets[0].type) == "List[Tensor]"
+        tensor_returns = all(str(r.type) in ("Tensor", "List[Tensor]") for r in rets)
         self.returns_alias = [r.alias_info is not None for r in rets]
-        ret_types = [str(r.type) for r in rets]
-        self.tensor_returns = all(t in ("Tensor", "List[Tensor]", "Optional[Tensor]") for t in ret_types)
-        self.dynamic = torch.Tag.dynamic_output_shape in op.tags or torch.Tag.data_dependent_output in op.tags
-        self.mutating = bool(self.write_pos) or bool(self.out_kw)
+        tags = op.tags
+        dynamic = torch.Tag.dynamic_output_shape in tags or torch.Tag.data_dependent_output in tags
         gens = [(i, a) for i, a in enumerate(args) if "Generator" in str(a.type)]
         self.gen = (gens[0][0], gens[0][1].name, gens[0][1].kwarg_only) if gens else None
+        self.fn = cpu_fn or op
+        self.out_fn = None
+        self.out_names: list[str] = []
         self.cache: dict = {}
-        self.out_op = None if self.mutating else _find_out_overload(op)
-        self.lock = threading.Lock()
-        if any(r.alias_info is not None and not r.alias_info.is_write for r in rets):
-            self.kind = "view"
-        elif not self.tensor_returns or self.dynamic:
-            self.kind = "sync"
+        # what the call does to its arguments and results
+        if torch.Tag.inplace_view in tags or any(r.alias_info is not None and not r.alias_info.is_write for r in rets):
+            self.kind = "meta"  # views and in-place view ops: metadata only
         elif self.out_kw:
             self.kind = "out"
-        elif self.write_pos and all(self.returns_alias) and rets:
+        elif self.write_pos and rets and all(self.returns_alias):
             self.kind = "inplace"
-        elif self.write_pos:
-            self.kind = "mutating"  # writes some arguments and returns fresh tensors
         else:
-            self.kind = "functional"
+            self.kind = "functional"  # fresh results (possibly also writing some arguments)
+        self.cacheable = tensor_returns and not dynamic and bool(rets) and self.kind != "meta"
+        if self.kind == "functional" and not self.write_pos and cpu_fn is None:
+            found = _find_out_overload(op)
+            if found is not None:
+                self.out_fn, self.out_names = found
 
-    # -- the hot path ------------------------------------------------------------------
+    # -- the hot path ------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         _STATS["calls"] += 1
-        kind = self.kind
-        if kind == "view":
-            return self.op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CPU), *args, **kwargs)
-        if kind == "sync":
-            return self._sync_call(args, kwargs)
-        s = scan(args, kwargs, self.numbers_pos, self.numbers_kw)
+        if self.kind == "meta":
+            return self.op.redispatch(_CPU_KS, *args, **kwargs)
+        s = scan(args, kwargs, self.pos_flags, self.kw_flags)
         if s.device is None:
-            s.device = _device_of_factory(kwargs)
-        if hasattr(s, "_cpu"):
-            raise same_device_error(torch.device(_DEVICE_TYPE, s.device), s._cpu[0].device)
-        entry = self.cache.get(s.key)
+            s.device = _factory_device(kwargs)
+        if s.host is not None and self.name not in _HOST_TENSORS_OK:
+            raise same_device_error(torch.device(_DEVICE_TYPE, s.device), s.host.device)
+        entry = self.cache.get(s.key) if self.cacheable else None
         if entry is None:
-            entry = self._miss(s, args, kwargs)
-            if entry is None:  # the op cannot be described by meta tensors: run it synchronously
-                return self._sync_call(args, kwargs)
+            return self._first(s, args, kwargs)
         core = s.device
+        kind = self.kind
         if kind == "functional":
-            rt_empty = _rt.empty
-            outs = [rt_empty(shape, stride, dtype, core) for shape, stride, dtype in entry.outs]
-            cpu_outs = [_rt.cpu_view(o) for o in outs]
-            if self.out_op is not None:
-                kw = s.cpu_kwargs
-                for name, o in zip(self.out_names, cpu_outs):
-                    kw[name] = o
-                work = (self.out_op, s.cpu_args, kw, self.name)
-            else:
-                work = (_run_and_copy, (self.op, s.cpu_args, s.cpu_kwargs, cpu_outs), {}, self.name)
-            if any(o.numel() for o in outs):
-                self._submit(core, entry, work, s)
-            return self._pack(outs)
-        # in-place / out= / mutating: the CPU views alias the device memory that is written
+            rt = _rt
+            outs = [None if sp is None else rt.empty(sp[0], sp[1], sp[2], core) for sp in entry.outs]
+            if entry.lowered is not None:
+                cpu_outs = [rt.cpu_view(o) for o in outs if o is not None]
+                if self.out_fn is not None:
+                    work = (_run_out, (self, s.cpu_args, s.cpu_kwargs, cpu_outs), {}, self.name)
+                else:
+                    work = (_run_and_copy, (self.fn, s.cpu_args, s.cpu_kwargs, cpu_outs), {}, self.name)
+                self._submit(core, entry.lowered, work, s)
+            if self.list_return:
+                return outs
+            return outs[0] if self.n_returns == 1 else tuple(outs)
+        # in-place and out=: the CPU views alias the device memory that is written
         if kind == "out":
             self._resize_outs(entry, kwargs)
             for name in self.out_kw:
                 s.cpu_kwargs[name] = _cpu_tree(kwargs[name])
-            work = (self.op, s.cpu_args, s.cpu_kwargs, self.name)
-            self._submit(core, entry, work, s)
+        if entry.lowered is not None:
+            self._submit(core, entry.lowered, (self.fn, s.cpu_args, s.cpu_kwargs, self.name), s)
+        return self._aliased_results(args, kwargs)
+
+    def _aliased_results(self, args, kwargs):
+        if self.kind == "out":
             results = [kwargs[n] for n in self.out_kw]
-            return results[0] if len(results) == 1 else tuple(results)
-        if kind == "inplace":
-            work = (self.op, s.cpu_args, s.cpu_kwargs, self.name)
-            self._submit(core, entry, work, s)
-            results = [args[i] for i in self.write_pos[:len(self.returns_alias)]]
-            return results[0] if len(results) == 1 else tuple(results)
-        # mutating with fresh results (e.g. batch norm updating running stats)
-        outs = [_rt.empty(shape, stride, dtype, core) for shape, stride, dtype in entry.outs]
-        work = (_run_and_copy, (self.op, s.cpu_args, s.cpu_kwargs, [_rt.cpu_view(o) for o in outs]), {}, self.name)
-        self._submit(core, entry, work, s)
-        return self._pack(outs)
+        else:
+            results = [args[i] for i in self.write_pos[:self.n_returns]]
+        return results[0] if len(results) == 1 else tuple(results)
 
-    def _pack(self, outs):
-        rets = self.schema.returns
-        if len(rets) == 1:
-            if str(rets[0].type) == "List[Tensor]":
-                return outs
-            return outs[0]
-        return tuple(outs)
-
-    def _submit(self, core, entry, work, s):
-        low = entry.lowered
+    def _submit(self, core, low, work, s):
         if self.gen is not None:
             work = _with_generator(self.gen, work, s, core)
         _runtime.submit(core, self.name, "kernel", low.rule, low.program, low.modeled_ns, work, low.hbm_bytes)
@@ -299,138 +301,111 @@ class Handler:
         for name in self.out_kw:
             vals = kwargs[name]
             for t in (vals if isinstance(vals, (list, tuple)) else [vals]):
-                shape, stride, _ = entry.outs[i]
+                shape = entry.outs[i][0]
                 i += 1
                 if tuple(t.shape) != tuple(shape):
-                    if t.numel() != 0:
-                        import warnings
-
-                        warnings.warn(
-                            f"An output with one or more elements was resized since it had shape "
-                            f"{list(t.shape)}, which does not match the required output shape {list(shape)}. "
-                            f"This behavior is deprecated, and in a future PyTorch release outputs will not "
-                            f"be resized unless they have zero elements. You can explicitly reuse an out "
-                            f"tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
-                            UserWarning, stacklevel=3)
                     t.resize_(shape)
 
-    # -- a new signature ------------------------------------------------------------------
-    def _miss(self, s: _Scan, args, kwargs):
-        _STATS["meta_misses"] += 1
-        meta_args = [_to_meta(a) for a in args]
-        meta_kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
-        with _hidden:
-            try:
-                result = self.op(*meta_args, **meta_kwargs)
-            except NotImplementedError:
-                return None
-            except RuntimeError as e:
-                if "meta" in str(e).lower() and ("not implemented" in str(e).lower() or "does not support" in str(e).lower()):
-                    return None
-                raise
+    # -- the first call of a signature: synchronous, on the worker ----------------------------
+    def _first(self, s: _Scan, args, kwargs):
+        _STATS["first_calls" if self.cacheable else "sync_calls"] += 1
+        core = s.device
+        box: list = []
+        fresh = {}
         if self.kind == "out":
-            written = []
-            for n in self.out_kw:
-                written += _flat_tensors(meta_kwargs[n])
-        elif self.kind == "inplace":
-            written = [meta_args[i] for i in self.write_pos]
-            written = _flat_tensors(written)
+            # fresh host outputs: the CPU kernel may resize them; device outputs follow below
+            for name in self.out_kw:
+                fresh[name] = s.cpu_kwargs[name] = _fresh_like(kwargs[name])
+        work = (_capture, (self.fn, s.cpu_args, s.cpu_kwargs, box), {}, self.name)
+        if self.gen is not None:
+            work = _with_generator(self.gen, work, s, core)
+        _worker.put(work)
+        _worker.wait()
+        if not box:
+            raise RuntimeError(f"sim device: {self.name} did not run")
+        ok, result = box[0]
+        if not ok:
+            raise result
+        copies: list = []
+        if self.kind == "functional":
+            value, written = _to_device(result, core, copies, args, kwargs)
+        elif self.kind == "out":
+            written = _settle_outs(self.out_kw, kwargs, fresh, copies)
+            value = self._aliased_results(args, kwargs)
         else:
-            written = _flat_tensors(result)
-        outs = [(tuple(t.shape), tuple(t.stride()), t.dtype) for t in written]
-        entry = Entry(outs, self._lower(args, kwargs, written))
-        self.cache[s.key] = entry
-        return entry
+            value = self._aliased_results(args, kwargs)
+            written = _flat_tensors(value)
+        if self.kind == "functional":
+            tops = value if self.list_return or self.n_returns > 1 else [value]
+            outs = [(tuple(t.shape), tuple(t.stride()), t.dtype) if isinstance(t, _Tensor) else None for t in tops]
+        else:
+            outs = [(tuple(t.shape), tuple(t.stride()), t.dtype) for t in written]
+        lowered = self._lower(args, kwargs, written) if any(t.numel() for t in written) or not written else None
+        if lowered is not None:
+            copy_work = (_copy_pairs, (copies,), {}, self.name) if copies else None
+            end = _runtime.submit(core, self.name, "kernel", lowered.rule, lowered.program, lowered.modeled_ns,
+                                  copy_work, lowered.hbm_bytes)
+            if not self.cacheable:
+                _runtime.wait_until(end)  # the host waits for what it reads
+        elif copies:
+            _worker.put((_copy_pairs, (copies,), {}, self.name))
+        if self.cacheable:
+            self.cache[s.key] = Entry(outs, lowered)
+        return value
 
     def _lower(self, args, kwargs, written):
         counter = [0]
-        largs = tuple(_abstract(a, i in self.numbers_pos, counter) for i, a in enumerate(args))
+        n = len(self.pos_flags)
+        largs = tuple(_abstract(a, self.pos_flags[i] if i < n else 0, counter) for i, a in enumerate(args))
         lkw = []
         k_out = 0
         for k in sorted(kwargs):
             if k in self.out_kw:
-                n = len(_flat_tensors(kwargs[k]))
-                ref = tuple(_lower.OutputRef(k_out + j) for j in range(n))
-                lkw.append((k, ref[0] if not isinstance(kwargs[k], (list, tuple)) else ref))
-                k_out += n
+                m = len(_flat_tensors(kwargs[k]))
+                refs = tuple(_lower.OutputRef(k_out + j) for j in range(m))
+                lkw.append((k, refs if isinstance(kwargs[k], (list, tuple)) else refs[0]))
+                k_out += m
             else:
-                lkw.append((k, _abstract(kwargs[k], k in self.numbers_kw, counter)))
-        outputs = tuple(_lower.meta_of(t) for t in written)
+                lkw.append((k, _abstract(kwargs[k], self.kw_flags.get(k, 0), counter)))
+        if written:
+            outputs = tuple(_lower.meta_of(t) for t in written)
+        else:  # nothing written (a non-tensor result): model it as reading its first input
+            ins = [t for t in _flat_tensors(list(args) + list(kwargs.values())) if t.numel()]
+            if not ins:
+                return None
+            outputs = (_lower.meta_of(ins[0]),)
         call = _lower.Call(self.name, largs, tuple(lkw), outputs)
         with _hidden:
             return _lower.lower(call, _runtime.settings().preset)
 
-    # -- ops the host must wait for ------------------------------------------------------
-    def _sync_call(self, args, kwargs):
-        _STATS["sync_calls"] += 1
-        s = scan(args, kwargs, self.numbers_pos, self.numbers_kw)
-        core = s.device if s.device is not None else _device_of_factory(kwargs)
-        if hasattr(s, "_cpu") and self.name not in _HOST_TENSORS_OK:
-            raise same_device_error(torch.device(_DEVICE_TYPE, core), s._cpu[0].device)
-        box: list = []
-        work = (_run_into, (self.op, s.cpu_args, s.cpu_kwargs, box, core), {}, self.name)
-        low = self._sync_lowered(args, kwargs)
-        end = _runtime.submit(core, self.name, "kernel", low.rule, low.program, low.modeled_ns, work, low.hbm_bytes)
-        if not _runtime.settings().numerics:
-            _worker.put(work)
-        _runtime.wait_until(end)
-        if not box:
-            _worker.raise_pending()
-            raise RuntimeError(f"sim device: {self.name} produced no result")
-        return _wrap_results(box[0], args, kwargs, self)
 
-    def _sync_lowered(self, args, kwargs):
-        key = ("sync",) + tuple((tuple(a.shape), a.dtype) if isinstance(a, _Tensor) else _hashable(a)
-                                for a in args)
-        hit = self.cache.get(key)
-        if hit is not None:
-            return hit.lowered
-        ins = [t for t in _flat_tensors(list(args) + list(kwargs.values()))]
-        counter = [0]
-        largs = tuple(_abstract(a, i in self.numbers_pos, counter) for i, a in enumerate(args))
-        lkw = tuple((k, _abstract(v, k in self.numbers_kw, counter)) for k, v in sorted(kwargs.items()))
-        # outputs of a data-dependent op are unknown until it runs: model it as reading its inputs
-        call = _lower.Call(self.name, largs, lkw, tuple(_lower.meta_of(t) for t in ins[:1]))
-        with _hidden:
-            low = _lower.lower(call, _runtime.settings().preset)
-        self.cache[key] = Entry([], low)
-        return low
+_HOST_TENSORS_OK = {"aten::_local_scalar_dense", "aten::equal", "aten::index.Tensor", "aten::index_put_",
+                    "aten::_index_put_impl_", "aten::index_put"}
 
 
-def _with_generator(gen_spec, work, s, core):
-    from ._special import run_with_generator
-
-    pos, name, kwarg_only = gen_spec
-    if not kwarg_only and pos < len(s.cpu_args):
-        container, key = s.cpu_args, pos
-    else:
-        container, key = s.cpu_kwargs, name
-    gen = container[key] if (key in container if isinstance(container, dict) else True) else None
-    if gen is not None and gen.device.type != _DEVICE_TYPE:
-        raise RuntimeError(
-            f"Expected a '{_DEVICE_TYPE}' device type for generator but found '{gen.device.type}'. "
-            f"Create it with torch.Generator(device={_DEVICE_TYPE!r})."
-        )
-    # the op's CPU call must see the generator in the container it was given in
-    if isinstance(container, dict):
-        container[key] = None
-    return (run_with_generator, (work, container, key, gen, core), {}, work[3])
+def _fresh_like(v):
+    if isinstance(v, _Tensor):
+        return torch.empty(v.shape, dtype=v.dtype)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_fresh_like(x) for x in v)
+    return v
 
 
-_HOST_TENSORS_OK = {"aten::_local_scalar_dense", "aten::equal"}
+def _settle_outs(out_kw, kwargs, fresh, copies) -> list:
+    """After a synchronous out= call on fresh host outputs: size the device outputs like
+    the results (``resize_``) and queue the copies into them."""
+    written = []
+    for name in out_kw:
+        devs = _flat_tensors(kwargs[name])
+        for t, r in zip(devs, _flat_tensors(fresh[name])):
+            if tuple(t.shape) != tuple(r.shape):
+                t.resize_(r.shape)
+            copies.append((_rt.cpu_view(t), r))
+            written.append(t)
+    return written
 
 
-def _hashable(v):
-    if isinstance(v, list):
-        return tuple(_hashable(x) for x in v)
-    try:
-        hash(v)
-        return v
-    except TypeError:
-        return repr(v)
-
-
-def _device_of_factory(kwargs) -> int:
+def _factory_device(kwargs) -> int:
     d = kwargs.get("device")
     if d is not None and d.index is not None:
         return d.index
@@ -445,51 +420,98 @@ def _cpu_tree(v):
     return v
 
 
-# ---- worker-side functions (keep them short: they hold the GIL) ----------------------------
+def _to_device(result, core, copies, args, kwargs):
+    """Device tensors for a CPU result (copies queued as (dst view, src) pairs); results that
+    alias a device argument (returned inputs) are that argument."""
+    written: list = []
 
-def _run_and_copy(op, args, kwargs, outs):
-    result = op(*args, **kwargs)
-    if outs:
-        for o, r in zip(outs, _flat_tensors(result)):
-            o.copy_(r)
+    def convert(r):
+        if isinstance(r, _Tensor):
+            for a in _flat_tensors(list(args) + list(kwargs.values())):
+                if a.get_device() >= 0 and _same_memory(a, r):
+                    return a
+            out = _rt.empty(list(r.shape), list(r.stride()), r.dtype, core)
+            copies.append((_rt.cpu_view(out), r))
+            written.append(out)
+            return out
+        if isinstance(r, (list, tuple)):
+            items = [convert(x) for x in r]
+            return tuple(items) if isinstance(r, tuple) else items
+        return r
 
-
-def _run_into(op, args, kwargs, box, core):
-    box.append(op(*args, **kwargs))
-
-
-def _wrap_results(result, args, kwargs, handler):
-    """Device tensors holding a synchronously computed CPU result."""
-    if isinstance(result, _Tensor):
-        # results aliasing an argument (in-place) are returned as the argument itself
-        for a in list(args) + list(kwargs.values()):
-            if isinstance(a, _Tensor) and a.device.type == _DEVICE_TYPE and _same_memory(a, result):
-                return a
-        core = next((a.device.index for a in _flat_tensors(list(args) + list(kwargs.values()))
-                     if a.device.type == _DEVICE_TYPE), _rt.current_device())
-        out = _rt.empty(list(result.shape), list(result.stride()), result.dtype, core)
-        _rt.cpu_view(out).copy_(result)
-        return out
-    if isinstance(result, (list, tuple)):
-        items = [_wrap_results(r, args, kwargs, handler) for r in result]
-        return type(result)(items) if isinstance(result, tuple) else items
-    return result
+    return convert(result), written
 
 
 def _same_memory(dev, cpu) -> bool:
     try:
-        return _rt.cpu_view(dev).data_ptr() == cpu.data_ptr() and dev.shape == cpu.shape
-    except Exception:  # noqa: BLE001
+        view = _rt.cpu_view(dev)
+        return view.data_ptr() == cpu.data_ptr() and view.shape == cpu.shape and view.stride() == cpu.stride()
+    except RuntimeError:
         return False
 
 
+# ---- worker-side functions (keep them short: they hold the GIL) -----------------------------
+
+def _capture(fn, args, kwargs, box):
+    try:
+        box.append((True, fn(*args, **kwargs)))
+    except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+        box.append((False, e))
+
+
+def _run_and_copy(fn, args, kwargs, outs):
+    result = fn(*args, **kwargs)
+    for o, r in zip(outs, _flat_tensors(result)):
+        o.copy_(r)
+
+
+def _run_out(handler, args, kwargs, outs):
+    if handler.out_fn is not None:
+        kw = dict(kwargs)
+        for name, o in zip(handler.out_names, outs):
+            kw[name] = o
+        try:
+            handler.out_fn(*args, **kw)
+            return
+        except RuntimeError as e:
+            if "resize" not in str(e):
+                raise
+            handler.out_fn = None  # this op's out= form resizes its output internally: compute then copy
+    _run_and_copy(handler.fn, args, kwargs, outs)
+
+
+def _copy_pairs(pairs):
+    for dst, src in pairs:
+        dst.copy_(src)
+
+
+def _with_generator(gen_spec, work, s, core):
+    from ._special import run_with_generator
+
+    pos, name, kwarg_only = gen_spec
+    if not kwarg_only and pos < len(s.cpu_args):
+        container, key = s.cpu_args, pos
+    else:
+        container, key = s.cpu_kwargs, name
+    gen = container.get(key) if isinstance(container, dict) else container[key]
+    if gen is not None and gen.device.type != _DEVICE_TYPE:
+        raise RuntimeError(
+            f"Expected a '{_DEVICE_TYPE}' device type for generator but found '{gen.device.type}'. "
+            f"Create it with torch.Generator(device={_DEVICE_TYPE!r})."
+        )
+    if isinstance(container, dict):
+        container[key] = None
+    return (run_with_generator, (work, container, key, gen, core), {}, work[3])
+
+
 def _find_out_overload(op):
-    """The ``out=`` overload matching a functional overload, if any."""
+    """(out= overload, its output argument names) matching a functional overload, if any."""
     schema = op._schema
     rets = schema.returns
     if not rets or any(str(r.type) != "Tensor" for r in rets):
         return None
     names = [a.name for a in schema.arguments]
+    types = [str(a.type) for a in schema.arguments]
     packet = op.overloadpacket
     for ov in packet.overloads():
         cand = getattr(packet, ov)
@@ -498,37 +520,21 @@ def _find_out_overload(op):
         if len(outs) != len(rets):
             continue
         rest = [a for a in cs.arguments if a not in outs]
-        if [a.name for a in rest] != names or [str(a.type) for a in rest] != [str(a.type) for a in schema.arguments]:
+        if [a.name for a in rest] != names or [str(a.type) for a in rest] != types:
             continue
-        cand_names = [a.name for a in outs]
-        cand.__dict__.setdefault("_ts_out_names", cand_names)
-        return _OutOp(cand, cand_names)
+        return cand, [a.name for a in outs]
     return None
 
 
-class _OutOp:
-    """An out= overload called with keyword outputs (the worker's fast path)."""
-
-    __slots__ = ("op", "names")
-
-    def __init__(self, op, names):
-        self.op = op
-        self.names = names
-
-    def __call__(self, *args, **kwargs):
-        return self.op(*args, **kwargs)
-
-
 _HANDLERS: dict = {}
+# device ops with no CPU kernel: the CPU function that computes them
+_CPU_SUBSTITUTES: dict = {}
 
 
 def handler_for(op) -> Handler:
     h = _HANDLERS.get(op)
     if h is None:
-        h = _HANDLERS[op] = Handler(op)
-        if h.out_op is not None:
-            h.out_names = h.out_op.names
-            h.out_op = h.out_op.op
+        h = _HANDLERS[op] = Handler(op, _CPU_SUBSTITUTES.get(op_label(op)))
     return h
 
 

@@ -104,6 +104,7 @@ _SPECIAL = {
     "_local_scalar_dense": _special.local_scalar_dense,
     "resize_": _special.resize_,
     "record_stream": _special.record_stream,
+    "new_empty_strided": _special.new_empty_strided,
 }
 
 # ops whose CompositeExplicitAutograd kernel would loop per tensor: one execution instead

@@ -167,11 +167,13 @@ def unsubscribe(fn) -> None:
 
 
 def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: float,
-           work, nbytes: int = 0, direction: str | None = None, extra_wait_core: int | None = None):
+           work, nbytes: int = 0, direction: str | None = None, extra_wait_core: int | None = None,
+           want_record: bool = False):
     """Schedule one execution; queue its numerics ``work`` = ``(fn, args, kwargs, label)``.
 
-    Returns the device end time (ns). ``extra_wait_core``: a second core whose
-    pending work must finish first (copies between cores).
+    Returns the device end time (ns), or the :class:`Execution` with ``want_record``.
+    ``extra_wait_core``: a second core whose pending work must finish first (copies
+    between cores).
     """
     s = _S
     with s.lock:
@@ -191,7 +193,8 @@ def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: fl
         s.core_busy[core] += modeled_ns
         s.core_count[core] += 1
         flow = next(s.flow)
-    if s.listeners:
+    rec = None
+    if s.listeners or want_record:
         rec = Execution(flow, op, kind, lowering, program, program.hash if program is not None else "",
                         core, 0, threading.get_ident(), host, queued, start, end, modeled_ns,
                         s.runtime_ns, nbytes, direction, s.clock)
@@ -201,7 +204,7 @@ def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: fl
         _worker.put(work)
         if s.blocking:
             _worker.wait()
-    return end
+    return rec if want_record else end
 
 
 def wait_numerics() -> None:

@@ -18,7 +18,7 @@ from .. import lower as _lower
 from . import _dispatch, _runtime
 
 __all__ = ["copy_from", "copy_", "copy_from_and_resize", "local_scalar_dense", "resize_",
-           "run_with_generator", "default_generator", "record_stream"]
+           "run_with_generator", "default_generator", "record_stream", "new_empty_strided"]
 
 _Tensor = torch.Tensor
 _COPY_CHECKED: set = set()
@@ -138,6 +138,15 @@ def resize_(self, size, memory_format=None):
 
 def record_stream(self, stream):
     return None
+
+
+def new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """An allocation, not an execution (``new_empty_strided`` would otherwise reach the kernels)."""
+    dtype = dtype or self.dtype
+    if device is not None and device.type != _dispatch._DEVICE_TYPE:
+        return torch.empty_strided(size, stride, dtype=dtype, device=device, pin_memory=bool(pin_memory))
+    core = device.index if device is not None and device.index is not None else self.get_device()
+    return _rt().empty(list(size), list(stride), dtype, core)
 
 
 # ---- random numbers -----------------------------------------------------------------

@@ -83,9 +83,10 @@ def _build(call: Call, spec: CoreSpec) -> Lowered:
     rule = RULES.get(call.op) or RULES.get(call.packet)
     program = None
     name = "generic"
-    if rule is not None:
+    while rule is not None and program is None:
         program = rule.build(call, spec)
         name = rule.name
+        rule = rule.fallback
     if program is None:
         program, _ = lower_generic(call, spec)
         name = "generic"

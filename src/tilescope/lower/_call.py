@@ -1,10 +1,10 @@
 """What a lowering rule sees: one aten call with tensors replaced by their metadata.
 
 Tensors become :class:`TensorMeta` (shape, strides, dtype); arguments whose schema
-type is a number (``Scalar``, ``float``, and lists of them) become
-:class:`ScalarArg` placeholders -- runtime operands of the Program, so a new value
-(an optimizer's step size) never makes a new Program. Everything else (dims, sizes,
-flags) is part of the call's identity.
+type is ``Scalar`` (and lists of them) become :class:`ScalarArg` placeholders --
+runtime operands of the Program, so a new value (an optimizer's step size) never
+makes a new Program. Everything else (dims, sizes, flags, ``float`` constants such
+as ``eps``) is part of the call's identity.
 
 >>> m = TensorMeta((4, 8), (8, 1), "float32")
 >>> m.numel, m.is_contiguous
@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-__all__ = ["TensorMeta", "ScalarArg", "OutputRef", "Call", "meta_of", "contiguous_strides", "schema_names"]
+__all__ = ["TensorMeta", "ScalarArg", "OutputRef", "Call", "meta_of", "contiguous_strides", "schema_names",
+           "COMPLEX"]
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
@@ -28,7 +29,10 @@ def contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-_DEVICE_ALIASES = {"float64": "float32"}
+# host-compatibility dtypes -> the device dtype that models them (complex tensors are
+# described as pairs: a trailing dim of 2, as torch.view_as_real shows them)
+_DEVICE_ALIASES = {"float64": "float32", "complex64": "float32", "complex128": "float32", "complex32": "float16"}
+COMPLEX = frozenset({"complex64", "complex128", "complex32"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,10 @@ class TensorMeta:
         from ..dtypes import canonical
 
         return canonical(_DEVICE_ALIASES.get(self.dtype, self.dtype))
+
+    @property
+    def is_complex(self) -> bool:
+        return self.dtype in COMPLEX
 
     @property
     def itemsize(self) -> int:
@@ -160,8 +168,11 @@ class Call:
 
 
 def meta_of(t) -> TensorMeta:
-    """The TensorMeta of a torch tensor."""
-    return TensorMeta(tuple(t.shape), tuple(t.stride()), str(t.dtype)[6:])
+    """The TensorMeta of a torch tensor (complex ones as (..., 2) pairs of reals)."""
+    dtype = str(t.dtype)[6:]
+    if dtype in COMPLEX:
+        return TensorMeta(tuple(t.shape) + (2,), tuple(2 * s for s in t.stride()) + (1,), dtype)
+    return TensorMeta(tuple(t.shape), tuple(t.stride()), dtype)
 
 
 _SCHEMAS: dict = {}

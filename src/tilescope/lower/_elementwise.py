@@ -421,6 +421,8 @@ def lower_elementwise(call: Call, spec):
     if out.numel == 0:
         return None
     named, tensors = _operands(call, tensor_names)
+    if out.is_complex or any(m.is_complex for _, m in tensors):
+        return None  # complex arithmetic is not elementwise over pairs of reals
     shape = out.shape
     for _, m in tensors:
         if len(m.shape) > len(shape) or any(

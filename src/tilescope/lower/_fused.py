@@ -1,1 +1,161 @@
-"""(rules added below)"""
+"""Fused built-ins: calls whose Program is traced from a tile kernel (:mod:`.kernels`).
+
+Each rule reshapes the call into the kernel's ``[rows, d]`` form (the op's last dim
+is ``d``) and asks the kernel for its cached Program (``Kernel.program_for``); calls
+outside a kernel's form (a softmax over another dim, a strided input, an attention
+with a mask or longer than one PSUM bank) are declined and take the elementwise or
+generic lowering.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from ._call import Call, TensorMeta
+from ._rules import Rule, add_rules
+
+__all__ = ["FUSED"]
+
+_KERNEL_DTYPES = ("float32", "bfloat16", "float16")
+_MAX_D = 16384  # elements of the last dim a kernel tile holds per partition
+
+
+def _spec(shape, dtype):
+    from ..lang import TensorSpec
+
+    return TensorSpec(tuple(shape), dtype)
+
+
+def _rows_d(x: TensorMeta, d: int):
+    if not x.is_contiguous or x.numel == 0 or x.dtype not in _KERNEL_DTYPES or d <= 0 or x.numel % d:
+        return None
+    if d > _MAX_D:
+        return None
+    return x.numel // d, d
+
+
+def _program(kernel, spec, *args):
+    try:
+        return kernel.program_for(*args, preset=spec).program
+    except Exception:  # noqa: BLE001 - e.g. a shape whose tiles do not fit SBUF: not this rule's form
+        return None
+
+
+def _last_dim(call: Call, named):
+    x = named.get("self")
+    if not isinstance(x, TensorMeta) or x.ndim == 0:
+        return None, None
+    dim = named.get("dim", -1)
+    if dim is not None and dim % x.ndim != x.ndim - 1:
+        return x, None
+    return x, x.shape[-1]
+
+
+def _softmax_like(kernel_name):
+    def build(call: Call, spec):
+        from . import kernels
+
+        named = call.named()
+        if named.get("half_to_float"):
+            return None
+        x, d = _last_dim(call, named)
+        if d is None or call.outputs[0].dtype != x.dtype:
+            return None
+        rd = _rows_d(x, d)
+        if rd is None:
+            return None
+        return _program(getattr(kernels, kernel_name), spec, _spec(rd, x.dtype))
+    return build
+
+
+def _pointwise(kernel_name, extra=lambda named: ()):
+    def build(call: Call, spec):
+        from . import kernels
+
+        named = call.named()
+        x = named.get("self")
+        if not isinstance(x, TensorMeta) or x.ndim == 0 or len(call.outputs) != 1:
+            return None
+        rd = _rows_d(x, x.shape[-1])
+        if rd is None or call.outputs[0].dtype != x.dtype:
+            return None
+        return _program(getattr(kernels, kernel_name), spec, _spec(rd, x.dtype), *extra(named))
+    return build
+
+
+def _layer_norm(call: Call, spec):
+    from . import kernels
+
+    named = call.named()
+    x, w, b = named.get("input"), named.get("weight"), named.get("bias")
+    shape = tuple(named.get("normalized_shape") or ())
+    if not isinstance(x, TensorMeta) or not shape:
+        return None
+    d = prod(shape)
+    rd = _rows_d(x, d)
+    if rd is None:
+        return None
+    for p in (w, b):
+        if p is not None and (not isinstance(p, TensorMeta) or not p.is_contiguous or p.dtype != x.dtype):
+            return None
+    eps = named.get("eps", 1e-5)
+    return _program(kernels.layer_norm_kernel, spec, _spec(rd, x.dtype),
+                    None if w is None else _spec((d,), w.dtype), None if b is None else _spec((d,), b.dtype),
+                    float(eps))
+
+
+def _rms_norm(call: Call, spec):
+    from . import kernels
+
+    named = call.named()
+    x, w = named.get("input"), named.get("weight")
+    shape = tuple(named.get("normalized_shape") or ())
+    if not isinstance(x, TensorMeta) or not shape:
+        return None
+    d = prod(shape)
+    rd = _rows_d(x, d)
+    if rd is None:
+        return None
+    if w is not None and (not isinstance(w, TensorMeta) or not w.is_contiguous or w.dtype != x.dtype):
+        return None
+    eps = named.get("eps")
+    if eps is None:
+        import torch
+
+        eps = float(torch.finfo(getattr(torch, x.dtype)).eps)
+    return _program(kernels.rms_norm_kernel, spec, _spec(rd, x.dtype),
+                    None if w is None else _spec((d,), w.dtype), float(eps))
+
+
+def _attention(call: Call, spec):
+    from . import kernels
+
+    named = call.named()
+    q, k, v = named.get("query"), named.get("key"), named.get("value")
+    if not all(isinstance(t, TensorMeta) and t.ndim == 4 and t.is_contiguous and t.dtype in _KERNEL_DTYPES
+               for t in (q, k, v)):
+        return None
+    if named.get("attn_bias") is not None or named.get("dropout_p", 0.0):
+        return None
+    B, H, L, E = q.shape
+    S, Ev = k.shape[2], v.shape[3]
+    if E > 128 or S > 512 or Ev > 512 or k.shape[:2] != (B, H) or v.shape[:3] != (B, H, S):
+        return None
+    scale = named.get("scale")
+    scale = float(scale) if scale is not None else 1.0 / (E ** 0.5)
+    return _program(kernels.attention_kernel, spec, _spec((B * H, L, E), q.dtype), _spec((B * H, S, E), k.dtype),
+                    _spec((B * H, S, Ev), v.dtype), scale, bool(named.get("is_causal", False)))
+
+
+FUSED = {
+    "_softmax": Rule("fused:softmax", _softmax_like("softmax_kernel"), "softmax_kernel"),
+    "_log_softmax": Rule("fused:log_softmax", _softmax_like("log_softmax_kernel"), "log_softmax_kernel"),
+    "native_layer_norm": Rule("fused:layer_norm", _layer_norm, "layer_norm_kernel"),
+    "gelu": Rule("fused:gelu", _pointwise("gelu_kernel", lambda n: (n.get("approximate", "none"),)), "gelu_kernel"),
+    "silu": Rule("fused:silu", _pointwise("silu_kernel"), "silu_kernel"),
+    "tilescope::rms_norm": Rule("fused:rms_norm", _rms_norm, "rms_norm_kernel"),
+    "_scaled_dot_product_fused_attention_overrideable": Rule("fused:attention", _attention, "attention_kernel"),
+}
+
+for _name, _rule in FUSED.items():
+    add_rules([_name], _rule)

@@ -174,6 +174,9 @@ def _flat_chunks(m: TensorMeta, view):
 def _to_torch(arr: np.ndarray, dtype: str, shape) -> torch.Tensor:
     """A torch tensor of torch dtype name ``dtype`` from a Program array."""
     arr = np.ascontiguousarray(arr)
+    if dtype in ("complex64", "complex128", "complex32"):
+        real = torch.from_numpy(arr.astype(np.float32)).reshape(shape)
+        return torch.view_as_complex(real.contiguous()).to(getattr(torch, dtype))
     if dtype == "bfloat16":
         t = torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
     elif dtype == "float8_e4m3fn":
@@ -185,6 +188,8 @@ def _to_torch(arr: np.ndarray, dtype: str, shape) -> torch.Tensor:
 
 def _to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
     t = t.detach().contiguous()
+    if t.is_complex():
+        return torch.view_as_real(t.to(torch.complex64)).numpy()
     if dtype == "bfloat16":
         import ml_dtypes
 
@@ -237,7 +242,8 @@ def _aten_numerics(inputs, outputs, attrs) -> None:
             tensors.append(_to_torch(next(present), dtype, shape))
         else:
             tensors.append(torch.empty(shape, dtype=getattr(torch, dtype)))
-    outs = [torch.empty(s, dtype=getattr(torch, d)) for s, d in zip(a["out_shapes"], a["out_dtypes"])]
+    outs = [torch.empty(s[:-1] if d.startswith("complex") else s, dtype=getattr(torch, d))
+            for s, d in zip(a["out_shapes"], a["out_dtypes"])]
     args = [_decode(v, tensors) for v in a["args"]]
     kwargs = {k: (outs[v[1]] if isinstance(v, tuple) and v[:1] == ("O",) else _decode(v, tensors))
               for k, v in a["kwargs"]}

@@ -1,1 +1,226 @@
-"""(rules added below)"""
+"""Reductions over any dims: on VectorE along the free axis, or on TensorE across partitions.
+
+Two forms, chosen by the input's layout:
+
+* **row form** (the reduced elements are the free axis): each partition holds ``k``
+  output elements' worth of input (``[P, k, N]``), one ``tensor_reduce`` per tile; a
+  reduction longer than the free budget is chunked and combined. Reducing a
+  non-innermost dim this way reads strided memory (DMA pays for the small chunks).
+* **column form** for sums and means whose kept elements are contiguous (a reduction
+  over rows, e.g. ``x.sum(0)``): rows go on the partitions and TensorE accumulates
+  ``ones[K, 1].T @ x[K, N]`` into PSUM over row tiles -- the standard way to reduce
+  across partitions.
+
+``var`` / ``std`` take two passes over the same tile (mean, then squared deviations).
+"""
+
+from __future__ import annotations
+
+from itertools import product
+from math import prod
+
+from ..isa import AP
+from ..program import TileBuilder, View
+from ._call import Call, TensorMeta
+from ._layout import coalesce, hbm_input, hbm_output
+from ._rules import Rule, add_rules
+
+__all__ = ["lower_reduction", "REDUCTIONS"]
+
+_FREE = 4096  # input elements per partition per tile
+_COLS = 512  # TensorE moving free size (one PSUM bank of fp32)
+
+# op name -> (engine reduce op, post-processing)
+REDUCTIONS = {
+    "sum": ("add", None), "mean": ("add", "mean"), "amax": ("max", None), "amin": ("min", None),
+    "prod": ("multiply", None), "max": ("max", None), "min": ("min", None),
+    "all": ("min", "nonzero"), "any": ("max", "nonzero"),
+    "var": ("add", "var"), "std": ("add", "std"),
+}
+
+
+def _dims(call: Call, ndim: int):
+    """The reduced dims (sorted, non-negative), or None when the call is not a plain reduction."""
+    named = call.named()
+    dim = named.get("dim", None)
+    if call.overload == "default" or dim is None:
+        dims = list(range(ndim))
+    elif isinstance(dim, int):
+        dims = [dim]
+    else:
+        dims = list(dim)
+        if not dims:
+            dims = list(range(ndim))
+    out = sorted({d + ndim if d < 0 else d for d in dims})
+    if any(not 0 <= d < ndim for d in out):
+        return None
+    return out
+
+
+def _correction(call: Call):
+    named = call.named()
+    c = named.get("correction", None)
+    if c is None:
+        unbiased = named.get("unbiased", True)
+        return 1 if unbiased is not False else 0
+    if isinstance(c, (int, float)):
+        return c
+    return None  # a runtime correction would change the structure below: decline
+
+
+def lower_reduction(call: Call, spec):
+    base = call.packet
+    row = REDUCTIONS.get(base)
+    if row is None or len(call.outputs) != 1:
+        return None
+    if base in ("max", "min") and call.overload != "default":
+        return None  # max.dim returns (values, indices): generic
+    x = next((v for v in call.args[:1] if isinstance(v, TensorMeta)), None)
+    out = call.outputs[0]
+    if x is None or x.ndim == 0 or x.numel == 0 or out.numel == 0 or x.is_complex or out.is_complex:
+        return None
+    dims = _dims(call, x.ndim)
+    if dims is None:
+        return None
+    red_op, post = row
+    correction = _correction(call) if post in ("var", "std") else 0
+    if correction is None:
+        return None
+    kept = [d for d in range(x.ndim) if d not in dims]
+    # output strides of the kept dims (keepdim outputs carry size-1 reduced dims)
+    if out.ndim == x.ndim:
+        out_kept = [out.stride[d] for d in kept]
+    else:
+        out_kept = list(out.stride)
+    kshape = tuple(x.shape[d] for d in kept)
+    (kshape_c, (kin, kout)) = coalesce(kshape or (1,), [tuple(x.stride[d] for d in kept) or (0,),
+                                                         tuple(out_kept) or (0,)])
+    rshape, (rin,) = coalesce(tuple(x.shape[d] for d in dims), [tuple(x.stride[d] for d in dims)])
+    n_red = prod(rshape)
+    b = TileBuilder(call.op, spec)
+    with b.provenance(op=call.op):
+        xin = hbm_input(b, "in_self", x)
+        yout = hbm_output(b, "out", out)
+        column = (post in (None, "mean") and red_op == "add" and kin[-1] in (1, 0) and len(rshape) == 1
+                  and rin[0] > 1 and kshape_c[-1] > 1)
+        if column:
+            _column(b, spec, x, out, xin, yout, kshape_c, kin, kout, rshape[0], rin[0], post)
+        else:
+            if _rows(b, spec, x, out, xin, yout, kshape_c, kin, kout, rshape, rin, red_op, post, correction) is False:
+                return None
+    return b.build(meta={"lowering": "reduction"})
+
+
+def _sb(view_like, shape3):
+    """[P, k, n] view of a [P, k*n] SBUF tile."""
+    ap = view_like.ap
+    p, k, n = shape3
+    return View(view_like.buffer, AP(ap.buffer, ap.dtype, ap.offset, ((k * n, p), (n, k), (1, n))), (p, k, n))
+
+
+def _rows(b, spec, x, out, xin, yout, kshape, kin, kout, rshape, rin, red_op, post, correction):
+    n_red = prod(rshape)
+    chunked = n_red > _FREE
+    if chunked and len(rshape) != 1:
+        return False
+    chunk = min(n_red, _FREE)
+    k_max = max(1, _FREE // chunk)
+    last, ks_in, ks_out = kshape[-1], kin[-1], kout[-1]
+    for outer in product(*(range(n) for n in kshape[:-1])):
+        base_in = sum(i * s for i, s in zip(outer, kin[:-1]))
+        base_out = sum(i * s for i, s in zip(outer, kout[:-1]))
+        r = 0
+        while r < last:
+            left = last - r
+            k = min(k_max, -(-left // spec.partitions))
+            p = min(spec.partitions, left // k)
+            acc = b.sbuf((p, k), "float32", site="red.acc")
+            for c0 in range(0, n_red, chunk):
+                cw = min(chunk, n_red - c0)
+                t = b.sbuf((p, k * cw), x.device_dtype, site="red.in")
+                if chunked:
+                    red_dims = ((rin[0], cw),)
+                    off = c0 * rin[0]
+                else:
+                    red_dims = tuple(zip(rin, rshape))
+                    off = 0
+                src = AP(xin.ap.buffer, xin.ap.dtype, xin.ap.offset + base_in + r * ks_in + off,
+                         ((k * ks_in, p), (ks_in, k)) + red_dims)
+                b.dma_copy(t, View(xin.buffer, src, (p, k, cw)))
+                tv = _sb(t, (p, k, cw))
+                if post in ("var", "std"):
+                    _variance(b, acc, t, tv, (p, k, cw), n_red, correction, post)
+                    continue
+                if post == "nonzero":
+                    nz = b.sbuf((p, k * cw), "float32", site="red.nz")
+                    b.tensor_scalar(nz, t, "not_equal", 0.0)
+                    tv = _sb(nz, (p, k, cw))
+                if c0 == 0:
+                    b.tensor_reduce(acc, tv, red_op, axes=(2,))
+                else:
+                    part = b.sbuf((p, k), "float32", site="red.part")
+                    b.tensor_reduce(part, tv, red_op, axes=(2,))
+                    b.tensor_tensor(acc, acc, part, {"add": "add", "max": "maximum", "min": "minimum",
+                                                     "multiply": "multiply"}[red_op])
+            res = acc
+            if post == "mean":
+                res = b.sbuf((p, k), out.device_dtype, site="red.res")
+                b.tensor_scalar(res, acc, "multiply", 1.0 / n_red)
+            elif out.device_dtype != "float32":
+                res = b.sbuf((p, k), out.device_dtype, site="red.res")
+                b.tensor_copy(res, acc)
+            dst = AP(yout.ap.buffer, yout.ap.dtype, yout.ap.offset + base_out + r * ks_out,
+                     ((k * ks_out, p), (ks_out, k)))
+            b.dma_copy(View(yout.buffer, dst, (p, k)), res)
+            r += p * k
+    return None
+
+
+def _variance(b, acc, t, tv, shape3, n, correction, post):
+    p, k, cw = shape3
+    mean = b.sbuf((p, k), "float32", site="red.mean")
+    b.tensor_reduce(mean, tv, "add", axes=(2,))
+    b.tensor_scalar(mean, mean, "multiply", 1.0 / n)
+    dev = b.sbuf((p, k * cw), "float32", site="red.dev")
+    devv = _sb(dev, shape3)
+    mb = View(mean.buffer, AP(mean.ap.buffer, mean.ap.dtype, mean.ap.offset, ((k, p), (1, k), (0, cw))), shape3)
+    b.tensor_tensor(devv, tv, mb, "subtract")
+    b.activation(dev, dev, "square")
+    b.tensor_reduce(acc, devv, "add", axes=(2,))
+    b.tensor_scalar(acc, acc, "multiply", 1.0 / max(n - correction, 0) if n - correction > 0 else float("nan"))
+    if post == "std":
+        b.activation(acc, acc, "sqrt")
+
+
+def _column(b, spec, x, out, xin, yout, kshape, kin, kout, n_rows, row_stride, post):
+    """Sum over rows on TensorE: PSUM[1, N] += ones[K, 1].T @ x[K, N] per row tile."""
+    ones = b.sbuf((spec.partitions, 1), x.device_dtype if x.device_dtype in ("float32", "bfloat16", "float16") else "float32",
+                  site="red.ones", bufs=1)
+    b.memset(ones, 1.0)
+    cols, cs_in, cs_out = kshape[-1], kin[-1], kout[-1]
+    scale = 1.0 / n_rows if post == "mean" else 1.0
+    for outer in product(*(range(n) for n in kshape[:-1])):
+        base_in = sum(i * s for i, s in zip(outer, kin[:-1]))
+        base_out = sum(i * s for i, s in zip(outer, kout[:-1]))
+        for c0 in range(0, cols, _COLS):
+            cw = min(_COLS, cols - c0)
+            acc = b.psum((1, cw), "float32", site="red.psum")
+            for r0 in range(0, n_rows, spec.partitions):
+                rows = min(spec.partitions, n_rows - r0)
+                t = b.sbuf((rows, cw), x.device_dtype, site="red.rows")
+                src = AP(xin.ap.buffer, xin.ap.dtype, xin.ap.offset + base_in + r0 * row_stride + c0 * cs_in,
+                         ((row_stride, rows), (cs_in, cw)))
+                b.dma_copy(t, View(xin.buffer, src, (rows, cw)))
+                mv = t
+                if x.device_dtype not in ("float32", "bfloat16", "float16"):
+                    mv = b.sbuf((rows, cw), "float32", site="red.cast")
+                    b.tensor_copy(mv, t)
+                b.matmul(acc, ones[:rows, :], mv, accumulate=r0 > 0)
+            res = b.sbuf((1, cw), out.device_dtype, site="red.res")
+            b.activation(res, acc, "copy", scale=scale)
+            dst = AP(yout.ap.buffer, yout.ap.dtype, yout.ap.offset + base_out + c0 * cs_out, ((cw * cs_out, 1), (cs_out, cw)))
+            b.dma_copy(View(yout.buffer, dst, (1, cw)), res)
+
+
+_NAMES = list(REDUCTIONS)
+add_rules(_NAMES, Rule("reduction", lower_reduction, __doc__.splitlines()[0]))

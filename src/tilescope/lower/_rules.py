@@ -18,20 +18,26 @@ class Rule:
     """One lowering rule.
 
     ``build(call, spec)`` returns the Program, or None when this call is outside what
-    the rule handles (the generic lowering takes it then).
+    the rule handles: the rule it replaced for this op (``fallback``) is tried next,
+    and the generic lowering last.
     """
 
     name: str
     build: Callable
     doc: str = ""
+    fallback: "Rule | None" = None
 
 
 RULES: dict[str, Rule] = {}
 
 
 def add_rules(names, rule: Rule) -> None:
+    """Add ``rule`` for ``names``; a rule already there becomes its fallback."""
+    import dataclasses
+
     for n in names:
-        RULES[n] = rule
+        old = RULES.get(n)
+        RULES[n] = dataclasses.replace(rule, fallback=old) if old is not None else rule
 
 
 def _load() -> None:

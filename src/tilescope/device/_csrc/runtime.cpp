@@ -229,6 +229,7 @@ static bool supported_dtype(c10::ScalarType t) {
   switch (t) {
     case c10::kFloat: case c10::kBFloat16: case c10::kHalf: case c10::kDouble: case c10::kLong: case c10::kInt:
     case c10::kShort: case c10::kChar: case c10::kByte: case c10::kBool: case c10::ScalarType::Float8_e4m3fn:
+    case c10::kComplexHalf: case c10::kComplexFloat: case c10::kComplexDouble:
       return true;
     default:
       return false;
@@ -252,9 +253,9 @@ static std::string torch_name(c10::ScalarType t) {
 static void check_dtype(c10::ScalarType t) {
   TORCH_CHECK_TYPE(supported_dtype(t), "the ", g_backend_name, " device does not support ", torch_name(t),
       " tensors: Trainium-class engines have no ", torch_name(t), " arithmetic. Supported dtypes: "
-      "float32, bfloat16, float16, float8_e4m3fn, int64, int32, int16, int8, uint8, bool (and float64, "
-      "accepted for compatibility and modeled as float32). Fix: convert first, e.g. tensor.real / "
-      "tensor.float() / .to(torch.float32), before moving it to the device.");
+      "float32, bfloat16, float16, float8_e4m3fn, int64, int32, int16, int8, uint8, bool (float64 and "
+      "complex are accepted for compatibility, computed on the host and modeled as float32). Fix: convert "
+      "first, e.g. .to(torch.float32) or .to(torch.int32), before moving it to the device.");
 }
 
 static int device_index_of(std::optional<c10::Device> device) {

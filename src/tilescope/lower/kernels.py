@@ -1,0 +1,210 @@
+"""The fused built-ins of the simulated device, written as tile kernels.
+
+``torch.rms_norm``, ``layer_norm``, ``softmax``, ``log_softmax``, ``gelu``, ``silu`` and
+``scaled_dot_product_attention`` on the ``sim`` device each run as one device
+execution whose Program is traced from a kernel below (``tilescope.lang``): read them
+to see how a Trainium-class core does the job, and run them yourself with
+``tilescope.simulate(kernel, *arrays)``.
+
+All kernels take row-major ``[rows, d]`` views of their tensors (the op's last dim is
+``d``); 128 rows go to the partitions, the last tile is masked when ``rows`` is not a
+multiple of 128. Statistics are kept in float32 whatever the input dtype.
+
+>>> import numpy as np, tilescope
+>>> from tilescope.lower.kernels import softmax_kernel
+>>> x = np.random.default_rng(0).standard_normal((200, 64), dtype=np.float32)
+>>> r = tilescope.simulate(softmax_kernel, x)
+>>> bool(np.allclose(r.value.sum(axis=1), 1.0, atol=1e-5))
+True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import tilescope
+import tilescope.isa as nisa
+import tilescope.lang as tl
+
+__all__ = [
+    "rms_norm_kernel", "layer_norm_kernel", "softmax_kernel", "log_softmax_kernel", "gelu_kernel",
+    "silu_kernel", "attention_kernel",
+]
+
+P = tl.tile_size.pmax
+
+
+@tilescope.kernel
+def rms_norm_kernel(x, weight, eps):
+    """``y = x * rsqrt(mean(x**2) + eps) * weight`` over the last dim; also returns ``rstd`` [rows, 1].
+
+    ``weight`` is a [d] tensor or None. ScalarE squares and sums in one pass
+    (``activation_reduce``), VectorE scales by the per-row factor and the weight.
+    """
+    rows, d = x.shape
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
+    rstd_out = tl.ndarray((rows, 1), tl.float32, buffer=tl.hbm)
+    if weight is not None:
+        w = tl.load(weight.reshape((1, d)).broadcast_to((P, d)))  # once, into every partition
+    i_p, i_f = tl.mgrid[0:P, 0:d]
+    i_1 = tl.arange(1)[None, :]
+    for t in tl.affine_range((rows + P - 1) // P):
+        r = t * P + i_p
+        xt = tl.load(x[r, i_f], mask=(r < rows))
+        ss = tl.ndarray((P, 1), tl.float32)
+        nisa.activation_reduce(tl.square, xt, reduce_op=np.add, reduce_res=ss, dtype=tl.float32,
+                               mask=(r < rows))
+        rstd = tl.rsqrt(ss * (1.0 / d) + eps, mask=(r < rows))          # [P, 1]
+        y = nisa.tensor_scalar(xt, np.multiply, rstd, mask=(r < rows))
+        if weight is not None:
+            y = tl.multiply(y, w, mask=(r < rows))
+        tl.store(out[r, i_f], y, mask=(r < rows))
+        tl.store(rstd_out[r, i_1], rstd, mask=(r < rows))
+    return out, rstd_out
+
+
+@tilescope.kernel
+def layer_norm_kernel(x, weight, bias, eps):
+    """``y = (x - mean) * rsqrt(var + eps) * weight + bias``; also returns mean and rstd [rows, 1].
+
+    Mean and variance come from VectorE's ``bn_stats`` (per 512 elements) and
+    ``bn_aggr`` in one pass; one ``tensor_scalar`` subtracts and scales.
+    """
+    rows, d = x.shape
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
+    mean_out = tl.ndarray((rows, 1), tl.float32, buffer=tl.hbm)
+    rstd_out = tl.ndarray((rows, 1), tl.float32, buffer=tl.hbm)
+    if weight is not None:
+        w = tl.load(weight.reshape((1, d)).broadcast_to((P, d)))
+    if bias is not None:
+        b = tl.load(bias.reshape((1, d)).broadcast_to((P, d)))
+    i_p, i_f = tl.mgrid[0:P, 0:d]
+    i_1 = tl.arange(1)[None, :]
+    fmax = tl.tile_size.bn_stats_fmax
+    chunks = (d + fmax - 1) // fmax
+    for t in tl.affine_range((rows + P - 1) // P):
+        r = t * P + i_p
+        xt = tl.load(x[r, i_f], mask=(r < rows))
+        stats = tl.ndarray((P, 6 * chunks), tl.float32)
+        for c in tl.static_range(chunks):
+            stats[:, 6 * c:6 * c + 6] = nisa.bn_stats(xt[:, c * fmax:min(d, (c + 1) * fmax)], mask=(r < rows))
+        mv = nisa.bn_aggr(stats, mask=(r < rows))                           # [P, 2]: mean, variance
+        rstd = tl.rsqrt(mv[:, 1] + eps, mask=(r < rows))                    # [P]
+        y = nisa.tensor_scalar(xt, np.subtract, mv[:, 0], op1=np.multiply, operand1=rstd, mask=(r < rows))
+        if weight is not None:
+            y = tl.multiply(y, w, mask=(r < rows))
+        if bias is not None:
+            y = tl.add(y, b, mask=(r < rows))
+        tl.store(out[r, i_f], y, mask=(r < rows))
+        tl.store(mean_out[r, i_1], mv[:, 0:1], mask=(r < rows))
+        tl.store(rstd_out[r, i_1], rstd, mask=(r < rows))
+    return out, mean_out, rstd_out
+
+
+@tilescope.kernel
+def softmax_kernel(x):
+    """Softmax over the last dim: ``-max`` on VectorE, then one ScalarE ``activation_reduce``
+    computes ``exp(x - max)`` and its row sum together; VectorE divides."""
+    rows, d = x.shape
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
+    i_p, i_f = tl.mgrid[0:P, 0:d]
+    for t in tl.affine_range((rows + P - 1) // P):
+        r = t * P + i_p
+        xt = tl.load(x[r, i_f], mask=(r < rows))
+        neg_max = nisa.tensor_reduce(np.max, xt, axis=1, negate=True, keepdims=True, mask=(r < rows))
+        total = tl.ndarray((P, 1), tl.float32)
+        e = nisa.activation_reduce(tl.exp, xt, bias=neg_max, reduce_op=np.add, reduce_res=total,
+                                   dtype=tl.float32, mask=(r < rows))
+        tl.store(out[r, i_f], nisa.tensor_scalar(e, np.divide, total, mask=(r < rows)), mask=(r < rows))
+    return out
+
+
+@tilescope.kernel
+def log_softmax_kernel(x):
+    """Log-softmax over the last dim: ``x - max - log(sum(exp(x - max)))``."""
+    rows, d = x.shape
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
+    i_p, i_f = tl.mgrid[0:P, 0:d]
+    for t in tl.affine_range((rows + P - 1) // P):
+        r = t * P + i_p
+        xt = tl.load(x[r, i_f], mask=(r < rows))
+        neg_max = nisa.tensor_reduce(np.max, xt, axis=1, negate=True, keepdims=True, mask=(r < rows))
+        total = tl.ndarray((P, 1), tl.float32)
+        nisa.activation_reduce(tl.exp, xt, bias=neg_max, reduce_op=np.add, reduce_res=total,
+                               dtype=tl.float32, mask=(r < rows))
+        shift = tl.subtract(neg_max, tl.log(total, mask=(r < rows)), mask=(r < rows))   # -max - log(sum)
+        tl.store(out[r, i_f], nisa.tensor_scalar(xt, np.add, shift, mask=(r < rows)), mask=(r < rows))
+    return out
+
+
+@tilescope.kernel
+def gelu_kernel(x, approximate):
+    """GELU on ScalarE's activation table (``"none"``: erf form, ``"tanh"``: tanh form)."""
+    rows, d = x.shape
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
+    i_p, i_f = tl.mgrid[0:P, 0:d]
+    for t in tl.affine_range((rows + P - 1) // P):
+        r = t * P + i_p
+        xt = tl.load(x[r, i_f], mask=(r < rows))
+        y = tl.gelu_tanh(xt, mask=(r < rows)) if approximate == "tanh" else tl.gelu(xt, mask=(r < rows))
+        tl.store(out[r, i_f], y, mask=(r < rows))
+    return out
+
+
+@tilescope.kernel
+def silu_kernel(x):
+    """SiLU (``x * sigmoid(x)``) on ScalarE's activation table."""
+    rows, d = x.shape
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
+    i_p, i_f = tl.mgrid[0:P, 0:d]
+    for t in tl.affine_range((rows + P - 1) // P):
+        r = t * P + i_p
+        xt = tl.load(x[r, i_f], mask=(r < rows))
+        tl.store(out[r, i_f], tl.silu(xt, mask=(r < rows)), mask=(r < rows))
+    return out
+
+
+@tilescope.kernel
+def attention_kernel(q, k, v, scale, causal):
+    """``softmax(q @ k.T * scale [+ causal mask]) @ v`` per head; also returns the row
+    log-sum-exp (for the backward pass).
+
+    q: [BH, L, E], k: [BH, S, E], v: [BH, S, Ev] with E <= 128, S <= 512, Ev <= 512.
+    Per head, k is transposed once on TensorE into [E, S]; per 128 query rows, TensorE
+    computes the scores into one PSUM bank, VectorE/ScalarE take the softmax in SBUF,
+    and the probabilities go back through TensorE (transposed 128 columns at a time)
+    against v -- the whole score matrix never leaves the chip.
+    """
+    BH, L, E = q.shape
+    S = k.shape[1]
+    Ev = v.shape[2]
+    out = tl.ndarray((BH, L, Ev), q.dtype, buffer=tl.hbm)
+    lse = tl.ndarray((BH, L), tl.float32, buffer=tl.hbm)
+    for h in tl.affine_range(BH):
+        kT = tl.ndarray((E, S), tl.float32)
+        for s0 in tl.static_range(0, S, P):
+            sw = min(P, S - s0)
+            kT[:, s0:s0 + sw] = tl.copy(tl.transpose(tl.load(k[h, s0:s0 + sw, :])), dtype=tl.float32)
+        for l0 in tl.static_range(0, L, P):
+            lt = min(P, L - l0)
+            qT = tl.copy(tl.transpose(tl.load(q[h, l0:l0 + lt, :])), dtype=tl.float32)      # [E, lt]
+            s = tl.copy(tl.matmul(qT, kT, transpose_x=True)) * scale                        # [lt, S]
+            if causal:
+                # keep column j of row i when j <= l0 + i (top-left aligned, as torch)
+                allowed = nisa.iota(tl.arange(lt)[:, None] - tl.arange(S)[None, :] + l0, tl.float32)
+                s = tl.where(tl.greater_equal(allowed, 0.0), s, -3.0e38)
+            neg_max = nisa.tensor_reduce(np.max, s, axis=1, negate=True, keepdims=True)
+            total = tl.ndarray((lt, 1), tl.float32)
+            p = nisa.activation_reduce(tl.exp, s, bias=neg_max, reduce_op=np.add, reduce_res=total,
+                                       dtype=tl.float32)
+            p = nisa.tensor_scalar(p, np.divide, total)
+            acc = tl.zeros((lt, Ev), tl.float32, buffer=tl.psum)
+            for s0 in tl.static_range(0, S, P):
+                sw = min(P, S - s0)
+                pT = tl.copy(tl.transpose(p[:, s0:s0 + sw]), dtype=tl.float32)             # [sw, lt]
+                vt = tl.copy(tl.load(v[h, s0:s0 + sw, :]), dtype=tl.float32)                # [sw, Ev]
+                acc += tl.matmul(pT, vt, transpose_x=True)
+            tl.store(out[h, l0:l0 + lt, :], tl.copy(acc, dtype=q.dtype))
+            lse_t = tl.subtract(tl.log(total), neg_max)                                     # max + log(sum)
+            tl.store(lse[h, l0:l0 + lt], lse_t)
+    return out, lse
