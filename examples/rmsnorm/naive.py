@@ -1,14 +1,9 @@
-"""The naive RMSNorm of the study (see study.py for the shared input, config and schedule).
+"""The naive RMSNorm of the study (shared input, config and schedule: tilescope.studies.rmsnorm).
 
 Run: python examples/rmsnorm/naive.py [--dtype fp32|bf16] [--out DIR]
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from study import main  # noqa: E402
+from tilescope.studies.rmsnorm import main
 
 if __name__ == "__main__":
     main("naive")

@@ -9,9 +9,14 @@ from . import __version__
 
 
 def _cmd_demo(args) -> int:
-    from ._demo import main
+    import os
 
-    return main(args.preset)
+    if args.preset:
+        os.environ["TILESCOPE_PRESET"] = args.preset
+    from .studies.rmsnorm import demo
+
+    demo(args.out, args.dtype)
+    return 0
 
 
 def _cmd_presets(args) -> int:
@@ -36,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tilescope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="run the main demo on the simulated device")
-    demo.add_argument("--preset", default="trn1", help="hardware preset (default trn1)")
+    demo.add_argument("--preset", default=None, help="hardware preset (default trn1 or $TILESCOPE_PRESET)")
+    demo.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    demo.add_argument("--out", default="profile_out/rmsnorm", help="where the three profiles go")
     demo.set_defaults(func=_cmd_demo)
     presets = sub.add_parser("presets", help="list hardware presets")
     presets.set_defaults(func=_cmd_presets)

@@ -1,0 +1,1 @@
+"""Reproducible studies: the reference workflows, runnable as `tilescope demo` and from examples/."""
