@@ -98,5 +98,11 @@ def test_fused_has_one_execution_where_naive_has_six_and_the_diff_says_so(sim, n
     n = t_fused.sql("SELECT count(*) FROM events WHERE cat = 'hardware'").fetchall()[0][0]
     if n != 1:
         pytest.skip(f"the simulated device runs F.rms_norm as {n} executions: no fused rms_norm built-in yet")
-    d = tt.diff(t_naive, t_fused)
-    assert d.fusion and d.fusion[0].before_executions == 6 and d.fusion[0].after_executions == 1
+    d = tt.diff(t_naive, t_fused, names=["naive", "fused"])
+    [f] = d.fusion
+    assert f.before_executions == 6 and f.after_executions == 1
+    assert sum(f.before_ops.values()) == 6 and f.before_ops["aten::mul"] == 3
+    text = f.text()
+    assert "6 ops" in text and "became 1" in text and "-5 executions" in text and "(modeled)" in text
+    assert f.after_device_ns < f.before_device_ns and f.after_bytes < f.before_bytes
+    print(text)

@@ -109,30 +109,23 @@ def _build_lod(con, entry: str, t0: int, t1: int) -> list[dict]:
     levels = []
     finest = LOD_LEVELS - 1
     w = max(1, -(-span // (LOD_BASE_BUCKETS * 4 ** finest)))
-    # finest level from the events; coarser ones merge 4 buckets at a time
-    con.execute(f"""
-      CREATE OR REPLACE TEMP TABLE lod_f AS
-      SELECT pid, tid, (ts_ns - {t0}) // {w} AS bucket, count(*)::BIGINT AS count,
-             sum(dur_ns)::BIGINT AS busy_ns, arg_max(name, dur_ns) AS top_name, max(dur_ns) AS top_ns
-      FROM read_parquet('{glob}', hive_partitioning=false)
-      WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL
-      GROUP BY ALL""")
-    # each coarser level merges 4 buckets of the level below it (a table 4x smaller each time)
-    prev = "lod_f"
+    # one statement: the finest level from the events, each coarser one merging 4**j of its buckets
+    arms = []
     for k in range(finest, -1, -1):
         levels.append({"level": k, "bucket_ns": w * 4 ** (finest - k)})
-        div = 1 if k == finest else 4
-        con.execute(f"""
-          CREATE OR REPLACE TEMP TABLE lod_{k} AS
-          SELECT {k}::TINYINT AS level, pid, tid, bucket // {div} AS bucket, sum(count)::BIGINT AS count,
-                 sum(busy_ns)::BIGINT AS busy_ns, arg_max(top_name, top_ns) AS top_name, max(top_ns) AS top_ns
-          FROM {prev} GROUP BY ALL ORDER BY pid, tid, bucket""")
-        prev = f"lod_{k}"
-    union = " UNION ALL ".join(f"SELECT * FROM lod_{k}" for k in range(LOD_LEVELS))
-    con.execute(f"COPY ({union}) TO '{os.path.join(entry, 'lod.parquet')}' (FORMAT parquet)")
-    for k in range(LOD_LEVELS):
-        con.execute(f"DROP TABLE lod_{k}")
-    con.execute("DROP TABLE lod_f")
+        div = 4 ** (finest - k)
+        arms.append(f"""SELECT {k}::TINYINT AS level, pid, tid, b // {div} AS bucket, sum(c)::BIGINT AS count,
+                               sum(busy)::BIGINT AS busy_ns, arg_max(n, m) AS top_name, max(m) AS top_ns
+                        FROM f GROUP BY pid, tid, b // {div}""")
+    con.execute(f"""
+      COPY (
+        WITH f AS MATERIALIZED (
+          SELECT pid, tid, (ts_ns - {t0}) // {w} AS b, count(*) AS c, sum(dur_ns) AS busy,
+                 arg_max(name, dur_ns) AS n, max(dur_ns) AS m
+          FROM read_parquet('{glob}', hive_partitioning=false)
+          WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL GROUP BY ALL)
+        {' UNION ALL '.join(arms)}
+      ) TO '{os.path.join(entry, 'lod.parquet')}' (FORMAT parquet)""")
     return sorted(levels, key=lambda d: d["level"])
 
 
