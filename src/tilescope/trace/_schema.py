@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __all__ = ["SCHEMA_VERSION", "TABLES", "RAW_JSON_COLUMNS", "TS_EXACT_TYPE", "ARG_COLUMNS", "CATEGORY_KINDS", "kind_case_sql"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Columns read from each trace record by DuckDB's JSON reader. Times are microseconds; a
 # double holds them exactly to the nanosecond below 2**53 ns (~104 days: relative clocks,

@@ -4,7 +4,7 @@ Layout of one entry (``$TILESCOPE_CACHE_DIR`` or ``~/.cache/tilescope/trace/<key
 
     events/rank=<r>/part-<k>.parquet   every trace record (see TABLES["events"])
     lanes.parquet                      one row per (pid, tid) lane with names and extent
-    lod.parquet                        level-of-detail buckets for the windowed query
+    lod.parquet, lod_names.parquet     level-of-detail buckets for the windowed query
     executables.parquet                tilescope profiles only
     instructions.parquet               tilescope profiles only (modeled)
     meta.json                          written last: an entry without it is rebuilt
@@ -109,23 +109,26 @@ def _build_lod(con, entry: str, t0: int, t1: int) -> list[dict]:
     levels = []
     finest = LOD_LEVELS - 1
     w = max(1, -(-span // (LOD_BASE_BUCKETS * 4 ** finest)))
-    # one statement: the finest level from the events, each coarser one merging 4**j of its buckets
+    # one statement: the finest level from the events, each coarser one merging 4**j of its
+    # buckets; the longest event's name travels as a hash (names are long: kernel templates)
     arms = []
     for k in range(finest, -1, -1):
         levels.append({"level": k, "bucket_ns": w * 4 ** (finest - k)})
         div = 4 ** (finest - k)
         arms.append(f"""SELECT {k}::TINYINT AS level, pid, tid, b // {div} AS bucket, sum(c)::BIGINT AS count,
-                               sum(busy)::BIGINT AS busy_ns, arg_max(n, m) AS top_name, max(m) AS top_ns
+                               sum(busy)::BIGINT AS busy_ns, arg_max(hn, m) AS top_hash, max(m) AS top_ns
                         FROM f GROUP BY pid, tid, b // {div}""")
+    src = f"read_parquet('{glob}', hive_partitioning=false)"
     con.execute(f"""
       COPY (
         WITH f AS MATERIALIZED (
           SELECT pid, tid, (ts_ns - {t0}) // {w} AS b, count(*) AS c, sum(dur_ns) AS busy,
-                 arg_max(name, dur_ns) AS n, max(dur_ns) AS m
-          FROM read_parquet('{glob}', hive_partitioning=false)
-          WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL GROUP BY ALL)
+                 arg_max(hash(name), dur_ns) AS hn, max(dur_ns) AS m
+          FROM {src} WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL GROUP BY ALL)
         {' UNION ALL '.join(arms)}
       ) TO '{os.path.join(entry, 'lod.parquet')}' (FORMAT parquet)""")
+    con.execute(f"""COPY (SELECT hash(name) AS top_hash, any_value(name) AS top_name FROM {src}
+                         WHERE ph = 'X' GROUP BY 1) TO '{os.path.join(entry, 'lod_names.parquet')}' (FORMAT parquet)""")
     return sorted(levels, key=lambda d: d["level"])
 
 

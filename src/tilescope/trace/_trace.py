@@ -182,10 +182,12 @@ class Trace:
               NULL::INTEGER AS run, NULL::BIGINT AS flow_id, NULL::VARCHAR AS preset, NULL::INTEGER AS index,
               NULL::VARCHAR AS engine, NULL::VARCHAR AS kind, NULL::DOUBLE AS start_ns, NULL::DOUBLE AS end_ns,
               NULL::BIGINT AS bytes, NULL::DOUBLE AS flops, NULL::VARCHAR AS source WHERE false""")
-        lods = [(os.path.join(e, "lod.parquet"), r) for e, r in zip(self.entries, self.ranks)
-                if os.path.exists(os.path.join(e, "lod.parquet"))]
+        lods = [(os.path.join(e, "lod.parquet"), os.path.join(e, "lod_names.parquet"), r)
+                for e, r in zip(self.entries, self.ranks) if os.path.exists(os.path.join(e, "lod.parquet"))]
         if lods:
-            lsel = " UNION ALL ".join(f"SELECT {r}::INTEGER AS rank, * FROM read_parquet('{f}')" for f, r in lods)
+            lsel = " UNION ALL ".join(
+                f"SELECT {r}::INTEGER AS rank, l.* EXCLUDE (top_hash), n.top_name FROM read_parquet('{f}') l "
+                f"LEFT JOIN read_parquet('{nf}') n USING (top_hash)" for f, nf, r in lods)
             con.execute(f"""CREATE OR REPLACE TEMP VIEW lod AS SELECT l.lane, x.* FROM ({lsel}) x
                             JOIN lanes l ON l.rank = x.rank AND l.pid = x.pid AND l.tid IS NOT DISTINCT FROM x.tid""")
 
