@@ -181,3 +181,20 @@ Tensor from_half_bits(const Tensor& x, bool bf16) {
     tcm_free(h);
     return out;
 }
+
+// Data-dependent transfers: the chunk size is the input's first element (1..256).
+Tensor chunked_copy(const Tensor& x) {
+    Tensor out = get_dst_tensor();
+    if (get_cpu_id() != 0) return out;
+    const size_t n = static_cast<size_t>(x.numel());
+    float* buf = static_cast<float*>(tcm_malloc(sizeof(float) * 256));
+    tcm_accessor(x).tensor_to_tcm<float>(buf, 0, 1);
+    size_t chunk = buf[0] < 1.f ? 1 : (buf[0] > 256.f ? 256 : static_cast<size_t>(buf[0]));
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t c = std::min(chunk, n - i);
+        tcm_accessor(x).tensor_to_tcm<float>(buf, i, c);
+        tcm_accessor(out).tcm_to_tensor<float>(buf, i, c);
+    }
+    tcm_free(buf);
+    return out;
+}

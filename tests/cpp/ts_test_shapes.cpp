@@ -16,6 +16,7 @@ Tensor copy_leaky(const Tensor& x);
 Tensor axpb(const Tensor& x, double a, int64_t k, bool flag);
 Tensor to_half_bits(const Tensor& x, bool bf16);
 Tensor from_half_bits(const Tensor& x, bool bf16);
+Tensor chunked_copy(const Tensor& x);
 
 Tensor same_shape(const Tensor& x) {
     TILESCOPE_CHECK(x.scalar_type() == kFloat, "x must be float32");
@@ -42,4 +43,5 @@ TILESCOPE_LIBRARY(ts_test, m) {
     m.def("axpb", &axpb_shape, &axpb);
     m.def("to_half_bits", &half_bits_shape, &to_half_bits);
     m.def("from_half_bits", &from_half_shape, &from_half_bits);
+    m.def("chunked_copy", &same_shape, &chunked_copy);
 }

@@ -281,4 +281,4 @@ class CppLibrary:
         torch.library.register_fake(f"{op.native.lib}::{op.name}", fake_kernel, lib=tlib)
         from ._device import register_device_kernel
 
-        register_device_kernel(tlib, op)
+        register_device_kernel(tlib, op)  # the sim device (PrivateUse1): one execution per call
