@@ -66,3 +66,59 @@ def test_the_guide_lists_every_table_column():
     missing = [f"{t}.{c}" for t, cols in TABLES.items() for c, _ty, _d in cols
                if not re.search(rf"[`\s,]{re.escape(c)}[`,\s]", doc)]
     assert not missing, f"docs/trace-analysis.md does not mention {missing}"
+
+
+def _nest_reference(lane, ts, end):
+    """The plain stack algorithm nest() must agree with (zero-length slices contain nothing)."""
+    parent, stack, prev = [-1] * len(ts), [], None
+    for i in range(len(ts)):
+        if lane[i] != prev:
+            stack.clear()
+            prev = lane[i]
+        while stack and end[stack[-1]] <= ts[i]:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        if end[i] > ts[i]:
+            stack.append(i)
+    return parent
+
+
+def test_vectorised_nesting_equals_the_stack_algorithm():
+    import numpy as np
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from tilescope.trace._nesting import nest
+
+    def nested(draw_lane, lo, hi, depth, draw):
+        out = []
+        t = lo
+        while t < hi and len(out) < 12:
+            a = draw(st.integers(t, hi))
+            b = draw(st.integers(a, hi))
+            out.append((draw_lane, a, b))
+            if depth < 4 and b > a:
+                out += nested(draw_lane, a, b, depth + 1, draw)
+            t = b + draw(st.integers(0, 3))
+        return out
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.data(), st.booleans())
+    def check(data, straddling):
+        ev = []
+        for lane in range(data.draw(st.integers(1, 3))):
+            if straddling:  # arbitrary intervals: slices may overlap without nesting
+                for _ in range(data.draw(st.integers(0, 25))):
+                    a = data.draw(st.integers(0, 50))
+                    ev.append((lane, a, a + data.draw(st.integers(0, 20))))
+            else:
+                ev += nested(lane, 0, 60, 0, data.draw)
+        ev.sort(key=lambda e: (e[0], e[1], -e[2]))
+        lane = np.array([e[0] for e in ev], dtype=np.int64)
+        ts = np.array([e[1] for e in ev], dtype=np.int64)
+        end = np.array([e[2] for e in ev], dtype=np.int64)
+        parent, _depth, _o = nest(lane, ts, end)
+        assert parent.tolist() == _nest_reference(lane.tolist(), ts.tolist(), end.tolist())
+
+    check()

@@ -9,7 +9,77 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["ensure_hierarchy"]
+__all__ = ["ensure_hierarchy", "nest"]
+
+
+def nest(lane: np.ndarray, ts: np.ndarray, end: np.ndarray):
+    """Parent index, depth and the number of straddling slices, vectorised.
+
+    Input: slices sorted by (lane, ts, end descending). A slice is open at ``ts[i]`` if it
+    started before ``i`` (in that order), has a positive duration and ends after ``ts[i]``;
+    the depth of ``i`` is the number of open slices, and its parent the latest earlier
+    positive slice one level up on the same lane. Zero-length slices contain nothing. Lanes
+    where slices straddle one another (no tree) are redone with the plain stack algorithm,
+    whose answer this one equals on every lane (tested against it).
+
+    >>> import numpy as np
+    >>> p, d, o = nest(np.zeros(4, int), np.array([0, 1, 2, 5]), np.array([10, 4, 3, 6]))
+    >>> p.tolist(), d.tolist(), o
+    ([-1, 0, 1, 0], [0, 1, 2, 1], 0)
+    """
+    n = len(ts)
+    parent = np.full(n, -1, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int64)
+    if n == 0:
+        return parent, depth, 0
+    pos = np.arange(n, dtype=np.int64)
+    positive = end > ts
+    starts = np.flatnonzero(np.r_[True, lane[1:] != lane[:-1]])
+    stops = np.r_[starts[1:], n]
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        pv = positive[a:b]
+        before = np.cumsum(pv) - pv  # positive slices before each one, in this lane
+        closed = np.searchsorted(np.sort(end[a:b][pv]), ts[a:b], side="right")
+        depth[a:b] = before - closed
+    depth = np.maximum(depth, 0)
+    # parent: latest earlier positive slice of the same lane at depth - 1
+    big = int(depth.max()) + 2
+    cand = np.flatnonzero(positive)
+    ckey = (lane[cand] * big + depth[cand]) * n + pos[cand]  # sorted: cand is in (lane, pos) order per depth
+    order = np.argsort(ckey, kind="stable")
+    ckey, cand = ckey[order], cand[order]
+    need = np.flatnonzero(depth > 0)
+    qkey = (lane[need] * big + depth[need] - 1) * n + pos[need]
+    j = np.searchsorted(ckey, qkey, side="left") - 1
+    ok = j >= 0
+    ok[ok] = (ckey[j[ok]] // n) == (qkey[ok] // n)
+    parent[need[ok]] = cand[j[ok]]
+    # a lane whose slices straddle one another is not a tree: redo it with the stack
+    has = parent >= 0
+    bad = np.zeros(n, dtype=bool)
+    bad[has] = (end[has] > end[parent[has]]) | (end[parent[has]] <= ts[has])
+    overlaps = 0
+    for ln in np.unique(lane[bad]).tolist():
+        a, b = int(np.searchsorted(lane, ln, "left")), int(np.searchsorted(lane, ln, "right"))
+        overlaps += _stack(ts, end, a, b, parent, depth)
+    return parent, depth, overlaps
+
+
+def _stack(ts, end, a: int, b: int, parent, depth) -> int:
+    """The plain stack algorithm on rows a..b of one lane; returns the straddling slices."""
+    T, E = ts[a:b].tolist(), end[a:b].tolist()
+    stack: list[int] = []
+    straddles = 0
+    for k in range(b - a):
+        while stack and E[stack[-1]] <= T[k]:
+            stack.pop()
+        parent[a + k] = a + stack[-1] if stack else -1
+        depth[a + k] = len(stack)
+        if stack and E[k] > E[stack[-1]]:
+            straddles += 1
+        if E[k] > T[k]:
+            stack.append(k)
+    return straddles
 
 _DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
@@ -23,32 +93,16 @@ def ensure_hierarchy(trace) -> None:
     t = _arrow(con.sql("""SELECT eid, lane, ts_ns, end_ns, coalesce(dur_ns, 0) AS dur, kind FROM events
                    WHERE ph = 'X' ORDER BY lane, ts_ns, end_ns DESC, eid"""))
     eid = t.column("eid").to_numpy()
-    lane = t.column("lane").to_numpy().tolist()
-    ts = t.column("ts_ns").to_numpy().tolist()
-    end = t.column("end_ns").to_numpy().tolist()
+    lane_a = t.column("lane").to_numpy().astype(np.int64)
+    ts_a = t.column("ts_ns").to_numpy()
+    end_a = t.column("end_ns").to_numpy()
     dur = t.column("dur").to_numpy()
     kinds = t.column("kind").to_pylist()
     n = len(eid)
-    parent = [-1] * n
-    depth = [0] * n
-    stack: list[int] = []
-    prev = None
-    overlaps = 0
-    for i in range(n):
-        if lane[i] != prev:
-            stack.clear()
-            prev = lane[i]
-        s = ts[i]
-        while stack and end[stack[-1]] <= s and not (end[stack[-1]] == s and ts[stack[-1]] == s):
-            stack.pop()
-        if stack:
-            top = stack[-1]
-            if end[i] > end[top]:
-                overlaps += 1
-            parent[i] = top
-            depth[i] = len(stack)
-        stack.append(i)
-    par = np.array(parent, dtype=np.int64)
+    par_idx, depth_a, overlaps = nest(lane_a, ts_a, end_a)
+    parent = par_idx.tolist()
+    depth = depth_a.tolist()
+    par = par_idx
     child_sum = np.zeros(n, dtype=np.int64)
     has = par >= 0
     np.add.at(child_sum, par[has], dur[has])
@@ -103,11 +157,11 @@ def ensure_hierarchy(trace) -> None:
         rows_dev.append(d_eid)
         rows_launch.append(l_eid)
         rows_op.append(int(eid[op]) if op is not None else None)
+    # totals: children before parents, deepest level first (a parent is one level up)
     dev_total = dev_self.copy()
-    for i in range(n - 1, -1, -1):
-        p = parent[i]
-        if p >= 0:
-            dev_total[p] += dev_total[i]
+    for d in range(int(depth_a.max()) if n else 0, 0, -1):
+        sel = np.flatnonzero((depth_a == d) & (par_idx >= 0))
+        np.add.at(dev_total, par_idx[sel], dev_total[sel])
     hier = pa.table({
         "eid": eid, "parent_eid": np.where(has, eid[np.maximum(par, 0)], -1), "depth": np.array(depth, dtype=np.int32),
         "self_ns": self_ns, "dev_self_ns": dev_self, "dev_total_ns": dev_total, "n_dev": n_dev,
