@@ -7,10 +7,8 @@ One library holds every test operator and the GIoU example; it is built once int
 from __future__ import annotations
 
 import doctest
-import re
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import warnings
 from dataclasses import dataclass, field
-from math import prod
 
 import numpy as np
 import torch
@@ -220,7 +219,3 @@ def _record_time(run: CoreRun, stats) -> None:
     run.total_ns.append(float(stats.thread_cpu_ns))
     run.runtime_ns.append(float(stats.runtime_ns))
     run.compute_ns.append(max(0.0, float(stats.thread_cpu_ns - stats.runtime_ns)))
-
-
-def numel(shape) -> int:
-    return prod(shape)
