@@ -113,4 +113,5 @@ def test_the_giou_study_runs_and_reports_every_table(lib, capsys, tmp_path):
     rows = {line.split()[0]: line for line in text.splitlines() if line.startswith(("torch (eager)", "tile kernel", "C++"))}
     assert set(rows) == {"torch", "tile", "C++"}
     assert "without torch.sim.synchronize()" in text and "3. profiles" in text
+    assert "us modeled, the same as its device execution" in text
     assert len(list(tmp_path.glob("*/*/*/manifest.json"))) == 3

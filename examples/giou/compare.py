@@ -203,6 +203,15 @@ def _study(args) -> int:
           f"measured spread +-{est.spread:.0%}, GpSimd/host cycle ratio "
           f"{est.model.gpsimd_cycles_per_host_cycle:g} (assumed); see docs/cpp-operators.md")
 
+    from tilescope.bench import bench
+
+    r = bench(giou_kernel, b1.numpy(), b2.numpy(), torch.empty(b1.shape[:-1]).numpy(), warmup=1, iters=3)
+    launched = rows["tile kernel"]["device_us"]
+    same = "the same as" if abs(r.p(50) - launched) <= 0.005 * launched else "DIFFERENT from"
+    print(f"tilescope.bench of the tile kernel (its sim backend): p50 {r.p(50):,.1f} us modeled, {same} its "
+          f"device execution above ({launched:,.1f} us); bench has no backend for torch functions on the sim "
+          f"device yet, so the table reads the device's execution records")
+
     timing = unsynchronised(impls, args.iters)
     print()
     print(f"2. wall clock, numerics off, median of {args.iters}: a timer without torch.sim.synchronize()")
