@@ -90,87 +90,85 @@ def ensure_hierarchy(trace) -> None:
     con = trace.con
     from ._trace import _arrow
 
-    t = _arrow(con.sql("""SELECT eid, lane, ts_ns, end_ns, coalesce(dur_ns, 0) AS dur, kind FROM events
-                   WHERE ph = 'X' ORDER BY lane, ts_ns, end_ns DESC, eid"""))
+    t = _arrow(con.sql("""SELECT eid, lane, ts_ns, end_ns, coalesce(dur_ns, 0) AS dur, kind = 'op' AS is_op
+                   FROM events WHERE ph = 'X' ORDER BY lane, ts_ns, end_ns DESC, eid"""))
     eid = t.column("eid").to_numpy()
     lane_a = t.column("lane").to_numpy().astype(np.int64)
     ts_a = t.column("ts_ns").to_numpy()
     end_a = t.column("end_ns").to_numpy()
     dur = t.column("dur").to_numpy()
-    kinds = t.column("kind").to_pylist()
+    is_op = t.column("is_op").to_numpy(zero_copy_only=False).astype(bool)
     n = len(eid)
     par_idx, depth_a, overlaps = nest(lane_a, ts_a, end_a)
-    parent = par_idx.tolist()
-    depth = depth_a.tolist()
     par = par_idx
     child_sum = np.zeros(n, dtype=np.int64)
     has = par >= 0
     np.add.at(child_sum, par[has], dur[has])
     self_ns = np.maximum(dur - child_sum, 0)
-    index = {int(e): i for i, e in enumerate(eid.tolist())}
+    # the nearest op at or above each slice (-1: none), level by level from the top
+    op_anc = np.where(is_op, np.arange(n), -1)
+    for d in range(1, int(depth_a.max()) + 1 if n else 0):
+        sel = np.flatnonzero((depth_a == d) & ~is_op & has)
+        op_anc[sel] = op_anc[par[sel]]
+    order = np.argsort(eid, kind="stable")
+    sorted_eid = eid[order]
+
+    def index_of(eids: np.ndarray) -> np.ndarray:
+        """Row of each eid in the sorted slices (-1 if it is not a slice)."""
+        j = np.searchsorted(sorted_eid, eids)
+        j = np.minimum(j, max(n - 1, 0))
+        ok = (n > 0) & (sorted_eid[j] == eids) if n else np.zeros(len(eids), bool)
+        return np.where(ok, order[j], -1)
+
     # device events -> the host event that submitted them
     links = _arrow(con.sql(f"""
-        SELECT d.eid AS dev_eid, l.eid AS launch_eid, coalesce(d.dur_ns, 0) AS dur
+        SELECT d.eid AS dev_eid, l.eid AS launch_eid, coalesce(d.dur_ns, 0) AS dur, l.flow_id
         FROM events d JOIN events l ON d.rank = l.rank AND d.correlation = l.correlation
         WHERE d.kind IN {_DEVICE_KINDS} AND l.kind = 'launch' AND d.side = 'device' AND l.side = 'host'
         UNION ALL
-        SELECT d.eid, l.eid, coalesce(d.dur_ns, 0)
+        SELECT d.eid, l.eid, coalesce(d.dur_ns, 0), l.flow_id
         FROM events d JOIN events l ON d.rank = l.rank AND d.flow_id = l.flow_id
         WHERE d.kind IN {_DEVICE_KINDS} AND l.kind = 'launch' AND d.cat = 'hardware' AND l.cat = 'runtime'"""))
-    # tilescope: the framework op is where the execution's flow starts ('s')
+    dev_eid = links.column("dev_eid").to_numpy().astype(np.int64)
+    launch_eid = links.column("launch_eid").to_numpy().astype(np.int64)
+    d_dur = links.column("dur").to_numpy().astype(np.int64)
+    origin = index_of(launch_eid)
+    # tilescope: the framework op is where the execution's flow starts ('s'): the innermost
+    # slice around that point on the framework lane
     starts = _arrow(con.sql("""
-        SELECT f.id, e.eid, e.ts_ns FROM flows f JOIN lanes l ON l.rank = f.rank AND l.pid = f.pid AND l.tid = f.tid
+        SELECT TRY_CAST(f.id AS BIGINT) AS fid, arg_max(e.eid, e.ts_ns) AS eid
+        FROM flows f JOIN lanes l ON l.rank = f.rank AND l.pid = f.pid AND l.tid = f.tid
         JOIN events e ON e.lane = l.lane AND e.ph = 'X' AND e.ts_ns <= f.ts_ns AND f.ts_ns <= e.end_ns
-        WHERE f.ph = 's' AND f.cat = 'tilescope.flow'"""))
-    flow_origin: dict[str, int] = {}
-    best_depth: dict[str, int] = {}
-    for fid, e, _ in zip(*(starts.column(c).to_pylist() for c in ("id", "eid", "ts_ns"))):
-        i = index.get(e)
-        if i is not None and depth[i] >= best_depth.get(fid, -1):
-            best_depth[fid] = depth[i]
-            flow_origin[fid] = i
-    launch_flow = {}
-    if flow_origin:
-        lf = _arrow(con.sql("SELECT eid, flow_id FROM events WHERE cat = 'runtime' AND flow_id IS NOT NULL"))
-        launch_flow = dict(zip(lf.column("eid").to_pylist(), lf.column("flow_id").to_pylist()))
+        WHERE f.ph = 's' AND f.cat = 'tilescope.flow' GROUP BY f.rank, f.id"""))
+    if starts.num_rows:
+        fids = starts.column("fid").to_pylist()
+        flow_origin = dict(zip(fids, index_of(starts.column("eid").to_numpy().astype(np.int64)).tolist()))
+        lf = links.column("flow_id").to_pylist()
+        origin = np.array([flow_origin.get(f, o) if f is not None else o for f, o in zip(lf, origin.tolist())],
+                          dtype=np.int64)
+    op = np.where(origin >= 0, op_anc[np.maximum(origin, 0)], -1)
+    op = np.where(op >= 0, op, origin)  # no op around it: the launch keeps its device time
     dev_self = np.zeros(n, dtype=np.int64)
     n_dev = np.zeros(n, dtype=np.int64)
-    rows_dev, rows_launch, rows_op = [], [], []
-    for d_eid, l_eid, d_dur in zip(*(links.column(c).to_pylist() for c in ("dev_eid", "launch_eid", "dur"))):
-        i = index.get(l_eid)
-        origin = None
-        fid = launch_flow.get(l_eid)
-        if fid is not None and str(fid) in flow_origin:
-            origin = flow_origin[str(fid)]
-        elif i is not None:
-            origin = i
-        op = origin
-        j = origin
-        while j is not None and j >= 0:
-            if kinds[j] == "op":
-                op = j
-                break
-            j = parent[j]
-        if op is not None:
-            dev_self[op] += d_dur
-            n_dev[op] += 1
-        rows_dev.append(d_eid)
-        rows_launch.append(l_eid)
-        rows_op.append(int(eid[op]) if op is not None else None)
+    ok = op >= 0
+    np.add.at(dev_self, op[ok], d_dur[ok])
+    np.add.at(n_dev, op[ok], 1)
+    rows_dev, rows_launch = dev_eid, launch_eid
+    rows_op = pa.array(np.where(ok, eid[np.maximum(op, 0)], 0), pa.int64(), mask=~ok)
     # totals: children before parents, deepest level first (a parent is one level up)
     dev_total = dev_self.copy()
     for d in range(int(depth_a.max()) if n else 0, 0, -1):
         sel = np.flatnonzero((depth_a == d) & (par_idx >= 0))
         np.add.at(dev_total, par_idx[sel], dev_total[sel])
     hier = pa.table({
-        "eid": eid, "parent_eid": np.where(has, eid[np.maximum(par, 0)], -1), "depth": np.array(depth, dtype=np.int32),
+        "eid": eid, "parent_eid": np.where(has, eid[np.maximum(par, 0)], -1), "depth": depth_a.astype(np.int32),
         "self_ns": self_ns, "dev_self_ns": dev_self, "dev_total_ns": dev_total, "n_dev": n_dev,
     })
     con.register("_hier_arrow", hier)
     con.execute("CREATE OR REPLACE TEMP TABLE _hier AS SELECT * FROM _hier_arrow")
     con.unregister("_hier_arrow")
     lk = pa.table({"dev_eid": pa.array(rows_dev, pa.int64()), "launch_eid": pa.array(rows_launch, pa.int64()),
-                   "op_eid": pa.array(rows_op, pa.int64())})
+                   "op_eid": rows_op})
     con.register("_links_arrow", lk)
     con.execute("CREATE OR REPLACE TEMP TABLE _links AS SELECT * FROM _links_arrow")
     con.unregister("_links_arrow")
