@@ -150,3 +150,17 @@ def test_random_pointwise_and_reduction_graphs_fuse_into_one_pass(rows, d, ops):
             w_bytes = 128 * d * 4 if value_class((d,), rows, d) == "colvec" else rows * d * 4
         assert s.hbm_read_bytes == rows * d * 4 + w_bytes
         assert s.hbm_write_bytes == rows * d * 4
+
+
+def test_linear_reads_the_weight_as_stored_and_transposes_it_on_tensore():
+    x, w, b = torch.randn(200, 192), torch.randn(320, 192) * 0.05, torch.randn(320)
+    fn = lambda x, w, b: torch.relu(torch.nn.functional.linear(x, w, b))  # noqa: E731
+    gm = trace_aten(fn, x, w, b)
+    segs = plan_graph(gm)
+    assert [s.kind for s in segs] == ["view", "matmul"]  # t(w) is metadata only
+    assert segs[1].b_transposed and not segs[1].a_transposed
+    prog, _ = emit_segments(segs[1:], "linear", "trn1")
+    # the transposed weight is read as stored: W[N, K], no copy before the matmul
+    assert prog.buffers["t"].shape == (320, 192)
+    out = run_numerics(prog, {"x_1": x.numpy(), "t": w.numpy(), "b_1": b.numpy().reshape(1, -1)})
+    np.testing.assert_allclose(_only(out), fn(x, w, b).numpy(), rtol=1e-4, atol=1e-4)

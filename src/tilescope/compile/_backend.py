@@ -81,23 +81,21 @@ def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str, *, propagate: b
     example inputs AOT autograd traced with)."""
     if propagate:
         propagate_shapes(gm, [s if isinstance(s, tuple) else s for s in sig])
-    forced: set = set()
+    forced: dict = {}
     while True:
-        segments = plan_graph(gm)
-        for seg in segments:
-            if seg.kind in ("rowgroup", "matmul") and any(n in forced for n in seg.nodes):
-                seg.kind, seg.reason = "eager", "no emission rule for one of its ops"
+        segments = plan_graph(gm, forced)
         steps = _group(segments)
         try:
             _build_programs(gm, steps, sig, spec, name)
             return steps
         except _UnfusableNode as e:
-            forced.add(e.node)
+            forced[e.node] = e.reason
 
 
 class _UnfusableNode(Exception):
-    def __init__(self, node):
+    def __init__(self, node, reason: str):
         self.node = node
+        self.reason = reason
 
 
 def _group(segments: list[Segment]) -> list[Step]:
@@ -185,7 +183,7 @@ def _build_programs(gm, steps, sig, spec, name) -> None:
             prog, stats = emit_segments(st.segments, f"{name}[{fused_names}]", spec)
         except _Unfusable as e:
             node = getattr(e, "node", None) or st.nodes[0]
-            raise _UnfusableNode(node) from e
+            raise _UnfusableNode(node, str(e)) from e
         prog.meta["emit_stats"] = json.dumps(stats.__dict__)
         prog.meta["fx_nodes"] = [n.name for n in st.nodes]
         st.program, st.stats = prog, stats

@@ -30,6 +30,13 @@ def _contiguous(t):
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _mm_operands(seg):
+    from ._matmul import _operands
+
+    _, a, b, _, _ = _operands(seg.nodes[0])
+    return ((a, seg.a_transposed), (b, seg.b_transposed))
+
+
 def _work(nodes, in_nodes, in_views, out_nodes, out_views):
     env = dict(zip(in_nodes, in_views))
     interpret_nodes(nodes, env)
@@ -41,7 +48,12 @@ def run_program_step(step, inputs, env, compiled) -> None:
     from ..device import _runtime
 
     rt = _native()
-    inputs = [_contiguous(t) if isinstance(t, torch.Tensor) else t for t in inputs]
+    # matmul operands laid out transposed are read as stored (the Program expects W[N, K]);
+    # anything else non-contiguous is copied to the layout the Program reads
+    as_stored = {n for seg in step.segments if seg.kind == "matmul"
+                 for n, flag in _mm_operands(seg) if flag}
+    inputs = [t if (not isinstance(t, torch.Tensor) or node in as_stored) else _contiguous(t)
+              for node, t in zip(step.inputs, inputs)]
     core = next(t.device.index for t in inputs if isinstance(t, torch.Tensor))
     outputs = []
     for node in step.outputs:

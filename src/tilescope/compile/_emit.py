@@ -55,6 +55,7 @@ class _RowGroupEmitter:
         self.b = b
         self.seg = seg
         self.rows, self.d = seg.space
+        self.full_d = self.d  # the space's D for classifying shapes (a matmul block is narrower)
         self.names = names  # fx node -> HBM buffer name
         self.budget = budget
         self.stats = stats
@@ -142,7 +143,11 @@ class _RowGroupEmitter:
             for k, node in enumerate(self.seg.nodes):
                 self.pos = k
                 with b.provenance(op=f"aten::{packet_name(node.target)}", fx_node=node.name):
-                    env[node] = self._emit_node(env, node, r0, n)
+                    try:
+                        env[node] = self._emit_node(env, node, r0, n)
+                    except _Unfusable as e:
+                        e.node = getattr(e, "node", None) or node
+                        raise
             self.pos = len(self.seg.nodes)
             for out in self.seg.outputs:
                 v = self._ensure(env, out, r0, n)
@@ -160,7 +165,15 @@ class _RowGroupEmitter:
 
     def _operand(self, env, a, r0, n):
         if isinstance(a, fx.Node):
-            return self._ensure(env, a, r0, n)
+            v = self._ensure(env, a, r0, n)
+            if v.kind in ("rowvec", "colvec"):
+                # a per-row value whose shape broadcasts along the last dim (or the reverse)
+                # would mean a transpose: leave such an op to eager execution
+                cls = value_class(node_shape(a), self.rows, self.full_d)
+                if cls in ("rowvec", "colvec") and cls != v.kind and not v.once:
+                    raise _Unfusable(f"{a.name} holds per-{'row' if v.kind == 'rowvec' else 'column'} "
+                                     f"values but its shape {node_shape(a)} broadcasts the other way")
+            return v
         if isinstance(a, bool):
             return _Val("const", "float32", const=float(a))
         if isinstance(a, (int, float)):
@@ -220,7 +233,7 @@ class _RowGroupEmitter:
 
     def _view(self, env, node, r0, n) -> _Val:
         src = self._operand(env, node.args[0], r0, n)
-        cls = value_class(node_shape(node), self.rows, self.d)
+        cls = value_class(node_shape(node), self.rows, self.full_d)
         if src.kind == "const":
             return src
         if src.kind == "row" and cls != "row":
@@ -399,6 +412,8 @@ def _hbm_view(b: TileBuilder, name: str, node, rows: int, d: int, role: str, sha
         hshape = shape
     else:
         cls = value_class(node_shape(node), rows, d)
+        if role == "output" and packet_name(node.target) in (*REDUCTIONS, "var"):
+            cls = "rowvec"  # a reduction's result is per row, whatever its shape says
         hshape = {"row": (rows, d), "rowvec": (rows, 1), "colvec": (1, d), "scalar": (1, 1)}.get(
             cls, (prod(node_shape(node)) or 1, 1))
     handle = b.input(name, hshape, dt) if role == "input" else b.output(name, hshape, dt)

@@ -32,16 +32,23 @@ def _operands(node: fx.Node):
     return None, node.args[0], node.args[1], 1, 1
 
 
+def _mm_node(seg: Segment) -> fx.Node:
+    return seg.nodes[0]
+
+
 def matmul_operand_shapes(seg: Segment) -> dict:
-    """HBM layouts of the A and B operands: (batch*M, K) and (batch*K, N)."""
-    _, a, bmat, _, _ = _operands(seg.nodes[0])
+    """HBM layouts of A and B as stored: A (batch*M, K) or, transposed, (K, M);
+    B (batch*K, N) or, transposed, W (N, K)."""
+    _, a, bmat, _, _ = _operands(_mm_node(seg))
     a_shape, b_shape = node_shape(a), node_shape(bmat)
     batch = a_shape[0] if len(a_shape) == 3 else 1
-    return {a: (batch * a_shape[-2], a_shape[-1]), bmat: (batch * b_shape[-2], b_shape[-1])}
+    shapes = {a: (a_shape[1], a_shape[0]) if seg.a_transposed else (batch * a_shape[-2], a_shape[-1])}
+    shapes[bmat] = (b_shape[1], b_shape[0]) if seg.b_transposed else (batch * b_shape[-2], b_shape[-1])
+    return shapes
 
 
 def emit_matmul(b, seg: Segment, hbm: dict, stats: EmitStats) -> None:
-    mm = seg.nodes[0]
+    mm = _mm_node(seg)
     bias, a, bmat, alpha, beta = _operands(mm)
     if alpha != 1 or beta != 1:
         raise _Unfusable("addmm with alpha or beta other than 1")
@@ -55,14 +62,15 @@ def emit_matmul(b, seg: Segment, hbm: dict, stats: EmitStats) -> None:
     if _dt(node_dtype(bmat)) != dt:
         raise _Unfusable("matmul operands of different dtypes")
     out_dt = _dt(node_dtype(mm))
-    a_full = hbm[a]  # (batch*m, k) in HBM
-    b_full = hbm[bmat]  # (batch*k, n)
+    a_full = hbm[a]  # (batch*m, k) in HBM, or A.T (k, m) when a_transposed
+    w_full = hbm[bmat] if seg.b_transposed else None  # W (n, k): B = W.T
+    b_full = None if seg.b_transposed else hbm[bmat]  # (batch*k, n)
 
     spec = b.spec
     kt_count = -(-k // K_BLOCK)
     b_resident_bytes = kt_count * n * itemsize(dt)
     keep_b = b_resident_bytes <= spec.sbuf_bytes_per_partition // 4
-    epilogue = seg.nodes[1:]
+    epilogue = seg.nodes[seg.nodes.index(mm) + 1:]
     space_rows = batch * m
 
     for bi in range(batch):
@@ -73,8 +81,18 @@ def emit_matmul(b, seg: Segment, hbm: dict, stats: EmitStats) -> None:
                 return b_tiles[j]
             k0, kn = j * K_BLOCK, min(K_BLOCK, k - j * K_BLOCK)
             t = b.sbuf((kn, n), dt, site=f"mm:B{j}" if keep_b else "mm:B", bufs=1 if keep_b else 2)
-            with b.provenance(op=f"aten::{packet_name(mm.target)}", fx_node=mm.name, label="load B"):
-                b.dma_copy(t, b_full[bi * k + k0: bi * k + k0 + kn])
+            if w_full is None:
+                with b.provenance(op=f"aten::{packet_name(mm.target)}", fx_node=mm.name, label="load B"):
+                    b.dma_copy(t, b_full[bi * k + k0: bi * k + k0 + kn])
+            else:
+                # B[k-block, :] = W[:, k-block].T, 128 rows of W at a time through TensorE
+                with b.provenance(op=f"aten::{packet_name(mm.target)}", fx_node=mm.name, label="W transpose"):
+                    for r0, rn in b.tiles(n, P):
+                        wt = b.sbuf((rn, kn), dt, site="mm:W")
+                        b.dma_copy(wt, w_full[r0:r0 + rn, k0:k0 + kn])
+                        tp = b.psum((kn, rn), "float32", site="mm:WT_psum")
+                        b.transpose(tp, wt)
+                        b.tensor_copy(t[:, r0:r0 + rn], tp, engine="act" if (r0 // P) % 2 else "dve")
             if keep_b:
                 b_tiles[j] = t
             return t
@@ -84,6 +102,12 @@ def emit_matmul(b, seg: Segment, hbm: dict, stats: EmitStats) -> None:
             at_tiles = []
             for j in range(kt_count):
                 k0, kn = j * K_BLOCK, min(K_BLOCK, k - j * K_BLOCK)
+                if seg.a_transposed:  # A.T is stored contiguously: load the stationary block as is
+                    with b.provenance(op=f"aten::{packet_name(mm.target)}", fx_node=mm.name, label="load A.T"):
+                        at = b.sbuf((kn, mn), dt, site=f"mm:AT{j}", bufs=2)
+                        b.dma_copy(at, a_full[k0:k0 + kn, m0:m0 + mn])
+                    at_tiles.append(at)
+                    continue
                 with b.provenance(op=f"aten::{packet_name(mm.target)}", fx_node=mm.name, label="A transpose"):
                     a_t = b.sbuf((mn, kn), dt, site="mm:A")
                     b.dma_copy(a_t, a_full[bi * m + m0: bi * m + m0 + mn, k0:k0 + kn])
@@ -98,15 +122,17 @@ def emit_matmul(b, seg: Segment, hbm: dict, stats: EmitStats) -> None:
                     for j in range(kt_count):
                         b.matmul(acc, at_tiles[j], b_tile(j)[:, n0:n0 + nn], accumulate=j > 0)
                 _epilogue(b, seg, mm, bias, acc, hbm, stats, rows=bi * m + m0, mn=mn, n0=n0, nn=nn,
-                          out_dt=out_dt, space_rows=space_rows, n_total=n)
+                          out_dt=out_dt, space_rows=space_rows, n_total=n, epilogue=epilogue)
 
 
-def _epilogue(b, seg, mm, bias, acc, hbm, stats, *, rows, mn, n0, nn, out_dt, space_rows, n_total) -> None:
+def _epilogue(b, seg, mm, bias, acc, hbm, stats, *, rows, mn, n0, nn, out_dt, space_rows, n_total,
+              epilogue) -> None:
     """Apply the epilogue to one [mn, nn] output block and store every segment output."""
     block = Segment("rowgroup", seg.nodes, space=(space_rows, nn))
     block.outputs = seg.outputs
     em = _RowGroupEmitter(b, block, {}, budget=b.spec.sbuf_bytes_per_partition // 4, stats=stats)
     em._r0 = rows
+    em.full_d = n_total
     env: dict = {}
     first = _Val("row", "float32", acc, width=nn)
     if bias is not None:
@@ -126,14 +152,14 @@ def _epilogue(b, seg, mm, bias, acc, hbm, stats, *, rows, mn, n0, nn, out_dt, sp
         with b.provenance(op="aten::addmm", fx_node=mm.name, label="bias"):
             b.tensor_tensor(out, acc, bval.tile[:mn], "add")
         first = _Val("row", out_dt, out, width=nn)
-    elif not seg.nodes[1:]:
+    elif not epilogue:
         out = b.sbuf((mn, nn), out_dt, site="mm:out")
         with b.provenance(op=f"aten::{packet_name(mm.target)}", fx_node=mm.name, label="evacuate PSUM"):
             b.tensor_copy(out, acc)
         first = _Val("row", out_dt, out, width=nn)
     env[mm] = first
     em.pos = 1
-    for k, node in enumerate(seg.nodes[1:], start=1):
+    for k, node in enumerate(epilogue, start=1):
         em.pos = k
         for inp in [x for x in node.args if isinstance(x, fx.Node)]:
             if inp in env:
@@ -157,7 +183,11 @@ def _epilogue(b, seg, mm, bias, acc, hbm, stats, *, rows, mn, n0, nn, out_dt, sp
                 else:
                     raise _Unfusable(f"epilogue operand {inp.name} does not fit the output block")
         with b.provenance(op=f"aten::{packet_name(node.target)}", fx_node=node.name):
-            env[node] = em._emit_node(env, node, rows, mn)
+            try:
+                env[node] = em._emit_node(env, node, rows, mn)
+            except _Unfusable as e:
+                e.node = getattr(e, "node", None) or node
+                raise
     for out in seg.outputs:
         v = env[out]
         tile = v.tile

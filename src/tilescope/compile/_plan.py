@@ -14,6 +14,7 @@ recognising a known pattern.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from math import prod
 
@@ -31,6 +32,8 @@ class Segment:
     nodes: list[fx.Node] = field(default_factory=list)
     space: tuple[int, int] | None = None  # (rows, D)
     reason: str | None = None  # why an eager segment was not fused
+    a_transposed: bool = False  # matmul: A arrives as the transpose of a contiguous [K, M]
+    b_transposed: bool = False  # matmul: B arrives as the transpose of a contiguous W[N, K]
     inputs: list[fx.Node] = field(default_factory=list)
     outputs: list[fx.Node] = field(default_factory=list)
 
@@ -59,16 +62,20 @@ def node_dtype(node):
 
 
 def value_class(shape: tuple[int, ...] | None, rows: int, d: int) -> str | None:
-    """How a tensor of ``shape`` sits in the ``[rows, d]`` space, or None if it does not."""
+    """How a tensor of ``shape`` sits in the ``[rows, d]`` space, or None if it does not.
+
+    The order follows torch's broadcasting: a 1-d tensor of length ``d`` lines up with the
+    last dim (a row-broadcast vector), even when ``rows == d``.
+    """
     if shape is None:
         return None
     n = prod(shape)
     if len(shape) >= 1 and shape[-1] == d and n == rows * d:
         return "row"
+    if n == d and len(shape) >= 1 and shape[-1] == d and rows > 1:
+        return "colvec"
     if n == rows and (len(shape) == 0 or shape[-1] == 1 or d == 1 or _is_leading(shape, rows)):
         return "rowvec" if rows > 1 or n == 1 else "scalar"
-    if n == d and len(shape) >= 1 and shape[-1] == d:
-        return "colvec"
     if n == 1:
         return "scalar"
     return None
@@ -125,8 +132,11 @@ def fusible_op(node: fx.Node) -> tuple[str | None, str | None]:
     if shape is None:
         return None, f"{name} does not produce a single tensor"
     if name in MATMULS:
-        ok = all(len(node_shape(a) or ()) in (2, 3) for a in _tensor_args(node))
-        return ("matmul", None) if ok else (None, f"{name} with inputs of rank other than 2 or 3")
+        operands = node.args[1:3] if name == "addmm" else node.args[:2]
+        ok = all(isinstance(a, fx.Node) and len(node_shape(a) or ()) in (2, 3) for a in operands)
+        return ("matmul", None) if ok else (None, f"{name} with operands of rank other than 2 or 3")
+    if name in _TRANSPOSES:
+        return None, "a transpose changes the [rows, D] layout (metadata only on the device)"
     if name in REDUCTIONS or name == "var":
         why = _reduction_ok(node)
         return ("reduction", None) if why is None else (None, why)
@@ -154,8 +164,11 @@ def _joins(seg: Segment, node: fx.Node, produced: set) -> bool:
     return True
 
 
-def plan_graph(gm: fx.GraphModule) -> list[Segment]:
-    """Cut ``gm`` (shapes in ``node.meta``) into fused and eager segments."""
+def plan_graph(gm: fx.GraphModule, forced: dict | None = None) -> list[Segment]:
+    """Cut ``gm`` (shapes in ``node.meta``) into fused and eager segments.
+
+    ``forced`` maps nodes that emission could not handle to the reason: they run eagerly."""
+    forced = forced or {}
     segments: list[Segment] = []
     current: Segment | None = None
     produced: set = set()
@@ -168,6 +181,10 @@ def plan_graph(gm: fx.GraphModule) -> list[Segment]:
 
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if node in forced:
+            close()
+            segments.append(Segment("eager", [node], reason=forced[node]))
             continue
         role, reason = fusible_op(node)
         if role == "matmul":
@@ -198,14 +215,55 @@ def plan_graph(gm: fx.GraphModule) -> list[Segment]:
             if space is None or value_class(node_shape(node), *space) is None:
                 segments.append(Segment("eager", [node], reason="output does not fit a [rows, D] row group"))
                 continue
+            misfit = [a for a in _tensor_args(node) if value_class(node_shape(a), *space) is None]
+            if misfit:
+                shapes = ", ".join(str(node_shape(a)) for a in misfit)
+                segments.append(Segment("eager", [node], reason=(
+                    f"operand of shape {shapes} is neither a row block, a per-row value, a row-broadcast "
+                    f"vector nor a scalar of the [{space[0]}, {space[1]}] space")))
+                continue
             current = Segment("rowgroup", [node], space=space)
             produced = {node}
             continue
         close()
+        if node.target is operator.getitem or packet_name(node.target) in _METADATA:
+            segments.append(Segment("view", [node], reason="metadata only (a view or a tuple element)"))
+            continue
         segments.append(Segment("eager", [node], reason=reason))
     close()
+    _mark_transposed_operands(segments)
     _wire(gm, segments)
     return segments
+
+
+_TRANSPOSES = {"t", "transpose", "permute", "numpy_T"}
+# ops that only make views (or pick from a tuple): free on the device when not fused
+_METADATA = _TRANSPOSES | {"getitem", "split", "split_with_sizes", "unbind", "chunk", "slice", "select",
+                           "as_strided", "unfold", "diagonal"}
+
+
+def is_transposed_2d(node) -> bool:
+    """A 2-d value laid out as the transpose of a contiguous matrix (e.g. ``w.t()``)."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() != 2:
+        return False
+    rows, cols = val.shape
+    return rows > 1 and cols > 1 and tuple(val.stride()) == (1, rows)
+
+
+def _mark_transposed_operands(segments: list[Segment]) -> None:
+    """Matmul operands laid out transposed (every nn.Linear's ``w.t()``, backward's saved
+    views) are read as stored: no copy to make them contiguous first."""
+    for seg in segments:
+        if seg.kind != "matmul":
+            continue
+        mm = seg.nodes[0]
+        name = packet_name(mm.target)
+        if name not in ("mm", "addmm"):
+            continue
+        a, bmat = (mm.args[1], mm.args[2]) if name == "addmm" else (mm.args[0], mm.args[1])
+        seg.a_transposed = is_transposed_2d(a)
+        seg.b_transposed = is_transposed_2d(bmat)
 
 
 def _wire(gm: fx.GraphModule, segments: list[Segment]) -> None:

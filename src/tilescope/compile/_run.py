@@ -18,10 +18,29 @@ def _materialize(x, env):
     return x
 
 
+_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+
+
+def _viewable(t, shape) -> bool:
+    if not isinstance(t, torch.Tensor) or t.is_contiguous():
+        return True
+    try:
+        t.view(shape) if t.device.type == "cpu" else torch.empty_strided(t.shape, t.stride(), device="meta").view(shape)
+        return True
+    except RuntimeError:
+        return False
+
+
 def interpret_nodes(nodes, env: dict) -> None:
     """Run ``nodes`` with torch on whatever device their inputs are (the reference path)."""
     for n in nodes:
-        env[n] = n.target(*_materialize(n.args, env), **_materialize(n.kwargs, env))
+        args, kwargs = _materialize(n.args, env), _materialize(n.kwargs, env)
+        if n.target in _VIEWS and not _viewable(args[0], args[1]):
+            # the graph was traced with another op's output strides (e.g. attention returning a
+            # transposed layout); post-AOT graphs are functional, so a copy is as good as a view
+            env[n] = torch.ops.aten.reshape.default(args[0], args[1])
+            continue
+        env[n] = n.target(*args, **kwargs)
 
 
 def _on_sim(tensors) -> bool:
