@@ -19,7 +19,7 @@ from ._errors import CppError
 __all__ = ["NativeLibrary", "NativeOp", "TensorDesc", "Arg", "RunStats", "LOG_DTYPE", "DTYPE_CODES",
            "ABI_VERSION", "MAX_DIMS"]
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_DIMS = 8
 
 # tilescope dtype name -> code of tilescope::ScalarType (gpsimd.h)
@@ -64,7 +64,7 @@ class RunStats(ctypes.Structure):
 # one record per accessor copy: direction 0 = tensor -> TCM, 1 = TCM -> tensor
 LOG_DTYPE = np.dtype([
     ("dir", np.int32), ("arg", np.int32), ("file", np.int32), ("line", np.int32),
-    ("offset", np.int64), ("count", np.int64), ("elem_size", np.int64),
+    ("core", np.int32), ("elem_size", np.int32), ("offset", np.int64), ("count", np.int64),
 ])
 
 _ERR_LEN = 8192
@@ -122,8 +122,9 @@ class NativeLibrary:
         dll.ts_shape.argtypes = [ctypes.c_int, ctypes.POINTER(Arg), ctypes.c_int, ctypes.POINTER(TensorDesc),
                                  ctypes.c_char_p, ctypes.c_int]
         dll.ts_run.argtypes = [ctypes.c_int, ctypes.POINTER(Arg), ctypes.c_int, ctypes.POINTER(TensorDesc),
-                               ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_int32,
+                               ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_int32,
                                ctypes.POINTER(RunStats), ctypes.c_char_p, ctypes.c_int]
+        dll.ts_note.argtypes = [ctypes.c_int]
         dll.ts_log_size.restype = ctypes.c_int64
         dll.ts_log_data.restype = ctypes.c_void_p
         dll.ts_log_file_count.restype = ctypes.c_int
@@ -146,18 +147,23 @@ class NativeLibrary:
             raise CppError(f"shape function of {op.qualname}: {err.value.decode(errors='replace')}")
         return out
 
-    def run(self, op: NativeOp, args, dst: TensorDesc, cpu_id: int, cpu_count: int, tcm_bytes: int,
-            log: bool, timing: bool) -> tuple[int, str, RunStats]:
-        """Run the kernel once as core ``cpu_id``; returns (status, error message, stats)."""
-        stats = RunStats()
+    def run(self, op: NativeOp, args, dst: TensorDesc, cores: int, tcm_bytes: int, log: bool,
+            timing: bool) -> tuple[int | None, str, list[RunStats]]:
+        """Run the kernel as cores 0 .. cores-1, one after another, in one native call.
+
+        Returns (index of the failing core or None, its error message, stats per core run).
+        """
+        stats = (RunStats * cores)()
         err = ctypes.create_string_buffer(_ERR_LEN)
         flags = (1 if log else 0) | (2 if timing else 0)
-        rc = self._dll.ts_run(op.index, args, len(args), ctypes.byref(dst), cpu_id, cpu_count, tcm_bytes,
-                              flags, ctypes.byref(stats), err, _ERR_LEN)
-        return rc, err.value.decode(errors="replace"), stats
+        rc = self._dll.ts_run(op.index, args, len(args), ctypes.byref(dst), 0, cores, cores, tcm_bytes, flags,
+                              stats, err, _ERR_LEN)
+        failed = rc - 1 if rc else None
+        return failed, err.value.decode(errors="replace"), list(stats)
 
     def take_log(self) -> tuple[np.ndarray, list[str]]:
-        """The accessor copies of the last run on this thread, and the source files they name."""
+        """The accessor copies of the last :meth:`run` on this thread (all cores, with a ``core``
+        field), and the source files they name."""
         n = self._dll.ts_log_size()
         if n == 0:
             records = np.zeros(0, LOG_DTYPE)
@@ -167,8 +173,9 @@ class NativeLibrary:
         files = [self._dll.ts_log_file(k).decode() for k in range(self._dll.ts_log_file_count())]
         return records, files
 
-    def note(self) -> str:
-        return self._dll.ts_note().decode(errors="replace")
+    def note(self, k: int) -> str:
+        """Live TCM allocations when core run ``k`` of the last :meth:`run` returned (leaks)."""
+        return self._dll.ts_note(k).decode(errors="replace")
 
     def host_ghz(self, iterations: int = 200_000, trials: int = 5) -> float:
         return float(self._dll.ts_host_ghz(iterations, trials))

@@ -162,21 +162,21 @@ def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, 
     _poison(out)
     packed, keep = pack_args(op, args, names)
     dst = _desc(out, ROLE_OUTPUT, -1, f"the output of {op.qualname}")
+    failed, msg, stats = lib.run(op, packed, dst, cores, tcm_bytes, log=True, timing=repeats > 0)
+    if failed is not None:
+        where = f" (GpSimd core {failed} of {cores})" if cores > 1 and "GpSimd core" not in msg else ""
+        raise CppKernelError(f"{op.qualname}{where}: {show(msg)}")
+    log, files = lib.take_log()
+    files = [show(f) for f in files]
     runs: list[CoreRun] = []
-    for c in range(cores):
-        rc, msg, stats = lib.run(op, packed, dst, c, cores, tcm_bytes, log=True, timing=repeats > 0)
-        if rc:
-            where = f" (GpSimd core {c} of {cores})" if cores > 1 and "GpSimd core" not in msg else ""
-            raise CppKernelError(f"{op.qualname}{where}: {show(msg)}")
-        log, files = lib.take_log()
-        run = CoreRun(c, log, [show(f) for f in files], tcm_peak=int(stats.tcm_peak),
-                      dst_requested=bool(stats.dst_requested))
+    for c, st in enumerate(stats):
+        run = CoreRun(c, log[log["core"] == c], files, tcm_peak=int(st.tcm_peak), dst_requested=bool(st.dst_requested))
         if repeats > 0:
-            _record_time(run, stats)
-        if stats.leaks:
+            _record_time(run, st)
+        if st.leaks:
             warnings.warn(
-                f"{op.qualname}: GpSimd core {c} returned without tcm_free of {stats.leaks} TCM buffer(s), "
-                f"{stats.tcm_leaked} bytes ({show(lib.note())}); tcm_free what you tcm_malloc",
+                f"{op.qualname}: GpSimd core {c} returned without tcm_free of {st.leaks} TCM buffer(s), "
+                f"{st.tcm_leaked} bytes ({show(lib.note(c))}); tcm_free what you tcm_malloc",
                 ResourceWarning, stacklevel=3,
             )
         runs.append(run)
@@ -201,11 +201,11 @@ def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, 
     best = [min(r.compute_ns) for r in runs] if repeats > 0 else []
     stale = 0
     for rnd in range(1, repeats * 4 if repeats > 0 else 0):
-        for c in range(cores):
-            rc, msg, stats = lib.run(op, packed, dst, c, cores, tcm_bytes, log=False, timing=True)
-            if rc:  # a data-independent kernel cannot fail now; report it all the same
-                raise CppKernelError(f"{op.qualname} (timing run, GpSimd core {c}): {show(msg)}")
-            _record_time(runs[c], stats)
+        failed, msg, stats = lib.run(op, packed, dst, cores, tcm_bytes, log=False, timing=True)
+        if failed is not None:  # a data-independent kernel cannot fail now; report it all the same
+            raise CppKernelError(f"{op.qualname} (timing run, GpSimd core {failed}): {show(msg)}")
+        for run, st in zip(runs, stats):
+            _record_time(run, st)
         now = [min(r.compute_ns) for r in runs]
         stale = stale + 1 if sum(now) > 0.995 * sum(best) else 0
         best = now

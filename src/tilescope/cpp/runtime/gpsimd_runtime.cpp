@@ -31,9 +31,10 @@ struct LogRec {
     int32_t arg;  // argument position, -1 for the output
     int32_t file;
     int32_t line;
+    int32_t core;
+    int32_t elem_size;
     int64_t offset;
     int64_t count;
-    int64_t elem_size;
 };
 
 struct RunStats {
@@ -76,7 +77,7 @@ struct Context {
     int64_t runtime_calls = 0;
     std::vector<LogRec> log;
     std::vector<const char*> files;
-    std::string note;
+    std::vector<std::string> notes;  // per core run: live allocations at return (leaks)
 };
 
 thread_local Context ctx;
@@ -274,8 +275,8 @@ void log_copy(int32_t dir, const TensorDesc& t, size_t offset, size_t count, siz
               int line) {
     if (!ctx.logging) return;
     ctx.log.push_back(LogRec{dir, t.role == kRoleOutput ? -1 : t.index, file_id(file), line,
-                             static_cast<int64_t>(offset), static_cast<int64_t>(count),
-                             static_cast<int64_t>(elem_size)});
+                             static_cast<int32_t>(ctx.cpu_id), static_cast<int32_t>(elem_size),
+                             static_cast<int64_t>(offset), static_cast<int64_t>(count)});
 }
 
 }  // namespace
@@ -463,15 +464,10 @@ TILESCOPE_API int ts_shape(int op, const Arg* args, int nargs, TensorDesc* out, 
     return rc;
 }
 
-// flags: 1 = log accessor copies, 2 = time runtime calls
-TILESCOPE_API int ts_run(int op, const Arg* args, int nargs, const TensorDesc* dst, uint32_t cpu_id,
-                         uint32_t cpu_count, int64_t tcm_bytes, int32_t flags, RunStats* stats, char* err,
-                         int errlen) {
-    const OpEntry& e = table().ops.at(op);
-    if (nargs != e.nargs) {
-        copy_error(fmt("%s::%s takes %d arguments, got %d", e.lib, e.name, e.nargs, nargs), err, errlen);
-        return 1;
-    }
+namespace {
+// One run of the kernel as core cpu_id; returns 0 or 1 (error message in err).
+int run_core(const OpEntry& e, const Arg* args, int nargs, const TensorDesc* dst, uint32_t cpu_id,
+             uint32_t cpu_count, int64_t tcm_bytes, int32_t flags, RunStats* stats, char* err, int errlen) {
     ctx.in_kernel = true;
     ctx.cpu_id = cpu_id;
     ctx.cpu_count = cpu_count;
@@ -486,9 +482,6 @@ TILESCOPE_API int ts_run(int op, const Arg* args, int nargs, const TensorDesc* d
     ctx.timing = (flags & 2) != 0;
     ctx.runtime_ns = 0;
     ctx.runtime_calls = 0;
-    ctx.log.clear();
-    ctx.files.clear();
-    ctx.note.clear();
     int rc = 0;
     int64_t t0 = thread_cpu_ns();
     try {
@@ -512,28 +505,48 @@ TILESCOPE_API int ts_run(int op, const Arg* args, int nargs, const TensorDesc* d
     }
     int64_t t1 = thread_cpu_ns();
     std::fflush(stdout);
-    if (stats) {
-        stats->thread_cpu_ns = t1 - t0;
-        stats->runtime_ns = ctx.runtime_ns;
-        stats->runtime_calls = ctx.runtime_calls;
-        stats->tcm_peak = static_cast<int64_t>(ctx.peak);
-        int64_t leaked = 0;
-        for (auto& kv : ctx.by_ptr) leaked += static_cast<int64_t>(kv.second.size);
-        stats->tcm_leaked = leaked;
-        stats->leaks = static_cast<int32_t>(ctx.by_ptr.size());
-        stats->dst_requested = ctx.dst_requested ? 1 : 0;
-    }
-    if (!ctx.by_ptr.empty()) ctx.note = describe_live();
+    stats->thread_cpu_ns = t1 - t0;
+    stats->runtime_ns = ctx.runtime_ns;
+    stats->runtime_calls = ctx.runtime_calls;
+    stats->tcm_peak = static_cast<int64_t>(ctx.peak);
+    int64_t leaked = 0;
+    for (auto& kv : ctx.by_ptr) leaked += static_cast<int64_t>(kv.second.size);
+    stats->tcm_leaked = leaked;
+    stats->leaks = static_cast<int32_t>(ctx.by_ptr.size());
+    stats->dst_requested = ctx.dst_requested ? 1 : 0;
+    ctx.notes.push_back(ctx.by_ptr.empty() ? std::string() : describe_live());
     reset_pool();
     ctx.in_kernel = false;
     return rc;
+}
+}  // namespace
+
+// Runs the kernel as cores cpu_begin .. cpu_end-1 (of cpu_count), one after another, in one
+// call (so the caller's interpreter lock is released once). stats: one per core run.
+// flags: 1 = log accessor copies, 2 = time runtime calls. Returns 0, or 1 + the index of the
+// failing run (its message in err; later cores did not run).
+TILESCOPE_API int ts_run(int op, const Arg* args, int nargs, const TensorDesc* dst, uint32_t cpu_begin,
+                         uint32_t cpu_end, uint32_t cpu_count, int64_t tcm_bytes, int32_t flags, RunStats* stats,
+                         char* err, int errlen) {
+    const OpEntry& e = table().ops.at(op);
+    if (nargs != e.nargs) {
+        copy_error(fmt("%s::%s takes %d arguments, got %d", e.lib, e.name, e.nargs, nargs), err, errlen);
+        return 1;
+    }
+    ctx.log.clear();
+    ctx.files.clear();
+    ctx.notes.clear();
+    for (uint32_t c = cpu_begin; c < cpu_end; ++c)
+        if (run_core(e, args, nargs, dst, c, cpu_count, tcm_bytes, flags, &stats[c - cpu_begin], err, errlen))
+            return 1 + static_cast<int>(c - cpu_begin);
+    return 0;
 }
 
 TILESCOPE_API int64_t ts_log_size() { return static_cast<int64_t>(ctx.log.size()); }
 TILESCOPE_API const void* ts_log_data() { return ctx.log.data(); }
 TILESCOPE_API int ts_log_file_count() { return static_cast<int>(ctx.files.size()); }
 TILESCOPE_API const char* ts_log_file(int k) { return ctx.files.at(k); }
-TILESCOPE_API const char* ts_note() { return ctx.note.c_str(); }
+TILESCOPE_API const char* ts_note(int k) { return k >= 0 && k < static_cast<int>(ctx.notes.size()) ? ctx.notes[k].c_str() : ""; }
 
 // Host clock estimate: a chain of dependent integer adds retires one add per cycle on any
 // current x86-64 or AArch64 core. Returns cycles per nanosecond (GHz), best of `trials`.
