@@ -94,6 +94,20 @@ def _same(a, b) -> bool:
     return True
 
 
+def _host_copy(t):
+    """A CPU copy of a device tensor that keeps its place in its storage (offset, strides),
+    so ops reading outside a view (as_strided) see the same memory as on the device."""
+    import torch
+
+    if t.device.type != "sim":
+        return t
+    if t.layout != torch.strided:
+        return t.cpu()
+    storage = t.untyped_storage().cpu()
+    out = torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.shape, t.stride())
+    return out.conj() if t.is_conj() else out
+
+
 _UNINITIALISED = {"torch.empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted"}
 
 
@@ -104,10 +118,13 @@ def run_one(opinfo, max_samples: int) -> dict:
     import tilescope.device as dev
 
     rules: Counter = Counter()
+    generic: set = set()
 
     def listen(e):
         if e.kind == "kernel":
             rules[e.lowering] += 1
+            if e.lowering == "generic":
+                generic.add(e.op)
 
     result = {"op": _key(opinfo), "status": "skip", "reason": "", "samples": 0, "rules": {}}
     try:
@@ -116,7 +133,7 @@ def run_one(opinfo, max_samples: int) -> dict:
     except Exception as e:  # noqa: BLE001
         result.update(status="error", reason=f"making sample inputs on sim: {type(e).__name__}: {e}"[:300])
         return result
-    to_cpu = lambda t: t.cpu() if t.device.type == "sim" else t  # noqa: E731
+    to_cpu = _host_copy
     uninitialised = opinfo.name.startswith(("empty", "new_empty")) or opinfo.name in _UNINITIALISED
     dev.subscribe(listen)
     try:
@@ -160,6 +177,7 @@ def run_one(opinfo, max_samples: int) -> dict:
     finally:
         dev.unsubscribe(listen)
         result["rules"] = dict(rules)
+        result["generic_ops"] = sorted(generic)
     return result
 
 

@@ -11,11 +11,13 @@
 from __future__ import annotations
 
 from ._config import Settings, configure, settings
+from ._launch import launch
 from ._registration import device_name, is_registered, register
-from ._runtime import Execution, subscribe, unsubscribe
+from ._runtime import Execution, now_ns, recording, reset_clocks, subscribe, synchronize, unsubscribe
 from ._worker import DeviceExecutionError
 
 __all__ = [
     "register", "is_registered", "device_name", "configure", "settings", "Settings",
-    "Execution", "subscribe", "unsubscribe", "DeviceExecutionError",
+    "Execution", "subscribe", "unsubscribe", "recording", "synchronize", "now_ns", "reset_clocks",
+    "launch", "DeviceExecutionError",
 ]

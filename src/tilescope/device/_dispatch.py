@@ -216,6 +216,12 @@ class Handler:
         args = schema.arguments
         self.pos_flags = tuple(_arg_flag(a) for a in args if not a.kwarg_only)
         self.kw_flags = {a.name: _arg_flag(a) for a in args}
+        if not any(str(a.type) in _TENSOR_KINDS or str(a.type).startswith("List[")
+                   for a in args if not (a.alias_info is not None and a.alias_info.is_write)):
+            # no tensor input (arange.start_out, linspace.out): the numbers decide the output's
+            # shape, so they are part of the signature by value
+            self.pos_flags = tuple(_PLAIN for _ in self.pos_flags)
+            self.kw_flags = {k: _PLAIN for k in self.kw_flags}
         self.write_pos = [i for i, a in enumerate(args) if not a.kwarg_only and a.alias_info is not None
                           and a.alias_info.is_write]
         self.out_kw = [a.name for a in args if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
@@ -443,6 +449,9 @@ def _to_device(result, core, copies, args, kwargs):
 
 
 def _same_memory(dev, cpu) -> bool:
+    """Whether a CPU result is the device argument ``dev`` itself (an op that returns its input)."""
+    if cpu.numel() == 0 or dev.dtype != cpu.dtype:
+        return False
     try:
         view = _rt.cpu_view(dev)
         return view.data_ptr() == cpu.data_ptr() and view.shape == cpu.shape and view.stride() == cpu.stride()
@@ -469,7 +478,9 @@ def _run_out(handler, args, kwargs, outs):
     if handler.out_fn is not None:
         kw = dict(kwargs)
         for name, o in zip(handler.out_names, outs):
-            kw[name] = o
+            # a separate view: a kernel that fails to resize its output leaves that view's sizes
+            # changed (larger than the memory behind it), so the fallback below must not use it
+            kw[name] = o.as_strided(o.shape, o.stride(), o.storage_offset())
         try:
             handler.out_fn(*args, **kw)
             return

@@ -9,6 +9,9 @@ Program (:mod:`tilescope.lower.kernels`). Two need registrations here:
   execution) with an autograd formula whose backward is ``tilescope::rms_norm_backward``
   (one more execution, generic lowering). Under tracing (``torch.compile``'s fake or
   functional tensors) it decomposes as usual, so the compiler sees the plain graph.
+* ``layer_norm`` would go through ``batch_norm`` on a backend without its own kernel: it
+  calls ``native_layer_norm`` (one execution; its backward ``native_layer_norm_backward``
+  another), as on CPU.
 * ``scaled_dot_product_attention``: the native runtime picks PyTorch's "overrideable"
   fused-attention backend for this device (4-D inputs, no dropout, no grouped-query
   expansion); forward and backward are one execution each. Numerics use PyTorch's math
@@ -94,6 +97,14 @@ def _aten_rms_norm(x, normalized_shape, weight=None, eps=None):
     if _traced(x) or _traced(weight):
         return torch.ops.aten.rms_norm.default.decompose(x, normalized_shape, weight, eps)
     return torch.ops.tilescope.rms_norm(x, normalized_shape, weight, eps)[0]
+
+
+def _aten_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    # for a backend without its own kernel PyTorch lowers layer_norm through batch_norm;
+    # native_layer_norm (one op, with its own backward) is what CPU and CUDA run
+    if _traced(x) or _traced(weight) or _traced(bias):
+        return torch.ops.aten.layer_norm.default.decompose(x, normalized_shape, weight, bias, eps, cudnn_enable)
+    return torch.ops.aten.native_layer_norm.default(x, normalized_shape, weight, bias, eps)[0]
 
 
 # ---- scaled dot-product attention -------------------------------------------------------------
@@ -205,5 +216,7 @@ def register(aten_lib) -> None:
     torch.library.register_autograd("tilescope::rms_norm", _backward, setup_context=_setup, lib=lib)
     aten_lib.impl("rms_norm", _aten_rms_norm, "AutogradPrivateUse1")
     aten_lib.impl("rms_norm", _aten_rms_norm, "PrivateUse1")
+    aten_lib.impl("layer_norm", _aten_layer_norm, "AutogradPrivateUse1")
+    aten_lib.impl("layer_norm", _aten_layer_norm, "PrivateUse1")
     aten_lib.impl("_scaled_dot_product_fused_attention_overrideable", _sdpa_forward, "PrivateUse1")
     aten_lib.impl("_scaled_dot_product_fused_attention_overrideable_backward", _sdpa_backward, "PrivateUse1")

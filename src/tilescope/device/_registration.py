@@ -9,10 +9,10 @@ Steps, in the order PyTorch needs them:
    each core's HBM size;
 3. generate ``Tensor.sim()`` / ``is_sim`` / ``Module.sim()`` and register ``torch.sim``;
 4. register the Python kernels: one backend fallback for every op, plus direct
-   kernels for ops that would otherwise reach it in two pieces (structured ops
-   PyTorch would split into ``empty`` + ``op.out``, ``_foreach_*`` loops) and for the
-   ops with their own semantics (copies, ``.item()``, ``resize_``) and the fused
-   built-ins.
+   kernels for ops that would otherwise reach it in pieces (structured ops PyTorch
+   would split into ``empty`` + ``op.out``; ``_foreach_*`` loops; composite kernels
+   such as ``native_layer_norm`` where CPU has its own) and for the ops with their own
+   semantics (copies, ``.item()``, ``resize_``) and the fused built-ins.
 """
 
 from __future__ import annotations
@@ -127,9 +127,12 @@ def _register_kernels() -> None:
         base = name.split(".", 1)[0]
         if base in done or name in done:
             continue
-        direct = torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeExplicitAutogradNonFunctional")
-        if not direct and base.startswith(_FOREACH_PREFIX):
-            direct = torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CompositeExplicitAutograd")
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        direct = has(qualified, "CompositeExplicitAutogradNonFunctional")
+        if not direct and has(qualified, "CompositeExplicitAutograd"):
+            # a composite kernel other backends get (native_layer_norm through batch norm, foreach
+            # loops) where CPU has a kernel of its own: one device execution instead
+            direct = base.startswith(_FOREACH_PREFIX) or has(qualified, "CPU")
         if not direct:
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "PrivateUse1"):

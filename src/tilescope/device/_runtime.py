@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from . import _config, _worker
 
 __all__ = [
-    "Execution", "submit", "synchronize", "subscribe", "unsubscribe", "now_ns", "core_end_ns",
+    "Execution", "submit", "synchronize", "subscribe", "unsubscribe", "recording", "now_ns", "core_end_ns",
     "reset_clocks", "counters",
 ]
 
@@ -161,9 +161,24 @@ def subscribe(fn) -> None:
             _S.listeners = _S.listeners + (fn,)
 
 
+class recording:
+    """``with recording() as execs:`` collects every Execution submitted inside the block."""
+
+    def __init__(self):
+        self.executions: list[Execution] = []
+
+    def __enter__(self) -> list:
+        subscribe(self.executions.append)
+        return self.executions
+
+    def __exit__(self, *exc) -> None:
+        unsubscribe(self.executions.append)
+
+
 def unsubscribe(fn) -> None:
+    """Stop calling ``fn`` (bound methods compare equal, so ``unsubscribe(recs.append)`` works)."""
     with _S.lock:
-        _S.listeners = tuple(f for f in _S.listeners if f is not fn)
+        _S.listeners = tuple(f for f in _S.listeners if f != fn)
 
 
 def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: float,

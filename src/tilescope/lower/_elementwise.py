@@ -36,6 +36,10 @@ def broadcast_strides(meta: TensorMeta, shape: tuple[int, ...]) -> tuple[int, ..
     return tuple(out)
 
 
+class _Decline(Exception):
+    """This call is outside what the row handles (the generic lowering takes it)."""
+
+
 class _Emit:
     """What an op row uses to compute one tile: engines, temporaries, operands."""
 
@@ -66,13 +70,17 @@ class _Emit:
         self.b.select(dst, pred, on_true, on_false)
 
     def binary(self, dst, a, b, op, reverse=False):
-        """``a op b`` where ``b`` is a tile or a scalar (``reverse``: ``b op a``)."""
-        if isinstance(b, View):
-            if reverse:
-                a, b = b, a
+        """``a op b`` where either may be a scalar (``reverse``: ``b op a``)."""
+        if reverse:
+            a, b = b, a
+        if isinstance(a, View) and isinstance(b, View):
             self.tt(dst, a, b, op)
+        elif isinstance(a, View):
+            self.ts(dst, a, op, b)
+        elif isinstance(b, View):
+            self.ts(dst, b, op, a, rev0=True)
         else:
-            self.ts(dst, a, op, b, rev0=reverse)
+            raise _Decline(f"{op} of two scalars")
 
 
 def _is_tile(v) -> bool:
@@ -447,7 +455,10 @@ def lower_elementwise(call: Call, spec):
                 b.dma_copy(t, plan.operand_ap(views[n], st, tile))
                 args[n] = t
             o = b.sbuf(tshape, out.device_dtype, site="ew.out")
-            if emit(_Emit(b, o, tshape), args) is False:
+            try:
+                if emit(_Emit(b, o, tshape), args) is False:
+                    return None
+            except _Decline:
                 return None
             b.dma_copy(plan.operand_ap(out_view, cstrides[0], tile), o)
     return b.build(meta={"lowering": "elementwise"})

@@ -376,6 +376,9 @@ at::Tensor cpu_view(const at::Tensor& t) {
   c10::Storage cpu_storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(alias), nullptr, false);
   auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  // lazy conjugation / negation (complex views) travel with the view
+  if (t.is_conj()) out._set_conj(true);
+  if (t.is_neg()) out._set_neg(true);
   return out;
 }
 

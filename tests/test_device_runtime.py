@@ -1,0 +1,151 @@
+"""The runtime: execution records, the two clocks, synchronize, numerics off the host."""
+
+import time
+
+import pytest
+import torch
+
+import tilescope.device as dev
+from tilescope.device import _runtime
+from tilescope.spec import preset
+
+dev.register()
+
+
+@pytest.fixture
+def virtual():
+    old = dev.settings()
+    dev.configure(clock="virtual")
+    yield
+    dev.configure(clock=old.clock, preset=old.preset, numerics=old.numerics, blocking=old.blocking)
+
+
+def record(fn):
+    recs = []
+    dev.subscribe(recs.append)
+    try:
+        out = fn()
+        torch.sim.synchronize()
+    finally:
+        dev.unsubscribe(recs.append)
+    return recs, out
+
+
+def test_execution_records_carry_what_profiles_need(virtual):
+    x = torch.randn(256, 256, device="sim")
+    recs, _ = record(lambda: torch.relu(x @ x + 1).sum().item())
+    kinds = [(r.op, r.kind) for r in recs]
+    assert ("aten::mm", "kernel") in kinds and ("memcpy DtoH", "memcpy") in kinds
+    flows = [r.flow_id for r in recs]
+    assert flows == sorted(flows) and len(set(flows)) == len(flows)
+    p = preset(None)
+    for r in recs:
+        assert r.program is not None and r.program_hash == r.program.hash
+        assert r.core == 0 and r.stream == 0 and r.clock == "virtual"
+        assert r.queued_ns == pytest.approx(r.host_submit_ns + p.runtime_exec_us * 1000)
+        assert r.device_start_ns >= r.queued_ns
+        assert r.device_end_ns == pytest.approx(r.device_start_ns + r.modeled_ns) and r.modeled_ns > 0
+    for a, b in zip(recs, recs[1:]):  # one core executes in order
+        assert b.device_start_ns >= a.device_end_ns
+    mm = next(r for r in recs if r.op == "aten::mm")
+    assert mm.lowering == "matmul" and mm.program.summary_counts().get("matmul", 0) > 0
+
+
+def test_virtual_clock_is_deterministic_and_models_dispatch_cost(virtual):
+    def run():
+        _runtime.reset_clocks()
+        x = torch.ones(128, 64, device="sim")
+        recs, _ = record(lambda: ((x * 2).exp() + x).sum(1))
+        return [(r.op, r.host_submit_ns, r.device_start_ns, r.device_end_ns) for r in recs]
+
+    run()  # first calls of each signature are synchronous: compare steady-state runs
+    a, b = run(), run()
+    assert a == b
+    step = preset(None).host_dispatch_us * 1000
+    submits = [s for _, s, _, _ in a]
+    assert all(abs((y - x) - step) < 1e-6 for x, y in zip(submits, submits[1:]))
+    assert _runtime.now_ns() >= a[-1][3]  # synchronize moved the host clock to the device's end
+
+
+def test_wall_clock_synchronize_waits_for_modeled_time():
+    slow = preset("trn1").replace(runtime_exec_us=60_000.0)  # 60 ms per execution, assumed
+    old = dev.settings()
+    dev.configure(preset=slow, clock="wall")
+    try:
+        x = torch.ones(8, device="sim")
+        y = x + 1  # first call of this signature: synchronous
+        torch.sim.synchronize()
+        t0 = time.perf_counter()
+        y = x + 1
+        t1 = time.perf_counter()
+        torch.sim.synchronize()
+        t2 = time.perf_counter()
+        assert t1 - t0 < 0.02  # dispatch returns at once
+        assert t2 - t0 >= 0.055  # synchronize waits for the modeled execution
+        assert y.sum().item() == 16.0
+    finally:
+        dev.configure(preset=old.preset, clock=old.clock)
+
+
+def test_numerics_off_skips_values_but_keeps_time(virtual):
+    dev.configure(numerics=False)
+    try:
+        x = torch.zeros(64, device="sim")
+        recs, _ = record(lambda: x + 1)
+        assert [r.op for r in recs] == ["aten::add.Tensor"] and recs[0].modeled_ns > 0
+    finally:
+        dev.configure(numerics=True)
+
+
+def test_numerics_run_on_the_worker_not_the_host():
+    x = torch.randn(2048, 2048, device="sim")
+    y = x.exp()  # first call: synchronous
+    torch.sim.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        y = x.exp()
+    t_dispatch = time.perf_counter() - t0
+    torch.sim.synchronize()
+    t_total = time.perf_counter() - t0
+    assert t_dispatch < t_total / 3, (t_dispatch, t_total)
+    torch.testing.assert_close(y.cpu(), x.cpu().exp())
+
+
+def test_worker_errors_surface_at_the_next_synchronisation():
+    x = torch.randn(4, device="sim")
+    idx = torch.tensor([0, 1], device="sim")
+    x.index_select(0, idx).sum().item()  # the signature's first call (valid indices) is synchronous
+    bad = torch.tensor([0, 10], device="sim")
+    y = x.index_select(0, bad)  # same signature: asynchronous; the bad index fails on the worker
+    with pytest.raises(dev.DeviceExecutionError, match="aten::index_select.*out of range"):
+        torch.sim.synchronize()
+    del y
+    dev.configure(blocking=True)
+    try:
+        with pytest.raises(dev.DeviceExecutionError, match="out of range"):
+            x.index_select(0, bad)
+    finally:
+        dev.configure(blocking=False)
+    assert x.sum().item() == pytest.approx(float(x.cpu().sum()))  # the device keeps working
+
+
+def test_launch_runs_a_program_as_one_execution():
+    from tilescope.program import TileBuilder
+
+    b = TileBuilder("scale_rows")
+    xi, yo = b.input("x", (128, 32), "float32"), b.output("y", (128, 32), "float32")
+    t = b.sbuf((128, 32), "float32")
+    b.dma_copy(t, xi)
+    b.activation(t, t, "exp")
+    b.dma_copy(yo, t)
+    prog = b.build()
+    x = torch.randn(128, 32, device="sim")
+    y = torch.empty(128, 32, device="sim")
+    rec = dev.launch("demo::exp", prog, [x], [y])
+    assert rec.op == "demo::exp" and rec.program_hash == prog.hash and rec.lowering == "custom"
+    torch.testing.assert_close(y.cpu(), x.cpu().exp())
+    z = torch.empty(128, 32, device="sim")
+    dev.launch("demo::double", prog, [x], [z], lambda ins, outs: outs[0].copy_(ins[0] * 2))
+    torch.testing.assert_close(z.cpu(), x.cpu() * 2)
+    with pytest.raises(RuntimeError, match="must be on the sim device"):
+        dev.launch("demo::exp", prog, [x.cpu()], [y])
