@@ -363,8 +363,9 @@ def test_schema_and_repr(lib):
     assert "multicore (8 cores)" in repr(op) and "giou_shape.cpp" in repr(op)
 
 
-def test_docstring_examples_run():
-    import tilescope.cpp._coverage as coverage
+@pytest.mark.parametrize("module", ["tilescope.cpp._coverage", "tilescope.cpp._build"])
+def test_docstring_examples_run(module):
+    import importlib
 
-    failures, tried = doctest.testmod(coverage)
+    failures, tried = doctest.testmod(importlib.import_module(module))
     assert tried > 0 and failures == 0

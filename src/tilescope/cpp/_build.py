@@ -7,9 +7,9 @@ includes (from the compiler's ``-MMD`` dependency list), the flags and the compi
 version -- and the library is named by the hash of its objects. An unchanged load
 therefore compiles nothing and links nothing; an edit recompiles only the edited source.
 
->>> from tilescope.cpp._build import compiler_command
->>> compiler_command()[0] in ("c++", "g++", "clang++") or bool(compiler_command())
-True
+>>> from tilescope.cpp._build import include_dir, runtime_source
+>>> (include_dir() / "tilescope" / "gpsimd.h").is_file(), runtime_source().name
+(True, 'gpsimd_runtime.cpp')
 """
 
 from __future__ import annotations
