@@ -67,7 +67,13 @@ class Profiler:
                 fw = Path(tmp) / "trace.json"
                 prof.export_chrome_trace(str(fw))
                 w.write_bytes("trace.json", _framework_trace_with_device(fw, prof, matched))
-            events = _system_trace(prof, matched, trace_start_ns, cfg, self._sampler)
+                if device["kind"] == "sim":
+                    events = _system_trace(prof, matched, trace_start_ns, cfg, self._sampler)
+                else:  # a real device: lanes and flows come from Kineto's own records
+                    from ._kineto import system_trace_from_kineto
+
+                    events = system_trace_from_kineto(json.loads(fw.read_bytes()),
+                                                      socket.gethostname().split(".")[0] or "host", os.getpid())
             w.write_json("system_trace.json", {
                 "traceEvents": events, "displayTimeUnit": "ns",
                 "metadata": {"tilescope": {"modeled_device": device["kind"] == "sim", "clock": device.get("clock")}},
