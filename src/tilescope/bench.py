@@ -8,10 +8,15 @@ host's wall time and, where the backend has one, the device's time:
 backend     runs                                 device time
 ==========  ===================================  =====================================================
 ``sim``     tile kernels (``@tilescope.kernel``)  the kernel's modeled duration (device model)
+``torch``   PyTorch functions on the ``sim``     sim: the modeled span of the device work launched;
+            device, ``cuda`` or ``cpu``          cuda: CUDA events around the call; cpu: none
 ==========  ===================================  =====================================================
 
-More backends (PyTorch functions on CPU / CUDA / the simulated device) register with
-:func:`register_backend`. The modeled time of a kernel does not vary between runs, so its
+More backends register with :func:`register_backend`. A PyTorch function is synchronised
+after every iteration (through ``torch.accelerator``), so a function that never
+synchronises is still timed to the end of its device work; ``bench`` also refuses a
+*silent fallback* -- outputs on another device than the inputs -- unless
+``allow_fallback=True``. The modeled time of a kernel does not vary between runs, so its
 percentiles are equal; it excludes the runtime's fixed launch cost (an *assumed* preset
 field, ``runtime_exec_us``), which the result reports beside it.
 
@@ -35,7 +40,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["bench", "BenchResult", "Backend", "register_backend", "PERCENTILES"]
+__all__ = ["bench", "compare", "BenchResult", "Comparison", "Backend", "register_backend", "PERCENTILES",
+           "SilentFallbackError"]
 
 PERCENTILES = (0, 1, 10, 25, 50, 75, 90, 99, 100)
 
@@ -85,7 +91,13 @@ class BenchResult:
     def to_dict(self) -> dict:
         return {"name": self.name, "backend": self.backend, "warmup": self.warmup, "iters": self.iters,
                 "preset": self.preset, "device_modeled": self.device_modeled, "quantiles": self.quantiles,
+                "host_us": self.host_median_us, "device_us": self.device_median_us,
                 "notes": list(self.notes)}
+
+    def to_json(self) -> str:
+        import json
+
+        return json.dumps(self.to_dict())
 
     def table(self):
         """A rich Table: percentiles of host and device time."""
@@ -193,13 +205,24 @@ def _prepare_sim(fn, args, kwargs):
 register_backend(Backend("sim", _is_kernel, _prepare_sim, device_modeled=True))
 
 
-def bench(fn, *args, warmup: int = 3, iters: int = 20, **kwargs) -> BenchResult:
-    """Benchmark ``fn(*args, **kwargs)``: ``warmup`` untimed runs, then ``iters`` timed ones.
+class SilentFallbackError(RuntimeError):
+    """A benchmarked function computed on another device than its inputs are on."""
 
-    For a tile kernel, ``kwargs`` may hold ``grid=`` / ``preset=`` as for ``tilescope.simulate``.
+
+def bench(fn, *args, warmup: int = 3, iters: int | None = 20, min_time: float | None = None,
+          max_iters: int = 1000, rel_spread: float | None = None, **kwargs) -> BenchResult:
+    """Benchmark ``fn(*args, **kwargs)``: ``warmup`` untimed runs, then timed ones.
+
+    Repetition: ``iters`` runs; with ``min_time`` (seconds), at least that much timed work;
+    with ``rel_spread``, more runs (up to ``max_iters``) until the spread of the middle 80%
+    ``(p90 - p10) / p50`` is at most that. For a tile kernel, ``kwargs`` may hold ``grid=`` /
+    ``preset=`` as for ``tilescope.simulate``; for a PyTorch function, ``allow_fallback=True``
+    and ``flush_l2=True`` (CUDA) are options, the rest are passed to ``fn``.
     """
-    if iters < 1 or warmup < 0:
+    if (iters is not None and iters < 1) or warmup < 0:
         raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    if iters is None and min_time is None:
+        raise ValueError("give iters= or min_time= (or both)")
     for backend in _BACKENDS:
         if backend.matches(fn):
             break
@@ -211,12 +234,209 @@ def bench(fn, *args, warmup: int = 3, iters: int = 20, **kwargs) -> BenchResult:
     for _ in range(warmup):
         run()
     host, device = [], []
-    for _ in range(iters):
+    spent = 0.0
+    target = iters or 1
+    while True:
         t0 = time.perf_counter()
         d = run()
-        host.append((time.perf_counter() - t0) * 1e6)
+        elapsed = time.perf_counter() - t0
+        spent += elapsed
+        host.append(elapsed * 1e6)
         device.append(d)
+        n = len(host)
+        if n >= max_iters:
+            break
+        if n < target or (min_time is not None and spent < min_time):
+            continue
+        if rel_spread is not None and n >= 5:
+            data = np.asarray([x for x in device] if device[0] is not None else host, dtype=np.float64)
+            p10, p50, p90 = np.percentile(data, (10, 50, 90))
+            if p50 > 0 and (p90 - p10) / p50 > rel_spread:
+                continue
+        break
     name, preset, notes, summary = describe()
     dev = None if any(d is None for d in device) else np.asarray(device, dtype=np.float64)
-    return BenchResult(name, backend.name, warmup, iters, np.asarray(host), dev, backend.device_modeled,
+    if backend.name == "torch":  # name the device it ran on: sim, cuda or cpu
+        return BenchResult(name, _device_of(args).type, warmup, len(host), np.asarray(host), dev,
+                           _torch_modeled(args), preset, tuple(notes), summary)
+    return BenchResult(name, backend.name, warmup, len(host), np.asarray(host), dev, backend.device_modeled,
                        preset, tuple(notes), summary)
+
+
+def _torch_modeled(args) -> bool:
+    return _device_of(args).type not in ("cpu", "cuda", "meta")
+
+
+# ---- PyTorch functions ----------------------------------------------------------------
+
+def _tensors(x):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
+
+
+def _device_of(args):
+    import torch
+
+    for t in _tensors(args):
+        return t.device
+    return torch.device("cpu")
+
+
+def _is_torch_fn(fn) -> bool:
+    return callable(fn) and not _is_kernel(fn)
+
+
+def _synchronizer(device):
+    import torch
+
+    if device.type == "cpu":
+        return lambda: None
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    module = getattr(torch, device.type, None)
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "synchronize"):
+        try:
+            acc.synchronize(device)
+            return lambda: acc.synchronize(device)
+        except RuntimeError:  # a backend whose hooks cannot synchronise through torch.accelerator
+            pass
+    if module is None or not hasattr(module, "synchronize"):
+        raise RuntimeError(f"cannot synchronise device {device}: neither torch.accelerator nor torch.{device.type} can")
+    return module.synchronize
+
+
+def _prepare_torch(fn, args, kwargs):
+    import torch
+
+    allow_fallback = kwargs.pop("allow_fallback", False)
+    flush_l2 = kwargs.pop("flush_l2", False)
+    device = _device_of(args)
+    sync = _synchronizer(device)
+    name = getattr(fn, "__name__", type(fn).__name__)
+    notes = []
+    state = {"checked": False}
+    flush_buf = None
+    if flush_l2 and device.type == "cuda":
+        flush_buf = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.float32, device=device)
+        notes.append("L2 flushed before each iteration (256 MB write)")
+
+    def check(out):
+        other = sorted({str(t.device) for t in _tensors(out)} - {str(device)})
+        if other and not allow_fallback:
+            raise SilentFallbackError(
+                f"{name}: inputs are on {device} but outputs are on {', '.join(other)}: the work did not run "
+                f"(only) on {device}. Pass allow_fallback=True to time it anyway.")
+        if other:
+            notes.append(f"outputs on {', '.join(other)} while inputs are on {device} (fallback allowed)")
+        state["checked"] = True
+
+    if device.type == "cuda":
+        def run():
+            if flush_buf is not None:
+                flush_buf.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(*args, **kwargs)
+            end.record()
+            sync()
+            if not state["checked"]:
+                check(out)
+            return start.elapsed_time(end) * 1000.0
+    elif device.type == "cpu":
+        def run():
+            out = fn(*args, **kwargs)
+            if not state["checked"]:
+                check(out)
+            return None
+    else:  # the simulated device: the modeled span of the device work this call launched
+        from .device import _runtime
+
+        core = device.index or 0
+
+        def run():
+            before = max(_runtime.now_ns(), _runtime.core_end_ns(core))
+            out = fn(*args, **kwargs)
+            sync()
+            after = _runtime.core_end_ns(core)
+            if not state["checked"]:
+                check(out)
+            return max(0.0, after - before) / 1000.0
+        from .device import settings as _settings
+
+        s = _settings()
+        notes.append(f"device time: modeled span of the device work of each call on {s.preset.name} "
+                     f"({s.clock} clock), including the assumed runtime cost "
+                     f"({s.preset.runtime_exec_us:g} us per execution)")
+
+    def describe():
+        preset = None
+        if device.type not in ("cpu", "cuda"):
+            from .device import settings as _settings
+
+            preset = _settings().preset.name
+        measured = {"cuda": f"measured with CUDA events on {torch.cuda.get_device_name(device)}"
+                    if device.type == "cuda" else None, "cpu": "host time measured on this CPU"}.get(device.type)
+        return name, preset, tuple(notes) + ((measured,) if measured else ()), None
+
+    return run, describe
+
+
+register_backend(Backend("torch", _is_torch_fn, _prepare_torch))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Several benchmarks of one input, printed side by side with ratios to the first."""
+
+    results: dict[str, BenchResult]
+
+    def table(self):
+        from rich.markup import escape
+        from rich.table import Table
+
+        first = next(iter(self.results.values()))
+        use_device = all(r.device_us is not None for r in self.results.values())
+        base = first.device_median_us if use_device else first.host_median_us
+        modeled = any(r.device_modeled for r in self.results.values())
+        t = Table(title="comparison (" + ("device time, modeled" if modeled and use_device else
+                                          "device time" if use_device else "host time") + ")")
+        for col in ("name", "backend", "iters", "host p50 us", "device p50 us", f"ratio to {first.name}"):
+            t.add_column(escape(col), justify="left" if col in ("name", "backend") else "right")
+        for name, r in self.results.items():
+            value = r.device_median_us if use_device else r.host_median_us
+            t.add_row(escape(name), r.backend, str(r.iters), f"{r.host_median_us:,.1f}",
+                      "-" if r.device_us is None else f"{r.device_median_us:,.2f}",
+                      f"{value / base:.2f}x" if base else "-")
+        return t
+
+    def to_dict(self) -> dict:
+        return {name: r.to_dict() for name, r in self.results.items()}
+
+    def __rich__(self):
+        return self.table()
+
+    def __str__(self) -> str:
+        from rich.console import Console
+
+        console = Console(width=110, record=True, file=_Null())
+        console.print(self.table())
+        return console.export_text().rstrip()
+
+
+def compare(fns: dict, *args, **kwargs) -> Comparison:
+    """``bench`` each of ``{name: fn}`` on the same arguments; the first is the reference."""
+    results = {}
+    for name, fn in fns.items():
+        r = bench(fn, *args, **kwargs)
+        results[name] = BenchResult(name, r.backend, r.warmup, r.iters, r.host_us, r.device_us, r.device_modeled,
+                                    r.preset, r.notes, r.summary)
+    return Comparison(results)
