@@ -15,7 +15,7 @@ def _cmd_demo(args) -> int:
         os.environ["TILESCOPE_PRESET"] = args.preset
     from .studies.rmsnorm import demo
 
-    demo(args.out, args.dtype)
+    demo(args.out, args.dtype, args.device)
     return 0
 
 
@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the main demo on the simulated device")
     demo.add_argument("--preset", default=None, help="hardware preset (default trn1 or $TILESCOPE_PRESET)")
     demo.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    demo.add_argument("--device", choices=("sim", "cpu", "cuda"), default="sim",
+                      help="where the study runs (sim: modeled; cpu/cuda: measured)")
     demo.add_argument("--out", default="profile_out/rmsnorm", help="where the three profiles go")
     demo.set_defaults(func=_cmd_demo)
     presets = sub.add_parser("presets", help="list hardware presets")

@@ -52,10 +52,12 @@ _compiled = {}
 
 
 def compiled_rmsnorm(x, w):
-    """torch.compile of the naive code: the compiler finds the fusion itself."""
-    fn = _compiled.get("fn")
+    """torch.compile of the naive code: the compiler finds the fusion itself (tilescope's
+    backend on the simulated device, Inductor on a real one)."""
+    backend = "tilescope" if x.device.type not in ("cpu", "cuda") else "inductor"
+    fn = _compiled.get(backend)
     if fn is None:
-        fn = _compiled["fn"] = torch.compile(naive_rmsnorm, backend="tilescope")
+        fn = _compiled[backend] = torch.compile(naive_rmsnorm, backend=backend)
     return fn(x, w)
 
 
@@ -95,17 +97,23 @@ def run(impl: str, dtype: str = "fp32", out: str | Path = "profile_out/rmsnorm",
     x, w = make_inputs(dtype, device)
     cfg = config(Path(out) / f"{impl}_{dtype}")
     exporter = Profiler(cfg)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if device == "sim" else [])
-    with torch.profiler.profile(activities=activities, schedule=torch.profiler.schedule(wait=2, warmup=1, active=1),
+    extra = {"sim": [ProfilerActivity.PrivateUse1], "cuda": [ProfilerActivity.CUDA]}.get(device, [])
+    sync = {"sim": lambda: torch.sim.synchronize(), "cuda": torch.cuda.synchronize}.get(device, lambda: None)
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU] + extra,
+                                schedule=torch.profiler.schedule(wait=2, warmup=1, active=1),
                                 experimental_config=cfg, on_trace_ready=exporter.export_trace) as prof:
         for _ in range(4):
             fn(x, w)
-            if device == "sim":
-                torch.sim.synchronize()
+            sync()
             prof.step()
     if not quiet:
-        print(f"== {impl} RMSNorm, {dtype}, input {tuple(SHAPE)}: key_averages() rows with device time (modeled)")
-        print(rmsnorm_rows(prof).table(sort_by="self_device_time_total", row_limit=12))
+        label = {"sim": "device time, modeled", "cuda": "device time, measured on " + torch.cuda.get_device_name()
+                 if device == "cuda" else "", "cpu": "host time, measured on this CPU"}[device]
+        print(f"== {impl} RMSNorm on {device}, {dtype}, input {tuple(SHAPE)}: key_averages() ({label})")
+        if device == "cpu":
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+        else:
+            print(rmsnorm_rows(prof).table(sort_by="self_device_time_total", row_limit=12))
         print(f"profile: {exporter.path}\n")
     return exporter.path
 
@@ -116,24 +124,33 @@ RUNTIME_COSTS_US = (0, 5, 10, 20, 50, 100)
 
 
 def summarize(path) -> dict:
+    """One profile's figures: device executions and time (modeled on sim, measured on a real
+    device; on a CPU, the profiled step's host time), HBM traffic where the model knows it."""
     prof = load(path)
+    kind = prof.device.get("kind", "cpu")
     events = json.loads((prof.path / "system_trace.json").read_text())["traceEvents"]
-    hw = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "hardware"), key=lambda e: e["ts"])
-    programs = {}
-    hbm = 0
-    durations = []
-    for e in hw:
-        h = e["args"]["program_hash"]
-        if h not in programs:
-            programs[h] = simulate(prof.program(h)).summary
-        hbm += programs[h].hbm_bytes
-        durations.append(e["dur"])
-    return {
-        "path": prof.path, "executions": len(hw), "device_us": sum(durations), "durations_us": durations,
-        "hbm_bytes": hbm, "preset": prof.device.get("preset"), "clock": prof.device.get("clock"),
-        "assumed": prof.device.get("assumed", {}),
-        "ops": sorted({e["args"]["op"] for e in hw}),
-    }
+    xs = [e for e in events if e.get("ph") == "X"]
+    device_events = sorted((e for e in xs if e.get("cat") in ("hardware", "memcpy", "memset")), key=lambda e: e["ts"])
+    row = {"path": prof.path, "kind": kind, "preset": prof.device.get("preset"), "clock": prof.device.get("clock"),
+           "assumed": prof.device.get("assumed", {}), "hbm_bytes": None, "durations_us": [],
+           "measured_on": prof.device.get("measured_on") or prof.device.get("name")}
+    if kind == "sim":
+        programs, hbm = {}, 0
+        for e in device_events:
+            h = e["args"]["program_hash"]
+            if h not in programs:
+                programs[h] = simulate(prof.program(h)).summary
+            hbm += programs[h].hbm_bytes
+        row.update(executions=len(device_events), device_us=sum(e["dur"] for e in device_events),
+                   durations_us=[e["dur"] for e in device_events], hbm_bytes=hbm, source="modeled")
+    elif kind == "cuda":
+        row.update(executions=len(device_events), device_us=sum(e["dur"] for e in device_events),
+                   source=f"measured on {row['measured_on']}")
+    else:
+        steps = [e for e in xs if e.get("name", "").startswith("ProfilerStep")]
+        row.update(executions=0, device_us=sum(e["dur"] for e in steps) if steps else 0.0,
+                   source=f"host time, measured on {row['measured_on'] or 'this CPU'}")
+    return row
 
 
 def end_to_end_us(durations_us, runtime_us: float, dispatch_us: float) -> float:
@@ -148,34 +165,50 @@ def end_to_end_us(durations_us, runtime_us: float, dispatch_us: float) -> float:
 
 
 def compare(paths: dict[str, Path], console: Console | None = None) -> dict:
+    """Print the study's comparison. ``paths`` maps a label (``naive``, ``fused``, ``compiled``,
+    optionally suffixed `` (cpu)`` etc.) to a profile directory; modeled and measured rows
+    sit in one table, each labelled, with ratios taken within each device."""
     console = console or Console()
-    rows = {impl: summarize(p) for impl, p in paths.items()}
-    fused = rows["fused"]["device_us"]
-    t = Table(title="RMSNorm, three ways (tilescope figures are modeled)")
-    for col in ("implementation", "device executions", "device time (modeled)", "HBM traffic (modeled)",
-                "ratio to fused", "published, real trn1", "published ratio"):
-        t.add_column(col, justify="right" if col != "implementation" else "left")
-    for impl, r in rows.items():
-        pub = PUBLISHED_US.get(impl)
-        t.add_row(impl, str(r["executions"]), f"{r['device_us']:,.1f} us", f"{r['hbm_bytes'] / 1e6:,.1f} MB",
-                  f"{r['device_us'] / fused:.2f}x", f"{pub:,.1f} us" if pub else "-",
-                  f"{pub / PUBLISHED_US['fused']:.2f}x" if pub else "-")
+    rows = {label: summarize(p) for label, p in paths.items()}
+
+    def impl_of(label):
+        return label.split(" ")[0]
+
+    fused_by_kind = {r["kind"]: r["device_us"] for label, r in rows.items() if impl_of(label) == "fused"}
+    t = Table(title="RMSNorm, three ways (tilescope's sim figures are modeled; others measured)")
+    for col in ("implementation", "device", "device executions", "time", "source", "HBM traffic",
+                "ratio to fused (same device)", "published, real trn1", "published ratio"):
+        t.add_column(col, justify="left" if col in ("implementation", "device", "source") else "right")
+    for label, r in rows.items():
+        pub = PUBLISHED_US.get(impl_of(label))
+        base = fused_by_kind.get(r["kind"])
+        t.add_row(label, r["kind"] if r["kind"] != "sim" else f"sim ({r['preset']})",
+                  str(r["executions"]) if r["kind"] != "cpu" else "-", f"{r['device_us']:,.1f} us", r["source"],
+                  f"{r['hbm_bytes'] / 1e6:,.1f} MB (modeled)" if r["hbm_bytes"] is not None else "-",
+                  f"{r['device_us'] / base:.2f}x" if base else "-",
+                  f"{pub:,.1f} us" if pub and r["kind"] == "sim" else "-",
+                  f"{pub / PUBLISHED_US['fused']:.2f}x" if pub and r["kind"] == "sim" else "-")
     console.print(t)
-    spec = preset(rows["fused"]["preset"])
-    dispatch = rows["fused"]["assumed"].get("host_dispatch_us", spec.host_dispatch_us)
-    s = Table(title="Sensitivity to the assumed runtime cost per execution (modeled)")
-    s.add_column("runtime cost per execution")
-    for impl in rows:
-        s.add_column(f"{impl}: launch to end", justify="right")
-    s.add_column("naive / fused", justify="right")
-    for r_us in RUNTIME_COSTS_US:
-        spans = {impl: end_to_end_us(r["durations_us"], r_us, dispatch) for impl, r in rows.items()}
-        mark = " (preset)" if r_us == spec.runtime_exec_us else ""
-        s.add_row(f"{r_us} us{mark}", *(f"{spans[i]:,.1f} us" for i in rows), f"{spans['naive'] / spans['fused']:.2f}x")
-    console.print(s)
-    console.print(
-        "Device time excludes the runtime's fixed cost, so its ratio does not move with it; the launch-to-end "
-        f"latency does (host dispatch assumed {dispatch:g} us per op).")
+    sim_rows = {label: r for label, r in rows.items() if r["kind"] == "sim"}
+    if {"naive", "fused"} <= {impl_of(label) for label in sim_rows}:
+        naive_l = next(label for label in sim_rows if impl_of(label) == "naive")
+        fused_l = next(label for label in sim_rows if impl_of(label) == "fused")
+        spec = preset(sim_rows[fused_l]["preset"])
+        dispatch = sim_rows[fused_l]["assumed"].get("host_dispatch_us", spec.host_dispatch_us)
+        s = Table(title="Sensitivity to the assumed runtime cost per execution (modeled)")
+        s.add_column("runtime cost per execution")
+        for label in sim_rows:
+            s.add_column(f"{label}: launch to end", justify="right")
+        s.add_column("naive / fused", justify="right")
+        for r_us in RUNTIME_COSTS_US:
+            spans = {label: end_to_end_us(r["durations_us"], r_us, dispatch) for label, r in sim_rows.items()}
+            mark = " (preset)" if r_us == spec.runtime_exec_us else ""
+            s.add_row(f"{r_us} us{mark}", *(f"{spans[label]:,.1f} us" for label in sim_rows),
+                      f"{spans[naive_l] / spans[fused_l]:.2f}x")
+        console.print(s)
+        console.print(
+            "Device time excludes the runtime's fixed cost, so its ratio does not move with it; the launch-to-end "
+            f"latency does (host dispatch assumed {dispatch:g} us per op).")
     return rows
 
 
@@ -187,19 +220,14 @@ def latest(root: Path, name: str) -> Path:
 
 
 
-def latest(root: Path, name: str) -> Path:
-    found = [p for p in find_profiles(root / name) if p.complete]
-    if not found:
-        raise SystemExit(f"no complete profile under {root / name}; run examples/rmsnorm/{name.split('_')[0]}.py first")
-    return max(found, key=lambda p: p.path.name).path
-
-
-def demo(out: str | Path = "profile_out/rmsnorm", dtype: str = "fp32") -> dict:
+def demo(out: str | Path = "profile_out/rmsnorm", dtype: str = "fp32", device: str = "sim") -> dict:
     """Run the three implementations, compare them, and say how to open them in the explorer."""
     console = Console()
-    console.print(f"[bold]RMSNorm three ways[/bold] on the simulated device: input {SHAPE} {dtype}, "
-                  "virtual clock, schedule(wait=2, warmup=1, active=1). Device times are modeled.\n")
-    paths = {impl: run(impl, dtype, out) for impl in IMPLEMENTATIONS}
+    where = "the simulated device (virtual clock; device times are modeled)" if device == "sim" else device
+    console.print(f"[bold]RMSNorm three ways[/bold] on {where}: input {SHAPE} {dtype}, "
+                  "schedule(wait=2, warmup=1, active=1).\n")
+    paths = {(impl if device == "sim" else f"{impl} ({device})"): run(impl, dtype, out, device=device)
+             for impl in IMPLEMENTATIONS}
     rows = compare(paths, console)
     console.print("\nOpen the three profiles side by side in the explorer:")
     console.print("  tilescope explore " + " ".join(str(p) for p in paths.values()), markup=False, soft_wrap=True)
@@ -207,8 +235,9 @@ def demo(out: str | Path = "profile_out/rmsnorm", dtype: str = "fp32") -> dict:
 
 
 def main(impl: str) -> None:
-    parser = argparse.ArgumentParser(description=f"{impl} RMSNorm on the simulated device")
+    parser = argparse.ArgumentParser(description=f"{impl} RMSNorm, profiled")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--device", choices=("sim", "cpu", "cuda"), default="sim")
     parser.add_argument("--out", default="profile_out/rmsnorm")
     args = parser.parse_args()
-    run(impl, args.dtype, args.out)
+    run(impl, args.dtype, f"{args.out}" if args.device == "sim" else f"{args.out}_{args.device}", device=args.device)
