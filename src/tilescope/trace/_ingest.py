@@ -204,9 +204,7 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
     th = threading.Thread(target=worker, name="tilescope-ingest", daemon=True)
     th.start()
 
-    state = {"k": 0, "f": None, "bytes": 0, "events0": 0, "exact_ts": False}
-    part_events: dict[int, int] = {}
-    scanner: ChromeTraceScanner
+    state = {"k": 0, "f": None, "bytes": 0, "exact_ts": False}
 
     def emit(data: bytes) -> None:
         if state["f"] is None:
@@ -214,14 +212,13 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
         state["f"].write(data)
         state["bytes"] += len(data)
 
-    def rotate(final: bool = False) -> None:
+    def rotate() -> None:
+        """Hand the finished part to the worker (parts end on event boundaries)."""
         f = state["f"]
         if f is None:
             return
         f.close()
         k = state["k"]
-        part_events[k] = scanner.events - state["events0"]
-        state["events0"] = scanner.events
         state.update(f=None, bytes=0, k=k + 1)
         if errors:
             raise errors[0]
@@ -261,7 +258,7 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
         if carry:
             scanner.feed(bytes(carry).decode("utf-8", errors="replace").encode())
         scanner.finish()
-        rotate(final=True)
+        rotate()
     except BaseException:
         jobs.put(None)
         th.join()
