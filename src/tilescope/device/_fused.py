@@ -2,13 +2,14 @@
 
 Most fused built-ins are single aten ops already (``_softmax``, ``_log_softmax``,
 ``native_layer_norm``, ``gelu``, ``silu``); their lowering rules give them a tile-kernel
-Program (:mod:`tilescope.lower.kernels`). Two need registrations here:
+Program (:mod:`tilescope.lower.kernels`). Three need registrations here:
 
 * ``torch.rms_norm`` is a composite op (pow, mean, add, rsqrt, mul) for a backend without
   its own kernel. On this device it calls ``tilescope::rms_norm`` (output and ``rstd``, one
-  execution) with an autograd formula whose backward is ``tilescope::rms_norm_backward``
-  (one more execution, generic lowering). Under tracing (``torch.compile``'s fake or
-  functional tensors) it decomposes as usual, so the compiler sees the plain graph.
+  execution; defined in :mod:`tilescope.lower._ops`) whose backward is
+  ``tilescope::rms_norm_backward`` (one more execution, generic lowering). Under tracing
+  (``torch.compile``'s fake or functional tensors) it decomposes as usual, so the
+  compiler sees the plain graph.
 * ``layer_norm`` would go through ``batch_norm`` on a backend without its own kernel: it
   calls ``native_layer_norm`` (one execution; its backward ``native_layer_norm_backward``
   another), as on CPU.
@@ -23,70 +24,13 @@ from __future__ import annotations
 import torch
 
 from .. import lower as _lower
+from ..lower import _ops
 from . import _runtime
 from ._launch import launch
 
 __all__ = ["register"]
 
 _LIBS: list = []
-
-
-# ---- rms_norm ---------------------------------------------------------------------------------
-
-def _dims(normalized_shape) -> tuple[int, ...]:
-    return tuple(range(-len(normalized_shape), 0))
-
-
-def _eps(x, eps):
-    return torch.finfo(x.dtype).eps if eps is None else eps
-
-
-def _rms_norm_ref(x, normalized_shape, weight=None, eps=None):
-    """Reference numerics (CPU): ``(x * rstd * weight, rstd)``, statistics in float32."""
-    xf = x.float()
-    rstd = torch.rsqrt(xf.pow(2).mean(_dims(normalized_shape), keepdim=True) + _eps(x, eps))
-    y = xf * rstd
-    if weight is not None:
-        y = y * weight.float()
-    return y.to(x.dtype), rstd
-
-
-def _rms_norm_meta(x, normalized_shape, weight=None, eps=None):
-    k = len(normalized_shape)
-    stat = tuple(x.shape[:x.dim() - k]) + (1,) * k
-    return torch.empty_like(x), x.new_empty(stat, dtype=torch.float32)
-
-
-def _rms_norm_backward_ref(grad, x, normalized_shape, rstd, weight, output_mask):
-    dims = _dims(normalized_shape)
-    xf, gf = x.float(), grad.float()
-    xhat = xf * rstd
-    gw = gf * weight.float() if weight is not None else gf
-    dx = rstd * (gw - xhat * (gw * xhat).mean(dims, keepdim=True)) if output_mask[0] else None
-    dw = None
-    if weight is not None and output_mask[1]:
-        batch = tuple(range(x.dim() - len(normalized_shape)))
-        dw = (gf * xhat).sum(batch) if batch else gf * xhat
-    return (dx.to(x.dtype) if dx is not None else torch.zeros_like(x),
-            dw.to(weight.dtype) if dw is not None else (torch.zeros_like(weight) if weight is not None
-                                                          else x.new_empty(0)))
-
-
-def _rms_norm_backward_meta(grad, x, normalized_shape, rstd, weight, output_mask):
-    return torch.empty_like(x), (torch.empty_like(weight) if weight is not None else x.new_empty(0))
-
-
-def _setup(ctx, inputs, output):
-    x, normalized_shape, weight, eps = inputs
-    ctx.save_for_backward(x, output[1], weight)
-    ctx.normalized_shape = normalized_shape
-
-
-def _backward(ctx, grad_y, grad_rstd):
-    x, rstd, weight = ctx.saved_tensors
-    mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[2]]
-    dx, dw = torch.ops.tilescope.rms_norm_backward(grad_y, x, ctx.normalized_shape, rstd, weight, mask)
-    return (dx if mask[0] else None), None, (dw if mask[1] else None), None
 
 
 def _traced(t) -> bool:
@@ -203,17 +147,7 @@ def register(aten_lib) -> None:
     for name in ("convolution_overrideable", "convolution_backward_overrideable"):
         # these have a default kernel that raises "not implemented": register the device's explicitly
         aten_lib.impl(name, _dispatch.handler_for(getattr(torch.ops.aten, name).default), "PrivateUse1")
-    lib = torch.library.Library("tilescope", "DEF")
-    _LIBS.append(lib)
-    lib.define("rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) "
-               "-> (Tensor, Tensor)")
-    lib.define("rms_norm_backward(Tensor grad, Tensor input, SymInt[] normalized_shape, Tensor rstd, "
-               "Tensor? weight, bool[2] output_mask) -> (Tensor, Tensor)")
-    lib.impl("rms_norm", _rms_norm_ref, "CPU")
-    lib.impl("rms_norm", _rms_norm_meta, "Meta")
-    lib.impl("rms_norm_backward", _rms_norm_backward_ref, "CPU")
-    lib.impl("rms_norm_backward", _rms_norm_backward_meta, "Meta")
-    torch.library.register_autograd("tilescope::rms_norm", _backward, setup_context=_setup, lib=lib)
+    _ops.define()
     aten_lib.impl("rms_norm", _aten_rms_norm, "AutogradPrivateUse1")
     aten_lib.impl("rms_norm", _aten_rms_norm, "PrivateUse1")
     aten_lib.impl("layer_norm", _aten_layer_norm, "AutogradPrivateUse1")

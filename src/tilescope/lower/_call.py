@@ -185,6 +185,10 @@ def schema_names(op: str) -> tuple[tuple[str, ...], dict]:
         return hit
     import torch
 
+    if op.startswith("tilescope::"):
+        from . import _ops
+
+        _ops.define()
     ns, rest = op.split("::", 1)
     packet, _, overload = rest.partition(".")
     schema = getattr(getattr(getattr(torch.ops, ns), packet), overload or "default")._schema

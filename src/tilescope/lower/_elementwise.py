@@ -129,9 +129,24 @@ def _rsub(E, a):
 
 
 def _div(E, a):
-    if a.get("rounding_mode") is not None:
+    mode = a.get("rounding_mode")
+    if mode is None:
+        E.binary(E.out, a["self"], a["other"], "divide")
+        return None
+    if mode not in ("trunc", "floor"):
         return False
-    E.binary(E.out, a["self"], a["other"], "divide")
+    q = E.tmp()
+    E.binary(q, a["self"], a["other"], "divide")
+    r = E.tmp()
+    E.ts(r, q, "mod", 1.0)  # fmod: the fraction, with the quotient's sign
+    if mode == "trunc":
+        E.tt(E.out, q, r, "subtract")
+    else:
+        t = E.tmp()
+        E.tt(t, q, r, "subtract")
+        neg = E.tmp()
+        E.ts(neg, r, "less", 0.0)  # a negative fraction: floor is one below trunc
+        E.tt(E.out, t, neg, "subtract")
 
 
 def _cmp(op):
@@ -186,10 +201,7 @@ def _where(E, a):
 def _masked_fill(E, a):
     keep = E.tmp()
     E.ts(keep, a["mask"], "equal", 0.0)
-    value = a["value"]
-    if _is_tile(value):
-        return False
-    E.select(E.out, keep, a["self"], value)
+    E.select(E.out, keep, a["self"], a["value"])  # a tensor value (0-dim) arrives broadcast as a tile
 
 
 def _addc(op):

@@ -43,8 +43,10 @@ def _program(kernel, spec, *args):
 
 def _last_dim(call: Call, named):
     x = named.get("self")
-    if not isinstance(x, TensorMeta) or x.ndim == 0:
+    if not isinstance(x, TensorMeta):
         return None, None
+    if x.ndim == 0:
+        return x, 1
     dim = named.get("dim", -1)
     if dim is not None and dim % x.ndim != x.ndim - 1:
         return x, None

@@ -135,6 +135,9 @@ def lower_matmul(call: Call, spec):
     elif op in ("mv", "addmv"):
         a, bm = named.get("self" if op == "mv" else "mat"), named.get("vec")
         batch = None
+    elif op == "dot":
+        a, bm = named.get("self"), named.get("tensor")
+        batch = None
     else:
         return None
     if not isinstance(a, TensorMeta) or not isinstance(bm, TensorMeta) or a.numel == 0 or bm.numel == 0:
@@ -154,6 +157,10 @@ def lower_matmul(call: Call, spec):
             # a vector is an N = 1 matrix
             M, K = a.shape
             dims = [(a.stride[0], a.stride[1], bm.stride[0], 1, out.stride[0], 1, M, K, 1, 0, 0, 0)]
+        elif op == "dot":
+            # [1, K] @ [K, 1]
+            K = a.shape[0]
+            dims = [(K * a.stride[0], a.stride[0], bm.stride[0], 1, 1, 1, 1, K, 1, 0, 0, 0)]
         elif batch:
             Bn, M, K = a.shape
             N = bm.shape[2]
@@ -312,6 +319,6 @@ def _floor_div(a: int, b: int) -> int:
     return a // b
 
 
-add_rules(["mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "addmm_", "baddbmm_", "addmv_"],
+add_rules(["mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "addmm_", "baddbmm_", "addmv_"],
           Rule("matmul", lower_matmul, "matrix products on TensorE"))
 add_rules(["convolution_overrideable", "convolution"], Rule("conv", lower_conv, "2-D convolution on TensorE"))

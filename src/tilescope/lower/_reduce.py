@@ -19,9 +19,9 @@ from __future__ import annotations
 from itertools import product
 from math import prod
 
-from ..isa import AP
+from ..isa import AP, RuntimeScalar
 from ..program import TileBuilder, View
-from ._call import Call, TensorMeta
+from ._call import Call, ScalarArg, TensorMeta
 from ._layout import coalesce, hbm_input, hbm_output
 from ._rules import Rule, add_rules
 
@@ -43,7 +43,7 @@ def _dims(call: Call, ndim: int):
     """The reduced dims (sorted, non-negative), or None when the call is not a plain reduction."""
     named = call.named()
     dim = named.get("dim", None)
-    if call.overload == "default" or dim is None:
+    if dim is None:  # sum.default, mean.default, ...: every dim
         dims = list(range(ndim))
     elif isinstance(dim, int):
         dims = [dim]
@@ -58,14 +58,15 @@ def _dims(call: Call, ndim: int):
 
 
 def _correction(call: Call):
+    """The variance's correction: a number, or a RuntimeScalar (``correction=`` is a Scalar)."""
     named = call.named()
     c = named.get("correction", None)
     if c is None:
         unbiased = named.get("unbiased", True)
         return 1 if unbiased is not False else 0
-    if isinstance(c, (int, float)):
-        return c
-    return None  # a runtime correction would change the structure below: decline
+    if isinstance(c, ScalarArg):
+        return RuntimeScalar(c.name)
+    return c
 
 
 def lower_reduction(call: Call, spec):
@@ -77,9 +78,12 @@ def lower_reduction(call: Call, spec):
         return None  # max.dim returns (values, indices): generic
     x = next((v for v in call.args[:1] if isinstance(v, TensorMeta)), None)
     out = call.outputs[0]
-    if x is None or x.ndim == 0 or x.numel == 0 or out.numel == 0 or x.is_complex or out.is_complex:
+    if x is None or x.numel == 0 or out.numel == 0 or x.is_complex or out.is_complex:
         return None
-    dims = _dims(call, x.ndim)
+    if x.ndim == 0:  # a reduction of a scalar reads its one element
+        x, out, dims = TensorMeta((1,), (1,), x.dtype), TensorMeta((1,), (1,), out.dtype), [0]
+    else:
+        dims = _dims(call, x.ndim)
     if dims is None:
         return None
     red_op, post = row
@@ -187,7 +191,14 @@ def _variance(b, acc, t, tv, shape3, n, correction, post):
     b.tensor_tensor(devv, tv, mb, "subtract")
     b.activation(dev, dev, "square")
     b.tensor_reduce(acc, devv, "add", axes=(2,))
-    b.tensor_scalar(acc, acc, "multiply", 1.0 / max(n - correction, 0) if n - correction > 0 else float("nan"))
+    if isinstance(correction, RuntimeScalar):
+        # divide by (n - correction), computed on the engine from the runtime scalar
+        denom = b.sbuf((p, 1), "float32", site="red.denom")
+        b.memset(denom, float(n))
+        b.tensor_scalar(denom, denom, "subtract", correction)
+        b.tensor_scalar(acc, acc, "divide", denom)
+    else:
+        b.tensor_scalar(acc, acc, "multiply", 1.0 / (n - correction) if n - correction > 0 else float("nan"))
     if post == "std":
         b.activation(acc, acc, "sqrt")
 

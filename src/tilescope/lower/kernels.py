@@ -42,8 +42,8 @@ def rms_norm_kernel(x, weight, eps):
     (``activation_reduce``), VectorE scales by the per-row factor and the weight.
     """
     rows, d = x.shape
-    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
-    rstd_out = tl.ndarray((rows, 1), tl.float32, buffer=tl.hbm)
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm, name="out")
+    rstd_out = tl.ndarray((rows, 1), tl.float32, buffer=tl.hbm, name="rstd")
     if weight is not None:
         w = tl.load(weight.reshape((1, d)).broadcast_to((P, d)))  # once, into every partition
     i_p, i_f = tl.mgrid[0:P, 0:d]
@@ -71,9 +71,9 @@ def layer_norm_kernel(x, weight, bias, eps):
     ``bn_aggr`` in one pass; one ``tensor_scalar`` subtracts and scales.
     """
     rows, d = x.shape
-    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
-    mean_out = tl.ndarray((rows, 1), tl.float32, buffer=tl.hbm)
-    rstd_out = tl.ndarray((rows, 1), tl.float32, buffer=tl.hbm)
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm, name="out")
+    mean_out = tl.ndarray((rows, 1), tl.float32, buffer=tl.hbm, name="mean")
+    rstd_out = tl.ndarray((rows, 1), tl.float32, buffer=tl.hbm, name="rstd")
     if weight is not None:
         w = tl.load(weight.reshape((1, d)).broadcast_to((P, d)))
     if bias is not None:
@@ -106,7 +106,7 @@ def softmax_kernel(x):
     """Softmax over the last dim: ``-max`` on VectorE, then one ScalarE ``activation_reduce``
     computes ``exp(x - max)`` and its row sum together; VectorE divides."""
     rows, d = x.shape
-    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm, name="out")
     i_p, i_f = tl.mgrid[0:P, 0:d]
     for t in tl.affine_range((rows + P - 1) // P):
         r = t * P + i_p
@@ -123,7 +123,7 @@ def softmax_kernel(x):
 def log_softmax_kernel(x):
     """Log-softmax over the last dim: ``x - max - log(sum(exp(x - max)))``."""
     rows, d = x.shape
-    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm, name="out")
     i_p, i_f = tl.mgrid[0:P, 0:d]
     for t in tl.affine_range((rows + P - 1) // P):
         r = t * P + i_p
@@ -141,7 +141,7 @@ def log_softmax_kernel(x):
 def gelu_kernel(x, approximate):
     """GELU on ScalarE's activation table (``"none"``: erf form, ``"tanh"``: tanh form)."""
     rows, d = x.shape
-    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm, name="out")
     i_p, i_f = tl.mgrid[0:P, 0:d]
     for t in tl.affine_range((rows + P - 1) // P):
         r = t * P + i_p
@@ -155,7 +155,7 @@ def gelu_kernel(x, approximate):
 def silu_kernel(x):
     """SiLU (``x * sigmoid(x)``) on ScalarE's activation table."""
     rows, d = x.shape
-    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm)
+    out = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm, name="out")
     i_p, i_f = tl.mgrid[0:P, 0:d]
     for t in tl.affine_range((rows + P - 1) // P):
         r = t * P + i_p
@@ -178,8 +178,8 @@ def attention_kernel(q, k, v, scale, causal):
     BH, L, E = q.shape
     S = k.shape[1]
     Ev = v.shape[2]
-    out = tl.ndarray((BH, L, Ev), q.dtype, buffer=tl.hbm)
-    lse = tl.ndarray((BH, L), tl.float32, buffer=tl.hbm)
+    out = tl.ndarray((BH, L, Ev), q.dtype, buffer=tl.hbm, name="out")
+    lse = tl.ndarray((BH, L), tl.float32, buffer=tl.hbm, name="lse")
     for h in tl.affine_range(BH):
         kT = tl.ndarray((E, S), tl.float32)
         for s0 in tl.static_range(0, S, P):

@@ -321,7 +321,12 @@ at::Tensor& set_storage_only(at::Tensor& self, c10::Storage source) { return at:
 at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) { return at::cpu::set_(self, source); }
 at::Tensor& set_empty(at::Tensor& self) { return at::cpu::set_(self); }
 
+int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa);
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_fused_sdp_choice", fused_sdp_choice);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", as_strided);
