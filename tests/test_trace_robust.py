@@ -295,3 +295,23 @@ def test_peak_device_memory_per_op(tmp_path):
     peak = {r["name"]: r["peak_allocated_bytes"] for r in t.memory().to_pylist()}
     assert peak == {"aten::mm": 5000, "aten::empty": 1000}  # the CPU (type 0) allocation is not device memory
     assert tt.open(_write(tmp_path, {"traceEvents": ev[:3]}, "nomem.json")).memory().num_rows == 0
+
+
+def test_begin_end_pairs_become_slices(tmp_path):
+    ev = [{"ph": "B", "name": "outer", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 0, "args": {"k": 1}},
+          {"ph": "B", "name": "inner", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 2},
+          {"ph": "E", "pid": 1, "tid": 1, "ts": 5},
+          {"ph": "B", "name": "inner", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 6},
+          {"ph": "E", "pid": 1, "tid": 1, "ts": 8},
+          {"ph": "E", "pid": 1, "tid": 1, "ts": 10},
+          {"ph": "B", "name": "other_thread", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 1},
+          {"ph": "E", "pid": 1, "tid": 2, "ts": 4},
+          {"ph": "B", "name": "never_ends", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 9},
+          {"ph": "X", "name": "plain", "cat": "cpu_op", "pid": 1, "tid": 2, "ts": 11, "dur": 1}]
+    t, w = _open(_write(tmp_path, {"traceEvents": ev}))
+    rows = t.sql("SELECT name, ts_ns, dur_ns FROM events ORDER BY tid, ts_ns").fetchall()
+    assert rows == [("outer", 0, 10_000), ("inner", 2_000, 3_000), ("inner", 6_000, 2_000),
+                    ("other_thread", 1_000, 3_000), ("plain", 11_000, 1_000)]
+    assert any("1 'B'/'E' events have no partner" in m for m in w)
+    ops = {r["name"]: r for r in t.op_table().to_pylist()}
+    assert ops["outer"]["host_self_ns"] == 10_000 - 5_000 and ops["inner"]["calls"] == 2

@@ -79,6 +79,39 @@ def _side_case() -> str:
     return "(" + " OR ".join(f"cat = '{c}'" for c in device) + ")"
 
 
+BE_PART = 65535  # the part number of slices made from 'B'/'E' pairs
+
+
+def _pair_begin_end(con, entry: str, rank: int) -> tuple[int, int]:
+    """Duration events given as 'B' ... 'E' on a thread become one 'X' slice each.
+
+    Per thread, in time order (file order for ties), a running depth gives every 'B' the
+    level it opens and every 'E' the level it closes; the k-th 'B' of a level pairs with the
+    k-th 'E' of that level. The slice keeps the 'B' record's name, category and args and
+    lives in its own part file; the views show it instead of the two records."""
+    glob = os.path.join(entry, "events", "*", "*.parquet")
+    n = con.execute(f"SELECT count(*) FROM read_parquet('{glob}') WHERE ph IN ('B', 'E')").fetchall()[0][0]
+    if not n:
+        return 0, 0
+    dst = os.path.join(entry, "events", f"rank={rank}", f"part-{BE_PART:05d}.parquet")
+    con.execute(f"""
+      CREATE OR REPLACE TEMP TABLE _be AS
+      WITH be AS (SELECT * FROM read_parquet('{glob}', file_row_number=true) WHERE ph IN ('B', 'E') AND ts_ns IS NOT NULL),
+      o AS (SELECT *, sum(CASE WHEN ph = 'B' THEN 1 ELSE -1 END) OVER (
+                PARTITION BY pid, tid ORDER BY ts_ns, part, file_row_number ROWS UNBOUNDED PRECEDING) AS run FROM be),
+      k AS (SELECT *, CASE WHEN ph = 'B' THEN run ELSE run + 1 END AS level FROM o),
+      nth AS (SELECT *, row_number() OVER (PARTITION BY pid, tid, level, ph ORDER BY ts_ns, part, file_row_number) AS k FROM k)
+      SELECT b.* EXCLUDE (file_row_number, run, level, k) REPLACE ('X' AS ph, {BE_PART} AS part, e.ts_ns - b.ts_ns AS dur_ns)
+      FROM nth b JOIN nth e ON e.pid = b.pid AND e.tid IS NOT DISTINCT FROM b.tid AND e.level = b.level AND e.k = b.k
+      WHERE b.ph = 'B' AND e.ph = 'E' AND e.ts_ns >= b.ts_ns
+      ORDER BY b.ts_ns""")
+    paired = con.execute("SELECT count(*) FROM _be").fetchall()[0][0]
+    if paired:
+        con.execute(f"COPY _be TO '{dst}' (FORMAT parquet)")
+    con.execute("DROP TABLE _be")
+    return paired, n - 2 * paired
+
+
 def _build_lanes(con, entry: str, rank: int) -> None:
     glob = os.path.join(entry, "events", "*", "*.parquet")
     sql = f"""
@@ -93,7 +126,7 @@ def _build_lanes(con, entry: str, rank: int) -> None:
     st AS (
       SELECT pid, tid, count(*) AS events, min(ts_ns) AS first_ns, max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) AS last_ns,
              count(*) FILTER (WHERE {_side_case()}) AS dev
-      FROM read_parquet('{glob}', hive_partitioning=false) WHERE ph NOT IN ('M', 's', 't', 'f') GROUP BY pid, tid)
+      FROM read_parquet('{glob}', hive_partitioning=false) WHERE ph NOT IN ('M', 's', 't', 'f', 'B', 'E') GROUP BY pid, tid)
     SELECT {rank}::INTEGER AS rank, st.pid, st.tid, pn.process_name, tn.thread_name, pl.labels,
            st.events, st.first_ns, st.last_ns,
            CASE WHEN st.dev * 2 > st.events OR pl.labels LIKE 'GPU%' THEN 'device' ELSE 'host' END AS side
@@ -259,6 +292,12 @@ def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool
             if n_ev == 0:
                 meta["warnings"].append(f"{name}: the trace holds no events")
             con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
+            paired, unmatched = _pair_begin_end(con, tmp, r)
+            if paired:
+                meta["notes"].append(f"{name}: {paired:,} 'B'/'E' pairs became slices (part {BE_PART})")
+            if unmatched:
+                meta["warnings"].append(
+                    f"{name}: {unmatched:,} 'B'/'E' events have no partner on their thread; they are left out of slices")
             t_a = time.perf_counter()
             _build_lanes(con, tmp, r)
             t_b = time.perf_counter()

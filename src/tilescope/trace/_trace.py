@@ -162,7 +162,7 @@ class Trace:
                    r.ts_ns + CASE WHEN r.dur_ns > 0 THEN r.dur_ns ELSE 0 END AS end_ns,
                    r.pid, r.tid, {', '.join('r.' + c for c, _p, _t in ARG_COLUMNS)}, r.args
             FROM raw r JOIN lanes l ON l.rank = r.rank AND l.pid = r.pid AND l.tid IS NOT DISTINCT FROM r.tid
-            WHERE r.ph NOT IN ('s', 't', 'f', 'M') AND r.ts_ns IS NOT NULL""")
+            WHERE r.ph NOT IN ('s', 't', 'f', 'M', 'B', 'E') AND r.ts_ns IS NOT NULL""")
         con.execute("""CREATE OR REPLACE TEMP VIEW flows AS
             SELECT eid, rank, ph, cat, name, id, pid, tid, ts_ns, bp FROM raw WHERE ph IN ('s', 't', 'f')""")
         ex = [os.path.join(e, "executables.parquet") for e in self.entries if os.path.exists(os.path.join(e, "executables.parquet"))]
