@@ -197,7 +197,12 @@ def test_cli_report_diff_sql_replay(profiles, capsys, tmp_path):
     out = capsys.readouterr().out
     rep = json.loads(out[out.index("{"):])
     assert rep["time_source"] == "modeled" and rep["summary"]["executables"] == 5
-    assert os.path.exists(tmp_path / "plots" / "roofline.svg") and os.path.exists(tmp_path / "plots" / "breakdown.svg")
+    import xml.etree.ElementTree as ET
+
+    for name, shape in (("roofline.svg", "circle"), ("breakdown.svg", "rect")):
+        root = ET.parse(tmp_path / "plots" / name).getroot()  # well-formed SVG
+        assert len(root.findall(f"{{http://www.w3.org/2000/svg}}{shape}")) >= 5
+        assert "modeled" in ET.tostring(root, encoding="unicode")
     assert main(["report", profiles["naive"]]) == 0
     text = capsys.readouterr().out
     assert "(modeled)" in text and "aten::mul" in text
