@@ -203,13 +203,23 @@ def _svg_roofline(title: str, rows: list[dict], peak_tflops: float | None, peak_
            f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="#333"/>',
            f'<text x="{w / 2}" y="{h - 20}" text-anchor="middle">arithmetic intensity (FLOP/byte, log)</text>',
            f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">TFLOP/s (log)</text>']
+    for k in range(math.ceil(x0), math.floor(x1) + 1):  # decade ticks
+        out.append(f'<line x1="{X(10 ** k):.1f}" y1="{h - m}" x2="{X(10 ** k):.1f}" y2="{h - m + 5}" stroke="#333"/>'
+                   f'<text x="{X(10 ** k):.1f}" y="{h - m + 17}" text-anchor="middle">{10.0 ** k:g}</text>')
+    for k in range(math.ceil(y0), math.floor(y1) + 1):
+        out.append(f'<line x1="{m - 5}" y1="{Y(10 ** k):.1f}" x2="{m}" y2="{Y(10 ** k):.1f}" stroke="#333"/>'
+                   f'<text x="{m - 7}" y="{Y(10 ** k) + 4:.1f}" text-anchor="end">{10.0 ** k:g}</text>')
     if peak_tflops and peak_gbps:
         ridge = peak_tflops * 1e3 / peak_gbps
-        a = 10 ** x0
-        out.append(f'<polyline fill="none" stroke="#e15759" stroke-width="2" points="{X(a):.1f},{Y(max(a * peak_gbps / 1e3, 10 ** y0)):.1f} '
+        a = max(10 ** x0, 10 ** y0 * 1e3 / peak_gbps)
+        out.append(f'<polyline fill="none" stroke="#e15759" stroke-width="2" points="{X(a):.1f},{Y(a * peak_gbps / 1e3):.1f} '
                    f'{X(ridge):.1f},{Y(peak_tflops):.1f} {X(10 ** x1):.1f},{Y(peak_tflops):.1f}"/>')
-    for ai, tf, name in pts:
+        out.append(f'<text x="{X(10 ** x1) - 4:.1f}" y="{Y(peak_tflops) - 6:.1f}" text-anchor="end" fill="#e15759">'
+                   f'peak {peak_tflops:,.1f} TFLOP/s, {peak_gbps:,.0f} GB/s</text>')
+    for i, (ai, tf, name) in enumerate(pts):
         out.append(f'<circle cx="{X(ai):.1f}" cy="{Y(tf):.1f}" r="4" fill="#4e79a7"><title>{escape(name)}</title></circle>')
+        if i < 12:
+            out.append(f'<text x="{X(ai) + 6:.1f}" y="{Y(tf) - 6 - 11 * (i % 3):.1f}" font-size="10">{escape(name[:30])}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
