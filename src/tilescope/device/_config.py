@@ -46,6 +46,9 @@ class Settings:
         gil_switch_interval_s: the interpreter's thread switch interval while the device
             is registered. The default 5 ms lets a busy host thread hold the GIL so long
             that the worker lags far behind; 0.5 ms keeps it close. ``None`` leaves it alone.
+        worker_threads: intra-op (OpenMP) threads the worker's CPU kernels use; the
+            default leaves one CPU core to the host thread, so big numerics do not slow
+            dispatch down (``$TILESCOPE_WORKER_THREADS``). Applied when the worker starts.
     """
 
     preset: CoreSpec
@@ -53,10 +56,13 @@ class Settings:
     numerics: bool = True
     blocking: bool = False
     gil_switch_interval_s: float | None = 0.0005
+    worker_threads: int = max(1, (os.cpu_count() or 2) - 1)
 
     def __post_init__(self) -> None:
         if self.clock not in _CLOCKS:
             raise ValueError(f"clock must be one of {_CLOCKS}, got {self.clock!r}")
+        if self.worker_threads < 1:
+            raise ValueError(f"worker_threads must be >= 1, got {self.worker_threads}")
         if self.gil_switch_interval_s is not None and not 0 < self.gil_switch_interval_s <= 1:
             raise ValueError(
                 f"gil_switch_interval_s must be in (0, 1] seconds or None, got {self.gil_switch_interval_s}"
@@ -76,6 +82,8 @@ def settings() -> Settings:
             clock=os.environ.get("TILESCOPE_CLOCK", "wall") or "wall",
             numerics=_env_flag("TILESCOPE_NUMERICS", True),
             blocking=_env_flag("TILESCOPE_LAUNCH_BLOCKING", False),
+            **({"worker_threads": int(os.environ["TILESCOPE_WORKER_THREADS"])}
+               if os.environ.get("TILESCOPE_WORKER_THREADS") else {}),
         )
     return _SETTINGS
 

@@ -103,6 +103,23 @@ def _wrapped(v):
     return t
 
 
+_SCALAR_CACHE: dict = {}
+
+
+def _host_scalar(v):
+    """A private copy of a 0-dim host tensor (shared by equal values: the worker only reads it)."""
+    val = v.item()
+    if not val:  # 0 and -0.0 compare equal but differ: no sharing
+        return v.detach().clone()
+    key = (v.dtype, val)
+    t = _SCALAR_CACHE.get(key)
+    if t is None:
+        t = v.detach().clone()
+        if len(_SCALAR_CACHE) < 512:
+            _SCALAR_CACHE[key] = t
+    return t
+
+
 class _Scan:
     """Result of one pass over the arguments."""
 
@@ -123,7 +140,7 @@ def _scan_value(v, flag: int, key: list, s: _Scan):
         # a host tensor: 0-dim ones are scalars, read at dispatch (later host changes do not leak in)
         key.append((v.shape, v.stride(), v.dtype, -1))
         if v.dim() == 0:
-            return v.detach().clone()
+            return _host_scalar(v)
         s.host = v
         return v
     if c is list or c is tuple:

@@ -14,6 +14,7 @@ execution that failed, by the next call that waits for the device
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
@@ -36,14 +37,32 @@ class _Worker:
 
     def _run(self) -> None:
         torch._C._autograd._enable_record_function(False)
+        _limit_threads()
         get = self.queue.get
         errors = self.errors
         while True:
-            fn, args, kwargs, label = get()
+            item = get()
+            if item is None:  # interpreter exit
+                return
+            fn, args, kwargs, label = item
             try:
                 fn(*args, **kwargs)
             except BaseException as e:  # noqa: BLE001 - reported at the next synchronisation
                 errors.append((label, e))
+
+
+def _limit_threads() -> None:
+    """Give this thread's OpenMP regions ``worker_threads`` threads (a per-thread setting in
+    OpenMP; ``torch.set_num_threads`` would change the host's too)."""
+    import ctypes
+
+    from ._config import settings
+
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
+    try:
+        ctypes.CDLL(path).omp_set_num_threads(int(settings().worker_threads))
+    except (OSError, AttributeError):  # another OpenMP runtime: leave the default
+        pass
 
 
 _W: _Worker | None = None
@@ -98,6 +117,19 @@ def raise_pending() -> None:
         f"TILESCOPE_LAUNCH_BLOCKING=1 (or tilescope.device.configure(blocking=True)) to raise "
         f"them at the call that caused them."
     ) from err
+
+
+def _drain_at_exit() -> None:
+    """Finish queued work and stop the worker before the interpreter finalizes (a daemon
+    thread left inside a CPU kernel at shutdown takes the process down)."""
+    w = _W
+    if w is None or not w.thread.is_alive():
+        return
+    w.queue.put(None)
+    w.thread.join()
+
+
+atexit.register(_drain_at_exit)
 
 
 def _after_fork_in_child() -> None:
