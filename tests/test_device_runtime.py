@@ -149,3 +149,24 @@ def test_launch_runs_a_program_as_one_execution():
     torch.testing.assert_close(z.cpu(), x.cpu() * 2)
     with pytest.raises(RuntimeError, match="must be on the sim device"):
         dev.launch("demo::exp", prog, [x.cpu()], [y])
+
+
+def test_tile_kernels_run_on_device_tensors():
+    import tilescope
+    import tilescope.lang as tl
+    from tilescope.lower.kernels import rms_norm_kernel
+
+    @tilescope.kernel
+    def scale_into(x, out):
+        tl.store(out, tl.load(x) * 3.0)
+
+    x = torch.randn(128, 16, device="sim")
+    out = torch.empty(128, 16, device="sim")
+    with dev.recording() as recs:
+        assert scale_into(x, out) is None
+    assert [(r.op, r.lowering) for r in recs] == [("kernel::scale_into", "tile_kernel")]
+    torch.testing.assert_close(out.cpu(), x.cpu() * 3)
+    w = torch.randn(16, device="sim")
+    y, rstd = rms_norm_kernel(x, w, 1e-6)
+    torch.testing.assert_close(y.cpu(), torch.rms_norm(x.cpu(), (16,), w.cpu(), 1e-6), rtol=1e-5, atol=1e-5)
+    assert rstd.shape == (128, 1) and rstd.device.type == "sim"

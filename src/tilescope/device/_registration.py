@@ -140,6 +140,7 @@ def _register_kernels() -> None:
         packet, _, overload = name.partition(".")
         op = getattr(getattr(torch.ops.aten, packet), overload or "default")
         lib.impl(name, _dispatch.handler_for(op), "PrivateUse1")
-    from . import _fused
+    from . import _fused, _kernels
 
     _fused.register(lib)
+    _kernels.install()
