@@ -25,7 +25,7 @@ def open(paths, *, align: str = "none", progress: bool | None = None, refresh: b
     """Open profile directories, Kineto/Chrome traces (one per rank; ``.json`` or ``.json.gz``),
     a directory of per-rank traces, or an executable + instruction-trace pair.
 
-    Ingest happens once per file (cached as Parquet under ``$TILESCOPE_CACHE_DIR``, default
+    Ingest happens once per file (cached as Parquet under ``$TILESCOPE_CACHE_DIR/trace``, default
     ``~/.cache/tilescope/trace``); ``refresh=True`` re-ingests. ``align='start'`` shifts each
     rank so that their first events coincide (for clocks that disagree)."""
     from ._trace import open_trace

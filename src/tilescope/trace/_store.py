@@ -1,6 +1,6 @@
 """The Parquet cache: one entry per ingested source, written atomically.
 
-Layout of one entry (``$TILESCOPE_CACHE_DIR`` or ``~/.cache/tilescope/trace/<key>/``)::
+Layout of one entry (``$TILESCOPE_CACHE_DIR/trace/<key>/``, default ``~/.cache/tilescope/trace/<key>/``)::
 
     events/rank=<r>/part-<k>.parquet   every trace record (see TABLES["events"])
     lanes.parquet                      one row per (pid, tid) lane with names and extent
@@ -37,7 +37,10 @@ LOD_LEVELS = 5  # each level has 4x more buckets: 1k, 4k, 16k, 64k, 256k
 
 
 def cache_root() -> str:
-    root = os.environ.get("TILESCOPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tilescope", "trace")
+    """``$TILESCOPE_CACHE_DIR/trace`` (tilescope's cache root, shared with the device's build
+    cache), default ``~/.cache/tilescope/trace``."""
+    base = os.environ.get("TILESCOPE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tilescope")
+    root = os.path.join(base, "trace")
     os.makedirs(root, exist_ok=True)
     return root
 
