@@ -149,11 +149,19 @@ def test_matmul_forms():
     check("aten::dot", (v, w), {}, {"out": torch.dot(v, w)}, {"in_a": v, "in_b": w}, rule="matmul", tol=1e-4)
 
 
-def test_conv2d_with_padding_and_stride():
+def test_convolutions_with_padding_stride_groups():
     x, w, bias = rnd(2, 5, 13, 11), rnd(7, 5, 3, 3), rnd(7)
     ref = torch.nn.functional.conv2d(x, w, bias, stride=2, padding=1)
     check("aten::convolution_overrideable", (x, w, bias, [2, 2], [1, 1], [1, 1], False, [0, 0], 1), {},
           {"out": ref}, {"in_input": x, "in_weight": w, "in_bias": bias}, rule="conv", tol=1e-4)
+    xg, wg, bg = rnd(2, 6, 9, 8), rnd(4, 3, 3, 3), rnd(4)  # two groups
+    check("aten::convolution_overrideable", (xg, wg, bg, [1, 1], [1, 1], [1, 1], False, [0, 0], 2), {},
+          {"out": torch.nn.functional.conv2d(xg, wg, bg, padding=1, groups=2)},
+          {"in_input": xg, "in_weight": wg, "in_bias": bg}, rule="conv", tol=1e-4)
+    x1, w1 = rnd(3, 4, 20), rnd(5, 4, 3)  # 1-D, strided and dilated
+    check("aten::convolution_overrideable", (x1, w1, None, [2], [2], [2], False, [0], 1), {},
+          {"out": torch.nn.functional.conv1d(x1, w1, None, stride=2, padding=2, dilation=2)},
+          {"in_input": x1, "in_weight": w1}, rule="conv", tol=1e-4)
 
 
 # ---- movement --------------------------------------------------------------------------------
