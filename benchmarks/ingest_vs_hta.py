@@ -211,7 +211,7 @@ def main() -> int:
             print(f"  {a[0]:<40} x{a[1]:<3} {a[2]:>9,} us | x{b[1]:<3} {b[2]:>9,} us")
         print(f"  kernel time {hta['kernel_time_us']:,} us, idle {hta['idle_time_us']:,} us | "
               f"{ts['kernel_time_us']:,} us, idle {ts['idle_time_us']:,} us")
-    big = os.path.join(work, "synthetic_1gb.json")
+    big = os.path.join(work, f"synthetic_{args.gb:g}gb.json")
     target = int(args.gb * 1e9)
     if not os.path.exists(big) or abs(os.path.getsize(big) - target) > 0.1 * target:
         t = time.perf_counter()
