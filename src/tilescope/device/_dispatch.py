@@ -43,6 +43,7 @@ _enable_rf = torch._C._autograd._enable_record_function
 _STATS = {"calls": 0, "first_calls": 0, "sync_calls": 0}
 _DEVICE_TYPE = "privateuseone"
 _PLAIN, _NUMBER, _WRAPPED = 0, 1, 2
+_SIGNATURES_PER_OP = 4096
 
 
 def init(device_type: str) -> None:
@@ -373,6 +374,8 @@ class Handler:
         elif copies:
             _worker.put((_copy_pairs, (copies,), {}, self.name))
         if self.cacheable:
+            if len(self.cache) >= _SIGNATURES_PER_OP:
+                self.cache.clear()  # a workload of ever-new shapes: start over rather than grow
             self.cache[s.key] = Entry(outs, lowered)
         return value
 

@@ -20,7 +20,7 @@ an optimizer's changing step size reuses one Program.
 from __future__ import annotations
 
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from ..program import Program
@@ -53,7 +53,8 @@ class Lowered:
         return self.rule == "generic"
 
 
-_CACHE: dict = {}
+_CACHE: "OrderedDict" = OrderedDict()
+_CACHE_SIZE = 8192  # Programs kept (least recently used dropped first)
 _LOCK = threading.Lock()
 _STATS = {"hits": 0, "misses": 0}
 _BY_RULE: Counter = Counter()
@@ -63,18 +64,17 @@ def lower(call: Call, spec: str | CoreSpec | None = None) -> Lowered:
     """The Program of ``call`` on ``spec`` (cached), built by its rule or the generic lowering."""
     spec = preset(spec)
     key = (call, spec.fingerprint)
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _STATS["hits"] += 1
-        return hit
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _STATS["hits"] += 1
+            _CACHE.move_to_end(key)
             return hit
         _STATS["misses"] += 1
         result = _build(call, spec)
         _CACHE[key] = result
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
         _BY_RULE[result.rule] += 1
         return result
 
