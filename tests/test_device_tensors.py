@@ -217,3 +217,14 @@ def test_memory_statistics_follow_allocations():
     assert total == dev.settings().preset.hbm_bytes and free <= total
     del x
     assert torch.sim.memory_allocated() == before
+
+
+def test_autocast_and_accelerator_api():
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    with torch.autocast(device_type="sim", dtype=torch.bfloat16):
+        y = x.to("sim") @ w.to("sim")
+        p = torch.softmax(y, -1)
+    assert y.dtype == torch.bfloat16 and p.dtype == torch.float32  # CUDA's op lists and policies
+    close(y.float(), (x.bfloat16() @ w.bfloat16()).float(), rtol=1e-2, atol=1e-2)
+    assert torch.accelerator.is_available() and torch.accelerator.current_accelerator().type == "sim"
+    torch.accelerator.synchronize()  # reaches the runtime's synchronize through the device guard

@@ -70,6 +70,10 @@ def register(name: str | None = None) -> str:
         rt = load()
         rt.initialize(name, s.preset.cores_per_chip)
         _apply_limits(rt, s)
+        from . import _runtime
+
+        # torch.accelerator.synchronize() / stream.synchronize() reach the runtime through the guard
+        rt.set_sync_callback(lambda index: _runtime.synchronize(index if index >= 0 else None))
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
         torch._register_device_module(name, _module)
         _dispatch.init(name)

@@ -9,6 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <ATen/ops/as_strided_cpu_dispatch.h>
@@ -144,6 +145,15 @@ struct PinnedAllocator final : c10::Allocator {
 };
 static PinnedAllocator g_pinned_allocator;
 
+// ---- synchronisation: the Python runtime knows when the device is done ------------
+static py::object* g_sync_callback = nullptr;  // leaked on purpose: alive until process exit
+
+static void call_sync(int index) {
+  if (g_sync_callback == nullptr || !Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  (*g_sync_callback)(index);
+}
+
 // ---- device guard ------------------------------------------------------------
 struct SimGuardImpl final : c10::impl::DeviceGuardImplInterface {
   static constexpr c10::DeviceType static_type = c10::DeviceType::PrivateUse1;
@@ -169,6 +179,8 @@ struct SimGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::Stream exchangeStream(c10::Stream s) const noexcept override { return c10::Stream(c10::Stream::DEFAULT, s.device()); }
   c10::DeviceIndex deviceCount() const noexcept override { return static_cast<c10::DeviceIndex>(g_device_count.load()); }
   bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream& stream) const override { call_sync(stream.device_index()); }
+  void synchronizeDevice(const c10::DeviceIndex index) const override { call_sync(index); }
   void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void*) const override { return true; }
@@ -339,6 +351,28 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_", set_empty);
 }
 
+// ---- autocast: the same op lists and policies as CUDA -----------------------------
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+#define TS_LOW_PRECISION(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define TS_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define TS_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define TS_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+
+}  // namespace tilescope_sim
+
+namespace at::autocast {  // the op lists name Tensor, ScalarType, ... unqualified
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  AT_FORALL_LOWER_PRECISION_FP(TS_LOW_PRECISION)
+  AT_FORALL_FP32(TS_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(TS_FP32_SET_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(TS_PROMOTE)
+}
+}  // namespace at::autocast
+
+namespace tilescope_sim {
+
 // scaled_dot_product_attention on this device: the fused ("overrideable") kernel, whose
 // forward and backward are single device executions defined in Python, unless the
 // call needs dropout or grouped-query expansion (then the math decomposition).
@@ -433,6 +467,11 @@ py::object default_generator_py(int index) {
 
 int64_t storage_nbytes(const at::Tensor& t) { return static_cast<int64_t>(t.storage().nbytes()); }
 
+void set_sync_callback(py::object fn) {
+  if (g_sync_callback == nullptr) g_sync_callback = new py::object(std::move(fn));
+  else *g_sync_callback = std::move(fn);
+}
+
 }  // namespace tilescope_sim
 
 namespace at::native {
@@ -452,4 +491,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("resize", &resize);
   m.def("default_generator", &default_generator_py);
   m.def("storage_nbytes", &storage_nbytes);
+  m.def("set_sync_callback", &set_sync_callback);
 }
