@@ -244,3 +244,14 @@ def test_adam_compiles_each_program_once():
 
 
 OutputRef  # used by the dispatcher's out= calls; imported to keep the public surface covered
+
+
+def test_foreach_ops_are_one_program_over_the_list():
+    ps, t1s, t2s = [rnd(30, 7), rnd(100)], [rnd(30, 7), rnd(100)], [rnd(30, 7).abs() + 1, rnd(100).abs() + 1]
+    feeds = {}
+    for i, (p, a, b) in enumerate(zip(ps, t1s, t2s)):
+        feeds.update({f"t{i}_in_self": p, f"t{i}_in_tensor1": a, f"t{i}_in_tensor2": b})
+    expected = {f"t{i}_out": p + v * a / b for i, (p, a, b, v) in enumerate(zip(ps, t1s, t2s, (-0.5, 0.25)))}
+    check("aten::_foreach_addcdiv_.ScalarList", (tuple(ps), tuple(t1s), tuple(t2s),
+                                                 (ScalarArg("s0", float), ScalarArg("s1", float))), {},
+          expected, feeds, {"s0": -0.5, "s1": 0.25}, rule="elementwise")

@@ -261,11 +261,12 @@ class Handler:
             self.kind = "meta"  # views and in-place view ops: metadata only
         elif self.out_kw:
             self.kind = "out"
-        elif self.write_pos and rets and all(self.returns_alias):
+        elif self.write_pos and all(self.returns_alias):  # (no returns: _foreach_add_ and friends)
             self.kind = "inplace"
         else:
             self.kind = "functional"  # fresh results (possibly also writing some arguments)
-        self.cacheable = tensor_returns and not dynamic and bool(rets) and self.kind != "meta"
+        self.cacheable = not dynamic and self.kind != "meta" and (
+            (tensor_returns and bool(rets)) or (self.kind == "inplace" and not rets))
         if self.kind == "functional" and not self.write_pos and cpu_fn is None:
             found = _find_out_overload(op)
             if found is not None:
@@ -312,6 +313,8 @@ class Handler:
         if self.kind == "out":
             results = [kwargs[n] for n in self.out_kw]
         else:
+            if not self.n_returns:
+                return None
             results = [args[i] for i in self.write_pos[:self.n_returns]]
         return results[0] if len(results) == 1 else tuple(results)
 
@@ -358,7 +361,7 @@ class Handler:
             value = self._aliased_results(args, kwargs)
         else:
             value = self._aliased_results(args, kwargs)
-            written = _flat_tensors(value)
+            written = _flat_tensors([args[i] for i in self.write_pos if i < len(args)])
         if self.kind == "functional":
             tops = value if self.list_return or self.n_returns > 1 else [value]
             outs = [(tuple(t.shape), tuple(t.stride()), t.dtype) if isinstance(t, _Tensor) else None for t in tops]

@@ -18,7 +18,7 @@ from ._call import Call, ScalarArg, TensorMeta
 from ._layout import TilePlan, coalesce, hbm_input, hbm_output
 from ._rules import Rule, add_rules
 
-__all__ = ["OPS", "lower_elementwise", "broadcast_strides"]
+__all__ = ["OPS", "lower_elementwise", "lower_foreach", "broadcast_strides"]
 
 _MAX_FREE = 2048
 
@@ -425,11 +425,6 @@ OPS: dict[str, tuple[tuple[str, ...], object]] = {
 }
 
 
-def _operands(call: Call, tensor_names):
-    named = call.named()
-    return named, [(n, named[n]) for n in tensor_names if isinstance(named.get(n), TensorMeta)]
-
-
 def lower_elementwise(call: Call, spec):
     """The Program of an elementwise ``call`` (None when the row declines)."""
     packet = call.packet.rstrip("_") if call.packet not in ("_to_copy",) else call.packet
@@ -437,46 +432,84 @@ def lower_elementwise(call: Call, spec):
     if row is None or len(call.outputs) != 1:
         return None
     tensor_names, emit = row
-    out = call.outputs[0]
-    if out.numel == 0:
+    b = TileBuilder(call.op, spec)
+    with b.provenance(op=call.op):
+        if not _emit_one(b, spec, call.named(), tensor_names, emit, call.outputs[0], ""):
+            return None
+    return b.build(meta={"lowering": "elementwise"})
+
+
+# foreach argument name -> the per-tensor row's argument name
+_FOREACH_ARGS = {"scalar": "other", "scalars": "other", "tensors1": "end", "weights": "weight"}
+_FOREACH_VALUE = {"addcmul", "addcdiv"}  # their Scalar(s) is the row's "value"
+
+
+def lower_foreach(call: Call, spec):
+    """``_foreach_<op>``: the elementwise row of ``<op>`` for every tensor of the lists, in
+    one Program (one device execution for the whole list, as a fused multi-tensor kernel)."""
+    base = call.packet[len("_foreach_"):].rstrip("_")
+    row = OPS.get(base)
+    named = call.named()
+    selves = named.get("self")
+    if row is None or not isinstance(selves, tuple) or len(call.outputs) != len(selves) or not selves:
         return None
-    named, tensors = _operands(call, tensor_names)
+    tensor_names, emit = row
+    n = len(selves)
+    b = TileBuilder(call.op, spec)
+    with b.provenance(op=call.op):
+        for i, out in enumerate(call.outputs):
+            per = {}
+            for k, v in named.items():
+                key = "value" if base in _FOREACH_VALUE and k in ("scalar", "scalars") else _FOREACH_ARGS.get(k, k)
+                per[key] = v[i] if isinstance(v, tuple) and len(v) == n else v
+            if not _emit_one(b, spec, per, tensor_names, emit, out, f"t{i}_"):
+                return None
+    return b.build(meta={"lowering": "elementwise"})
+
+
+def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: TensorMeta, prefix: str) -> bool:
+    """Emit one elementwise op into ``b``; False when the row declines."""
+    if out.numel == 0:
+        return False
+    tensors = [(n, named[n]) for n in tensor_names if isinstance(named.get(n), TensorMeta)]
     if out.is_complex or any(m.is_complex for _, m in tensors):
-        return None  # complex arithmetic is not elementwise over pairs of reals
+        return False  # complex arithmetic is not elementwise over pairs of reals
     shape = out.shape
     for _, m in tensors:
         if len(m.shape) > len(shape) or any(
             n != 1 and n != shape[len(shape) - len(m.shape) + i] for i, n in enumerate(m.shape)
         ):
-            return None  # not a broadcast of the output (the op does more than elementwise)
+            return False  # not a broadcast of the output (the op does more than elementwise)
     strides = [tuple(out.stride)] + [broadcast_strides(m, shape) for _, m in tensors]
     cshape, cstrides = coalesce(tuple(shape) or (1,), [s or (0,) for s in strides] if not shape else strides)
     max_free = _MAX_FREE if len(tensors) <= 2 else _MAX_FREE // 2
     plan = TilePlan(cshape, max_free=max_free, partitions=spec.partitions)
-    b = TileBuilder(call.op, spec)
-    with b.provenance(op=call.op):
-        views = {n: hbm_input(b, f"in_{n}", m) for n, m in tensors}
-        out_view = hbm_output(b, "out", out)
-        for tile in plan.tiles:
-            tshape = (tile.partitions, tile.free)
-            args = {}
-            for k, v in named.items():
-                args[k] = RuntimeScalar(v.name) if isinstance(v, ScalarArg) else v
-            for (n, m), st in zip(tensors, cstrides[1:]):
-                t = b.sbuf(tshape, m.device_dtype, site=f"ew.in_{n}")
-                b.dma_copy(t, plan.operand_ap(views[n], st, tile))
-                args[n] = t
-            o = b.sbuf(tshape, out.device_dtype, site="ew.out")
-            try:
-                if emit(_Emit(b, o, tshape), args) is False:
-                    return None
-            except _Decline:
-                return None
-            b.dma_copy(plan.operand_ap(out_view, cstrides[0], tile), o)
-    return b.build(meta={"lowering": "elementwise"})
+    views = {n: hbm_input(b, f"{prefix}in_{n}", m) for n, m in tensors}
+    out_view = hbm_output(b, f"{prefix}out", out)
+    for tile in plan.tiles:
+        tshape = (tile.partitions, tile.free)
+        args = {}
+        for k, v in named.items():
+            args[k] = RuntimeScalar(v.name) if isinstance(v, ScalarArg) else v
+        for (n, m), st in zip(tensors, cstrides[1:]):
+            t = b.sbuf(tshape, m.device_dtype, site=f"ew.in_{n}")
+            b.dma_copy(t, plan.operand_ap(views[n], st, tile))
+            args[n] = t
+        o = b.sbuf(tshape, out.device_dtype, site="ew.out")
+        try:
+            if emit(_Emit(b, o, tshape), args) is False:
+                return False
+        except _Decline:
+            return False
+        b.dma_copy(plan.operand_ap(out_view, cstrides[0], tile), o)
+    return True
 
 
 _NAMES = []
 for _name in OPS:
     _NAMES += [_name, _name + "_"]
 add_rules(_NAMES, Rule("elementwise", lower_elementwise, __doc__.splitlines()[0]))
+_FOREACH = []
+for _name in OPS:
+    _FOREACH += [f"_foreach_{_name}", f"_foreach_{_name}_"]
+add_rules(_FOREACH, Rule("elementwise", lower_foreach, "foreach ops: the row of each tensor, one Program"))
