@@ -193,6 +193,14 @@ def test_fused_kernels():
     check("aten::gelu", (x,), {"approximate": "tanh"}, {"out": torch.nn.functional.gelu(x, approximate="tanh")},
           {"x": x}, rule="fused:gelu")
     check("aten::silu", (x,), {}, {"out": torch.nn.functional.silu(x)}, {"x": x}, rule="fused:silu")
+    g, y = rnd(150, 96), torch.softmax(x, -1)
+    check("aten::_softmax_backward_data", (g, y, -1, torch.float32), {},
+          {"out": torch.ops.aten._softmax_backward_data(g, y, -1, torch.float32)}, {"grad": g, "y": y},
+          rule="fused:softmax_backward")
+    ly = torch.log_softmax(x, -1)
+    check("aten::_log_softmax_backward_data", (g, ly, -1, torch.float32), {},
+          {"out": torch.ops.aten._log_softmax_backward_data(g, ly, -1, torch.float32)}, {"grad": g, "y": ly},
+          rule="fused:log_softmax_backward", tol=1e-4)
     q, k, v = rnd(2, 3, 100, 32), rnd(2, 3, 200, 32), rnd(2, 3, 200, 24)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     s = (q @ k.transpose(-2, -1)) / 32 ** 0.5

@@ -85,6 +85,25 @@ def _pointwise(kernel_name, extra=lambda named: ()):
     return build
 
 
+def _softmax_backward(kernel_name):
+    def build(call: Call, spec):
+        from . import kernels
+
+        named = call.named()
+        g, y = named.get("grad_output"), named.get("output")
+        if not isinstance(g, TensorMeta) or not isinstance(y, TensorMeta) or g.shape != y.shape or g.dtype != y.dtype:
+            return None
+        dim = named.get("dim", -1)
+        if y.ndim and dim % y.ndim != y.ndim - 1:
+            return None
+        d = y.shape[-1] if y.ndim else 1
+        rd = _rows_d(y, d)
+        if rd is None or not g.is_contiguous or call.outputs[0].dtype != y.dtype:
+            return None
+        return _program(getattr(kernels, kernel_name), spec, _spec(rd, g.dtype), _spec(rd, y.dtype))
+    return build
+
+
 def _layer_norm(call: Call, spec):
     from . import kernels
 
@@ -153,6 +172,11 @@ FUSED = {
     "_softmax": Rule("fused:softmax", _softmax_like("softmax_kernel"), "softmax_kernel"),
     "_log_softmax": Rule("fused:log_softmax", _softmax_like("log_softmax_kernel"), "log_softmax_kernel"),
     "native_layer_norm": Rule("fused:layer_norm", _layer_norm, "layer_norm_kernel"),
+    "_softmax_backward_data": Rule("fused:softmax_backward", _softmax_backward("softmax_backward_kernel"),
+                                   "softmax_backward_kernel"),
+    "_log_softmax_backward_data": Rule("fused:log_softmax_backward",
+                                       _softmax_backward("log_softmax_backward_kernel"),
+                                       "log_softmax_backward_kernel"),
     "gelu": Rule("fused:gelu", _pointwise("gelu_kernel", lambda n: (n.get("approximate", "none"),)), "gelu_kernel"),
     "silu": Rule("fused:silu", _pointwise("silu_kernel"), "silu_kernel"),
     "tilescope::rms_norm": Rule("fused:rms_norm", _rms_norm, "rms_norm_kernel"),

@@ -28,7 +28,7 @@ import tilescope.lang as tl
 
 __all__ = [
     "rms_norm_kernel", "layer_norm_kernel", "softmax_kernel", "log_softmax_kernel", "gelu_kernel",
-    "silu_kernel", "attention_kernel",
+    "silu_kernel", "attention_kernel", "softmax_backward_kernel", "log_softmax_backward_kernel",
 ]
 
 P = tl.tile_size.pmax
@@ -134,6 +134,38 @@ def log_softmax_kernel(x):
                                dtype=tl.float32, mask=(r < rows))
         shift = tl.subtract(neg_max, tl.log(total, mask=(r < rows)), mask=(r < rows))   # -max - log(sum)
         tl.store(out[r, i_f], nisa.tensor_scalar(xt, np.add, shift, mask=(r < rows)), mask=(r < rows))
+    return out
+
+
+@tilescope.kernel
+def softmax_backward_kernel(grad, y):
+    """Softmax's backward over the last dim: ``y * (grad - sum(grad * y))``."""
+    rows, d = y.shape
+    out = tl.ndarray(y.shape, y.dtype, buffer=tl.hbm, name="out")
+    i_p, i_f = tl.mgrid[0:P, 0:d]
+    for t in tl.affine_range((rows + P - 1) // P):
+        r = t * P + i_p
+        gt = tl.load(grad[r, i_f], mask=(r < rows))
+        yt = tl.load(y[r, i_f], mask=(r < rows))
+        dot = tl.sum(tl.multiply(gt, yt, mask=(r < rows)), axis=1, mask=(r < rows))   # [P]
+        tl.store(out[r, i_f], tl.multiply(yt, tl.subtract(gt, dot, mask=(r < rows)), mask=(r < rows)),
+                 mask=(r < rows))
+    return out
+
+
+@tilescope.kernel
+def log_softmax_backward_kernel(grad, y):
+    """Log-softmax's backward over the last dim: ``grad - exp(y) * sum(grad)``."""
+    rows, d = y.shape
+    out = tl.ndarray(y.shape, y.dtype, buffer=tl.hbm, name="out")
+    i_p, i_f = tl.mgrid[0:P, 0:d]
+    for t in tl.affine_range((rows + P - 1) // P):
+        r = t * P + i_p
+        gt = tl.load(grad[r, i_f], mask=(r < rows))
+        total = tl.sum(gt, axis=1, mask=(r < rows))                                        # [P]
+        p = tl.exp(tl.load(y[r, i_f], mask=(r < rows)), mask=(r < rows))
+        tl.store(out[r, i_f], tl.subtract(gt, tl.multiply(p, total, mask=(r < rows)), mask=(r < rows)),
+                 mask=(r < rows))
     return out
 
 
