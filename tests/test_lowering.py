@@ -166,6 +166,23 @@ def test_convolutions_with_padding_stride_groups():
 
 # ---- movement --------------------------------------------------------------------------------
 
+def test_view_backwards_and_classification():
+    g = rnd(5, 7)
+    check("aten::select_backward", (g, [5, 3, 7], 1, 2), {},
+          {"out": torch.ops.aten.select_backward(g, [5, 3, 7], 1, 2)}, {"grad": g}, rule="dma")
+    gs = rnd(4, 3, 7)
+    check("aten::slice_backward", (gs, [4, 9, 7], 1, 1, 8, 3), {},
+          {"out": torch.ops.aten.slice_backward(gs, [4, 9, 7], 1, 1, 8, 3)}, {"grad": gs}, rule="dma")
+    x = torch.tensor([1.0, float("inf"), float("-inf"), float("nan"), -2.0])
+    for name, fn in (("isnan", torch.isnan), ("isinf", torch.isinf), ("isneginf", torch.isneginf),
+                     ("isfinite", torch.isfinite)):
+        check(f"aten::{name}", (x,), {}, {"out": fn(x)}, {"in_self": x}, rule="elementwise")
+    grad, mask = rnd(6, 5), rnd(6, 5) > 0
+    check("aten::native_dropout_backward", (grad, mask, 2.0), {},
+          {"out": torch.ops.aten.native_dropout_backward(grad, mask, 2.0)},
+          {"in_grad_output": grad, "in_mask": mask}, rule="elementwise")
+
+
 def test_copies_cat_and_padding():
     x = rnd(100, 70)
     check("tilescope::copy", (x.t(),), {}, {"dst": x.t().contiguous()}, {"src": x.t()}, rule="dma")
@@ -186,6 +203,12 @@ def test_fused_kernels():
     check("aten::native_layer_norm", (x, [96], w, b, 1e-5), {},
           {"out": out, "mean": mean, "rstd": rstd},
           {"x": x, "weight": w, "bias": b}, rule="fused:layer_norm")
+    g = rnd(150, 96)
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(g, x, [96], mean, rstd, w, b, [True, True, True])
+    check("aten::native_layer_norm_backward", (g, x, [96], mean, rstd, w, b, [True, True, True]), {},
+          {"grad_input": dx, "grad_weight": dw.reshape(1, 96), "grad_bias": db.reshape(1, 96)},
+          {"grad": g, "x": x, "mean": mean, "rstd": rstd, "weight": w}, rule="fused:layer_norm_backward",
+          tol=1e-4)
     y = torch.rms_norm(x, (96,), w, 1e-6)
     rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     check("tilescope::rms_norm", (x, [96], w, 1e-6), {}, {"out": y, "rstd": rstd}, {"x": x, "weight": w},

@@ -355,6 +355,24 @@ def _gelu_backward(E, a):
     E.tt(E.out, cdf, g, "multiply")
 
 
+def _dropout_backward(E, a):
+    t = E.tmp()
+    E.tt(t, a["grad_output"], a["mask"], "multiply")
+    E.ts(E.out, t, "multiply", a.get("scale", 1.0))
+
+
+def _isinf(E, a):
+    t = E.tmp()
+    E.act(t, a["self"], "abs")
+    E.ts(E.out, t, "equal", float("inf"))
+
+
+def _isfinite(E, a):
+    t = E.tmp()
+    E.act(t, a["self"], "abs")
+    E.ts(E.out, t, "less", float("inf"))  # NaN compares false
+
+
 def _log_base(k):
     def emit(E, a):
         t = E.tmp()
@@ -422,6 +440,12 @@ OPS: dict[str, tuple[tuple[str, ...], object]] = {
     "threshold_backward": (("grad_output", "self"), _threshold_backward),
     "silu_backward": (("grad_output", "self"), _silu_backward),
     "gelu_backward": (("grad_output", "self"), _gelu_backward),
+    "native_dropout_backward": (("grad_output", "mask"), _dropout_backward),
+    # classification
+    "isnan": (("self",), lambda E, a: E.tt(E.out, a["self"], a["self"], "not_equal")),
+    "isinf": (("self",), _isinf), "isfinite": (("self",), _isfinite),
+    "isposinf": (("self",), lambda E, a: E.ts(E.out, a["self"], "equal", float("inf"))),
+    "isneginf": (("self",), lambda E, a: E.ts(E.out, a["self"], "equal", float("-inf"))),
 }
 
 

@@ -125,6 +125,25 @@ def _layer_norm(call: Call, spec):
                     float(eps))
 
 
+def _layer_norm_backward(call: Call, spec):
+    from . import kernels
+
+    named = call.named()
+    g, x, mean, rstd, w = (named.get(k) for k in ("grad_out", "input", "mean", "rstd", "weight"))
+    shape = tuple(named.get("normalized_shape") or ())
+    if not all(isinstance(t, TensorMeta) for t in (g, x, mean, rstd)) or not shape:
+        return None
+    d = prod(shape)
+    rd = _rows_d(x, d)
+    if rd is None or not g.is_contiguous or g.dtype != x.dtype or not mean.is_contiguous or not rstd.is_contiguous:
+        return None
+    if w is not None and (not isinstance(w, TensorMeta) or not w.is_contiguous or w.dtype != x.dtype):
+        return None
+    stat = _spec((rd[0], 1), mean.dtype)
+    return _program(kernels.layer_norm_backward_kernel, spec, _spec(rd, g.dtype), _spec(rd, x.dtype), stat,
+                    _spec((rd[0], 1), rstd.dtype), None if w is None else _spec((d,), w.dtype))
+
+
 def _rms_norm(call: Call, spec):
     from . import kernels
 
@@ -172,6 +191,8 @@ FUSED = {
     "_softmax": Rule("fused:softmax", _softmax_like("softmax_kernel"), "softmax_kernel"),
     "_log_softmax": Rule("fused:log_softmax", _softmax_like("log_softmax_kernel"), "log_softmax_kernel"),
     "native_layer_norm": Rule("fused:layer_norm", _layer_norm, "layer_norm_kernel"),
+    "native_layer_norm_backward": Rule("fused:layer_norm_backward", _layer_norm_backward,
+                                       "layer_norm_backward_kernel"),
     "_softmax_backward_data": Rule("fused:softmax_backward", _softmax_backward("softmax_backward_kernel"),
                                    "softmax_backward_kernel"),
     "_log_softmax_backward_data": Rule("fused:log_softmax_backward",

@@ -124,6 +124,50 @@ def lower_pad(call: Call, spec):
     return b.build(meta={"lowering": "dma"})
 
 
+def _fill(b, spec, view: View, meta: TensorMeta, value) -> None:
+    cshape, (cst,) = coalesce(tuple(meta.shape) or (1,), [tuple(meta.stride) or (1,)])
+    plan = TilePlan(cshape, max_free=_MAX_FREE, partitions=spec.partitions)
+    for tile in plan.tiles:
+        t = b.sbuf((tile.partitions, tile.free), meta.device_dtype, site="fill")
+        b.memset(t, 0.0)
+        if not (isinstance(value, (int, float)) and value == 0):
+            b.tensor_scalar(t, t, "add", value)
+        b.dma_copy(plan.operand_ap(view, cst, tile), t)
+
+
+def lower_scatter_grad(call: Call, spec):
+    """``select_backward`` / ``slice_backward``: zeros, then the gradient DMA'd into its region."""
+    named = call.named()
+    g = named.get("grad_output")
+    out = call.outputs[0] if len(call.outputs) == 1 else None
+    if not isinstance(g, TensorMeta) or out is None or out.numel == 0 or g.is_complex:
+        return None
+    dim = named.get("dim", 0) % out.ndim
+    st = list(out.stride)
+    if call.packet == "select_backward":
+        index = named.get("index", 0) % out.shape[dim]
+        offset = index * st[dim]
+        region = TensorMeta(g.shape, tuple(st[:dim] + st[dim + 1:]), out.dtype)
+    else:
+        start, step = named.get("start", 0), named.get("step", 1)
+        if start is None or step is None or start < 0 or step < 1:
+            return None
+        offset = start * st[dim]
+        st[dim] *= step
+        region = TensorMeta(g.shape, tuple(st), out.dtype)
+    b = TileBuilder(call.op, spec)
+    with b.provenance(op=call.op):
+        ov = hbm_output(b, "out", out)
+        _fill(b, spec, ov, out, 0.0)
+        if g.numel:
+            gv = hbm_input(b, "grad", g)
+            dst = View(ov.buffer, AP(ov.ap.buffer, ov.ap.dtype, ov.ap.offset + offset, ov.ap.dims), ov.shape)
+            _copy_into(b, spec, g, gv, region, dst, g.shape, g.stride, region.stride, "grad")
+    return b.build(meta={"lowering": "dma"})
+
+
+add_rules(["select_backward", "slice_backward"], Rule("dma", lower_scatter_grad,
+                                                      "view backward: zeros, then the gradient into its region"))
 add_rules(["tilescope::copy", "tilescope::memcpy_htod", "tilescope::memcpy_dtoh"],
           Rule("dma", lower_copy, "copies as DMA"))
 add_rules(["cat"], Rule("dma", lower_cat, "concatenation as DMA into output slices"))

@@ -29,6 +29,7 @@ import tilescope.lang as tl
 __all__ = [
     "rms_norm_kernel", "layer_norm_kernel", "softmax_kernel", "log_softmax_kernel", "gelu_kernel",
     "silu_kernel", "attention_kernel", "softmax_backward_kernel", "log_softmax_backward_kernel",
+    "layer_norm_backward_kernel",
 ]
 
 P = tl.tile_size.pmax
@@ -99,6 +100,53 @@ def layer_norm_kernel(x, weight, bias, eps):
         tl.store(mean_out[r, i_1], mv[:, 0:1], mask=(r < rows))
         tl.store(rstd_out[r, i_1], rstd, mask=(r < rows))
     return out, mean_out, rstd_out
+
+
+@tilescope.kernel
+def layer_norm_backward_kernel(grad, x, mean, rstd, weight):
+    """LayerNorm's backward: ``grad_input`` per row, ``grad_weight`` / ``grad_bias`` [1, d] summed
+    over all rows.
+
+    Per row tile, VectorE rebuilds ``xhat`` from the saved mean and rstd and takes the two row
+    means of the input gradient formula. The column sums over rows are cross-partition
+    reductions: TensorE accumulates ``ones.T @ (grad * xhat)`` and ``ones.T @ grad`` in PSUM across
+    all row tiles (512 columns per bank), so they leave the chip once at the end.
+    """
+    rows, d = x.shape
+    dx = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm, name="grad_input")
+    dw = tl.ndarray((1, d), tl.float32, buffer=tl.hbm, name="grad_weight")
+    db = tl.ndarray((1, d), tl.float32, buffer=tl.hbm, name="grad_bias")
+    if weight is not None:
+        w = tl.load(weight.reshape((1, d)).broadcast_to((P, d)))
+    ones = tl.ones((P, 1), tl.float32)
+    chunk = tl.tile_size.gemm_moving_fmax
+    spans = [(c0, min(d, c0 + chunk)) for c0 in range(0, d, chunk)]
+    acc_w = [tl.zeros((1, c1 - c0), tl.float32, buffer=tl.psum) for c0, c1 in spans]
+    acc_b = [tl.zeros((1, c1 - c0), tl.float32, buffer=tl.psum) for c0, c1 in spans]
+    i_p, i_f = tl.mgrid[0:P, 0:d]
+    i_1 = tl.arange(1)[None, :]
+    for t in tl.static_range((rows + P - 1) // P):
+        n = min(P, rows - t * P)  # valid rows of this tile
+        r = t * P + i_p
+        valid = r < rows
+        g = tl.load(grad[r, i_f], mask=valid, dtype=tl.float32)
+        xt = tl.load(x[r, i_f], mask=valid, dtype=tl.float32)
+        m = tl.load(mean[r, i_1], mask=valid)
+        rs = tl.load(rstd[r, i_1], mask=valid)
+        xhat = nisa.tensor_scalar(xt, np.subtract, m, op1=np.multiply, operand1=rs, mask=valid)
+        gw = tl.multiply(g, w, mask=valid) if weight is not None else g
+        c1 = tl.mean(gw, axis=1, mask=valid)
+        c2 = tl.mean(tl.multiply(gw, xhat, mask=valid), axis=1, mask=valid)
+        inner = tl.subtract(tl.subtract(gw, c1, mask=valid), tl.multiply(xhat, c2, mask=valid), mask=valid)
+        tl.store(dx[r, i_f], nisa.tensor_scalar(inner, np.multiply, rs, mask=valid), mask=valid)
+        gx = tl.multiply(g, xhat, mask=valid)
+        for k, (c0, c1_) in enumerate(spans):
+            acc_w[k] += tl.matmul(ones[0:n, :], gx[0:n, c0:c1_], transpose_x=True)
+            acc_b[k] += tl.matmul(ones[0:n, :], g[0:n, c0:c1_], transpose_x=True)
+    for k, (c0, c1_) in enumerate(spans):
+        tl.store(dw[0:1, c0:c1_], tl.copy(acc_w[k]))
+        tl.store(db[0:1, c0:c1_], tl.copy(acc_b[k]))
+    return dx, dw, db
 
 
 @tilescope.kernel
