@@ -174,16 +174,21 @@ def _window(src, q):
     w = ix.window(t0, t1, _lanes(q), px, max_events=max_events, color=color)
     ev, bk = w["events"], w["buckets"]
     names = ix.name[ev["ref"].astype(np.int64)] if ev["ref"].size else np.zeros(0, dtype=np.int32)
+    # buckets travel compactly (16 bytes each): position in buckets from bk_origin, and how full
+    # each is in 1/255ths of its width
+    bn = max(1, int(w["bucket_ns"]))
+    origin = int(bk["start"].min()) if bk["start"].size else 0
     arrays = {
         "ev_ref": ("u32", ev["ref"]), "ev_lane": ("u32", ev["lane"]), "ev_depth": ("u16", np.minimum(ev["depth"], 65535)),
         "ev_start": ("f64", ev["start"]), "ev_dur": ("f64", ev["dur"]), "ev_key": ("u32", ev["key"]),
         "ev_name": ("u32", names),
-        "bk_lane": ("u32", bk["lane"]), "bk_depth": ("u16", np.minimum(bk["depth"], 65535)),
-        "bk_start": ("f64", bk["start"]), "bk_count": ("u32", np.minimum(bk["count"], 2**32 - 1)),
-        "bk_busy": ("f64", bk["busy"]), "bk_key": ("u32", bk["key"]),
+        "bk_lane": ("u16", np.minimum(bk["lane"], 65535)), "bk_depth": ("u8", np.minimum(bk["depth"], 255)),
+        "bk_fill": ("u8", np.clip(np.rint(bk["busy"] * 255.0 / bn), 0, 255)),
+        "bk_pos": ("u32", (bk["start"] - origin) // bn), "bk_count": ("u32", np.minimum(bk["count"], 2**32 - 1)),
+        "bk_key": ("u32", bk["key"]),
     }
-    head = {"t0": w["t0"], "t1": w["t1"], "exact": w["exact"], "bucket_ns": w["bucket_ns"], "total": w["total"],
-            "color": color}
+    head = {"t0": w["t0"], "t1": w["t1"], "exact": w["exact"], "bucket_ns": w["bucket_ns"], "bk_origin": origin,
+            "total": w["total"], "color": color}
     return Response(200, pack(arrays, head), "application/octet-stream")
 
 

@@ -16,8 +16,8 @@ outside the window and never waits for DuckDB:
   whole summary costs one pass over the events.
 
 A query for a window of ``pixels`` pixels returns every event exactly when the window holds
-at most ``max_events`` of them; otherwise the coarsest level whose buckets are at most one
-pixel wide: its long events plus its buckets. Times are nanoseconds from the trace's first
+at most ``max_events`` of them; otherwise the finest level whose buckets are at least one
+pixel wide (at most one bucket per pixel and row): its long events plus its buckets. Times are nanoseconds from the trace's first
 event (``origin_ns``), so they fit a JavaScript double exactly.
 
 Each event also gets a colour key: its own name, its *op* (the framework op that caused it:
@@ -100,7 +100,7 @@ class _Level:
 
 _ARRAYS = ("eid", "start", "dur", "ecm", "name", "kind", "group", "op_key", "eid_order",
            "g_lo", "g_hi", "g_lane", "g_depth", "max_depth")
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 class TimelineIndex:
@@ -293,10 +293,13 @@ class TimelineIndex:
         key = self.name.copy()
         # tilescope: 'execute aten::mul' / 'exec_running aten::mul' take the colour of 'aten::mul'
         remap = {}
+        present = set(self.names)
         for i, nm in enumerate(list(self.names)):
             for p in _DEVICE_PREFIXES:
                 if nm.startswith(p):
-                    remap[i] = self._name_id(nm[len(p):])
+                    op = nm[len(p):]
+                    base = op.rsplit(".", 1)[0]  # 'aten::mul.Tensor' (an overload) -> 'aten::mul' when that op is in the trace
+                    remap[i] = self._name_id(op if op in present or base not in present else base)
         if remap:
             lut = np.arange(len(self.names), dtype=np.int64)
             lut[np.fromiter(remap.keys(), dtype=np.int64)] = np.fromiter(remap.values(), dtype=np.int64)
@@ -475,9 +478,9 @@ class TimelineIndex:
             ev = self._exact(a, b, groups)
             bk = None
         else:
-            # the coarsest level whose buckets are at most two pixels wide
-            fine = [lv for lv in self.levels if lv.width <= 2 * px]
-            lv = fine[-1] if fine else self.levels[0]
+            # the finest level whose buckets are at least one pixel wide (so at most one per pixel)
+            wide = [lv for lv in self.levels if lv.width >= px]
+            lv = wide[0] if wide else self.levels[-1]
             out["exact"] = False
             out["bucket_ns"] = lv.width
             ev_parts, bk_parts = [], []

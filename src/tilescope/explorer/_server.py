@@ -20,6 +20,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -109,6 +110,7 @@ def make_server(session, host: str = "127.0.0.1", port: int = 8765, *, token: st
 class _Handler(BaseHTTPRequestHandler):
     server: ExplorerServer
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # small responses leave at once (no 40 ms wait for a delayed ACK)
     server_version = "tilescope-explorer"
     sys_version = ""
 
@@ -134,9 +136,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Security-Policy", _CSP)
         for k, v in {**headers, **(extra or {})}.items():
             self.send_header(k, v)
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
+        # headers and body in one write: one send, no small trailing segment
+        self._headers_buffer.append(b"\r\n")
+        self.wfile.write(b"".join(self._headers_buffer) + (b"" if head else body))
+        self._headers_buffer = []
 
     def _deny(self, status: int, message: str, fix: str, head: bool = False) -> None:
         if self.path.startswith("/api/"):
@@ -195,7 +198,10 @@ class _Handler(BaseHTTPRequestHandler):
                 extra["Set-Cookie"] = f"{COOKIE}={self.server.token}; HttpOnly; SameSite=Strict; Path=/"
             path = u.path
             if path.startswith("/api/"):
-                return self._send(handle(self.server.session, path, query), head, extra)
+                t0 = time.perf_counter()
+                r = handle(self.server.session, path, query)
+                extra["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1e3:.1f}"
+                return self._send(r, head, extra)
             if path in ("/", "/index.html"):
                 name = "index.html"
             elif path.startswith("/static/"):

@@ -23,7 +23,7 @@ export class CompareView {
     const picks = this.app.profiles.map((p) => `<label><input type="checkbox" value="${p.id}" ${this.ids.includes(p.id) ? "checked" : ""} ${p.ok ? "" : "disabled"}> ${esc(p.label)}</label>`).join(" ");
     this.el.innerHTML = `<div class="toolbar"><label>profiles</label>${picks}
       <label>align at</label><select data-testid="align"><option value="step">first profiler step</option><option value="start">trace start</option></select>
-      <button data-act="reset">whole traces</button><span class="hint">one zoom and pan for all; same scale</span></div>
+      <button data-act="reset">whole traces</button><button data-act="device">device work</button><span class="hint">one zoom and pan for all; same scale</span></div>
       <div class="split" data-role="lanes" style="flex:1.3;overflow:auto"></div>
       <div class="panel" style="height:40%" data-role="diff"><div class="loading">Comparing…</div></div>`;
     this.el.querySelector("[data-testid=align]").value = this.align;
@@ -33,6 +33,8 @@ export class CompareView {
       this.app.go(`#/compare?ids=${ids.join(",")}&align=${this.align}`);
     }));
     this.el.querySelector("[data-act=reset]").addEventListener("click", () => this.resetAll());
+    this.el.querySelector("[data-act=device]").addEventListener("click", () => this.start &&
+      Promise.all(this.timelines.map((tl) => tl.setRange(this.start[0], this.start[1], { fromLink: true }))));
     const diffEl = this.el.querySelector("[data-role=diff]");
     if (this.ids.length < 2) {
       diffEl.innerHTML = `<p class="muted" data-testid="compare-need-two">Open two or more profiles (tilescope explore A B ...) and tick at least two to compare.</p>`;
@@ -45,6 +47,12 @@ export class CompareView {
     const lanesEl = this.el.querySelector("[data-role=lanes]");
     const maxSpan = Math.max(...cmp.profiles.map((p) => p.span_ns - (useStep ? p.first_step_ns : 0)));
     this.range = [useStep ? -Math.max(...cmp.profiles.map((p) => p.first_step_ns)) : 0, maxSpan];
+    // open on the device work: up to the last device event of any profile (host waits can be long)
+    const devEnd = Math.max(...metas.map((m, i) => {
+      const ends = m.lanes.filter((l) => l.side === "device").map((l) => l.last_ns - m.origin_ns);
+      return ends.length ? Math.max(...ends) - (useStep ? cmp.profiles[i].first_step_ns : 0) : -Infinity;
+    }));
+    this.start = Number.isFinite(devEnd) && devEnd > this.range[0] ? [this.range[0], devEnd * 1.05] : this.range;
     for (const [i, id] of this.ids.entries()) {
       const p = cmp.profiles[i];
       const box = document.createElement("div");
@@ -54,6 +62,7 @@ export class CompareView {
       lanesEl.appendChild(box);
       const tl = new Timeline(box, {
         base: `/api/p/${id}`, meta: metas[i], offset: useStep ? p.first_step_ns : 0,
+        bounds: [this.range[0] - 0.02 * (this.range[1] - this.range[0]), this.range[1] + 0.02 * (this.range[1] - this.range[0])],
         title: `${esc(p.label)} <span class="badge ${p.modeled ? "modeled" : "measured"}">${p.modeled ? "modeled" : "measured"}</span> <span class="muted">${esc(p.what)}</span>`,
         onRange: (t0, t1, src) => this.sync(t0, t1, src),
         onStatus: (t) => this.app.status(`${p.label}: ${t}`),
@@ -65,7 +74,7 @@ export class CompareView {
       this.timelines.push(tl);
     }
     this.renderDiff(diffEl, cmp);
-    await this.resetAll();
+    await Promise.all(this.timelines.map((tl) => tl.setRange(this.start[0], this.start[1], { fromLink: true })));
   }
 
   sync(t0, t1, src) {
@@ -73,6 +82,7 @@ export class CompareView {
   }
 
   resetAll() {
+    if (!this.range) return Promise.resolve();
     return Promise.all(this.timelines.map((tl) => tl.setRange(this.range[0], this.range[1], { fromLink: true })));
   }
 

@@ -329,9 +329,9 @@ export class DeviceView {
     series.forEach(([m, c], i) => {
       const s = this.mem.series[m];
       ctx.fillStyle = c;
-      ctx.fillText(`${m.toUpperCase()} peak ${bytes(s.peak)}/partition` + (cap[m] ? ` (${pct(s.peak / cap[m])} of ${bytes(cap[m])})` : ""), 6, 30 + i * 16);
+      ctx.fillText(`${m.toUpperCase()} peak ${bytes(s.peak)}` + (cap[m] ? ` (${pct(s.peak / cap[m])})` : ""), 6, 30 + i * 16);
     });
-    ctx.fillStyle = "#6b7280"; ctx.fillText("per partition, modeled", 6, 30 + 2 * 16 + 4);
+    ctx.fillStyle = "#6b7280"; ctx.fillText(`per partition, of ${bytes(cap.sbuf || 0)} / ${bytes(cap.psum || 0)}; modeled`, 6, 30 + 2 * 16 + 4);
     const top = 8, bot = MEM_H - 8;
     // y: share of each memory's capacity; the scale fits the larger peak (a dashed line marks 100%)
     const share = (m) => (cap[m] ? this.mem.series[m].peak / cap[m] : 1);
@@ -342,7 +342,7 @@ export class DeviceView {
     if (ymax >= 1) {
       ctx.setLineDash([4, 3]); ctx.strokeStyle = "#b91c1c"; ctx.beginPath(); ctx.moveTo(LABEL_W, yOf(1)); ctx.lineTo(W, yOf(1)); ctx.stroke(); ctx.setLineDash([]);
     }
-    ctx.fillStyle = "#9ca3af"; ctx.fillText(`${pct(ymax)} of capacity`, LABEL_W + 4, top + 4);
+    ctx.fillStyle = "#9ca3af"; ctx.fillText(`top: ${pct(ymax)} of capacity`, LABEL_W + 6, top + 6);
     for (const [m, c] of series) {
       const s = this.mem.series[m];
       const capm = cap[m] || Math.max(1, s.peak);

@@ -48,7 +48,7 @@ export class Timeline {
     this.wantSeq = 0;
     this.doneSeq = 0;
     this.waiters = [];
-    this.loop = null;
+    this.running = false;
     this.lastFetch = null;
     this.firstDraw = null;
     this.keyColors = new KeyColors(this.meta.names);
@@ -93,6 +93,9 @@ export class Timeline {
 
   destroy() {
     this._resizeObs.disconnect();
+    if (this._raf) cancelAnimationFrame(this._raf);
+    (this._afterPaint || []).forEach((f) => f());  // nobody waits for a view that is gone
+    this._afterPaint = [];
     this.root.remove();
     this.tooltip.hidden = true;
   }
@@ -156,8 +159,9 @@ export class Timeline {
 
   // ---- range & data -------------------------------------------------------------------------
   clampRange(t0, t1) {
-    const min = -this.offset - 0.02 * this.meta.span_ns;
-    const max = this.meta.span_ns - this.offset + 0.02 * this.meta.span_ns;
+    // opts.bounds (view time) lets linked timelines of different lengths share one scale
+    const [min, max] = this.opts.bounds ||
+      [-this.offset - 0.02 * this.meta.span_ns, this.meta.span_ns - this.offset + 0.02 * this.meta.span_ns];
     let w = Math.max(t1 - t0, 50);
     w = Math.min(w, max - min);
     t0 = Math.max(min, Math.min(t0, max - w));
@@ -197,7 +201,8 @@ export class Timeline {
     const seq = ++this.wantSeq;
     if (force) this.forceSeq = seq;
     const p = new Promise((res, rej) => this.waiters.push({ seq, res, rej }));
-    if (!this.loop) this.loop = this._run();
+    // set before the call: _run may finish synchronously (nothing to fetch)
+    if (!this.running) { this.running = true; this._run(); }
     return p;
   }
 
@@ -212,14 +217,15 @@ export class Timeline {
           const { header, arrays } = await getPacked(`${this.base}/window`, p);
           const tf = performance.now();
           this.data = { header, arrays, params: p };
-          this.draw();
+          await this.afterPaint();
           const td = performance.now();
           this.lastFetch = { ms: td - t, fetch_ms: tf - t, draw_ms: td - tf, events: arrays.ev_ref.length,
                              buckets: arrays.bk_lane.length, exact: header.exact, total: header.total };
           if (!this.firstDraw) this.firstDraw = td;
           this._status();
         } else {
-          this.draw();
+          await this.afterPaint();
+          this._status();
         }
         this.doneSeq = seq;
         const ready = this.waiters.filter((w) => w.seq <= seq);
@@ -232,7 +238,7 @@ export class Timeline {
       all.forEach((w) => w.rej(e));
       if (this.opts.onError) this.opts.onError(e);
     } finally {
-      this.loop = null;
+      this.running = false;
     }
   }
 
@@ -246,7 +252,27 @@ export class Timeline {
   }
 
   // ---- drawing ------------------------------------------------------------------------------
+  // draw() asks for a frame: several calls within one frame paint once (the canvas is
+  // rasterised once per frame anyway). afterPaint() resolves once the frame was painted and
+  // the next one began, so timings include rasterisation.
   draw() {
+    if (document.hidden) return this._paint();
+    if (this._raf) return;
+    this._raf = requestAnimationFrame(() => {
+      this._raf = 0;
+      this._paint();
+      const ws = this._afterPaint || [];
+      this._afterPaint = [];
+      if (ws.length) requestAnimationFrame(() => ws.forEach((f) => f()));
+    });
+  }
+
+  afterPaint() {
+    if (document.hidden) { this._paint(); return Promise.resolve(); }
+    return new Promise((res) => { (this._afterPaint = this._afterPaint || []).push(res); this.draw(); });
+  }
+
+  _paint() {
     if (!this.rows) return;
     const ctx = this.canvas.getContext("2d");
     const dpr = this.dpr;
@@ -287,33 +313,40 @@ export class Timeline {
     return y + depth * ROW;
   }
 
+  // Draws buckets, then events, grouped by fill style (colour and shade): tens of thousands of
+  // rectangles cost a few style changes instead of one each.
   _drawData(ctx, top, bottom) {
     const a = this.data.arrays;
     const colors = this.color === "kind" ? this.kindColors : this.keyColors;
     const x0 = this.t0 + this.offset, span = this.t1 - this.t0, pw = this.plotW;
-    const k = pw / span;
+    const k = pw / span, right = LABEL_W + pw;
     const names = this.meta.names;
     const search = this.search;
-    // buckets first, under the events
-    const bw = (this.data.header.bucket_ns || 0) * k;
+    const batches = new Map();  // style id -> flat [x, y, w, ...]
+    const add = (style, x, y, w) => {
+      let b = batches.get(style);
+      if (!b) { b = []; batches.set(style, b); }
+      b.push(x, y, w);
+    };
+    const SHADES = [0.35, 0.55, 0.75, 1];
+    const bn = this.data.header.bucket_ns || 1, bo = this.data.header.bk_origin || 0;
+    const bw = Math.max(bn * k, 1);
     for (let i = 0; i < a.bk_lane.length; i++) {
       const y = this._rowY(a.bk_lane[i], a.bk_depth[i]);
       if (y === undefined || y + ROW < top || y > bottom) continue;
-      const x = LABEL_W + (a.bk_start[i] - x0) * k;
-      if (x + bw < LABEL_W || x > LABEL_W + pw) continue;
-      const fill = Math.min(1, a.bk_busy[i] / (this.data.header.bucket_ns || 1));
-      ctx.globalAlpha = 0.35 + 0.65 * fill;
-      ctx.fillStyle = colors.get(a.bk_key[i]);
-      ctx.fillRect(x, y, Math.max(bw, 1), ROW - 1);
+      const x = LABEL_W + (bo + a.bk_pos[i] * bn - x0) * k;
+      if (x + bw < LABEL_W || x > right) continue;
+      const shade = Math.min(3, a.bk_fill[i] >> 6);
+      add(a.bk_key[i] * 8 + shade, x, y, bw);
     }
-    ctx.globalAlpha = 1;
-    let lastX = -1, lastY = -1;
+    const labels = [];
+    let sel = null, lastX = -1, lastY = -1;
     for (let i = 0; i < a.ev_ref.length; i++) {
       const y = this._rowY(a.ev_lane[i], a.ev_depth[i]);
       if (y === undefined || y + ROW < top || y > bottom) continue;
       const x = LABEL_W + (a.ev_start[i] - x0) * k;
       let w = a.ev_dur[i] * k;
-      if (x > LABEL_W + pw || x + w < LABEL_W) continue;
+      if (x > right || x + w < LABEL_W) continue;
       if (w < 1) {
         // sub-pixel events: one 1-px column per pixel and row is enough
         const px = Math.floor(x);
@@ -321,27 +354,34 @@ export class Timeline {
         lastX = px; lastY = y;
         w = a.ev_dur[i] === 0 ? 2 : 1;
       }
-      ctx.globalAlpha = search && !search.has(a.ev_name[i]) ? 0.18 : 1;
-      ctx.fillStyle = colors.get(a.ev_key[i]);
-      ctx.fillRect(x, y, w, ROW - 1);
-      if (w > 34) {
-        const xs = Math.max(x, LABEL_W) + 3;
-        const room = Math.min(x + w, LABEL_W + pw) - xs - 2;
-        if (room > 20) {
-          const label = names[a.ev_name[i]] || "";
-          const n = Math.floor(room / 6.1);
-          ctx.fillStyle = "#111";
-          ctx.fillText(label.length > n ? label.slice(0, Math.max(1, n - 1)) + "…" : label, xs, y + ROW / 2);
-        }
-      }
-      if (a.ev_ref[i] === this.selected) {
-        ctx.globalAlpha = 1;
-        ctx.strokeStyle = "#111";
-        ctx.lineWidth = 2;
-        ctx.strokeRect(x, y, Math.max(w, 2), ROW - 1);
-      }
+      const dim = search && !search.has(a.ev_name[i]) ? 4 : 3;
+      add(a.ev_key[i] * 8 + dim, x, y, w);
+      if (w > 34) labels.push(i, x, y, w);
+      if (a.ev_ref[i] === this.selected) sel = [x, y, w];
+    }
+    for (const [style, b] of batches) {
+      const shade = style % 8;
+      ctx.globalAlpha = shade === 4 ? 0.18 : SHADES[shade];
+      ctx.fillStyle = colors.get(Math.floor(style / 8));
+      // fillRect, not one path of many rects: a rectangle fill is a fast path when rasterised
+      for (let j = 0; j < b.length; j += 3) ctx.fillRect(b[j], b[j + 1], b[j + 2], ROW - 1);
     }
     ctx.globalAlpha = 1;
+    ctx.fillStyle = "#111";
+    for (let j = 0; j < labels.length; j += 4) {
+      const i = labels[j], x = labels[j + 1], y = labels[j + 2], w = labels[j + 3];
+      const xs = Math.max(x, LABEL_W) + 3;
+      const room = Math.min(x + w, right) - xs - 2;
+      if (room <= 20) continue;
+      const label = names[a.ev_name[i]] || "";
+      const n = Math.floor(room / 6.1);
+      ctx.fillText(label.length > n ? label.slice(0, Math.max(1, n - 1)) + "…" : label, xs, y + ROW / 2);
+    }
+    if (sel) {
+      ctx.strokeStyle = "#111";
+      ctx.lineWidth = 2;
+      ctx.strokeRect(sel[0], sel[1], Math.max(sel[2], 2), ROW - 1);
+    }
   }
 
   _drawChain(ctx) {
@@ -468,9 +508,10 @@ export class Timeline {
       }
     }
     if (best) return best;
-    const bn = this.data.header.bucket_ns;
+    const bn = this.data.header.bucket_ns, bo = this.data.header.bk_origin || 0;
     for (let i = 0; i < a.bk_lane.length; i++) {
-      if (a.bk_lane[i] === row.lane && a.bk_depth[i] === depth && t >= a.bk_start[i] && t < a.bk_start[i] + bn) {
+      const s = bo + a.bk_pos[i] * bn;
+      if (a.bk_lane[i] === row.lane && a.bk_depth[i] === depth && t >= s && t < s + bn) {
         return { kind: "bucket", i };
       }
     }
@@ -513,7 +554,7 @@ export class Timeline {
     } else {
       const bn = this.data.header.bucket_ns;
       this._tip(e, `<div class="t">${a.bk_count[h.i].toLocaleString()} events in ${fmtNs(bn)}</div>` +
-        `<div class="d">busy ${fmtNs(a.bk_busy[h.i])} · longest: ${esc(this.color === "kind" ? this.meta.kinds[a.bk_key[h.i]] : this.meta.names[a.bk_key[h.i]])}` +
+        `<div class="d">busy ≈ ${fmtNs((a.bk_fill[h.i] / 255) * bn)} · longest: ${esc(this.color === "kind" ? this.meta.kinds[a.bk_key[h.i]] : this.meta.names[a.bk_key[h.i]])}` +
         ` · zoom in for each event</div>`);
     }
   }
@@ -588,7 +629,7 @@ export class Timeline {
       if (this.opts.onSelect) this.opts.onSelect(ref);
     } else if (h && h.kind === "bucket") {
       const a = this.data.arrays, bn = this.data.header.bucket_ns;
-      const c = a.bk_start[h.i] + bn / 2 - this.offset;
+      const c = (this.data.header.bk_origin || 0) + a.bk_pos[h.i] * bn + bn / 2 - this.offset;
       this.setRange(c - bn * 20, c + bn * 20);
     } else {
       this.selected = null;
@@ -601,6 +642,15 @@ export class Timeline {
     const [x, y] = this._pos(e);
     const h = this.hit(x, y);
     if (h && h.kind === "event") this.zoomTo(this.data.arrays.ev_start[h.i], this.data.arrays.ev_dur[h.i]);
+  }
+
+  // Scrolls the lane area so that ``lane`` (at ``depth``) is in view.
+  scrollToLane(lane, depth = 0) {
+    const y = this._rowY(lane, Math.min(depth, (this.laneRows.get(lane) || 1) - 1));
+    if (y === undefined) return;
+    const top = this.tracks.scrollTop, h = this.tracks.clientHeight;
+    if (y < top + 4 || y + ROW > top + h - 4) this.tracks.scrollTop = Math.max(0, y - h / 3);
+    this.draw();
   }
 
   zoomTo(start, dur) {

@@ -64,6 +64,7 @@ export class TraceView {
     const ev = await getJSON(`${this.base}/event`, { eid });
     if (ev.ref !== null) {
       this.timeline.select(ev.ref);
+      this.timeline.scrollToLane(ev.lane, ev.depth || 0);
       await this.timeline.zoomTo(ev.start_ns, ev.dur_ns || 0);
     }
     return this.showEvent(ev.ref, ev);
@@ -102,6 +103,7 @@ export class TraceView {
     this.panel.querySelectorAll("[data-hop]").forEach((li) => li.addEventListener("click", (e) => {
       if (e.target.dataset.device) return;
       const h = lin.hops[Number(li.dataset.hop)];
+      if (h.lane !== undefined && h.lane !== null) this.timeline.scrollToLane(h.lane, h.depth || 0);
       if (h.start_ns !== undefined && h.start_ns !== null) this.timeline.zoomTo(h.start_ns, h.dur_ns || 0);
     }));
     this.panel.querySelectorAll("[data-device]").forEach((b) => b.addEventListener("click", () => {

@@ -1,0 +1,332 @@
+"""The explorer in a real browser: Playwright drives Debian's headless Chromium against
+``tilescope explore``'s server on the RMSNorm study (naive / fused / compiled profiles written
+by the profiler on the simulated device, ``tilescope.studies.rmsnorm``) and a real CUDA trace.
+
+Every test fails on any browser console error. Screenshots of each view go to
+``build/explorer-screenshots/`` (or ``$TILESCOPE_SCREENSHOTS``); the README shows them.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CUDA = os.path.join(ROOT, "..", "shared", "traces", "kineto", "cuda_trace_diff_control.json.gz")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = os.environ.get("TILESCOPE_SCREENSHOTS") or os.path.join(ROOT, "build", "explorer-screenshots")
+
+pytestmark = pytest.mark.slow
+
+_STUDY = r"""
+import sys
+from tilescope.studies import rmsnorm
+for impl in ("naive", "fused", "compiled"):
+    print(rmsnorm.run(impl, "fp32", sys.argv[1], quiet=True), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """The three RMSNorm profiles, written by tilescope.studies.rmsnorm (the study of examples/rmsnorm)
+    in a fresh process."""
+    out = tmp_path_factory.mktemp("rmsnorm")
+    r = subprocess.run([sys.executable, "-c", _STUDY, str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    paths = [ln.strip() for ln in r.stdout.splitlines() if ln.strip().startswith(str(out))]
+    assert len(paths) == 3, r.stdout
+    return dict(zip(("naive", "fused", "compiled"), paths))
+
+
+@pytest.fixture(scope="module")
+def server(study, tmp_path_factory):
+    old = os.environ.get("TILESCOPE_CACHE_DIR")
+    root = tmp_path_factory.mktemp("explorer-browser")
+    os.environ["TILESCOPE_CACHE_DIR"] = str(root / "cache")
+    bad = root / "not_a_trace.json"
+    bad.write_text("this is not a trace\n")
+    from tilescope.explorer import Session
+    from tilescope.explorer._server import make_server
+
+    session = Session([f"naive={study['naive']}", f"fused={study['fused']}", f"compiled={study['compiled']}",
+                       f"cuda={CUDA}", str(bad)])
+    srv = make_server(session, "127.0.0.1", 0)
+    srv.serve_in_thread()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    if old is None:
+        os.environ.pop("TILESCOPE_CACHE_DIR", None)
+    else:
+        os.environ["TILESCOPE_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as e:  # pragma: no cover - the test extras install it
+        pytest.fail(f"playwright is not installed ({e}); run: .venv/bin/pip install -e '.[test]'")
+    if not os.path.exists(CHROMIUM):  # pragma: no cover - .ci/run installs it
+        pytest.fail("Chromium is missing; install Debian's package: apt-get install -y chromium")
+    profile = tempfile.mkdtemp(prefix="tilescope-chromium-")
+    pw = sync_playwright().start()
+    ctx = pw.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=ARGS,
+                                                viewport={"width": 1400, "height": 900})
+    yield ctx
+    ctx.close()
+    pw.stop()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def page(browser, server):
+    pg = browser.new_page()
+    errors: list[str] = []
+    pg.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    pg.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    pg.base = server.url.rstrip("/")
+    yield pg
+    pg.close()
+    assert not errors, errors
+
+
+def shot(pg, name):
+    os.makedirs(SHOTS, exist_ok=True)
+    pg.screenshot(path=os.path.join(SHOTS, f"{name}.png"))
+
+
+def goto(pg, route):
+    pg.goto(f"{pg.base}/{route}")
+    pg.wait_for_function("() => window.tilescope && window.tilescope.app")
+    pg.evaluate("window.tilescope.app.ready")
+
+
+def open_trace(pg, pid):
+    goto(pg, f"#/{pid}/trace")
+    pg.wait_for_function("() => window.tilescope.app.view && window.tilescope.app.view.timeline && "
+                         "window.tilescope.app.view.timeline.lastFetch")
+
+
+FIND = """([name, ref]) => {
+  const tl = window.tilescope.app.view.timeline, a = tl.data.arrays, names = tl.meta.names;
+  for (let i = 0; i < a.ev_ref.length; i++)
+    if (ref !== null ? a.ev_ref[i] === ref
+        : names[a.ev_name[i]] === name || (name.endsWith('*') && names[a.ev_name[i]].startsWith(name.slice(0, -1))))
+      return {start: a.ev_start[i], dur: a.ev_dur[i], lane: a.ev_lane[i], depth: a.ev_depth[i], ref: a.ev_ref[i]};
+  return null;
+}"""
+
+POINT = """(e) => {
+  const tl = window.tilescope.app.view.timeline, r = tl.canvas.getBoundingClientRect();
+  const y = tl._rowY(e.lane, e.depth);
+  return {x: r.left + tl.xOf(e.start + e.dur / 2), y: r.top + y + 7};
+}"""
+
+
+def click_event(pg, name):
+    """Zoom the timeline onto the first event called ``name`` and click it with the mouse."""
+    ev = pg.evaluate(FIND, [name, None])
+    assert ev is not None, f"no drawn event named {name!r}"
+    pg.evaluate("(e) => window.tilescope.app.view.timeline.zoomTo(e.start, e.dur)", ev)
+    ev = pg.evaluate(FIND, [name, ev["ref"]])  # the same event, in the zoomed window's data
+    pg.evaluate("(e) => window.tilescope.app.view.timeline.scrollToLane(e.lane, e.depth)", ev)
+    assert ev is not None
+    p = pg.evaluate(POINT, ev)
+    pg.mouse.click(p["x"], p["y"])
+    return ev
+
+
+def test_system_trace_and_the_lifecycle_of_aten_mul(page):
+    open_trace(page, "p0")
+    assert page.locator("[data-testid=modeled-badge]").is_visible()
+    meta = page.evaluate("window.tilescope.app.view.meta")
+    assert {x["subsystem"] for x in meta["lanes"]} >= {"framework", "runtime", "hardware"}
+    assert page.evaluate("window.tilescope.app.view.timeline.lastFetch.events") > 0
+    click_event(page, "aten::mul*")
+    hops = page.locator("[data-testid=hops] li")
+    hops.first.wait_for()
+    kinds = [hops.nth(i).get_attribute("data-kind") for i in range(hops.count())]
+    assert "op" in kinds and "launch" in kinds and "device" in kinds and "instructions" in kinds
+    subs = {hops.nth(i).get_attribute("data-lane-subsystem") for i in range(hops.count())}
+    assert {"framework", "runtime", "hardware"} <= subs
+    assert "aten::mul" in page.locator("[data-testid=details] h3").inner_text()
+    assert page.evaluate("window.tilescope.app.view.timeline.chain.length") >= 3  # highlighted across lanes
+    shot(page, "trace-lifecycle")
+    # into the device view of that execution
+    page.locator("[data-testid=open-device]").first.click()
+    page.wait_for_function("() => window.tilescope.app.view && window.tilescope.app.view.canvas")
+    engines = page.evaluate("window.tilescope.app.view.h.engines")
+    assert {"TensorE", "VectorE", "ScalarE", "GpSimd"} <= set(engines)
+    assert any(e.startswith("DMA.q") for e in engines)
+    assert page.locator("[data-testid=device-modeled]").is_visible()
+    rows = page.locator("[data-testid=engine-summary] tr")
+    assert rows.count() == len(engines) + 1
+    provs = page.evaluate("window.tilescope.app.view.h.provenance.map(p => p.op)")
+    assert any(p and "mul" in p for p in provs)
+
+
+def test_device_view_details_dependencies_and_tabs(page):
+    goto(page, "#/p0/device")
+    page.wait_for_function("() => window.tilescope.app.view && window.tilescope.app.view.canvas")
+    view = "window.tilescope.app.view"
+    # click the instruction with the most predecessors' partner: pick one that depends on another
+    target = page.evaluate(f"""() => {{
+      const v = {view}, a = v.a;
+      let best = 0;
+      for (let r = 0; r < v.n; r++) if (a.start[r] > a.start[best]) best = r;  // the last one starts after others end
+      const c = v.canvas.getBoundingClientRect();
+      return {{x: c.left + v.xOf((a.start[best] + a.end[best]) / 2), y: c.top + a.engine[best] * 22 + 8, index: a.index[best]}};
+    }}""")
+    page.mouse.click(target["x"], target["y"])
+    page.locator("[data-testid=instruction-detail]").wait_for()
+    assert f"#{target['index']}" in page.locator("[data-testid=instruction-detail] h3").first.inner_text()
+    assert page.locator("[data-testid=deps] li").count() >= 1
+    shot(page, "device-instruction")
+    for tab, sel in (("operators", "[data-testid=operator-table]"), ("code", ".code"), ("warnings", "[data-testid=device-warnings]"),
+                     ("summary", "[data-testid=engine-summary]")):
+        page.locator(f"[data-tab={tab}]").click()
+        page.locator(sel).first.wait_for()
+    # box selection -> summary of the selection, and its CSV link
+    c = page.locator("[data-testid=device-canvas]").bounding_box()
+    page.keyboard.down("Shift")
+    page.mouse.move(c["x"] + 260, c["y"] + 5)
+    page.mouse.down()
+    page.mouse.move(c["x"] + c["width"] - 20, c["y"] + c["height"] - 5, steps=5)
+    page.mouse.up()
+    page.keyboard.up("Shift")
+    assert "selection" in page.locator("[data-testid=device-summary] p b").inner_text()
+    href = page.locator("[data-role=csv-box]").get_attribute("href")
+    assert href and "engines=" in href and "t0=" in href
+    csv = page.evaluate("(u) => fetch(u).then(r => r.text())", href)
+    assert csv.startswith("index,engine,kind") and len(csv.splitlines()) >= 2
+    page.evaluate(f"{view}.setRange(0, {view}.h.span_ns)")
+    shot(page, "device-view")
+
+
+def test_timeline_zoom_pan_and_box_select(page):
+    open_trace(page, "p0")
+    tl = "window.tilescope.app.view.timeline"
+    w0 = page.evaluate(f"{tl}.t1 - {tl}.t0")
+    page.locator("[data-testid=timeline]").click(position={"x": 5, "y": 5})  # focus (label gutter)
+    page.keyboard.press("w")
+    page.wait_for_function(f"() => {tl}.t1 - {tl}.t0 < {w0} * 0.8")
+    page.evaluate(f"{tl}.refresh()")
+    t0 = page.evaluate(f"{tl}.t0")
+    box = page.locator("[data-testid=timeline]").bounding_box()
+    page.mouse.move(box["x"] + 700, box["y"] + 30)
+    page.mouse.down()
+    page.mouse.move(box["x"] + 500, box["y"] + 30, steps=4)
+    page.mouse.up()
+    assert page.evaluate(f"{tl}.t0") > t0  # dragged left: later times come into view
+    page.evaluate(f"{tl}.reset()")
+    page.keyboard.down("Shift")
+    page.mouse.move(box["x"] + 240, box["y"] + 25)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] - 10, box["y"] + 200, steps=5)
+    page.mouse.up()
+    page.keyboard.up("Shift")
+    page.locator("[data-testid=box-summary]").wait_for()
+    assert "events" in page.locator("[data-testid=box-summary] h3").inner_text()
+    # regroup by CPU vs device and by core
+    page.select_option("[data-testid=group]", "side")
+    assert page.evaluate(f"{tl}.rows.filter(r => r.type === 'group').map(r => r.key)") == ["CPU (host)", "device"]
+    page.select_option("[data-testid=group]", "core")
+    assert "NC0" in page.evaluate(f"{tl}.rows.filter(r => r.type === 'group').map(r => r.key)")
+
+
+def test_op_table_sorts_and_filters(page):
+    goto(page, "#/p0/ops")
+    table = page.locator("[data-testid=op-table]")
+    table.wait_for()
+    cols = page.evaluate("[...document.querySelectorAll('[data-testid=op-table] th')].map(t => t.textContent)")
+    ci = cols.index("calls")
+
+    def column(i):
+        return page.evaluate(f"[...document.querySelectorAll('[data-testid=op-table] tbody tr')].map(r => r.children[{i}].title)")
+
+    page.locator("[data-testid=op-table] th", has_text="calls").first.click()
+    calls = [float(x) for x in column(ci)]
+    assert calls == sorted(calls, reverse=True) and len(calls) > 3
+    page.locator("[data-testid=op-table] th", has_text="calls").first.click()
+    calls = [float(x) for x in column(ci)]
+    assert calls == sorted(calls)
+    page.fill("[data-testid=filter]", "mul")
+    names = column(cols.index("name"))
+    assert names and all("mul" in n for n in names)
+    shot(page, "op-table")
+    page.locator("[data-tab=engines]").click()
+    page.locator("[data-testid=engine-table]").wait_for()
+
+
+def test_compare_view_of_the_study(page):
+    goto(page, "#/compare?ids=p0,p1,p2")
+    page.locator("[data-testid=fusion-finding]").first.wait_for(timeout=60000)
+    text = page.locator("[data-testid=fusion-finding]").first.inner_text()
+    assert "became 1" in text and "(modeled)" in text
+    page.wait_for_function("() => window.tilescope.app.view.timelines.length === 3 && "
+                           "window.tilescope.app.view.timelines.every(t => t.lastFetch)")
+    spans = page.evaluate("window.tilescope.app.view.timelines.map(t => t.t1 - t.t0)")
+    assert len(set(round(s) for s in spans)) == 1  # one shared time scale
+    assert page.locator("[data-testid=compare-ops] tbody tr").count() > 3
+    shot(page, "compare")
+
+
+def test_summary_and_roofline(page):
+    goto(page, "#/p0/summary")
+    page.locator("[data-testid=cards]").wait_for()
+    assert "modeled" in page.locator("[data-testid=label]").inner_text()
+    cards = page.locator("[data-testid=cards]").inner_text()
+    for k in ("HFU", "MFU", "MBU", "arithmetic intensity", "average DMA size", "spill bytes"):
+        assert k in cards
+    assert page.locator("[data-testid=engine-active] tr").count() > 2
+    shot(page, "summary")
+    goto(page, "#/p2/roofline")
+    page.locator("[data-testid=roofline]").wait_for()
+    assert page.locator("[data-testid=roofline-table] tbody tr").count() >= 1
+    shot(page, "roofline")
+
+
+def test_real_cuda_trace(page):
+    open_trace(page, "p3")
+    assert "MEASURED" in page.locator("[data-testid=what]").inner_text()
+    meta = page.evaluate("window.tilescope.app.view.meta")
+    assert any(x["side"] == "device" for x in meta["lanes"]) and meta["events"] > 70000
+    f = page.evaluate("window.tilescope.app.view.timeline.lastFetch")
+    assert f["events"] + f["buckets"] > 100 and not f["exact"]  # zoomed out: level of detail
+    shot(page, "cuda-trace")
+    kernel = page.evaluate("""() => {
+      const tl = window.tilescope.app.view.timeline, m = tl.meta;
+      const dev = new Set(m.lanes.filter(l => l.side === 'device').map(l => l.lane));
+      const a = tl.data.arrays;
+      for (let i = 0; i < a.ev_ref.length; i++) if (dev.has(a.ev_lane[i]) && a.ev_dur[i] > 2000) return m.names[a.ev_name[i]];
+      return null;
+    }""")
+    assert kernel
+    click_event(page, kernel)
+    hops = page.locator("[data-testid=hops] li")
+    hops.first.wait_for()
+    kinds = [hops.nth(i).get_attribute("data-kind") for i in range(hops.count())]
+    assert "op" in kinds and "launch" in kinds and "device" in kinds
+    shot(page, "cuda-lifecycle")
+    goto(page, "#/p3/summary")
+    page.locator("[data-testid=label]").wait_for()
+    assert page.locator("[data-testid=label]").inner_text().startswith("measured on NVIDIA")
+
+
+def test_unloadable_path_gets_a_clear_page(page):
+    goto(page, "#/p4/trace")
+    card = page.locator("[data-testid=refusal]")
+    card.wait_for()
+    text = card.inner_text()
+    assert "not_a_trace.json" in text and "Fix:" in text
+    shot(page, "refusal")
