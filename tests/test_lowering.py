@@ -183,6 +183,29 @@ def test_view_backwards_and_classification():
           {"in_grad_output": grad, "in_mask": mask}, rule="elementwise")
 
 
+def test_layout_changes_ranges_and_more_elementwise():
+    x = rnd(6, 9, 5)
+    check("aten::flip", (x, [0, 2]), {}, {"out": torch.flip(x, [0, 2])}, {"in_self": x}, rule="dma")
+    check("aten::roll", (x, [4], [1]), {}, {"out": torch.roll(x, 4, 1)}, {"in_self": x}, rule="dma")
+    check("aten::roll", (x, [-7], []), {}, {"out": torch.roll(x, -7)}, {"in_self": x}, rule="dma")
+    out = torch.empty(300)
+    check("aten::linspace.out", (-2.0, 5.0, 300), {"out": OutputRef(0)}, {"out": torch.linspace(-2, 5, 300)}, {},
+          rule="iota", tol=1e-5)
+    check("aten::arange.start_out", (3, 300, 2), {"out": OutputRef(0)}, {"out": torch.arange(3, 300, 2.0)}, {},
+          rule="iota")
+    del out
+    a, b = rnd(50, 20) * 4, rnd(20) * 2
+    check("aten::remainder.Tensor", (a, b), {}, {"out": torch.remainder(a, b)}, {"in_self": a, "in_other": b},
+          rule="elementwise", tol=1e-5)
+    check("aten::logaddexp", (a, b), {}, {"out": torch.logaddexp(a, b)}, {"in_self": a, "in_other": b},
+          rule="elementwise", tol=1e-5)
+    for o in (2, 1, float("inf"), 3.0):
+        check("aten::linalg_vector_norm", (x, o, [1]), {}, {"out": torch.linalg.vector_norm(x, o, [1])},
+              {"in_self": x}, rule="reduction", tol=1e-4)
+    for d in (0, 1):
+        check("aten::_softmax", (x, d, False), {}, {"out": torch.softmax(x, d)}, {"in_self": x}, rule="reduction")
+
+
 def test_copies_cat_and_padding():
     x = rnd(100, 70)
     check("tilescope::copy", (x.t(),), {}, {"dst": x.t().contiguous()}, {"src": x.t()}, rule="dma")
@@ -274,7 +297,6 @@ def test_adam_compiles_each_program_once():
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5)
 
 
-OutputRef  # used by the dispatcher's out= calls; imported to keep the public surface covered
 
 
 def test_foreach_ops_are_one_program_over_the_list():

@@ -43,6 +43,9 @@ _enable_rf = torch._C._autograd._enable_record_function
 _STATS = {"calls": 0, "first_calls": 0, "sync_calls": 0}
 _DEVICE_TYPE = "privateuseone"
 _PLAIN, _NUMBER, _WRAPPED = 0, 1, 2
+# Scalar arguments that change what a Program does (not just a value it uses): keyed by value
+_STRUCTURAL_NUMBERS = {"aten::linalg_vector_norm": ("ord",), "aten::norm.ScalarOpt_dim": ("p",),
+                       "aten::norm.Scalar": ("p",), "aten::norm.ScalarOpt_dtype": ("p",)}
 _SIGNATURES_PER_OP = 4096
 
 
@@ -234,6 +237,13 @@ class Handler:
         args = schema.arguments
         self.pos_flags = tuple(_arg_flag(a) for a in args if not a.kwarg_only)
         self.kw_flags = {a.name: _arg_flag(a) for a in args}
+        for name in _STRUCTURAL_NUMBERS.get(self.name, ()):
+            names = [a.name for a in args if not a.kwarg_only]
+            if name in names:
+                flags = list(self.pos_flags)
+                flags[names.index(name)] = _PLAIN
+                self.pos_flags = tuple(flags)
+            self.kw_flags[name] = _PLAIN
         if not any(str(a.type) in _TENSOR_KINDS or str(a.type).startswith("List[")
                    for a in args if not (a.alias_info is not None and a.alias_info.is_write)):
             # no tensor input (arange.start_out, linspace.out): the numbers decide the output's

@@ -373,6 +373,33 @@ def _isfinite(E, a):
     E.ts(E.out, t, "less", float("inf"))  # NaN compares false
 
 
+def _remainder(E, a):
+    """Python's modulo (the divisor's sign): fmod, plus the divisor where the signs differ."""
+    x, y = a["self"], a["other"]
+    m = E.tmp()
+    E.binary(m, x, y, "mod")
+    neg = E.tmp()
+    E.binary(neg, m, y, "multiply")
+    E.ts(neg, neg, "less", 0.0)
+    if _is_tile(y):
+        E.tt(neg, neg, y, "multiply")
+    else:
+        E.ts(neg, neg, "multiply", y)
+    E.tt(E.out, m, neg, "add")
+
+
+def _logaddexp(E, a):
+    x, y = a["self"], a["other"]
+    hi = E.tmp()
+    E.binary(hi, x, y, "maximum")
+    d = E.tmp()
+    E.binary(d, x, y, "subtract")
+    E.act(d, d, "abs")
+    E.act(d, d, "exp", scale=-1.0)     # exp(-|x - y|)
+    E.act(d, d, "log", bias=1.0)       # log1p
+    E.tt(E.out, hi, d, "add")
+
+
 def _log_base(k):
     def emit(E, a):
         t = E.tmp()
@@ -418,6 +445,7 @@ OPS: dict[str, tuple[tuple[str, ...], object]] = {
     "maximum": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "maximum")),
     "minimum": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "minimum")),
     "fmod": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "mod")),
+    "remainder": (_BIN, _remainder), "logaddexp": (_BIN, _logaddexp),
     "pow": (("self", "exponent"), _pow),
     "eq": _cmp("equal"), "ne": _cmp("not_equal"), "lt": _cmp("less"), "le": _cmp("less_equal"),
     "gt": _cmp("greater"), "ge": _cmp("greater_equal"),

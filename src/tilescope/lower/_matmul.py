@@ -135,8 +135,8 @@ def lower_matmul(call: Call, spec):
     elif op in ("mv", "addmv"):
         a, bm = named.get("self" if op == "mv" else "mat"), named.get("vec")
         batch = None
-    elif op == "dot":
-        a, bm = named.get("self"), named.get("tensor")
+    elif op in ("dot", "vdot"):
+        a, bm = named.get("self"), named.get("tensor" if op == "dot" else "other")
         batch = None
     else:
         return None
@@ -157,7 +157,7 @@ def lower_matmul(call: Call, spec):
             # a vector is an N = 1 matrix
             M, K = a.shape
             dims = [(a.stride[0], a.stride[1], bm.stride[0], 1, out.stride[0], 1, M, K, 1, 0, 0, 0)]
-        elif op == "dot":
+        elif op in ("dot", "vdot"):
             # [1, K] @ [K, 1]
             K = a.shape[0]
             dims = [(K * a.stride[0], a.stride[0], bm.stride[0], 1, 1, 1, 1, K, 1, 0, 0, 0)]
@@ -352,6 +352,6 @@ def _floor_div(a: int, b: int) -> int:
     return a // b
 
 
-add_rules(["mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "addmm_", "baddbmm_", "addmv_"],
+add_rules(["mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot", "addmm_", "baddbmm_", "addmv_"],
           Rule("matmul", lower_matmul, "matrix products on TensorE"))
 add_rules(["convolution_overrideable", "convolution"], Rule("conv", lower_conv, "2-D convolution on TensorE"))

@@ -166,6 +166,90 @@ def lower_scatter_grad(call: Call, spec):
     return b.build(meta={"lowering": "dma"})
 
 
+def lower_flip(call: Call, spec):
+    """``flip``: a DMA reading the input with negated strides along the flipped dims."""
+    named = call.named()
+    x, out = named.get("self"), call.outputs[0] if len(call.outputs) == 1 else None
+    if not isinstance(x, TensorMeta) or out is None or out.numel == 0 or x.is_complex or x.ndim == 0:
+        return None
+    dims = {d % x.ndim for d in (named.get("dims") or ())}
+    strides = tuple(-s if d in dims else s for d, s in enumerate(x.stride))
+    start = sum((n - 1) * s for d, (n, s) in enumerate(zip(x.shape, x.stride)) if d in dims)
+    b = TileBuilder(call.op, spec)
+    with b.provenance(op=call.op):
+        xv, ov = hbm_input(b, "in_self", x), hbm_output(b, "out", out)
+        src = View(xv.buffer, AP(xv.ap.buffer, xv.ap.dtype, xv.ap.offset + start, xv.ap.dims), xv.shape)
+        _copy_into(b, spec, x, src, out, ov, x.shape, strides, out.stride, "flip")
+    return b.build(meta={"lowering": "dma"})
+
+
+def lower_roll(call: Call, spec):
+    """``roll`` along one dim (or of the flattened tensor): two DMAs, one per wrapped part."""
+    named = call.named()
+    x, out = named.get("self"), call.outputs[0] if len(call.outputs) == 1 else None
+    shifts, dims = tuple(named.get("shifts") or ()), tuple(named.get("dims") or ())
+    if not isinstance(x, TensorMeta) or out is None or out.numel == 0 or x.is_complex or len(shifts) != 1:
+        return None
+    if not dims:
+        if not (x.is_contiguous and out.is_contiguous):
+            return None
+        x, out, dim = TensorMeta((x.numel,), (1,), x.dtype), TensorMeta((out.numel,), (1,), out.dtype), 0
+    elif len(dims) == 1:
+        dim = dims[0] % x.ndim
+    else:
+        return None
+    n = x.shape[dim]
+    s = shifts[0] % n if n else 0
+    b = TileBuilder(call.op, spec)
+    with b.provenance(op=call.op):
+        xv, ov = hbm_input(b, "in_self", x), hbm_output(b, "out", out)
+        for length, src0, dst0 in ((n - s, 0, s), (s, n - s, 0)):
+            if length == 0:
+                continue
+            shape = tuple(length if d == dim else m for d, m in enumerate(x.shape))
+            src = View(xv.buffer, AP(xv.ap.buffer, xv.ap.dtype, xv.ap.offset + src0 * x.stride[dim], xv.ap.dims),
+                       xv.shape)
+            dst = View(ov.buffer, AP(ov.ap.buffer, ov.ap.dtype, ov.ap.offset + dst0 * out.stride[dim], ov.ap.dims),
+                       ov.shape)
+            _copy_into(b, spec, x, src, out, dst, shape, x.stride, out.stride, "roll")
+    return b.build(meta={"lowering": "dma"})
+
+
+def lower_range(call: Call, spec):
+    """``linspace.out`` / ``arange.start_out``: GpSimd ``iota`` gives each element its index,
+    VectorE scales and offsets it."""
+    named = call.named()
+    out = call.outputs[0] if len(call.outputs) == 1 else None
+    if out is None or out.numel == 0 or out.ndim != 1 or out.is_complex:
+        return None
+    n = out.numel
+    start = named.get("start")
+    if call.packet == "linspace":
+        end = named.get("end")
+        if not all(isinstance(v, (int, float)) for v in (start, end)):
+            return None
+        step = (end - start) / (n - 1) if n > 1 else 0.0
+    else:
+        step = named.get("step", 1)
+        if not all(isinstance(v, (int, float)) for v in (start, step)):
+            return None
+    b = TileBuilder(call.op, spec)
+    with b.provenance(op=call.op):
+        ov = hbm_output(b, "out", out)
+        plan = TilePlan((n,), max_free=_MAX_FREE, partitions=spec.partitions)
+        for tile in plan.tiles:
+            k = tile.rows_per_partition
+            idx = b.sbuf((tile.partitions, k), "float32", site="iota")
+            b.iota(idx, base=tile.row0, partition_step=k, steps=(1,))
+            t = b.sbuf((tile.partitions, k), out.device_dtype, site="iota.out")
+            b.tensor_scalar(t, idx, "multiply", float(step), "add", float(start))
+            b.dma_copy(plan.operand_ap(ov, (out.stride[0],), tile), t)
+    return b.build(meta={"lowering": "iota"})
+
+
+add_rules(["flip"], Rule("dma", lower_flip, "flip: DMA with negated strides"))
+add_rules(["roll"], Rule("dma", lower_roll, "roll: two DMAs"))
+add_rules(["linspace", "arange"], Rule("iota", lower_range, "ranges: GpSimd iota, scaled on VectorE"))
 add_rules(["select_backward", "slice_backward"], Rule("dma", lower_scatter_grad,
                                                       "view backward: zeros, then the gradient into its region"))
 add_rules(["tilescope::copy", "tilescope::memcpy_htod", "tilescope::memcpy_dtoh"],

@@ -36,6 +36,7 @@ REDUCTIONS = {
     "prod": ("multiply", None), "max": ("max", None), "min": ("min", None),
     "all": ("min", "nonzero"), "any": ("max", "nonzero"),
     "var": ("add", "var"), "std": ("add", "std"),
+    "linalg_vector_norm": ("add", "norm"), "norm": ("add", "norm"),
 }
 
 
@@ -90,6 +91,14 @@ def lower_reduction(call: Call, spec):
     correction = _correction(call) if post in ("var", "std") else 0
     if correction is None:
         return None
+    if post == "norm":
+        named = call.named()
+        order = named.get("ord", named.get("p", 2))
+        order = 2 if order is None else order
+        if isinstance(order, ScalarArg):
+            return None  # the order decides the Program: the device keys it by value
+        red_op, post = _NORMS.get(order, ("add", "pnorm"))
+        correction = float(order)
     kept = [d for d in range(x.ndim) if d not in dims]
     # output strides of the kept dims (keepdim outputs carry size-1 reduced dims)
     if out.ndim == x.ndim:
@@ -113,6 +122,12 @@ def lower_reduction(call: Call, spec):
             if _rows(b, spec, x, out, xin, yout, kshape_c, kin, kout, rshape, rin, red_op, post, correction) is False:
                 return None
     return b.build(meta={"lowering": "reduction"})
+
+
+# vector norm order -> (reduction, post-processing)
+_NORMS = {2: ("add", "norm2"), 2.0: ("add", "norm2"), 1: ("add", "norm1"), 1.0: ("add", "norm1"),
+          float("inf"): ("max", "normabs"), float("-inf"): ("min", "normabs"), 0: ("add", "norm0"),
+          0.0: ("add", "norm0")}
 
 
 def _sb(view_like, shape3):
@@ -155,9 +170,16 @@ def _rows(b, spec, x, out, xin, yout, kshape, kin, kout, rshape, rin, red_op, po
                 if post in ("var", "std"):
                     _variance(b, acc, t, tv, (p, k, cw), n_red, correction, post)
                     continue
-                if post == "nonzero":
+                if post in ("nonzero", "norm0", "norm1", "norm2", "normabs", "pnorm"):
                     nz = b.sbuf((p, k * cw), "float32", site="red.nz")
-                    b.tensor_scalar(nz, t, "not_equal", 0.0)
+                    if post in ("nonzero", "norm0"):
+                        b.tensor_scalar(nz, t, "not_equal", 0.0)
+                    elif post == "norm2":
+                        b.activation(nz, t, "square")
+                    else:
+                        b.activation(nz, t, "abs")
+                        if post == "pnorm":
+                            b.tensor_scalar(nz, nz, "power", correction)
                     tv = _sb(nz, (p, k, cw))
                 if c0 == 0:
                     b.tensor_reduce(acc, tv, red_op, axes=(2,))
@@ -166,6 +188,10 @@ def _rows(b, spec, x, out, xin, yout, kshape, kin, kout, rshape, rin, red_op, po
                     b.tensor_reduce(part, tv, red_op, axes=(2,))
                     b.tensor_tensor(acc, acc, part, {"add": "add", "max": "maximum", "min": "minimum",
                                                      "multiply": "multiply"}[red_op])
+            if post == "norm2":
+                b.activation(acc, acc, "sqrt")
+            elif post == "pnorm":
+                b.tensor_scalar(acc, acc, "power", 1.0 / correction)
             res = acc
             if post == "mean":
                 res = b.sbuf((p, k), out.device_dtype, site="red.res")
@@ -233,5 +259,73 @@ def _column(b, spec, x, out, xin, yout, kshape, kin, kout, n_rows, row_stride, p
             b.dma_copy(View(yout.buffer, dst, (1, cw)), res)
 
 
+def lower_softmax_any_dim(call: Call, spec):
+    """``_softmax`` / ``_log_softmax`` over any dim: the row form with the softmax dim as the free
+    axis -- max, ``exp(x - max)`` with its sum, then divide (or subtract the log-sum)."""
+    named = call.named()
+    x, out = named.get("self"), call.outputs[0] if len(call.outputs) == 1 else None
+    if not isinstance(x, TensorMeta) or out is None or x.numel == 0 or x.is_complex or named.get("half_to_float"):
+        return None
+    if x.ndim == 0:
+        x, out, dim = TensorMeta((1,), (1,), x.dtype), TensorMeta((1,), (1,), out.dtype), 0
+    else:
+        dim = named.get("dim", -1) % x.ndim
+    n = x.shape[dim]
+    if n > _FREE:
+        return None
+    kept = [d for d in range(x.ndim) if d != dim]
+    kshape, (kin, kout) = coalesce(tuple(x.shape[d] for d in kept) or (1,),
+                                   [tuple(x.stride[d] for d in kept) or (0,), tuple(out.stride[d] for d in kept) or (0,)])
+    log = call.packet == "_log_softmax"
+    b = TileBuilder(call.op, spec)
+    with b.provenance(op=call.op):
+        xin, yout = hbm_input(b, "in_self", x), hbm_output(b, "out", out)
+        k_max = max(1, _FREE // n)
+        last, ks_in, ks_out = kshape[-1], kin[-1], kout[-1]
+        for outer in product(*(range(m) for m in kshape[:-1])):
+            base_in = sum(i * s for i, s in zip(outer, kin[:-1]))
+            base_out = sum(i * s for i, s in zip(outer, kout[:-1]))
+            r = 0
+            while r < last:
+                left = last - r
+                k = min(k_max, -(-left // spec.partitions))
+                p = min(spec.partitions, left // k)
+                t = b.sbuf((p, k * n), x.device_dtype, site="sm.in")
+                src = AP(xin.ap.buffer, xin.ap.dtype, xin.ap.offset + base_in + r * ks_in,
+                         ((k * ks_in, p), (ks_in, k), (x.stride[dim], n)))
+                b.dma_copy(t, View(xin.buffer, src, (p, k, n)))
+                stat = b.sbuf((p, k), "float32", site="sm.stat")
+                b.tensor_reduce(stat, _sb(t, (p, k, n)), "max", axes=(2,))
+                e = b.sbuf((p, k * n), "float32", site="sm.e")
+                ev = _sb(e, (p, k, n))
+                b.tensor_tensor(ev, _sb(t, (p, k, n)), _bcast(stat, (p, k, n)), "subtract")
+                if log:
+                    ex = b.sbuf((p, k * n), "float32", site="sm.exp")
+                    b.activation(ex, e, "exp")
+                    b.tensor_reduce(stat, _sb(ex, (p, k, n)), "add", axes=(2,))
+                    b.activation(stat, stat, "log")
+                    o = b.sbuf((p, k * n), out.device_dtype, site="sm.out")
+                    b.tensor_tensor(_sb(o, (p, k, n)), ev, _bcast(stat, (p, k, n)), "subtract")
+                else:
+                    b.activation(e, e, "exp")
+                    b.tensor_reduce(stat, ev, "add", axes=(2,))
+                    o = b.sbuf((p, k * n), out.device_dtype, site="sm.out")
+                    b.tensor_tensor(_sb(o, (p, k, n)), ev, _bcast(stat, (p, k, n)), "divide")
+                dst = AP(yout.ap.buffer, yout.ap.dtype, yout.ap.offset + base_out + r * ks_out,
+                         ((k * ks_out, p), (ks_out, k), (out.stride[dim], n)))
+                b.dma_copy(View(yout.buffer, dst, (p, k, n)), o)
+                r += p * k
+    return b.build(meta={"lowering": "reduction"})
+
+
+def _bcast(stat, shape3):
+    """A [P, k] per-row statistic seen as [P, k, n] (stride 0 along the reduced axis)."""
+    p, k, n = shape3
+    ap = stat.ap
+    return View(stat.buffer, AP(ap.buffer, ap.dtype, ap.offset, ((k, p), (1, k), (0, n))), shape3)
+
+
 _NAMES = list(REDUCTIONS)
 add_rules(_NAMES, Rule("reduction", lower_reduction, __doc__.splitlines()[0]))
+add_rules(["_softmax", "_log_softmax"], Rule("reduction", lower_softmax_any_dim,
+                                            "softmax over any dim in the row form"))

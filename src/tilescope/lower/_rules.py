@@ -41,7 +41,9 @@ def add_rules(names, rule: Rule) -> None:
 
 
 def _load() -> None:
-    from . import _elementwise, _fused, _matmul, _movement, _reduce  # noqa: F401  (they add rows)
+    # order matters where two rules share an op: a later rule is tried first, the earlier is its
+    # fallback (the fused softmax kernel before the any-dim reduction form, for instance)
+    from . import _elementwise, _reduce, _matmul, _movement, _fused  # noqa: F401  (they add rows)
 
 
 _load()
