@@ -409,3 +409,81 @@ def test_cli_serves_and_explains_the_ssh_tunnel(env):
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+# ---- standalone pairs, the doctor banner, the code view ----------------------------------------
+def test_standalone_executable_and_instruction_trace_pair(env):
+    import glob as _glob
+
+    exe = sorted(_glob.glob(os.path.join(env["fused"], "executables", "exec_*.json")))[0]
+    itr = sorted(_glob.glob(os.path.join(env["fused"], "itraces", "exec_*.itrace.json")))[0]
+    s = Session([f"{exe}+{itr}", itr])
+    for sid in ("p0", "p1"):
+        ex = api(s, f"/api/p/{sid}/executions")["executions"]
+        assert len(ex) == 1 and ex[0]["eid"] is None and ex[0]["instructions"] > 0
+        head, cols = api(s, f"/api/p/{sid}/device", hash=ex[0]["program_hash"], run=ex[0]["run"])
+        assert head["modeled"] and len(cols["index"]) == ex[0]["instructions"]
+        assert api(s, f"/api/p/{sid}/meta")["modeled"]
+    # only those files are served
+    assert sorted(s.sources[0].files) == sorted([os.path.basename(exe), os.path.basename(itr)])
+    assert not s.sources[1].allowed(os.path.join(env["fused"], "system_trace.json"))
+
+
+def test_doctor_findings_reach_the_page(env, tmp_path):
+    import shutil as _shutil
+
+    p = str(tmp_path / "dropped")
+    _shutil.copytree(env["naive"], p)
+    man = os.path.join(p, "manifest.json")
+    with open(man) as f:
+        m = json.load(f)
+    m["stats"]["dropped_events"] = {"0": 1234}
+    m["config"]["max_events_per_core"] = 1000
+    with open(man, "w") as f:
+        json.dump(m, f)
+    s = Session([p])
+    doc = api(s, "/api/p/p0/meta")["doctor"]
+    d = next(x for x in doc if x["code"] == "dropped-events")
+    assert "1234" in d["message"] and "max_events_per_core" in d["fix"]
+
+
+def test_code_view_shows_kernel_source_only_from_allowed_directories(tmp_path):
+    import ml_dtypes
+
+    import tilescope
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "matmul"))
+    try:
+        from matmul_kernels import matmul_naive
+    finally:
+        sys.path.pop(0)
+    K, M, N = 256, 128, 512
+    a = np.zeros((K, M), ml_dtypes.bfloat16)
+    b = np.zeros((K, N), ml_dtypes.bfloat16)
+    r = np.zeros((M, N), ml_dtypes.bfloat16)
+    tilescope.simulate(matmul_naive, a, b, r, profile_dir=str(tmp_path / "k"), numerics=False)
+    prof = next(os.path.dirname(m) for m in glob_manifests(str(tmp_path / "k")))
+    with_src = Session([prof], source_dirs=[os.getcwd()])
+    ex = api(with_src, "/api/p/p0/executions")["executions"][0]
+    c = api(with_src, "/api/p/p0/code", hash=ex["program_hash"], run=ex["run"])
+    f = next(k for k in c["files"] if k.endswith("matmul_kernels.py"))
+    assert "def matmul_naive" in c["files"][f]["text"]
+    text = c["files"][f]["text"].splitlines()
+    mm = next(ln for ln in c["lines"] if ln["label"] == "tl.matmul")
+    assert "tl.matmul" in text[mm["line"] - 1] and mm["busy_ns"].get("TensorE", 0) > 0
+    assert sum(ln["instructions"] for ln in c["lines"]) == ex["instructions"]
+    # without --sources the text stays out, and the page says how to show it
+    bare = Session([prof])
+    c2 = api(bare, "/api/p/p0/code", hash=ex["program_hash"], run=ex["run"])
+    assert c2["files"][f]["text"] is None and "--sources" in c2["files"][f]["note"]
+    # a provenance path never leaves the allowed directories
+    from tilescope.explorer._device import _read_source
+
+    assert _read_source("../../../../../etc/passwd", [str(tmp_path)]) == (None, None)
+    assert _read_source("/etc/passwd", [str(tmp_path)]) == (None, None)
+
+
+def glob_manifests(root):
+    import glob as _glob
+
+    return _glob.glob(os.path.join(root, "**", "manifest.json"), recursive=True)

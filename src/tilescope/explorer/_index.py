@@ -52,7 +52,7 @@ def _dict_encode(table, name):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    col = pc.fill_null(table.column(name), "")
+    col = pc.fill_null(table.column(name).cast(pa.string()), "")  # an empty trace's column may be typed null
     enc = pc.dictionary_encode(col).combine_chunks()
     if isinstance(enc, pa.ChunkedArray):
         enc = enc.combine_chunks()

@@ -43,7 +43,19 @@ export class TraceView {
     }));
   }
 
-  mount(main) { main.appendChild(this.el); return this.timeline.refresh(); }
+  mount(main) {
+    if (!this.meta.lanes.length) {
+      // an executable + instruction trace pair has no system trace: its execution is the device view
+      this.timeline.destroy();
+      this.el.innerHTML = `<div class="page" data-testid="no-lanes"><h2>No system trace in ${esc(this.profile.label)}</h2>
+        <p class="muted">This source holds ${this.meta.executions} modeled execution(s) and no framework / runtime / hardware lanes
+        (an executable + instruction-trace pair). <a href="#/${this.profile.id}/device">Open the device view →</a></p></div>`;
+      main.appendChild(this.el);
+      return Promise.resolve();
+    }
+    main.appendChild(this.el);
+    return this.timeline.refresh();
+  }
 
   async search(text) {
     clearTimeout(this._st);
