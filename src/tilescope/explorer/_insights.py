@@ -126,7 +126,7 @@ def _device_metrics(trace, allowed) -> dict:
         "mfu": tensor / (peak_flops * sec) if peak_flops and sec else None,
         "mbu": hbm / (hbm_bw * dev_ns) if hbm_bw and dev_ns else None,
         "engines": sorted(({**e, "active_share": e["busy_ns"] / dev_ns if dev_ns else None} for e in engines.values()),
-                          key=lambda e: -e["busy_ns"]),
+                          key=lambda e: (-round(e["busy_ns"], 3), e["engine"])),
     }
     return m
 
@@ -277,4 +277,16 @@ def summary_page(trace, allowed=lambda p: True) -> dict:
         dev = ", ".join(s["devices"]) or "the host CPU (no device in the trace)"
         out["label"] = (f"measured on {dev}, as recorded in the trace; FLOPs and bytes per op are estimated "
                         f"from input shapes")
-    return json.loads(json.dumps(out, default=float))
+    return _rounded(json.loads(json.dumps(out, default=float)))
+
+
+def _rounded(o):
+    """Floats to 12 significant digits: sums of doubles in parallel SQL aggregates differ in
+    their last bits from run to run, and the page (and --json) should not."""
+    if isinstance(o, float):
+        return float(f"{o:.12g}")
+    if isinstance(o, dict):
+        return {k: _rounded(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_rounded(v) for v in o]
+    return o
