@@ -145,12 +145,13 @@ def _meta(src, q):
         d["max_depth"] = int(ix.max_depth[i]) if i < ix.max_depth.size else 0
         d["core"] = _core_of(d)
         lanes.append(d)
-    with src.lock:
+    with src.lock:  # one thread at a time on the trace's DuckDB connection
         execs = _executions(src)
         steps = rows(t.sql("SELECT min(ts_ns) AS first FROM events WHERE kind = 'step' AND ph = 'X'"))[0]["first"]
+        preset = t.preset_name() if t.modeled else None
     return {
         "id": src.id, "label": src.label, "path": src.path, "kind": t.kind, "modeled": t.modeled,
-        "what": src.label_text(), "devices": t.device_names(), "preset": t.preset_name() if t.modeled else None,
+        "what": src.label_text(), "devices": t.device_names(), "preset": preset,
         "origin_ns": ix.origin_ns, "span_ns": ix.span_ns, "events": ix.n, "lanes": lanes, "names": ix.names,
         "kinds": ix.kinds, "color_modes": list(COLOR_MODES), "warnings": list(t.warnings), "notes": list(t.notes),
         "doctor": src.doctor, "index": ix.stats(), "executions": len(execs),

@@ -55,6 +55,7 @@ def _cmd_explore(args) -> int:
         print(f"tilescope explore: {e.strerror or e}", file=sys.stderr)
         return 2
     port = server.server_address[1]
+    session.warm_up()
     print(f"tilescope explorer ready in {time.perf_counter() - t0:.1f} s: {server.url}")
     if server.token:
         print(f"  bound to {args.host}: anyone who can reach this address needs the token in the URL above")

@@ -187,7 +187,9 @@ class Source:
         if t is None:
             return ""
         if t.modeled:
-            return f"modeled: device times come from tilescope's device model (preset {t.preset_name() or '?'})"
+            with self.lock:  # preset_name() queries the trace's DuckDB connection
+                preset = t.preset_name()
+            return f"modeled: device times come from tilescope's device model (preset {preset or '?'})"
         names = t.device_names()
         return f"measured on {', '.join(names)}" if names else "measured on the host CPU (no device in the trace)"
 
@@ -222,3 +224,20 @@ class Session:
 
     def describe(self) -> list[dict]:
         return [s.describe() for s in self.sources]
+
+    def warm_up(self) -> threading.Thread:
+        """Compute, in a background thread, what the first click needs (the engine's op
+        nesting and device links: seconds on traces of millions of events), so that the page's
+        first lifecycle or table does not wait for it. Requests meanwhile wait on the lock."""
+        def run():
+            for s in self.sources:
+                if s.ok:
+                    try:
+                        with s.lock:
+                            s.trace.op_table(limit=1)
+                    except Exception:  # the request that needs it reports the error
+                        pass
+
+        th = threading.Thread(target=run, name="tilescope-explorer-warm-up", daemon=True)
+        th.start()
+        return th

@@ -87,6 +87,7 @@ export class TraceView {
       this.timeline.setChain([]);
       return;
     }
+    this.panel.innerHTML = `<span class="muted">Loading the event and its lifecycle…</span>`;
     const [ev, lin] = await Promise.all([evGiven ? Promise.resolve(evGiven) : getJSON(`${this.base}/event`, { ref }),
       getJSON(`${this.base}/lineage`, { ref })]);
     this.timeline.setChain(lin.hops.filter((h) => h.hop !== "parent" && h.lane !== undefined));
