@@ -145,8 +145,8 @@ def _scan_value(v, flag: int, key: list, s: _Scan):
         key.append((v.shape, v.stride(), v.dtype, -1))
         if v.dim() == 0:
             return _host_scalar(v)
-        s.host = v
-        return v
+        s.host = v  # an error unless the op takes host tensors (CPU indices): read it now
+        return v.clone()
     if c is list or c is tuple:
         sub: list = []
         out = [_scan_value(x, flag, sub, s) for x in v]
