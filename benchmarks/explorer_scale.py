@@ -106,7 +106,7 @@ MOVES_JS = """async ([moves, force, seed]) => {
   let s = seed;
   const rnd = () => { s = (s * 1103515245 + 12345) % 2147483648; return s / 2147483648; };
   const out = [];
-  await tl.reset();
+  await Promise.race([tl.reset(), new Promise((_, rej) => setTimeout(() => rej(new Error("reset got no answer")), 60000))]);
   const half = Math.floor(moves / 2);
   for (let k = 0; k < moves; k++) {
     const w = tl.t1 - tl.t0;
@@ -119,7 +119,8 @@ MOVES_JS = """async ([moves, force, seed]) => {
       const c = (tl.t0 + tl.t1) / 2; a = c - 1.25 * w; b = c + 1.25 * w;
     }
     const t = performance.now();
-    await tl.setRange(a, b, {force});
+    await Promise.race([tl.setRange(a, b, {force}),
+      new Promise((_, rej) => setTimeout(() => rej(new Error(`move ${k} got no answer within 60 s`)), 60000))]);
     out.push({ms: performance.now() - t, events: tl.lastFetch.events, buckets: tl.lastFetch.buckets,
               exact: tl.lastFetch.exact, width: tl.t1 - tl.t0});
   }

@@ -91,6 +91,7 @@ def browser():
 @pytest.fixture
 def page(browser, server):
     pg = browser.new_page()
+    pg.set_default_timeout(30_000)
     errors: list[str] = []
     pg.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
     pg.on("pageerror", lambda e: errors.append(f"page error: {e}"))
@@ -98,6 +99,15 @@ def page(browser, server):
     yield pg
     pg.close()
     assert not errors, errors
+
+
+def call(pg, fn: str, arg=None, timeout_ms: int = 60_000):
+    """Evaluate ``fn`` (JS, ``(arg) => promise``) in the page with a deadline: page.evaluate has
+    none, and a promise that never settles must fail the test, not hang the suite."""
+    return pg.evaluate(
+        f"""([arg, ms]) => Promise.race([Promise.resolve(({fn})(arg)),
+             new Promise((_, rej) => setTimeout(() => rej(new Error(`no answer within ${{ms}} ms`)), ms))])""",
+        [arg, timeout_ms])
 
 
 def shot(pg, name):
@@ -109,7 +119,7 @@ def shot(pg, name):
 def goto(pg, route):
     pg.goto(f"{pg.base}/{route}")
     pg.wait_for_function("() => window.tilescope && window.tilescope.app")
-    pg.evaluate("window.tilescope.app.ready")
+    call(pg, "() => window.tilescope.app.ready")
 
 
 def open_trace(pg, pid):
@@ -138,7 +148,7 @@ def click_event(pg, name):
     """Zoom the timeline onto the first event called ``name`` and click it with the mouse."""
     ev = pg.evaluate(FIND, [name, None])
     assert ev is not None, f"no drawn event named {name!r}"
-    pg.evaluate("(e) => window.tilescope.app.view.timeline.zoomTo(e.start, e.dur)", ev)
+    call(pg, "(e) => window.tilescope.app.view.timeline.zoomTo(e.start, e.dur)", ev)
     ev = pg.evaluate(FIND, [name, ev["ref"]])  # the same event, in the zoomed window's data
     pg.evaluate("(e) => window.tilescope.app.view.timeline.scrollToLane(e.lane, e.depth)", ev)
     assert ev is not None
@@ -208,7 +218,7 @@ def test_device_view_details_dependencies_and_tabs(page):
     assert "selection" in page.locator("[data-testid=device-summary] p b").inner_text()
     href = page.locator("[data-role=csv-box]").get_attribute("href")
     assert href and "engines=" in href and "t0=" in href
-    csv = page.evaluate("(u) => fetch(u).then(r => r.text())", href)
+    csv = call(page, "(u) => fetch(u).then(r => r.text())", href)
     assert csv.startswith("index,engine,kind") and len(csv.splitlines()) >= 2
     page.evaluate(f"{view}.setRange(0, {view}.h.span_ns)")
     shot(page, "device-view")
@@ -221,7 +231,7 @@ def test_timeline_zoom_pan_and_box_select(page):
     page.locator("[data-testid=timeline]").click(position={"x": 5, "y": 5})  # focus (label gutter)
     page.keyboard.press("w")
     page.wait_for_function(f"() => {tl}.t1 - {tl}.t0 < {w0} * 0.8")
-    page.evaluate(f"{tl}.refresh()")
+    call(page, f"() => {tl}.refresh()")
     t0 = page.evaluate(f"{tl}.t0")
     box = page.locator("[data-testid=timeline]").bounding_box()
     page.mouse.move(box["x"] + 700, box["y"] + 30)
@@ -229,7 +239,7 @@ def test_timeline_zoom_pan_and_box_select(page):
     page.mouse.move(box["x"] + 500, box["y"] + 30, steps=4)
     page.mouse.up()
     assert page.evaluate(f"{tl}.t0") > t0  # dragged left: later times come into view
-    page.evaluate(f"{tl}.reset()")
+    call(page, f"() => {tl}.reset()")
     page.keyboard.down("Shift")
     page.mouse.move(box["x"] + 240, box["y"] + 25)
     page.mouse.down()
