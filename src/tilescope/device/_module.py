@@ -170,8 +170,8 @@ def memory_stats(dev=None) -> dict:
         "allocated_bytes.all.peak": s["peak_bytes"],
         "allocation.all.allocated": s["allocations"],
         "allocation.all.freed": s["frees"],
-        "reserved_bytes.all.current": s["allocated_bytes"],
-        "reserved_bytes.all.peak": s["peak_bytes"],
+        "reserved_bytes.all.current": s["allocated_bytes"] + _rt().cached_bytes(),
+        "inactive_split_bytes.all.current": _rt().cached_bytes(),
         "limit_bytes": s["limit_bytes"],
     }
 
@@ -184,7 +184,11 @@ def max_memory_allocated(dev=None) -> int:
     return _rt().memory_stats(_index(dev))["peak_bytes"]
 
 
-memory_reserved = memory_allocated
+def memory_reserved(dev=None) -> int:
+    """Allocated bytes plus freed blocks kept for reuse (shared by the cores)."""
+    return memory_allocated(dev) + _rt().cached_bytes()
+
+
 max_memory_reserved = max_memory_allocated
 
 
@@ -199,8 +203,9 @@ def mem_get_info(dev=None) -> tuple[int, int]:
 
 
 def empty_cache() -> None:
-    """Nothing is cached: freed device memory returns at once."""
-    return None
+    """Return freed device memory kept for reuse (it is not counted as allocated) to the host."""
+    _runtime.wait_numerics()
+    _rt().empty_cache()
 
 
 # ---- properties ------------------------------------------------------------------------

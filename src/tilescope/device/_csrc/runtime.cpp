@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -57,14 +58,52 @@ struct DeviceStats {
 };
 static DeviceStats g_stats[kMaxDevices];
 
+// Freed blocks are kept for reuse by size (like CUDA's caching allocator), so a training
+// loop does not map and fault in fresh host pages for every activation. torch.sim.empty_cache()
+// returns them.
+static std::mutex g_cache_mutex;
+static std::unordered_multimap<size_t, void*> g_cache;
+static size_t g_cached_bytes = 0;
+constexpr size_t kCacheLimit = size_t(2) << 30;  // bytes of freed blocks kept at most
+constexpr size_t kCacheMin = size_t(64) << 10;   // smaller blocks go straight back to malloc
+
 static void release_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
   if (b->refs.fetch_sub(1) == 1) {
     g_stats[b->device].allocated -= static_cast<int64_t>(b->nbytes);
     g_stats[b->device].frees += 1;
-    std::free(b->ptr);
+    bool kept = false;
+    if (b->ptr != nullptr && b->nbytes >= kCacheMin) {
+      std::lock_guard<std::mutex> lock(g_cache_mutex);
+      if (g_cached_bytes + b->nbytes <= kCacheLimit) {
+        g_cache.emplace(b->nbytes, b->ptr);
+        g_cached_bytes += b->nbytes;
+        kept = true;
+      }
+    }
+    if (!kept) std::free(b->ptr);
     delete b;
   }
+}
+
+static void* cached_block(size_t nbytes) {
+  if (nbytes < kCacheMin) return nullptr;
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  auto it = g_cache.find(nbytes);
+  if (it == g_cache.end()) return nullptr;
+  void* p = it->second;
+  g_cache.erase(it);
+  g_cached_bytes -= nbytes;
+  return p;
+}
+
+static int64_t empty_cache() {
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  int64_t freed = static_cast<int64_t>(g_cached_bytes);
+  for (auto& kv : g_cache) std::free(kv.second);
+  g_cache.clear();
+  g_cached_bytes = 0;
+  return freed;
 }
 
 static std::string human(int64_t n) {
@@ -93,8 +132,8 @@ static at::DataPtr allocate_on(size_t nbytes, int device) {
         "(del them; pending device work keeps its inputs alive until it completes: call torch.",
         g_backend_name, ".synchronize()), use smaller batches, or choose a preset with more HBM.");
   }
-  void* p = nullptr;
-  if (nbytes > 0) {
+  void* p = nbytes > 0 ? cached_block(nbytes) : nullptr;
+  if (nbytes > 0 && p == nullptr) {
     if (posix_memalign(&p, 64, nbytes) != 0 || p == nullptr) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, g_backend_name, " out of memory: the host could not provide ",
                        human(nbytes), " to back device memory");
@@ -425,6 +464,11 @@ at::Tensor empty(std::vector<int64_t> size, std::vector<int64_t> stride, c10::Sc
   return empty_strided_on(size, stride, dtype, device);
 }
 
+int64_t cached_bytes() {
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  return static_cast<int64_t>(g_cached_bytes);
+}
+
 py::dict memory_stats(int device) {
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "invalid device index ", device);
   auto& s = g_stats[device];
@@ -492,4 +536,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("default_generator", &default_generator_py);
   m.def("storage_nbytes", &storage_nbytes);
   m.def("set_sync_callback", &set_sync_callback);
+  m.def("empty_cache", &empty_cache);
+  m.def("cached_bytes", &cached_bytes);
 }
