@@ -83,9 +83,6 @@ def copy_from(src, dst, non_blocking: bool = False):
     end = _runtime.submit(core, "memcpy DtoH", "memcpy", low.rule, low.program, low.modeled_ns,
                           (_copy_work, (dst, rt.cpu_view(src)), {}, "memcpy DtoH"),
                           src.numel() * src.element_size(), "DtoH")
-    if not _runtime.settings().numerics:
-        # values are undefined without numerics; still give the host the right shape
-        pass
     if not non_blocking:
         _runtime.wait_until(end)
     return dst
@@ -111,7 +108,7 @@ def local_scalar_dense(self):
     end = _runtime.submit(self.device.index, "memcpy DtoH", "memcpy", low.rule, low.program, low.modeled_ns,
                           (_item_work, (view, box), {}, "aten::_local_scalar_dense"),
                           self.element_size(), "DtoH")
-    if not _runtime.settings().numerics:
+    if not _runtime.settings().numerics:  # no numerics: still read (undefined) memory, never hang
         from . import _worker
 
         _worker.put((_item_work, (view, box), {}, "aten::_local_scalar_dense"))
