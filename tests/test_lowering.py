@@ -236,6 +236,10 @@ def test_fused_kernels():
     rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     check("tilescope::rms_norm", (x, [96], w, 1e-6), {}, {"out": y, "rstd": rstd}, {"x": x, "weight": w},
           rule="fused:rms_norm")
+    dx, dw = torch.ops.tilescope.rms_norm_backward(g, x, [96], rstd, w, [True, True])
+    check("tilescope::rms_norm_backward", (g, x, [96], rstd, w, [True, True]), {},
+          {"grad_input": dx, "grad_weight": dw.reshape(1, 96)}, {"grad": g, "x": x, "rstd": rstd, "weight": w},
+          rule="fused:rms_norm_backward", tol=1e-4)
     check("aten::gelu", (x,), {"approximate": "tanh"}, {"out": torch.nn.functional.gelu(x, approximate="tanh")},
           {"x": x}, rule="fused:gelu")
     check("aten::silu", (x,), {}, {"out": torch.nn.functional.silu(x)}, {"x": x}, rule="fused:silu")

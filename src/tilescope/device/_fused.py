@@ -7,12 +7,12 @@ Program (:mod:`tilescope.lower.kernels`). Three need registrations here:
 * ``torch.rms_norm`` is a composite op (pow, mean, add, rsqrt, mul) for a backend without
   its own kernel. On this device it calls ``tilescope::rms_norm`` (output and ``rstd``, one
   execution; defined in :mod:`tilescope.lower._ops`) whose backward is
-  ``tilescope::rms_norm_backward`` (one more execution, generic lowering). Under tracing
+  ``tilescope::rms_norm_backward`` (one more execution, also a tile kernel). Under tracing
   (``torch.compile``'s fake or functional tensors) it decomposes as usual, so the
   compiler sees the plain graph.
 * ``layer_norm`` would go through ``batch_norm`` on a backend without its own kernel: it
   calls ``native_layer_norm`` (one execution; its backward ``native_layer_norm_backward``
-  another), as on CPU.
+  another, both tile kernels), as on CPU.
 * ``scaled_dot_product_attention``: the native runtime picks PyTorch's "overrideable"
   fused-attention backend for this device (4-D inputs, no dropout, no grouped-query
   expansion); forward and backward are one execution each. Numerics use PyTorch's math

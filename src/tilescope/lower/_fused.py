@@ -144,6 +144,24 @@ def _layer_norm_backward(call: Call, spec):
                     _spec((rd[0], 1), rstd.dtype), None if w is None else _spec((d,), w.dtype))
 
 
+def _rms_norm_backward(call: Call, spec):
+    from . import kernels
+
+    named = call.named()
+    g, x, rstd, w = (named.get(k) for k in ("grad", "input", "rstd", "weight"))
+    shape = tuple(named.get("normalized_shape") or ())
+    if not all(isinstance(t, TensorMeta) for t in (g, x, rstd)) or not shape:
+        return None
+    d = prod(shape)
+    rd = _rows_d(x, d)
+    if rd is None or not g.is_contiguous or g.dtype != x.dtype or not rstd.is_contiguous:
+        return None
+    if w is not None and (not isinstance(w, TensorMeta) or not w.is_contiguous or w.dtype != x.dtype):
+        return None
+    return _program(kernels.rms_norm_backward_kernel, spec, _spec(rd, g.dtype), _spec(rd, x.dtype),
+                    _spec((rd[0], 1), rstd.dtype), None if w is None else _spec((d,), w.dtype))
+
+
 def _rms_norm(call: Call, spec):
     from . import kernels
 
@@ -201,6 +219,7 @@ FUSED = {
     "gelu": Rule("fused:gelu", _pointwise("gelu_kernel", lambda n: (n.get("approximate", "none"),)), "gelu_kernel"),
     "silu": Rule("fused:silu", _pointwise("silu_kernel"), "silu_kernel"),
     "tilescope::rms_norm": Rule("fused:rms_norm", _rms_norm, "rms_norm_kernel"),
+    "tilescope::rms_norm_backward": Rule("fused:rms_norm_backward", _rms_norm_backward, "rms_norm_backward_kernel"),
     "_scaled_dot_product_fused_attention_overrideable": Rule("fused:attention", _attention, "attention_kernel"),
 }
 

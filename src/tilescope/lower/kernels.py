@@ -29,7 +29,7 @@ import tilescope.lang as tl
 __all__ = [
     "rms_norm_kernel", "layer_norm_kernel", "softmax_kernel", "log_softmax_kernel", "gelu_kernel",
     "silu_kernel", "attention_kernel", "softmax_backward_kernel", "log_softmax_backward_kernel",
-    "layer_norm_backward_kernel",
+    "layer_norm_backward_kernel", "rms_norm_backward_kernel",
 ]
 
 P = tl.tile_size.pmax
@@ -100,6 +100,40 @@ def layer_norm_kernel(x, weight, bias, eps):
         tl.store(mean_out[r, i_1], mv[:, 0:1], mask=(r < rows))
         tl.store(rstd_out[r, i_1], rstd, mask=(r < rows))
     return out, mean_out, rstd_out
+
+
+@tilescope.kernel
+def rms_norm_backward_kernel(grad, x, rstd, weight):
+    """RMSNorm's backward: ``grad_input = rstd * (g*w - xhat * mean(g*w*xhat))`` per row, and
+    ``grad_weight`` [1, d] = column sums of ``g * xhat`` (TensorE ``ones.T @ ...`` in PSUM)."""
+    rows, d = x.shape
+    dx = tl.ndarray(x.shape, x.dtype, buffer=tl.hbm, name="grad_input")
+    dw = tl.ndarray((1, d), tl.float32, buffer=tl.hbm, name="grad_weight")
+    if weight is not None:
+        w = tl.load(weight.reshape((1, d)).broadcast_to((P, d)))
+    ones = tl.ones((P, 1), tl.float32)
+    chunk = tl.tile_size.gemm_moving_fmax
+    spans = [(c0, min(d, c0 + chunk)) for c0 in range(0, d, chunk)]
+    acc_w = [tl.zeros((1, c1 - c0), tl.float32, buffer=tl.psum) for c0, c1 in spans]
+    i_p, i_f = tl.mgrid[0:P, 0:d]
+    i_1 = tl.arange(1)[None, :]
+    for t in tl.static_range((rows + P - 1) // P):
+        n = min(P, rows - t * P)
+        r = t * P + i_p
+        valid = r < rows
+        g = tl.load(grad[r, i_f], mask=valid, dtype=tl.float32)
+        rs = tl.load(rstd[r, i_1], mask=valid)
+        xhat = nisa.tensor_scalar(tl.load(x[r, i_f], mask=valid, dtype=tl.float32), np.multiply, rs, mask=valid)
+        gw = tl.multiply(g, w, mask=valid) if weight is not None else g
+        c = tl.mean(tl.multiply(gw, xhat, mask=valid), axis=1, mask=valid)
+        inner = tl.subtract(gw, tl.multiply(xhat, c, mask=valid), mask=valid)
+        tl.store(dx[r, i_f], nisa.tensor_scalar(inner, np.multiply, rs, mask=valid), mask=valid)
+        gx = tl.multiply(g, xhat, mask=valid)
+        for k, (c0, c1) in enumerate(spans):
+            acc_w[k] += tl.matmul(ones[0:n, :], gx[0:n, c0:c1], transpose_x=True)
+    for k, (c0, c1) in enumerate(spans):
+        tl.store(dw[0:1, c0:c1], tl.copy(acc_w[k]))
+    return dx, dw
 
 
 @tilescope.kernel
