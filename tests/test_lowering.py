@@ -312,3 +312,13 @@ def test_foreach_ops_are_one_program_over_the_list():
     check("aten::_foreach_addcdiv_.ScalarList", (tuple(ps), tuple(t1s), tuple(t2s),
                                                  (ScalarArg("s0", float), ScalarArg("s1", float))), {},
           expected, feeds, {"s0": -0.5, "s1": 0.25}, rule="elementwise")
+
+
+def test_a_per_row_operand_is_loaded_once_per_row_not_per_element():
+    # x * rstd with rstd [rows, 1]: the naive RMSNorm's broadcast multiply. Reading the same
+    # element for every output element would be charged per 4-byte DMA chunk; one value per row
+    # is loaded and widened on chip instead.
+    x, r = rnd(2048, 1024), rnd(2048, 1)
+    low = check("aten::mul.Tensor", (x, r), {}, {"out": x * r}, {"in_self": x, "in_other": r}, rule="elementwise")
+    same_shape = lower(Call("aten::mul.Tensor", (meta_of(x), meta_of(x)), (), (meta_of(x),)))
+    assert low.modeled_ns < 1.2 * same_shape.modeled_ns, (low.modeled_ns, same_shape.modeled_ns)

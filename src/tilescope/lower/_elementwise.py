@@ -12,7 +12,7 @@ hardware's engines do; integer and bool tensors go through the same instructions
 
 from __future__ import annotations
 
-from ..isa import RuntimeScalar
+from ..isa import AP, RuntimeScalar
 from ..program import TileBuilder, View
 from ._call import Call, ScalarArg, TensorMeta
 from ._layout import TilePlan, coalesce, hbm_input, hbm_output
@@ -519,6 +519,32 @@ def lower_foreach(call: Call, spec):
     return b.build(meta={"lowering": "elementwise"})
 
 
+def _load_operand(b, plan, tile, view, st, m, tshape, name):
+    """One operand's tile. An operand broadcast along the free axis (a per-row statistic, a
+    scalar) is loaded compactly -- one value per row -- and widened on chip by a stride-0 access
+    pattern, instead of a DMA that reads the same element once per output element."""
+    p, k, cols = tile.partitions, tile.rows_per_partition, tile.cols
+    if len(plan.shape) == 1:
+        inner_broadcast = st[0] == 0 and k > 1
+    else:
+        inner_broadcast = st[-1] == 0 and cols > 1
+    if not inner_broadcast:
+        t = b.sbuf(tshape, m.device_dtype, site=f"ew.in_{name}")
+        b.dma_copy(t, plan.operand_ap(view, st, tile))
+        return t
+    full = plan.operand_ap(view, st, tile)  # dims ((k*rs, p), (rs, k), (0, cols))
+    (ps, _), (rs, _), _ = full.ap.dims
+    if len(plan.shape) == 1:  # a scalar: one value for the whole tile
+        src = AP(full.ap.buffer, full.ap.dtype, full.ap.offset, ((0, p), (1, 1)))
+        t = b.sbuf((p, 1), m.device_dtype, site=f"ew.in_{name}")
+        b.dma_copy(t, View(full.buffer, src, (p, 1)))
+        return View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset, ((1, p), (0, k))), tshape)
+    src = AP(full.ap.buffer, full.ap.dtype, full.ap.offset, ((ps, p), (rs, k)))
+    t = b.sbuf((p, k), m.device_dtype, site=f"ew.in_{name}")
+    b.dma_copy(t, View(full.buffer, src, (p, k)))
+    return View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset, ((k, p), (1, k), (0, cols))), tshape)
+
+
 def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: TensorMeta, prefix: str) -> bool:
     """Emit one elementwise op into ``b``; False when the row declines."""
     if out.numel == 0:
@@ -544,9 +570,7 @@ def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: Tensor
         for k, v in named.items():
             args[k] = RuntimeScalar(v.name) if isinstance(v, ScalarArg) else v
         for (n, m), st in zip(tensors, cstrides[1:]):
-            t = b.sbuf(tshape, m.device_dtype, site=f"ew.in_{n}")
-            b.dma_copy(t, plan.operand_ap(views[n], st, tile))
-            args[n] = t
+            args[n] = _load_operand(b, plan, tile, views[n], st, m, tshape, n)
         o = b.sbuf(tshape, out.device_dtype, site="ew.out")
         try:
             if emit(_Emit(b, o, tshape), args) is False:
