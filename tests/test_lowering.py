@@ -208,7 +208,11 @@ def test_layout_changes_ranges_and_more_elementwise():
 
 def test_copies_cat_and_padding():
     x = rnd(100, 70)
-    check("tilescope::copy", (x.t(),), {}, {"dst": x.t().contiguous()}, {"src": x.t()}, rule="dma")
+    low = check("tilescope::copy", (x.t(),), {}, {"dst": x.t().contiguous()}, {"src": x.t()}, rule="dma")
+    assert low.program.summary_counts()["transpose"] > 0  # a layout transpose goes through TensorE
+    y = rnd(3, 130, 40)
+    check("tilescope::copy", (y.transpose(1, 2),), {}, {"dst": y.transpose(1, 2).contiguous()},
+          {"src": y.transpose(1, 2)}, rule="dma")
     check("tilescope::copy", (x,), {}, {"dst": x.to(torch.bfloat16)}, {"src": x}, tol=1e-2)
     y = rnd(100, 30)
     check("aten::cat", ([x, y], 1), {}, {"out": torch.cat([x, y], 1)}, {"in0": x, "in1": y}, rule="dma")

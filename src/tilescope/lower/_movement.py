@@ -26,6 +26,9 @@ def _copy_into(b: TileBuilder, spec, src: TensorMeta, src_view: View, dst: Tenso
                shape, src_strides, dst_strides, site: str) -> None:
     """Copy ``src`` (broadcast over ``shape``) into ``dst``; both given as views with their strides."""
     cshape, (cd, cs) = coalesce(tuple(shape) or (1,), [tuple(dst_strides) or (0,), tuple(src_strides) or (0,)])
+    if _is_transpose(cshape, cs, cd) and src.device_dtype in _PE_DTYPES and dst.device_dtype in _PE_DTYPES:
+        _transpose_copy(b, spec, src, src_view, dst, dst_view, cshape, cs, cd, site)
+        return
     plan = TilePlan(cshape, max_free=_MAX_FREE, partitions=spec.partitions)
     convert = src.device_dtype != dst.device_dtype
     for tile in plan.tiles:
@@ -39,6 +42,42 @@ def _copy_into(b: TileBuilder, spec, src: TensorMeta, src_view: View, dst: Tenso
         o = b.sbuf((tile.partitions, tile.free), dst.device_dtype, site=f"{site}.out")
         b.tensor_copy(o, t)
         b.dma_copy(d_ap, o)
+
+
+_PE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _is_transpose(shape, cs, cd) -> bool:
+    """A layout change whose destination rows are source columns: (..., R, C) with the source
+    contiguous along R and the destination along C."""
+    return (len(shape) >= 2 and cd[-1] == 1 and cs[-1] != 1 and cs[-2] == 1 and shape[-1] > 1 and shape[-2] > 1
+            and all(s != 0 for s in cs))
+
+
+def _transpose_copy(b, spec, src, src_view, dst, dst_view, shape, cs, cd, site) -> None:
+    """Transposes on TensorE, 128 x 128 blocks: DMA reads each block with the source's contiguous
+    dim as the free axis, TensorE transposes it into PSUM, the copy out casts to the destination
+    dtype, DMA writes destination rows -- instead of a DMA moving one element per chunk."""
+    from itertools import product
+
+    R, C = shape[-2], shape[-1]
+    P = spec.partitions
+    for outer in product(*(range(n) for n in shape[:-2])):
+        s0 = src_view.ap.offset + sum(i * st for i, st in zip(outer, cs[:-2]))
+        d0 = dst_view.ap.offset + sum(i * st for i, st in zip(outer, cd[:-2]))
+        for r0 in range(0, R, P):
+            rs = min(P, R - r0)
+            for c0 in range(0, C, P):
+                c_n = min(P, C - c0)
+                t = b.sbuf((c_n, rs), src.device_dtype, site=f"{site}.T.in")
+                a = AP(src_view.ap.buffer, src_view.ap.dtype, s0 + r0 * cs[-2] + c0 * cs[-1], ((cs[-1], c_n), (cs[-2], rs)))
+                b.dma_copy(t, View(src_view.buffer, a, (c_n, rs)))
+                ps = b.psum((rs, c_n), "float32", site=f"{site}.T.ps")
+                b.transpose(ps, t)
+                o = b.sbuf((rs, c_n), dst.device_dtype, site=f"{site}.T.out")
+                b.tensor_copy(o, ps)
+                d = AP(dst_view.ap.buffer, dst_view.ap.dtype, d0 + r0 * cd[-2] + c0 * cd[-1], ((cd[-2], rs), (cd[-1], c_n)))
+                b.dma_copy(View(dst_view.buffer, d, (rs, c_n)), o)
 
 
 def lower_copy(call: Call, spec):
