@@ -175,20 +175,31 @@ def compare(paths: dict[str, Path], console: Console | None = None) -> dict:
         return label.split(" ")[0]
 
     fused_by_kind = {r["kind"]: r["device_us"] for label, r in rows.items() if impl_of(label) == "fused"}
-    t = Table(title="RMSNorm, three ways (tilescope's sim figures are modeled; others measured)")
-    for col in ("implementation", "device", "device executions", "time", "source", "HBM traffic",
-                "ratio to fused (same device)", "published, real trn1", "published ratio"):
+    kinds = {r["kind"] for r in rows.values()}
+    mixed = len(kinds) > 1
+    first = next(iter(rows.values()))
+    where = "" if mixed else (f" on sim ({first['preset']}), modeled" if first["kind"] == "sim"
+                              else f" on {first['kind']}, {first['source']}")
+    t = Table(title=f"RMSNorm, three ways{where}")
+    cols = ["implementation"] + (["device", "source"] if mixed else []) + [
+        "executions", "time", "HBM traffic", "vs fused", "published trn1", "published ratio"]
+    for col in cols:
         t.add_column(col, justify="left" if col in ("implementation", "device", "source") else "right")
     for label, r in rows.items():
-        pub = PUBLISHED_US.get(impl_of(label))
+        pub = PUBLISHED_US.get(impl_of(label)) if r["kind"] == "sim" else None
         base = fused_by_kind.get(r["kind"])
-        t.add_row(label, r["kind"] if r["kind"] != "sim" else f"sim ({r['preset']})",
-                  str(r["executions"]) if r["kind"] != "cpu" else "-", f"{r['device_us']:,.1f} us", r["source"],
-                  f"{r['hbm_bytes'] / 1e6:,.1f} MB (modeled)" if r["hbm_bytes"] is not None else "-",
+        cells = [label]
+        if mixed:
+            cells += [r["kind"] if r["kind"] != "sim" else f"sim ({r['preset']})", r["source"]]
+        cells += [str(r["executions"]) if r["kind"] != "cpu" else "-", f"{r['device_us']:,.1f} us",
+                  f"{r['hbm_bytes'] / 1e6:,.1f} MB" if r["hbm_bytes"] is not None else "-",
                   f"{r['device_us'] / base:.2f}x" if base else "-",
-                  f"{pub:,.1f} us" if pub and r["kind"] == "sim" else "-",
-                  f"{pub / PUBLISHED_US['fused']:.2f}x" if pub and r["kind"] == "sim" else "-")
+                  f"{pub:,.1f} us" if pub else "-", f"{pub / PUBLISHED_US['fused']:.2f}x" if pub else "-"]
+        t.add_row(*cells)
     console.print(t)
+    if "sim" in kinds:
+        console.print("Published figures: measured on real trn1 hardware (one profiler run, input shape not "
+                      "published); tilescope's sim figures are modeled. HBM traffic is modeled.")
     sim_rows = {label: r for label, r in rows.items() if r["kind"] == "sim"}
     if {"naive", "fused"} <= {impl_of(label) for label in sim_rows}:
         naive_l = next(label for label in sim_rows if impl_of(label) == "naive")
