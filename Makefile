@@ -12,7 +12,6 @@ setup: $(STAMP)
 # while an unpinned resolve would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
