@@ -96,3 +96,35 @@ def test_healthy_kernel_profile_has_no_findings(tmp_path):
     b.dma_copy(y, t)
     prog = b.build()
     assert diagnose(write_kernel_profile(tmp_path, prog, simulate(prog))) == []
+
+
+def _step(name, ts, dur):
+    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 0, "ts": ts, "dur": dur}
+
+
+def _launch(ts):
+    return {"ph": "X", "cat": "runtime", "name": "execute aten::mul", "pid": 2, "tid": 0, "ts": ts, "dur": 1.0,
+            "args": {}}
+
+
+def test_step_without_synchronize(tmp_path):
+    events = [_step("ProfilerStep#3", 0, 100), _launch(10), _launch(20), _hw()]
+    (f,) = diagnose(_sim_profile(tmp_path, events, {"executions": 2}))
+    assert f.code == "no-synchronize" and "ProfilerStep#3 launched device work" in f.message
+    sync = {"ph": "X", "cat": "user_annotation", "name": "tilescope::synchronize", "pid": 1, "tid": 0,
+            "ts": 90, "dur": 5}
+    assert diagnose(_sim_profile(tmp_path / "ok", events + [sync], {"executions": 2})) == []
+
+
+def test_cold_start(tmp_path):
+    (f,) = diagnose(_sim_profile(tmp_path, [_hw()], {"executions": 6, "cold_executions": 6,
+                                                     "cold_ops": ["aten::mean.dim", "aten::mul.Tensor"]}))
+    assert f.code == "cold-start" and "6 device execution(s)" in f.message and "aten::mean.dim" in f.message
+    assert "warmup=1" in f.fix
+
+
+def test_profiler_distortion(tmp_path):
+    stats = {"executions": 3, "launch_interval_us": {"profiled": 90.0, "unprofiled": 30.0,
+                                                       "samples": {"profiled": 40, "unprofiled": 80}}}
+    (f,) = diagnose(_sim_profile(tmp_path, [_hw()], stats))
+    assert f.code == "profiler-distortion" and "3.0x longer while profiling" in f.message

@@ -106,3 +106,24 @@ def test_short_profile_context_and_cpu_model(sim, tmp_path):
     assert p.device["kind"] == "cpu" and p.executables() == {}
     trace = json.loads((prof.profile_dir / "system_trace.json").read_text())
     assert any(e.get("name") == "aten::mul" for e in trace["traceEvents"])
+
+
+def test_loop_without_synchronize_and_first_iteration_are_diagnosed(sim, tmp_path):
+    x = torch.randn(384, 1024, device="sim")  # a new shape: its Programs are built in the profile
+    w = torch.randn(1024, device="sim")
+    cfg = ProfileConfig(output_dir=str(tmp_path))
+    exporter = Profiler(cfg)
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+                                schedule=torch.profiler.schedule(wait=0, warmup=0, active=1),
+                                experimental_config=cfg, on_trace_ready=exporter.export_trace) as prof:
+        naive_rmsnorm(x, w)  # no torch.sim.synchronize() before the step ends
+        prof.step()
+    first = exporter.paths[0]  # the active step's profile (stopping the profiler exports an empty one)
+    codes = {f.code for f in diagnose(first)}
+    assert {"no-synchronize", "cold-start"} <= codes
+    trace = json.loads((first / "system_trace.json").read_text())
+    xs = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    (step,) = [e for e in xs if e["name"].startswith("ProfilerStep")]
+    syncs = [e for e in xs if e["name"] == "tilescope::synchronize"]
+    # the only synchronize is torch's own, when the trace stops: after the step
+    assert all(e["ts"] >= step["ts"] + step["dur"] for e in syncs)

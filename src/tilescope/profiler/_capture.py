@@ -10,9 +10,10 @@ on their parent op (see ``_correlate``).
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import torch
 
@@ -28,6 +29,8 @@ class Capture:
         self._records: OrderedDict[int, tuple] = OrderedDict()
         self._installed = False
         self.dropped = 0
+        self._seen: set[str] = set()  # Program hashes executed since the capture was installed
+        self._launches: deque = deque(maxlen=100_000)  # (wall ns, profiling?) of every launch
 
     def install(self) -> None:
         """Register the device and listen to its runtime (idempotent)."""
@@ -40,12 +43,18 @@ class Capture:
         self._installed = True
 
     def on_execution(self, rec) -> None:
-        if not torch.autograd.profiler._is_profiler_enabled:
+        now = time.time_ns()
+        fresh = rec.program_hash not in self._seen
+        if fresh:
+            self._seen.add(rec.program_hash)
+        enabled = torch.autograd.profiler._is_profiler_enabled
+        self._launches.append((now, enabled))
+        if not enabled:
             return
         with torch._C._profiler._RecordFunctionFast(f"{MARKER}{rec.flow_id}"):
             pass
         with self._lock:
-            self._records[rec.flow_id] = (rec, time.time_ns())
+            self._records[rec.flow_id] = (rec, now, fresh)
             if len(self._records) > _KEEP:
                 self._records.popitem(last=False)
                 self.dropped += 1
@@ -53,6 +62,19 @@ class Capture:
     def get(self, flow_id: int):
         with self._lock:
             return self._records.get(flow_id)
+
+    def launch_intervals_us(self) -> dict:
+        """Median host time between consecutive device launches, with and without the profiler
+        recording (gaps over 50 ms -- step boundaries, waits -- are left out)."""
+        launches = list(self._launches)
+        by_state: dict[bool, list[float]] = {True: [], False: []}
+        for (t0, e0), (t1, e1) in zip(launches, launches[1:]):
+            gap = (t1 - t0) / 1000.0
+            if e0 == e1 and 0 <= gap < 50_000:
+                by_state[e0].append(gap)
+        return {("profiled" if k else "unprofiled"): (statistics.median(v) if v else None)
+                for k, v in by_state.items()} | {"samples": {("profiled" if k else "unprofiled"): len(v)
+                                                             for k, v in by_state.items()}}
 
     def forget(self, flow_ids) -> None:
         with self._lock:

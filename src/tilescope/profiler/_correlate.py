@@ -33,6 +33,7 @@ class Matched:
     marker_us: float  # marker time on torch's clock (us from the trace start)
     thread: int
     parent: FunctionEvent | None
+    fresh: bool = False  # the first execution of its Program since capture began
 
 
 def device_event_name(rec) -> str:
@@ -62,12 +63,12 @@ def correlate(prof, capture, now_ns: float, *, into_tables: bool) -> tuple[list[
         entry = capture.get(flow)
         if entry is None:
             continue
-        rec, real_ns = entry
+        rec, real_ns, fresh = entry
         if rec.device_end_ns > now_ns:
             pending += 1
             continue
         parent = m.cpu_parent
-        matched.append(Matched(rec, real_ns, m.time_range.start, m.thread, parent))
+        matched.append(Matched(rec, real_ns, m.time_range.start, m.thread, parent, fresh))
         if into_tables:
             dur_us = (rec.device_end_ns - rec.device_start_ns) / 1000.0
             name = device_event_name(rec)

@@ -86,6 +86,41 @@ def _unsynchronized(c: _Ctx):
     if pending:
         return (f"{pending} device execution(s) were still running when the trace was exported, so their "
                 f"device time is missing from the profile")
+    # torch synchronises the device when the trace stops, after the last step has ended: a step
+    # that launched device work without synchronising inside attributes it to the wrong step
+    steps = [e for e in c.events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep")]
+    syncs = [e["ts"] for e in c.events if e.get("ph") == "X" and e.get("name") == "tilescope::synchronize"]
+    launches = [e["ts"] for e in c.cat("runtime")]
+    bad = []
+    for step in steps:
+        lo, hi = step["ts"], step["ts"] + step.get("dur", 0)
+        if any(lo <= t <= hi for t in launches) and not any(lo <= t <= hi for t in syncs):
+            bad.append(step["name"])
+    if bad:
+        return (f"{', '.join(bad[:3])} launched device work but never called torch.sim.synchronize(): the device "
+                f"was still running when the step ended, so its device time lands outside the step (and, "
+                f"in a loop, in the next one)")
+
+
+def _cold_start(c: _Ctx):
+    cold = c.stats.get("cold_executions", 0)
+    if cold:
+        ops = ", ".join(c.stats.get("cold_ops", [])[:4])
+        return (f"{cold} device execution(s) in the profiled window ran their Program for the first time "
+                f"({ops}): their host time includes lowering and modeling the Program (warmup=0, or "
+                f"profiling the first iteration)")
+
+
+def _distortion(c: _Ctx):
+    iv = c.stats.get("launch_interval_us") or {}
+    prof, base = iv.get("profiled"), iv.get("unprofiled")
+    samples = iv.get("samples") or {}
+    if not prof or not base or min(samples.get("profiled", 0), samples.get("unprofiled", 0)) < 10:
+        return None
+    if prof / base > 1.5:
+        return (f"host time between device launches was {prof / base:.1f}x longer while profiling "
+                f"(median {prof:.1f} us vs {base:.1f} us unprofiled): the profile's host-side times are "
+                f"the profiler's as much as the model's")
 
 
 def _dropped(c: _Ctx):
@@ -152,6 +187,10 @@ RULES: list[tuple[str, str, Callable[[_Ctx], str | None], str]] = [
      "set ProfileConfig(correlate_device_time=True) (the default)"),
     ("no-synchronize", "warning", _unsynchronized,
      "call torch.sim.synchronize() before prof.step() inside the profiled loop"),
+    ("cold-start", "warning", _cold_start,
+     "profile warm iterations: schedule(wait=..., warmup=1, active=...), or run the model once first"),
+    ("profiler-distortion", "info", _distortion,
+     "profile fewer steps, turn record_shapes / with_stack off; device time (modeled) is not affected"),
     ("dropped-events", "warning", _dropped,
      "raise ProfileConfig(max_events_per_core=...) or capture fewer cores/steps"),
     ("unpaired-trace", "error", _unpaired,

@@ -81,9 +81,12 @@ class Profiler:
             dropped = {}
             if cfg.has(ProfileMode.DEVICE):
                 dropped = _write_device_traces(w, matched, cfg)
+            cold = [m for m in matched if m.fresh]
             w.stats = {
                 "events": len(events), "executions": len(matched), "pending_executions": pending,
                 "dropped_events": dropped, "record_buffer_drops": capture.dropped,
+                "cold_executions": len(cold), "cold_ops": sorted({m.rec.op for m in cold})[:8],
+                "launch_interval_us": capture.launch_intervals_us(),
             }
         capture.forget(m.rec.flow_id for m in matched)
         self.paths.append(w.path)
