@@ -51,6 +51,91 @@ def _numerics(traced, order, ins, outs, written):
         t.copy_(_to_torch(result[spec.name], str(t.dtype)[6:], tuple(t.shape)))
 
 
+# ---- inside torch.compile: a functional custom op the graph can hold -----------------------
+#
+# ``tilescope_kernels::call(key, inputs) -> outputs`` runs one kernel as one device execution.
+# It is functional: an argument the kernel stores into comes back as a new tensor (a copy of
+# the argument, then written by the kernel), and the caller copies it back in place -- which
+# AOT autograd's functionalization turns into ordinary graph ops.
+
+_LIB = None
+
+
+def _kernel_and_grid(key: str):
+    from ..lang._kernel import KERNELS
+
+    name, _, grid = key.partition("|")
+    kernel = KERNELS[name]
+    return (kernel[tuple(int(g) for g in grid.split(","))] if grid else kernel), kernel
+
+
+def _traced_for(key: str, shapes_dtypes):
+    from ..lang._kernel import TensorSpec
+
+    launch_or_kernel, kernel = _kernel_and_grid(key)
+    grid = getattr(launch_or_kernel, "grid", None)
+    specs = [TensorSpec(tuple(s), d) for s, d in shapes_dtypes]
+    return kernel.program_for(*specs, grid=grid, preset=_runtime.settings().preset)
+
+
+def _dtype_name(t) -> str:
+    return {"float8_e4m3fn": "float8_e4m3"}.get(str(t.dtype)[6:], str(t.dtype)[6:])
+
+
+def _torch_dtype(name: str):
+    return getattr(torch, {"float8_e4m3": "float8_e4m3fn"}.get(name, name))
+
+
+def _ensure_op() -> None:
+    global _LIB
+    if _LIB is not None:
+        return
+    lib = torch.library.Library("tilescope_kernels", "DEF")
+    lib.define("call(str key, Tensor[] inputs) -> Tensor[]")
+
+    def device_impl(key, inputs):
+        kernel_or_launch, _ = _kernel_and_grid(key)
+        traced = _traced_for(key, [(tuple(t.shape), _dtype_name(t)) for t in inputs])
+        args = [t.clone() if any(spec.arg == k for spec in traced.outputs) else t for k, t in enumerate(inputs)]
+        values = _run(kernel_or_launch, traced, args)
+        return [values[spec.name] for spec in traced.outputs]
+
+    def fake_impl(key, inputs):
+        traced = _traced_for(key, [(tuple(t.shape), _dtype_name(t)) for t in inputs])
+        return [inputs[0].new_empty(spec.shape, dtype=_torch_dtype(spec.dtype)) for spec in traced.outputs]
+
+    lib.impl("call", device_impl, "PrivateUse1")
+    torch.library.register_fake("tilescope_kernels::call", fake_impl, lib=lib)
+    _LIB = lib
+
+
+@torch._dynamo.assume_constant_result
+def _layout(key: str, shapes_dtypes: tuple) -> tuple:
+    """(output index -> argument position it is written back into; -1 if returned), decided when
+    the graph is traced (shapes are static there)."""
+    traced = _traced_for(key, shapes_dtypes)
+    return tuple(-1 if spec.arg is None else spec.arg for spec in traced.outputs)
+
+
+def _compiled_call(kernel_or_launch, args):
+    from ..lang._kernel import KernelLaunch
+
+    kernel = kernel_or_launch.kernel if isinstance(kernel_or_launch, KernelLaunch) else kernel_or_launch
+    grid = kernel_or_launch.grid if isinstance(kernel_or_launch, KernelLaunch) else ()
+    key = kernel.key + ("|" + ",".join(str(g) for g in grid) if grid else "")
+    layout = _layout(key, tuple((tuple(t.shape), _dtype_name(t)) for t in args))
+    results = torch.ops.tilescope_kernels.call(key, list(args))
+    returned = []
+    for res, arg in zip(results, layout):
+        if arg >= 0:
+            args[arg].copy_(res)  # the kernel stored into this argument
+        else:
+            returned.append(res)
+    if not returned:
+        return None
+    return returned[0] if len(returned) == 1 else tuple(returned)
+
+
 def _call(kernel_or_launch, args, kwargs):
     from ..lang._kernel import KernelLaunch
 
@@ -58,6 +143,35 @@ def _call(kernel_or_launch, args, kwargs):
     name = _dispatch._DEVICE_TYPE
     if not any(t.device.type == name for t in tensors):
         return NotImplemented
+    if torch.compiler.is_compiling() and not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+        return _compiled_call(kernel_or_launch, args)
+    return _eager(kernel_or_launch, args, kwargs)
+
+
+def _run(kernel_or_launch, traced, args):
+    """Launch an already traced kernel on ``args``; returns the output tensors by name."""
+    from ..lang._kernel import KernelLaunch
+
+    kernel = kernel_or_launch.kernel if isinstance(kernel_or_launch, KernelLaunch) else kernel_or_launch
+    _, _, arrays, order = kernel.bind(tuple(args), {})
+    ins = [arrays[n] for n in order]
+    name = _dispatch._DEVICE_TYPE
+    core = _core_of([t for t in ins if isinstance(t, torch.Tensor)])
+    outs, values = [], {}
+    for spec in traced.outputs:
+        t = ins[spec.arg] if spec.arg is not None else torch.empty(
+            spec.shape, dtype=_torch_dtype(spec.dtype), device=torch.device(name, core))
+        outs.append(t)
+        values[spec.name] = t
+    launch(f"kernel::{kernel.name}", traced.program, ins, outs,
+           lambda i, o: _numerics(traced, order, i, o, traced.outputs), lowering="tile_kernel")
+    return values
+
+
+def _eager(kernel_or_launch, args, kwargs):
+    from ..lang._kernel import KernelLaunch
+
+    name = _dispatch._DEVICE_TYPE
     if isinstance(kernel_or_launch, KernelLaunch):
         kernel, grid = kernel_or_launch.kernel, kernel_or_launch.grid
     else:
@@ -84,4 +198,5 @@ def install() -> None:
     """Let tile kernels run on device tensors (called by ``register``)."""
     from ..lang._kernel import register_call_handler
 
+    _ensure_op()
     register_call_handler(_call)

@@ -57,6 +57,9 @@ __all__ = [
 # fn(kernel, args, kwargs) -> result or NotImplemented; the simulated device registers one
 _CALL_HANDLERS: list[Callable] = []
 
+# key -> Kernel: every kernel gets a stable key, so a compiled graph can name it in a custom op
+KERNELS: dict[str, "Kernel"] = {}
+
 
 def register_call_handler(fn: Callable) -> Callable:
     """Let ``kernel(*args)`` run on other argument kinds (e.g. tensors of the simulated device).
@@ -221,6 +224,8 @@ class Kernel:
         self.signature = inspect.signature(fn)
         self.trace_count = 0
         self._cache: dict[tuple, Traced] = {}
+        self.key = f"{self.name}#{len(KERNELS)}"
+        KERNELS[self.key] = self
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
