@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/ingest_vs_hta.py [--skip-hta] [--gb 1.0] [--workdir DIR]
 
-1. The 35 MB CUDA trace (../shared/traces/kineto/cuda_trace_diff_control.json.gz, decompressed
+1. The 35 MB CUDA trace (tests/data/kineto/cuda_trace_diff_control.json.gz, decompressed
    first so neither tool pays for gzip) is loaded by HTA's ``TraceAnalysis`` in a separate
    virtualenv this script creates (``~/.cache/tilescope/hta-0.5.0-venv``, pip install
    holistictraceanalysis==0.5.0), and ingested by ``tilescope.trace.open`` into an empty cache.
@@ -33,7 +33,7 @@ import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRACE = os.path.join(ROOT, "..", "shared", "traces", "kineto", "cuda_trace_diff_control.json.gz")
+TRACE = os.path.join(ROOT, "tests", "data", "kineto", "cuda_trace_diff_control.json.gz")
 HTA_VENV = os.path.join(os.path.expanduser("~"), ".cache", "tilescope", "hta-0.5.0-venv")
 
 _HTA_CHILD = textwrap.dedent(r"""

@@ -22,7 +22,7 @@ from tilescope.explorer._index import TimelineIndex
 from tilescope.explorer._server import make_server
 from trace_fixtures import write_profile
 
-KINETO = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces", "kineto")
+KINETO = os.path.join(os.path.dirname(__file__), "data", "kineto")
 CONTROL = os.path.join(KINETO, "cuda_trace_diff_control.json.gz")
 ALEXNET = os.path.join(KINETO, "cuda_alexnet_small.json.gz")
 

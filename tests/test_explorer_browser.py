@@ -18,7 +18,7 @@ import tempfile
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CUDA = os.path.join(ROOT, "..", "shared", "traces", "kineto", "cuda_trace_diff_control.json.gz")
+CUDA = os.path.join(ROOT, "tests", "data", "kineto", "cuda_trace_diff_control.json.gz")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -8,7 +8,7 @@ import pytest
 
 from tilescope.profiler._kineto import system_trace_from_kineto
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "kineto"
+TRACES = Path(__file__).resolve().parent / "data" / "kineto"
 
 
 def _load(name):

@@ -1,4 +1,4 @@
-"""The analysis engine on real Kineto traces recorded elsewhere (../shared/traces/kineto/).
+"""The analysis engine on real Kineto traces recorded elsewhere (tests/data/kineto/).
 
 Expected numbers were cross-checked once against HolisticTraceAnalysis 0.5.0
 (`TraceAnalysis(trace_dir, include_last_profiler_step=True)` on the decompressed control
@@ -14,11 +14,10 @@ import pytest
 
 import tilescope.trace as tt
 
-KINETO = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "traces", "kineto")
+KINETO = os.path.join(os.path.dirname(__file__), "data", "kineto")
 CONTROL = os.path.join(KINETO, "cuda_trace_diff_control.json.gz")
 TEST = os.path.join(KINETO, "cuda_trace_diff_test.json.gz")
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(KINETO), reason="../shared/traces/kineto is not present")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,7 +37,7 @@ def control():
 
 
 def test_record_and_category_counts(control):
-    # 109,123 records: ../shared/traces/kineto/README.md; same count from json.load of the file.
+    # 109,123 records: tests/data/kineto/README.md; same count from json.load of the file.
     assert control.sql("SELECT count(*) FROM raw").fetchall()[0][0] == 109_123
     # per-category counts of complete events: HTA 0.5.0 trace DataFrame (value_counts of 'cat')
     cats = dict(control.sql("SELECT cat, count(*) FROM events WHERE ph = 'X' GROUP BY cat").fetchall())

@@ -6,7 +6,7 @@ of per-rank traces or executable + instruction-trace pairs, and serves a viewer 
 tables, summary, roofline and comparison. The same data is available without a browser:
 
 >>> from tilescope.explorer import Session, api                                  # doctest: +SKIP
->>> s = Session(["../shared/traces/kineto/cuda_alexnet_small.json.gz"])         # doctest: +SKIP
+>>> s = Session(["tests/data/kineto/cuda_alexnet_small.json.gz"])         # doctest: +SKIP
 >>> api(s, "/api/p/p0/summary")["label"]                                        # doctest: +SKIP
 'measured on NVIDIA A100-PG509-200, as recorded in the trace; ...'
 

@@ -6,7 +6,7 @@ gaps, roofline, memory, window, replay) returning a pyarrow Table or plain data;
 :func:`diff` compares traces.
 
 >>> import tilescope.trace as tt
->>> t = tt.open("../shared/traces/kineto/cpu_only_tiny.json.gz")     # doctest: +SKIP
+>>> t = tt.open("tests/data/kineto/cpu_only_tiny.json.gz")     # doctest: +SKIP
 >>> t.sql("SELECT kind, count(*) FROM events GROUP BY ALL ORDER BY ALL").fetchall()  # doctest: +SKIP
 [('annotation', 10), ('op', 4), ('other', 3), ('step', 1)]
 
