@@ -165,3 +165,20 @@ def test_linear_reads_the_weight_as_stored_and_transposes_it_on_tensore():
     assert prog.buffers["t"].shape == (320, 192)
     out = run_numerics(prog, {"x_1": x.numpy(), "t": w.numpy(), "b_1": b.numpy().reshape(1, -1)})
     np.testing.assert_allclose(_only(out), fn(x, w, b).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_pointwise_group_on_a_narrow_last_dim_is_laid_out_as_wide_rows():
+    x = torch.randn(16, 32, 32, 32)  # NCHW: W = 32 would make 16 KB tiles
+    fn = lambda x: torch.relu(x * 2.0) + 1.0  # noqa: E731
+    segs, prog, _, out = fuse(fn, x)
+    assert segs[0].layout == (128, 4096)
+    np.testing.assert_allclose(_only(out).reshape(x.shape), fn(x).numpy(), rtol=1e-6)
+    s = simulate(prog).summary
+    assert s.hbm_read_bytes == s.hbm_write_bytes == x.numel() * 4
+    assert s.dma_transfers == 2
+
+
+def test_groups_with_reductions_keep_their_layout():
+    x = torch.randn(16, 32, 32, 32)
+    segs, _, _, _ = fuse(lambda x: torch.softmax(x, -1), x)
+    assert segs[0].layout is None

@@ -63,10 +63,27 @@ def _signature(args) -> tuple:
     return tuple(sig)
 
 
+_CODE_FINGERPRINT: list[str] = []
+
+
+def _code_fingerprint() -> str:
+    """A hash of the compiler's and the Program layer's own source, so a cached Program never
+    outlives a change to the code that built it."""
+    if not _CODE_FINGERPRINT:
+        root = Path(__file__).resolve().parent.parent
+        h = hashlib.sha256()
+        for sub in ("compile", "program", "isa"):
+            for f in sorted((root / sub).glob("*.py")):
+                h.update(f.read_bytes())
+        _CODE_FINGERPRINT.append(h.hexdigest()[:16])
+    return _CODE_FINGERPRINT[0]
+
+
 def _graph_key(gm: fx.GraphModule, sig: tuple, spec) -> str:
     from .. import __version__
 
     h = hashlib.sha256()
+    h.update(_code_fingerprint().encode())
     h.update(gm.code.encode())
     h.update(repr([(tuple(s[0]), str(s[1])) if isinstance(s, tuple) else s for s in sig]).encode())
     h.update(spec.fingerprint.encode())

@@ -54,8 +54,10 @@ class _RowGroupEmitter:
     def __init__(self, b: TileBuilder, seg: Segment, names: dict, budget: int, stats: EmitStats):
         self.b = b
         self.seg = seg
-        self.rows, self.d = seg.space
-        self.full_d = self.d  # the space's D for classifying shapes (a matmul block is narrower)
+        # shapes are classified in the segment's space; tiles follow its layout (a pointwise-only
+        # group may be re-laid out as wider rows), or a matmul block's width
+        self.crows, self.cd = seg.space
+        self.rows, self.d = seg.layout or seg.space
         self.names = names  # fx node -> HBM buffer name
         self.budget = budget
         self.stats = stats
@@ -116,7 +118,7 @@ class _RowGroupEmitter:
         b = self.b
         once: dict = {}
         for inp in self.seg.inputs:
-            cls = value_class(node_shape(inp), self.rows, self.d)
+            cls = value_class(node_shape(inp), self.crows, self.cd)
             dt = _dt(node_dtype(inp))
             if cls in ("colvec", "scalar"):
                 width = self.d if cls == "colvec" else 1
@@ -132,7 +134,7 @@ class _RowGroupEmitter:
             for inp in self.seg.inputs:
                 if inp in env:
                     continue
-                cls = value_class(node_shape(inp), self.rows, self.d)
+                cls = value_class(node_shape(inp), self.crows, self.cd)
                 dt = _dt(node_dtype(inp))
                 width = self.d if cls == "row" else 1
                 self._make_room(env, width * itemsize(dt), r0, n)
@@ -157,7 +159,7 @@ class _RowGroupEmitter:
                         t = b.sbuf((n, v.width or 1), v.dtype, site=f"c:{out.name}")
                         b.memset(t, v.const)
                         v = _Val(v.kind, v.dtype, t, width=v.width or 1)
-                    if v.kind == "colvec" and value_class(node_shape(out), self.rows, self.d) == "colvec":
+                    if v.kind == "colvec" and value_class(node_shape(out), self.crows, self.cd) == "colvec":
                         if r0 == 0:
                             b.dma_copy(dst[0:1], v.tile[0:1])
                     else:
@@ -169,7 +171,7 @@ class _RowGroupEmitter:
             if v.kind in ("rowvec", "colvec"):
                 # a per-row value whose shape broadcasts along the last dim (or the reverse)
                 # would mean a transpose: leave such an op to eager execution
-                cls = value_class(node_shape(a), self.rows, self.full_d)
+                cls = value_class(node_shape(a), self.crows, self.cd)
                 if cls in ("rowvec", "colvec") and cls != v.kind and not v.once:
                     raise _Unfusable(f"{a.name} holds per-{'row' if v.kind == 'rowvec' else 'column'} "
                                      f"values but its shape {node_shape(a)} broadcasts the other way")
@@ -233,7 +235,7 @@ class _RowGroupEmitter:
 
     def _view(self, env, node, r0, n) -> _Val:
         src = self._operand(env, node.args[0], r0, n)
-        cls = value_class(node_shape(node), self.rows, self.full_d)
+        cls = value_class(node_shape(node), self.crows, self.cd)
         if src.kind == "const":
             return src
         if src.kind == "row" and cls != "row":
@@ -406,10 +408,12 @@ def _broadcast_rows(src_view, width: int):
     return View(src_view.buffer, AP(ap.buffer, ap.dtype, ap.offset, ((0, P), (1, width))), (P, width))
 
 
-def _hbm_view(b: TileBuilder, name: str, node, rows: int, d: int, role: str, shape=None):
+def _hbm_view(b: TileBuilder, name: str, node, rows: int, d: int, role: str, shape=None, layout=None):
     dt = _dt(node_dtype(node))
     if shape is not None:
         hshape = shape
+    elif layout is not None and value_class(node_shape(node), rows, d) == "row":
+        hshape = layout  # the same bytes, seen as the group's wider rows
     else:
         cls = value_class(node_shape(node), rows, d)
         if role == "output" and packet_name(node.target) in (*REDUCTIONS, "var"):
@@ -418,6 +422,35 @@ def _hbm_view(b: TileBuilder, name: str, node, rows: int, d: int, role: str, sha
             cls, (prod(node_shape(node)) or 1, 1))
     handle = b.input(name, hshape, dt) if role == "input" else b.output(name, hshape, dt)
     return handle
+
+
+_LAYOUT_MAX_FREE = 4096  # elements per partition a re-laid-out tile may hold
+
+
+def pointwise_layout(seg: Segment) -> tuple[int, int] | None:
+    """Wider rows for a group that only does pointwise work on full row blocks.
+
+    With no reduction along D and no per-row or per-column operand, any split of the
+    elements into rows computes the same thing; a narrow D (e.g. the W of an NCHW image)
+    would make tiny tiles and DMAs, so take the widest D2 <= 4096 that divides the element
+    count and leaves at least 128 rows. Returns None when the layout must stay.
+    """
+    rows, d = seg.space
+    if d >= 512:
+        return None
+    for node in seg.nodes:
+        name = packet_name(node.target)
+        if name in REDUCTIONS or name == "var":
+            return None
+    values = list(seg.inputs) + list(seg.nodes)
+    for v in values:
+        if value_class(node_shape(v), rows, d) not in ("row", "scalar"):
+            return None
+    total = rows * d
+    for d2 in range(min(_LAYOUT_MAX_FREE, total // P), d, -1):
+        if total % d2 == 0 and (total // d2) % P == 0:
+            return (total // d2, d2)
+    return None
 
 
 def emit_segments(segments: list[Segment], name: str, spec, *, budget_fraction: float = 0.4):
@@ -460,13 +493,15 @@ def _emit_all(b: TileBuilder, segments, spec, fraction, stats) -> None:
 
     for seg in segments:
         rows, d = seg.space
+        if seg.kind == "rowgroup":
+            seg.layout = pointwise_layout(seg)
         natural = matmul_operand_shapes(seg) if seg.kind == "matmul" else {}
         for inp in seg.inputs:
             if inp not in hbm and inp in externals:
-                hbm[inp] = _hbm_view(b, inp.name, inp, rows, d, "input", natural.get(inp))
+                hbm[inp] = _hbm_view(b, inp.name, inp, rows, d, "input", natural.get(inp), seg.layout)
         for out in seg.outputs:
             if out not in hbm:
-                hbm[out] = _hbm_view(b, out.name, out, rows, d, "output")
+                hbm[out] = _hbm_view(b, out.name, out, rows, d, "output", None, seg.layout)
     budget = int(spec.sbuf_bytes_per_partition * fraction / stats.bufs)
     for seg in segments:
         if seg.kind == "rowgroup":

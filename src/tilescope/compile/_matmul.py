@@ -132,7 +132,7 @@ def _epilogue(b, seg, mm, bias, acc, hbm, stats, *, rows, mn, n0, nn, out_dt, sp
     block.outputs = seg.outputs
     em = _RowGroupEmitter(b, block, {}, budget=b.spec.sbuf_bytes_per_partition // 4, stats=stats)
     em._r0 = rows
-    em.full_d = n_total
+    em.cd = n_total
     env: dict = {}
     first = _Val("row", "float32", acc, width=nn)
     if bias is not None:

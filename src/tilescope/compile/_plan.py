@@ -32,6 +32,7 @@ class Segment:
     nodes: list[fx.Node] = field(default_factory=list)
     space: tuple[int, int] | None = None  # (rows, D)
     reason: str | None = None  # why an eager segment was not fused
+    layout: tuple[int, int] | None = None  # rowgroup: tiles as (rows, D) other than the space
     a_transposed: bool = False  # matmul: A arrives as the transpose of a contiguous [K, M]
     b_transposed: bool = False  # matmul: B arrives as the transpose of a contiguous W[N, K]
     inputs: list[fx.Node] = field(default_factory=list)
