@@ -89,6 +89,13 @@ def test_documented_loop_on_naive_rmsnorm(sim, tmp_path):
     assert len(hardware) == 6 and all(e["args"]["modeled"] for e in hardware)
     assert {e["args"]["program_hash"] for e in hardware} <= set(exes)
     _flows_reach_every_device_event(trace)
+    # torch's own trace.json carries the device executions too, on its clock
+    framework = json.loads((path / "trace.json").read_text())
+    hw = [e for e in framework["traceEvents"] if e.get("cat") == "hardware"]
+    assert len(hw) == 6
+    ops = [e for e in framework["traceEvents"] if e.get("ph") == "X" and e.get("name") == "aten::mean"]
+    assert ops and any(ops[0]["ts"] <= f["ts"] <= ops[0]["ts"] + ops[0]["dur"] for f in framework["traceEvents"]
+                       if f.get("cat") == "tilescope.flow" and f.get("ph") == "s")
     assert diagnose(path) == []
 
 

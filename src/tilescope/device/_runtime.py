@@ -58,6 +58,8 @@ class Execution:
         nbytes: bytes moved (copies) or HBM bytes touched (kernels), modeled.
         direction: ``"HtoD"``, ``"DtoH"`` or ``"DtoD"`` for copies, else None.
         clock: ``"wall"`` or ``"virtual"``.
+        first_run: the first execution of this Program in this process (its lowering and
+            modeled time were built for it: a cold start).
     """
 
     flow_id: int
@@ -78,6 +80,7 @@ class Execution:
     nbytes: int
     direction: str | None
     clock: str
+    first_run: bool = False
 
     @property
     def duration_ns(self) -> float:
@@ -95,6 +98,7 @@ class _State:
         self.core_count: list[int] = []
         self.vhost = 0.0
         self.listeners: tuple = ()
+        self.ran: set[str] = set()  # Program hashes executed in this process
         self.apply(_config.settings())
 
     def apply(self, s: _config.Settings) -> None:
@@ -208,11 +212,14 @@ def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: fl
         s.core_busy[core] += modeled_ns
         s.core_count[core] += 1
         flow = next(s.flow)
+        key = program.hash if program is not None else ""
+        first = key not in s.ran
+        if first:
+            s.ran.add(key)
     rec = None
     if s.listeners or want_record:
-        rec = Execution(flow, op, kind, lowering, program, program.hash if program is not None else "",
-                        core, 0, threading.get_ident(), host, queued, start, end, modeled_ns,
-                        s.runtime_ns, nbytes, direction, s.clock)
+        rec = Execution(flow, op, kind, lowering, program, key, core, 0, threading.get_ident(), host, queued,
+                        start, end, modeled_ns, s.runtime_ns, nbytes, direction, s.clock, first)
         for fn in s.listeners:
             fn(rec)
     if work is not None and s.numerics:

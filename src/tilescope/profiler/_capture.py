@@ -29,7 +29,6 @@ class Capture:
         self._records: OrderedDict[int, tuple] = OrderedDict()
         self._installed = False
         self.dropped = 0
-        self._seen: set[str] = set()  # Program hashes executed since the capture was installed
         self._launches: deque = deque(maxlen=100_000)  # (wall ns, profiling?) of every launch
 
     def install(self) -> None:
@@ -44,9 +43,7 @@ class Capture:
 
     def on_execution(self, rec) -> None:
         now = time.time_ns()
-        fresh = rec.program_hash not in self._seen
-        if fresh:
-            self._seen.add(rec.program_hash)
+        fresh = rec.first_run
         enabled = torch.autograd.profiler._is_profiler_enabled
         self._launches.append((now, enabled))
         if not enabled:
@@ -54,7 +51,7 @@ class Capture:
         with torch._C._profiler._RecordFunctionFast(f"{MARKER}{rec.flow_id}"):
             pass
         with self._lock:
-            self._records[rec.flow_id] = (rec, now, fresh)
+            self._records[rec.flow_id] = (rec, now, fresh, threading.get_native_id())
             if len(self._records) > _KEEP:
                 self._records.popitem(last=False)
                 self.dropped += 1

@@ -33,7 +33,8 @@ class Matched:
     marker_us: float  # marker time on torch's clock (us from the trace start)
     thread: int
     parent: FunctionEvent | None
-    fresh: bool = False  # the first execution of its Program since capture began
+    fresh: bool = False  # the first execution of its Program in this process
+    native_tid: int = 0  # the launching thread's system id (Kineto's tid)
 
 
 def device_event_name(rec) -> str:
@@ -63,12 +64,12 @@ def correlate(prof, capture, now_ns: float, *, into_tables: bool) -> tuple[list[
         entry = capture.get(flow)
         if entry is None:
             continue
-        rec, real_ns, fresh = entry
+        rec, real_ns, fresh, native_tid = entry
         if rec.device_end_ns > now_ns:
             pending += 1
             continue
         parent = m.cpu_parent
-        matched.append(Matched(rec, real_ns, m.time_range.start, m.thread, parent, fresh))
+        matched.append(Matched(rec, real_ns, m.time_range.start, m.thread, parent, fresh, native_tid))
         if into_tables:
             dur_us = (rec.device_end_ns - rec.device_start_ns) / 1000.0
             name = device_event_name(rec)

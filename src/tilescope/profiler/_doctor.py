@@ -41,13 +41,16 @@ class Finding:
 class _Ctx:
     """What the rules look at, loaded once."""
 
-    def __init__(self, prof: Profile):
+    def __init__(self, prof: Profile, events: list | None = None, summaries: list | None = None,
+                 trusted: bool = False):
         self.prof = prof
         self.manifest = prof.manifest or {}
         self.config = self.manifest.get("config", {})
         self.device = self.manifest.get("device", {})
         self.stats = self.manifest.get("stats", {})
-        self.events = self._events()
+        self.events = events if events is not None else self._events()
+        self.summaries = summaries
+        self.trusted = trusted  # just written by this process: pairs and checksums are known good
 
     def _events(self) -> list[dict]:
         path = self.prof.path / "system_trace.json"
@@ -133,6 +136,8 @@ def _dropped(c: _Ctx):
 
 
 def _unpaired(c: _Ctx):
+    if c.trusted:
+        return None
     exes = set(c.prof.executables())
     problems = []
     for h, run, path in c.prof.itraces():
@@ -161,13 +166,20 @@ def _host_copies(c: _Ctx):
                 f"time in the profiled window; they appear as host-side rows that an op filter hides")
 
 
-def _small_dma(c: _Ctx):
-    small = []
+def _itrace_summaries(c: _Ctx):
+    if c.summaries is not None:
+        yield from c.summaries
+        return
     for h, run, path in c.prof.itraces()[:50]:
         try:
-            summary = json.loads(path.read_bytes()).get("summary", {})
+            yield json.loads(path.read_bytes()).get("summary", {})
         except (OSError, json.JSONDecodeError):
             continue
+
+
+def _small_dma(c: _Ctx):
+    small = []
+    for summary in _itrace_summaries(c):
         avg = summary.get("average_dma_bytes", 0)
         if summary.get("dma_transfers", 0) >= 8 and 0 < avg < 4096:
             small.append((summary.get("program"), avg))
@@ -202,10 +214,16 @@ RULES: list[tuple[str, str, Callable[[_Ctx], str | None], str]] = [
 ]
 
 
-def diagnose(path) -> list[Finding]:
-    """Every finding for the profile at ``path`` (an empty list means no known mistake)."""
-    prof = read_profile(Path(path))
-    ctx = _Ctx(prof)
+def diagnose(path, *, events: list | None = None, summaries: list | None = None,
+             trusted: bool = False) -> list[Finding]:
+    """Every finding for the profile at ``path`` (an empty list means no known mistake).
+
+    The exporter passes what it has in memory (the system trace's ``events``, the modeled
+    ``summaries`` of the instruction traces) and ``trusted=True`` for files it just wrote,
+    so the check at export re-reads nothing big.
+    """
+    prof = read_profile(Path(path), verify=not trusted)
+    ctx = _Ctx(prof, events, summaries, trusted)
     findings = []
     for code, severity, check, fix in RULES:
         if prof.problems and code != "incomplete-profile":

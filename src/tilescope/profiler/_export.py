@@ -78,9 +78,9 @@ class Profiler:
                 "traceEvents": events, "displayTimeUnit": "ns",
                 "metadata": {"tilescope": {"modeled_device": device["kind"] == "sim", "clock": device.get("clock")}},
             })
-            dropped = {}
+            dropped, summaries = {}, []
             if cfg.has(ProfileMode.DEVICE):
-                dropped = _write_device_traces(w, matched, cfg)
+                dropped, summaries = _write_device_traces(w, matched, cfg)
             cold = [m for m in matched if m.fresh]
             w.stats = {
                 "events": len(events), "executions": len(matched), "pending_executions": pending,
@@ -90,15 +90,15 @@ class Profiler:
             }
         capture.forget(m.rec.flow_id for m in matched)
         self.paths.append(w.path)
-        _report_findings(w.path)
+        _report_findings(w.path, events, summaries)
         return w.path
 
 
-def _report_findings(path: Path) -> None:
+def _report_findings(path: Path, events: list, summaries: list) -> None:
     """The doctor runs at export too: one line per finding on stderr."""
     from ._doctor import diagnose
 
-    for f in diagnose(path):
+    for f in diagnose(path, events=events, summaries=summaries, trusted=True):
         if f.severity != "info":
             print(f"tilescope doctor: [{f.severity}] {f.code}: {f.message} (fix: {f.fix})", file=sys.stderr)
 
@@ -224,11 +224,33 @@ def _system_trace(prof, matched, trace_start_ns: int, cfg: ProfileConfig, sample
 
 
 def _framework_trace_with_device(path: Path, prof, matched) -> bytes:
-    """torch's own Chrome trace with the device executions (and their flows) added."""
-    doc = json.loads(path.read_bytes())
-    events = doc.get("traceEvents", [])
+    """torch's own Chrome trace with the device executions (and their flows) added.
+
+    torch's timestamps are ``(trace start - baseTimeNanoseconds) / 1000`` µs ahead of the
+    event times the correlation used, and its framework lanes are (pid, system thread id): the
+    device events are spliced into the file's text without parsing it (a large trace would
+    cost more to parse than everything else the export does)."""
+    import re
+
+    data = path.read_bytes()
     if not matched:
-        return path.read_bytes()
+        return data
+    head = data[:4096].decode("utf-8", "replace")
+    base = re.search(r'"baseTimeNanoseconds":\s*(\d+)', head)
+    cut = data.rfind(b"]", 0, data.rfind(b'"traceName"')) if b'"traceName"' in data[-4096:] else -1
+    if base is None or cut < 0:
+        return _framework_trace_parsed(data, prof, matched)
+    shift = (prof.profiler.kineto_results.trace_start_ns() - int(base.group(1))) / 1000.0
+    pid = os.getpid()
+    extra = _device_events(matched, {}, shift=shift, fw_pid=pid, fw_tid=lambda m: m.native_tid)
+    body = b",\n".join(json.dumps(e, separators=(",", ":")).encode() for e in extra)
+    return data[:cut] + b",\n" + body + data[cut:]
+
+
+def _framework_trace_parsed(data: bytes, prof, matched) -> bytes:
+    """The slow path: parse torch's trace and shift by a matched event (any trace layout)."""
+    doc = json.loads(data)
+    events = doc.get("traceEvents", [])
     by_ext = {}
     for e in events:
         if e.get("ph") == "X" and e.get("cat") == "cpu_op":
@@ -236,18 +258,14 @@ def _framework_trace_with_device(path: Path, prof, matched) -> bytes:
             if ext is not None:
                 by_ext.setdefault(ext, e)
     shift = None
-    fw_lane = {}
     for evt in prof.profiler.function_events:
         e = by_ext.get(evt.id)
         if e is not None and e.get("name") == evt.name:
-            if shift is None:
-                shift = e["ts"] - evt.time_range.start
-            fw_lane[evt.thread] = (e["pid"], e["tid"])
+            shift = e["ts"] - evt.time_range.start
+            break
     if shift is None:
-        return path.read_bytes()
-    pid, _ = next(iter(fw_lane.values()))
-    extra = _device_events(matched, {}, shift=shift, fw_pid=pid,
-                           fw_tid=lambda m: fw_lane.get(m.thread, (pid, 0))[1])
+        return data
+    extra = _device_events(matched, {}, shift=shift, fw_pid=os.getpid(), fw_tid=lambda m: m.native_tid)
     doc["traceEvents"] = events + extra
     return json.dumps(doc).encode()
 
@@ -279,9 +297,11 @@ def _write_device_traces(w: ProfileWriter, matched, cfg: ProfileConfig) -> dict:
             continue
         per_core[core] = per_core.get(core, 0) + rows
         keep.append((m, run))
+    summaries = []
     for m, run in reversed(keep):
         rec = m.rec
         result = simulate(rec.program)
+        summaries.append(result.summary.to_dict())
         w.add_itrace(rec.program, result, run, execution={
             "flow_id": rec.flow_id, "core": rec.core, "op": rec.op, "lowering": rec.lowering,
             "start_us": round(m.marker_us + (rec.device_start_ns - rec.host_submit_ns) / 1000.0, 3),
@@ -291,7 +311,7 @@ def _write_device_traces(w: ProfileWriter, matched, cfg: ProfileConfig) -> dict:
     for m in matched:  # every Program that ran has its executable, traced or not
         if m.rec.program is not None:
             w.add_executable(m.rec.program)
-    return dropped
+    return dropped, summaries
 
 
 def _cache_executable(directory: str, program) -> None:

@@ -44,6 +44,24 @@ def itrace_name(program_hash: str, run: int) -> str:
     return f"itraces/exec_{program_hash}.{run}.itrace.json"
 
 
+_COLUMNS_CACHE: dict = {}
+
+
+def itrace_bytes(program, result, *, execution: dict | None = None) -> bytes:
+    """``itrace_json`` serialised; the columns (the bulk) are serialised once per result."""
+    key = id(result)
+    cached = _COLUMNS_CACHE.get(key)
+    if cached is None or cached[0] is not result:
+        doc = itrace_json(program, result)
+        doc.pop("execution")
+        cached = (result, json.dumps(doc, separators=(",", ":"), allow_nan=False)[1:-1])
+        _COLUMNS_CACHE[key] = cached
+        if len(_COLUMNS_CACHE) > 256:
+            _COLUMNS_CACHE.pop(next(iter(_COLUMNS_CACHE)))
+    head = json.dumps({"execution": execution or {}}, separators=(",", ":"))[:-1]
+    return (head + "," + cached[1] + "}").encode()
+
+
 def itrace_json(program, result, *, execution: dict | None = None) -> dict:
     """The instruction-trace document of one modeled run (``result`` is a SimResult)."""
     tl = result.timeline
@@ -147,7 +165,7 @@ class ProfileWriter:
     def add_itrace(self, program, result, run: int, execution: dict | None = None) -> str:
         """The instruction trace of one run, paired with its executable by hash."""
         self.add_executable(program)
-        return self.write_json(itrace_name(program.hash, run), itrace_json(program, result, execution=execution))
+        return self.write_bytes(itrace_name(program.hash, run), itrace_bytes(program, result, execution=execution))
 
     # ---- completion -------------------------------------------------------
     def manifest(self) -> dict:

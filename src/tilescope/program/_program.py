@@ -233,6 +233,10 @@ class Program:
         }
 
     def dumps(self) -> str:
+        return self._dumped
+
+    @cached_property
+    def _dumped(self) -> str:  # the Program is immutable: serialise it once
         return json.dumps(self.to_json(), separators=(",", ":"))
 
     @classmethod

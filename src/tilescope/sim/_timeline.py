@@ -153,6 +153,9 @@ class Summary:
         return max(self.engine_busy_ns, key=self.engine_busy_ns.get)
 
     def to_dict(self) -> dict:
+        cached = self.__dict__.get("_as_dict")
+        if cached is not None:
+            return dict(cached)
         d = asdict(self)
         d.update(
             total_us=self.total_us, achieved_gbps=self.achieved_gbps,
@@ -160,7 +163,8 @@ class Summary:
             average_dma_bytes=self.average_dma_bytes, bound_by=self.bound_by,
         )
         d["notes"] = list(self.notes)
-        return d
+        object.__setattr__(self, "_as_dict", d)  # immutable: compute once
+        return dict(d)
 
     def table(self):
         """A rich Table of the summary."""
