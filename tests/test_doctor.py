@@ -128,3 +128,13 @@ def test_profiler_distortion(tmp_path):
                                                        "samples": {"profiled": 40, "unprofiled": 80}}}
     (f,) = diagnose(_sim_profile(tmp_path, [_hw()], stats))
     assert f.code == "profiler-distortion" and "3.0x longer while profiling" in f.message
+
+
+def test_missing_privateuse1_activity(tmp_path):
+    with ProfileWriter(tmp_path, device={"kind": "sim", "preset": "trn1", "activities": ["CPU"]},
+                       config={"modes": ["RUNTIME"], "correlate_device_time": True}) as w:
+        w.write_json("system_trace.json", {"traceEvents": [_hw()]})
+        w.stats = {"executions": 4}
+    (f,) = diagnose(w.path)
+    assert f.code == "device-time-not-correlated" and "activities were CPU" in f.message
+    assert "ProfilerActivity.PrivateUse1" in f.fix

@@ -80,8 +80,14 @@ def _no_device_activity(c: _Ctx):
 
 
 def _not_correlated(c: _Ctx):
-    if c.device.get("kind") == "sim" and c.config.get("correlate_device_time") is False:
+    if c.device.get("kind") != "sim":
+        return None
+    if c.config.get("correlate_device_time") is False:
         return "correlate_device_time=False: key_averages() has no device-time columns (Self SIM, SIM total)"
+    activities = c.device.get("activities")
+    if activities is not None and "PrivateUse1" not in activities and c.stats.get("executions"):
+        return (f"device executions ran, but the profiler's activities were {', '.join(activities) or 'none'}: "
+                f"without ProfilerActivity.PrivateUse1, key_averages() has no device-time columns")
 
 
 def _unsynchronized(c: _Ctx):
@@ -196,7 +202,8 @@ RULES: list[tuple[str, str, Callable[[_Ctx], str | None], str]] = [
      "pass activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1] and experimental_config=ProfileConfig(...), "
      "and run the model on the sim device inside the active steps"),
     ("device-time-not-correlated", "warning", _not_correlated,
-     "set ProfileConfig(correlate_device_time=True) (the default)"),
+     "pass activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1] and keep "
+     "ProfileConfig(correlate_device_time=True) (the default)"),
     ("no-synchronize", "warning", _unsynchronized,
      "call torch.sim.synchronize() before prof.step() inside the profiled loop"),
     ("cold-start", "warning", _cold_start,
