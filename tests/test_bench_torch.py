@@ -11,12 +11,8 @@ from tilescope.bench import SilentFallbackError, bench, compare
 
 
 @pytest.fixture(scope="module")
-def sim():
-    tilescope.device.register()
-    old = tilescope.device.settings().clock
-    tilescope.device.configure(clock="wall")
-    yield
-    tilescope.device.configure(clock=old)
+def sim(sim_wall):
+    """The sim device, wall clock (tests/conftest.py)."""
 
 
 def test_quantiles_of_a_known_sleep():

@@ -131,7 +131,8 @@ def test_profiler_distortion(tmp_path):
 
 
 def test_missing_privateuse1_activity(tmp_path):
-    with ProfileWriter(tmp_path, device={"kind": "sim", "preset": "trn1", "activities": ["CPU"]},
+    with ProfileWriter(tmp_path, device={"kind": "sim", "preset": "trn1", "activities": ["CPU"],
+                                                 "device_columns": None},
                        config={"modes": ["RUNTIME"], "correlate_device_time": True}) as w:
         w.write_json("system_trace.json", {"traceEvents": [_hw()]})
         w.stats = {"executions": 4}

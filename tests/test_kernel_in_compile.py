@@ -10,12 +10,8 @@ import tilescope.lang as tl
 
 
 @pytest.fixture(scope="module", autouse=True)
-def sim():
-    tilescope.device.register()
-    old = tilescope.device.settings().clock
-    tilescope.device.configure(clock="virtual")
-    yield
-    tilescope.device.configure(clock=old)
+def sim(sim_virtual):
+    """Every test here runs on the sim device, virtual clock (tests/conftest.py)."""
 
 
 @tilescope.kernel

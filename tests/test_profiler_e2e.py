@@ -11,12 +11,8 @@ from tilescope.profiler import ProfileConfig, Profiler, diagnose, profile, read_
 
 
 @pytest.fixture(scope="module")
-def sim():
-    tilescope.device.register()
-    old = tilescope.device.settings().clock
-    tilescope.device.configure(clock="virtual")
-    yield
-    tilescope.device.configure(clock=old)
+def sim(sim_virtual):
+    """The sim device, virtual clock (tests/conftest.py)."""
 
 
 def naive_rmsnorm(x, w):

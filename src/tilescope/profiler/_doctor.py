@@ -84,8 +84,8 @@ def _not_correlated(c: _Ctx):
         return None
     if c.config.get("correlate_device_time") is False:
         return "correlate_device_time=False: key_averages() has no device-time columns (Self SIM, SIM total)"
-    activities = c.device.get("activities")
-    if activities is not None and "PrivateUse1" not in activities and c.stats.get("executions"):
+    if "device_columns" in c.device and not c.device["device_columns"] and c.stats.get("executions"):
+        activities = c.device.get("activities") or []
         return (f"device executions ran, but the profiler's activities were {', '.join(activities) or 'none'}: "
                 f"without ProfilerActivity.PrivateUse1, key_averages() has no device-time columns")
 

@@ -58,8 +58,10 @@ class Profiler:
         registered = _sim_registered()
         now = _runtime_now() if registered else float("inf")
         matched, pending = correlate(prof, capture, now, into_tables=cfg.correlate_device_time)
-        device = _device_info(sim=bool(matched) or (registered and "PrivateUse1" in activities))
+        use_device = getattr(prof.profiler, "use_device", None)  # set by ProfilerActivity.PrivateUse1
+        device = _device_info(sim=bool(matched) or (registered and use_device is not None))
         device["activities"] = activities
+        device["device_columns"] = use_device
         matched = [m for m in matched if cfg.captures(m.rec.core)]
         trace_start_ns = prof.profiler.kineto_results.trace_start_ns()
         with ProfileWriter(cfg.output_dir, device=device, config=cfg.to_dict()) as w:
