@@ -17,9 +17,6 @@ from ._run import interpret_nodes
 
 __all__ = ["run_program_step"]
 
-_TORCH_DTYPE = {}
-
-
 def _native():
     from ..device._native import load
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
+import numpy as np
 import torch
 import torch.fx as fx
 
 from ..dtypes import canonical, itemsize
+from ..isa import ACTIVATIONS, ALU_OPS
 from ..errors import CapacityError
 from ..program import TileBuilder
 from ._ops import BINARY, CASTS, REDUCTIONS, UNARY, VIEWS, packet_name, pow_scalar_rule
@@ -51,14 +53,13 @@ class _Val:
 
 
 class _RowGroupEmitter:
-    def __init__(self, b: TileBuilder, seg: Segment, names: dict, budget: int, stats: EmitStats):
+    def __init__(self, b: TileBuilder, seg: Segment, budget: int, stats: EmitStats):
         self.b = b
         self.seg = seg
         # shapes are classified in the segment's space; tiles follow its layout (a pointwise-only
         # group may be re-laid out as wider rows), or a matmul block's width
         self.crows, self.cd = seg.space
         self.rows, self.d = seg.layout or seg.space
-        self.names = names  # fx node -> HBM buffer name
         self.budget = budget
         self.stats = stats
         self.engine_time = {"act": 0.0, "dve": 0.0}
@@ -259,9 +260,6 @@ class _RowGroupEmitter:
 
     def _unary(self, env, node, x: _Val, func: str, out_dt: str, n: int, cast: bool = False) -> _Val:
         if x.kind == "const":
-            from ..isa import ACTIVATIONS
-            import numpy as np
-
             return _Val("const", out_dt, const=float(ACTIVATIONS[func](np.float32(x.const))))
         width = self._width(x.kind)
         rows = P if x.once else n
@@ -276,9 +274,6 @@ class _RowGroupEmitter:
         return _Val(x.kind, out_dt, dst, once=x.once, width=width)
 
     def _binary(self, env, node, a: _Val, bv: _Val, op: str, out_dt: str, n: int) -> _Val:
-        from ..isa import ALU_OPS
-        import numpy as np
-
         if a.kind == "const" and bv.kind == "const":
             return _Val("const", out_dt, const=float(ALU_OPS[op](np.float32(a.const), np.float32(bv.const))))
         if op == "multiply" and a is bv:
@@ -505,7 +500,7 @@ def _emit_all(b: TileBuilder, segments, spec, fraction, stats) -> None:
     budget = int(spec.sbuf_bytes_per_partition * fraction / stats.bufs)
     for seg in segments:
         if seg.kind == "rowgroup":
-            _RowGroupEmitter(b, seg, {}, budget, stats).emit(hbm)
+            _RowGroupEmitter(b, seg, budget, stats).emit(hbm)
         elif seg.kind == "matmul":
             emit_matmul(b, seg, hbm, stats)
         else:

@@ -130,7 +130,7 @@ def _epilogue(b, seg, mm, bias, acc, hbm, stats, *, rows, mn, n0, nn, out_dt, sp
     """Apply the epilogue to one [mn, nn] output block and store every segment output."""
     block = Segment("rowgroup", seg.nodes, space=(space_rows, nn))
     block.outputs = seg.outputs
-    em = _RowGroupEmitter(b, block, {}, budget=b.spec.sbuf_bytes_per_partition // 4, stats=stats)
+    em = _RowGroupEmitter(b, block, budget=b.spec.sbuf_bytes_per_partition // 4, stats=stats)
     em._r0 = rows
     em.cd = n_total
     env: dict = {}
