@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity
 import tilescope.device
 from tilescope.profiler import ProfileConfig, Profiler
 
-REPEATS = 5
+REPEATS = 9
 
 
 def naive_rmsnorm_loop(x, w):

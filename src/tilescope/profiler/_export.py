@@ -245,7 +245,7 @@ def _framework_trace_with_device(path: Path, prof, matched) -> bytes:
     shift = (prof.profiler.kineto_results.trace_start_ns() - int(base.group(1))) / 1000.0
     pid = os.getpid()
     extra = _device_events(matched, {}, shift=shift, fw_pid=pid, fw_tid=lambda m: m.native_tid)
-    body = b",\n".join(json.dumps(e, separators=(",", ":")).encode() for e in extra)
+    body = json.dumps(extra, separators=(",", ":")).encode()[1:-1]  # one encoder call for all events
     return data[:cut] + b",\n" + body + data[cut:]
 
 
