@@ -7,6 +7,7 @@ import pytest
 
 MODULES = [
     "tilescope.dtypes",
+    "tilescope._lru",
     "tilescope.spec",
     "tilescope.spec._model",
     "tilescope.isa._ap",

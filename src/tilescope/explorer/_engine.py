@@ -10,15 +10,10 @@ __all__ = ["arrow", "rows", "open_source"]
 
 
 def arrow(rel):
-    """A DuckDB relation as a pyarrow Table (the method's name changed across DuckDB versions)."""
-    for name in ("to_arrow_table", "fetch_arrow_table", "arrow"):
-        fn = getattr(rel, name, None)
-        if fn is not None:
-            out = fn()
-            if hasattr(out, "read_all"):
-                out = out.read_all()
-            return out
-    raise RuntimeError("this DuckDB cannot export Arrow tables; upgrade duckdb (pip install -U duckdb)")
+    """A DuckDB relation as a pyarrow Table (the analysis engine's own conversion)."""
+    from ..trace._trace import _arrow
+
+    return _arrow(rel)
 
 
 def rows(rel) -> list[dict]:

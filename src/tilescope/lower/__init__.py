@@ -19,10 +19,10 @@ an optimizer's changing step size reuses one Program.
 
 from __future__ import annotations
 
-import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 
+from .._lru import LruCache
 from ..program import Program
 from ..sim import simulate
 from ..spec import CoreSpec, preset
@@ -53,30 +53,19 @@ class Lowered:
         return self.rule == "generic"
 
 
-_CACHE: "OrderedDict" = OrderedDict()
-_CACHE_SIZE = 8192  # Programs kept (least recently used dropped first)
-_LOCK = threading.Lock()
-_STATS = {"hits": 0, "misses": 0}
+_CACHE = LruCache(8192)  # (call, preset fingerprint) -> Lowered; least recently used dropped first
 _BY_RULE: Counter = Counter()
 
 
 def lower(call: Call, spec: str | CoreSpec | None = None) -> Lowered:
     """The Program of ``call`` on ``spec`` (cached), built by its rule or the generic lowering."""
     spec = preset(spec)
-    key = (call, spec.fingerprint)
-    with _LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None:
-            _STATS["hits"] += 1
-            _CACHE.move_to_end(key)
-            return hit
-        _STATS["misses"] += 1
+    def build() -> Lowered:
         result = _build(call, spec)
-        _CACHE[key] = result
-        if len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
         _BY_RULE[result.rule] += 1
         return result
+
+    return _CACHE.get_or_build((call, spec.fingerprint), build)
 
 
 def _build(call: Call, spec: CoreSpec) -> Lowered:
@@ -96,12 +85,9 @@ def _build(call: Call, spec: CoreSpec) -> Lowered:
 
 def cache_info() -> dict:
     """Lowering cache statistics: Programs built (misses), reuses (hits), Programs per rule."""
-    return {"programs": len(_CACHE), "hits": _STATS["hits"], "misses": _STATS["misses"],
-            "by_rule": dict(_BY_RULE)}
+    return {"programs": len(_CACHE), "hits": _CACHE.hits, "misses": _CACHE.misses, "by_rule": dict(_BY_RULE)}
 
 
 def clear_cache() -> None:
-    with _LOCK:
-        _CACHE.clear()
-        _STATS.update(hits=0, misses=0)
-        _BY_RULE.clear()
+    _CACHE.clear()
+    _BY_RULE.clear()

@@ -13,8 +13,7 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
+from .._lru import LruCache
 from ..spec import CoreSpec, preset
 from ._numerics import GPSIMD_IMPLS, poison_value, register_gpsimd_impl, run_numerics
 from ._schedule import lane_names, schedule
@@ -25,9 +24,7 @@ __all__ = [
     "LANE_GROUPS", "cache_info", "clear_cache", "lane_names", "poison_value", "GPSIMD_IMPLS",
 ]
 
-_CACHE: "OrderedDict[tuple[str, str], SimResult]" = OrderedDict()
-_CACHE_SIZE = 512
-_STATS = {"hits": 0, "misses": 0}
+_CACHE = LruCache(512)  # (program hash, preset fingerprint) -> SimResult
 
 
 def simulate(program, spec: str | CoreSpec | None = None) -> SimResult:
@@ -36,24 +33,12 @@ def simulate(program, spec: str | CoreSpec | None = None) -> SimResult:
     ``spec`` defaults to the preset the Program was built for.
     """
     spec = preset(spec if spec is not None else program.spec_name)
-    key = (program.hash, spec.fingerprint)
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _STATS["hits"] += 1
-        _CACHE.move_to_end(key)
-        return hit
-    _STATS["misses"] += 1
-    result = schedule(program, spec)
-    _CACHE[key] = result
-    if len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return result
+    return _CACHE.get_or_build((program.hash, spec.fingerprint), lambda: schedule(program, spec))
 
 
 def cache_info() -> dict:
-    return {**_STATS, "size": len(_CACHE)}
+    return {"hits": _CACHE.hits, "misses": _CACHE.misses, "size": len(_CACHE)}
 
 
 def clear_cache() -> None:
     _CACHE.clear()
-    _STATS.update(hits=0, misses=0)
