@@ -128,6 +128,7 @@ class ProfileWriter:
         self.redacted = redacted
         self._files: dict[str, tuple[int, str]] = {}
         self._executables: set[str] = set()
+        self._dirs: set[Path] = {self.partial}
         self._finished = False
 
     # ---- files -------------------------------------------------------------
@@ -136,14 +137,15 @@ class ProfileWriter:
         if rel.is_absolute() or ".." in rel.parts:
             raise ValueError(f"profile file paths must be relative and inside the profile: {relpath!r}")
         target = self.partial / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.parent not in self._dirs:  # one mkdir per directory, not per file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self._dirs.add(target.parent)
         return target
 
-    def write_bytes(self, relpath: str, data: bytes) -> str:
-        target = self._target(relpath)
-        with open(target, "wb") as f:
-            f.write(data)
-        self._files[relpath] = (len(data), hashlib.sha256(data).hexdigest())
+    def write_bytes(self, relpath: str, data: bytes, *, sha256: str | None = None) -> str:
+        """Write one file; ``sha256`` is its known digest (e.g. of an executable written before)."""
+        _write_file(self._target(relpath), data)
+        self._files[relpath] = (len(data), sha256 or hashlib.sha256(data).hexdigest())
         return relpath
 
     def write_json(self, relpath: str, obj) -> str:
@@ -158,7 +160,8 @@ class ProfileWriter:
         """``executables/exec_<hash>.json`` (written once per distinct Program)."""
         rel = executable_name(program.hash)
         if program.hash not in self._executables:
-            self.write_bytes(rel, program.dumps().encode())
+            text, digest = _executable_digest(program)
+            self.write_bytes(rel, text.encode(), sha256=digest)
             self._executables.add(program.hash)
         return rel
 
@@ -213,6 +216,32 @@ class ProfileWriter:
             self.finish()
         else:
             self.abort()
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """open/write/close without the buffered file object (its extra syscalls add up over
+    the hundreds of small files of a profile)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+_DIGESTS: dict[str, tuple[str, str]] = {}  # program hash -> (its dumps() text, that text's sha256)
+
+
+def _executable_digest(program) -> tuple[str, str]:
+    """An executable's text and checksum; Programs are immutable, so each is hashed once."""
+    text = program.dumps()
+    cached = _DIGESTS.get(program.hash)
+    if cached is None or cached[0] is not text:
+        cached = _DIGESTS[program.hash] = (text, hashlib.sha256(text.encode()).hexdigest())
+        if len(_DIGESTS) > 1024:
+            _DIGESTS.pop(next(iter(_DIGESTS)))
+    return cached
 
 
 def _fsync_dir(path: Path) -> None:
