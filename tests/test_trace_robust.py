@@ -12,12 +12,18 @@ import pytest
 
 import tilescope.trace as tt
 from tilescope.trace import TraceFormatError
+from tilescope.trace import _native
 from tilescope.trace._jsonscan import ChromeTraceScanner
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
+@pytest.fixture(autouse=True, params=["native", "python"])
+def engine(request, tmp_path, monkeypatch):
+    """Every test runs on both ingest paths: the C parser and the DuckDB JSON reader it replaces."""
     monkeypatch.setenv("TILESCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TILESCOPE_TRACE_INGEST", request.param)
+    if request.param == "native" and not _native.available():
+        pytest.fail("the native trace parser (tilescope.trace._kscan) is not built: run `make setup`")
+    return request.param
 
 
 def _events(n=20, pid=1, tid=1, t0=1000.0, dur=10.0, cat="cpu_op"):
@@ -39,24 +45,24 @@ def _open(path, **kw):
     return t, [str(x.message) for x in w]
 
 
-def test_pretty_and_minified_give_the_same_tables(tmp_path):
+def test_pretty_and_minified_give_the_same_tables(tmp_path, engine):
     doc = {"traceEvents": _events(3000), "schemaVersion": 1}  # > 256 KiB: the fast path takes over
     a, _ = _open(_write(tmp_path, doc, "a.json", indent=2))
     b, _ = _open(_write(tmp_path, doc, "b.json", indent=None))
     q = "SELECT name, count(*), sum(dur_ns) FROM events GROUP BY name ORDER BY name"
     assert a.sql(q).fetchall() == b.sql(q).fetchall() == [("op0", 1000, 10_000_000), ("op1", 1000, 10_000_000),
                                                           ("op2", 1000, 10_000_000)]
-    assert a.meta[0]["ingest"]["mode"] == b.meta[0]["ingest"]["mode"] == "fast"
+    assert a.meta[0]["ingest"]["mode"] == b.meta[0]["ingest"]["mode"] == {"native": "native", "python": "fast"}[engine]
 
 
-def test_fast_path_falls_back_when_the_separator_hides_in_strings(tmp_path):
+def test_fast_path_falls_back_when_the_separator_hides_in_strings(tmp_path, engine):
     # one-line JSON: the learned separator is '}, {', which these names contain; the fast split
     # yields lines that are not JSON objects, so the file is re-read in exact mode
     ev = _events(3000)
     for e in ev[2900:2910]:  # past the first (exact) block
         e["name"] = 'tricky}, {"name": "x'
     t, w = _open(_write(tmp_path, {"traceEvents": ev}, indent=None))
-    assert t.meta[0]["ingest"]["mode"] == "exact"
+    assert t.meta[0]["ingest"]["mode"] == {"native": "native", "python": "exact"}[engine]
     assert t.sql("SELECT count(*) FROM events").fetchall()[0][0] == 3000
     assert t.sql("SELECT count(*) FROM events WHERE name = ?", params=[ev[2900]["name"]]).fetchall()[0][0] == 10
     assert not w
@@ -263,23 +269,24 @@ def test_executable_itrace_hash_mismatch_names_both_files(tmp_path):
     assert ex[0] in str(e.value) and other in str(e.value)
 
 
-def test_fractional_epoch_timestamps_keep_every_nanosecond(tmp_path):
+def test_fractional_epoch_timestamps_keep_every_nanosecond(tmp_path, engine):
     # absolute-epoch microseconds with a fraction: a double would round to 0.25 us
     base = 1_686_355_493_423_513
     lines = [f'  {{"ph": "X", "cat": "kernel", "name": "k{i}", "pid": 0, "tid": 7, "ts": {base}.{i:03d}, "dur": 0.001}}'
              for i in range(1, 6)]
     text = '{"traceEvents": [\n' + ",\n".join(lines) + "\n]}"
     t, _ = _open(_write(tmp_path, text))
-    assert t.meta[0]["ingest"]["ts_type"].startswith("DECIMAL")
+    # the C parser reads the decimal text exactly; the DuckDB path must pick DECIMAL to
+    assert t.meta[0]["ingest"]["ts_type"].startswith({"native": "exact", "python": "DECIMAL"}[engine])
     rows = t.sql("SELECT name, ts_ns, dur_ns FROM events ORDER BY ts_ns").fetchall()
     assert rows == [(f"k{i}", base * 1000 + i, 1) for i in range(1, 6)]
 
 
-def test_integer_epoch_timestamps_are_exact_as_doubles(tmp_path):
+def test_integer_epoch_timestamps_are_exact_as_doubles(tmp_path, engine):
     base = 1_661_203_463_029_566  # Kineto's integer microseconds (the control trace's clock)
     ev = [{"ph": "X", "name": "k", "pid": 0, "tid": 7, "ts": base + i, "dur": 1} for i in range(3)]
     t, _ = _open(_write(tmp_path, {"traceEvents": ev}))
-    assert t.meta[0]["ingest"]["ts_type"] == "DOUBLE"
+    assert t.meta[0]["ingest"]["ts_type"] == {"native": "exact", "python": "DOUBLE"}[engine]
     assert [r[0] for r in t.sql("SELECT ts_ns FROM events ORDER BY ts_ns").fetchall()] == [(base + i) * 1000 for i in range(3)]
 
 

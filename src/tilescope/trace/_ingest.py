@@ -51,6 +51,7 @@ class IngestResult:
     warnings: list[str] = field(default_factory=list)
     truncated: bool = False
     ts_type: str = "DOUBLE"
+    stats: dict | None = None  # native ingest: time extent and counts (else computed by SQL)
 
 
 _FRACTIONAL_EPOCH_TS = re.compile(rb'"ts"\s*:\s*"?-?\d{13,}\.\d')
@@ -163,7 +164,8 @@ def _utf8_clean(block: bytes, offset: int, name: str, warnings: list[str], carry
 
 def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None = None,
                        fast: bool = True) -> IngestResult:
-    """Ingest one Chrome/Kineto trace file into ``stage_dir/part-<k>.parquet`` files."""
+    """Ingest one Chrome/Kineto trace file into ``stage_dir/part-<k>.parquet`` files with
+    DuckDB's JSON reader (the path used when the native parser is not built)."""
     t0 = time.perf_counter()
     os.makedirs(stage_dir, exist_ok=True)
     reader = _Reader(path)

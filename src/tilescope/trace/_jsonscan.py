@@ -66,9 +66,11 @@ class ChromeTraceScanner:
     ``truncated`` (the file ended before the document did).
     """
 
-    def __init__(self, name: str, emit, fast: bool = True):
+    def __init__(self, name: str, emit, fast: bool = True, native=None):
         self.name = name
-        self.fast = fast
+        self.fast = fast and native is None
+        self._native = native  # a NativeEvents: parses the events array itself (see _native.py)
+        self._native_on = False
         self._sep: bytes | None = None  # the learned separator between two events, e.g. b"},\n  {"
         self._fast_on = False
         self._fast_used = False
@@ -133,6 +135,9 @@ class ChromeTraceScanner:
         """Scan one block (any size; blocks may split tokens anywhere)."""
         if not block:
             return
+        if self._native_on:
+            self._feed_native(block)
+            return
         if self._fast_on:
             self._feed_fast(block)
             return
@@ -187,7 +192,9 @@ class ChromeTraceScanner:
 
     @property
     def mode(self) -> str:
-        """``fast`` if the separator path read the events, else ``exact``."""
+        """``native`` if the C parser read the events, ``fast`` if the separator path did, else ``exact``."""
+        if self._native is not None:
+            return "native"
         return "fast" if self._fast_used else "exact"
 
     def _leave_fast(self, block: bytes, final: bool = False) -> None:
@@ -264,6 +271,13 @@ class ChromeTraceScanner:
                 self._in_events = True
                 self._events_seen = True
                 cursor = p + 1
+                if self._native is not None:
+                    # the array's elements go to the native parser from here on
+                    self._depth, self._in_string, self._trailing_bs = self._ev_depth, False, 0
+                    self.offset = base + cursor
+                    self._native_on = True
+                    self._feed_native(block[cursor:])
+                    return
             elif d1 == 0 and d0 == 1:
                 self._skel(block[cursor:p + 1])
                 cursor = p + 1
@@ -278,6 +292,22 @@ class ChromeTraceScanner:
         if after.size:
             self._depth = int(after[-1])
         self.offset += len(block)
+
+    def _feed_native(self, data: bytes) -> None:
+        """Hand bytes inside the events array to the native parser; resume the exact scan
+        after the array's closing bracket."""
+        ended = self._native.feed(data, self.offset)
+        self.events = self._native.events
+        if ended < 0:
+            self.offset += len(data)
+            return
+        self._native_on = False
+        self._in_events = False
+        self._skel(b"]")
+        self._depth = self._ev_depth - 1
+        self._closed = self._depth == 0
+        self.offset += ended
+        self._feed_exact(data[ended:])
 
     def _route_events(self, block, b, sp, ch, before, start: int, end: int, closing: bool) -> None:
         """Emit the events among block[start:end] (inside the events array)."""
@@ -317,15 +347,20 @@ class ChromeTraceScanner:
             raise TraceFormatError(f"{self.name}: empty file (0 bytes of JSON); expected a Chrome trace")
         if self._in_events:
             self.truncated = True
-            tail = bytes(self._tail).strip(_WS)
-            complete = tail.endswith(b"}") and self._depth == self._ev_depth and not self._in_string
-            if complete:
-                self._emit(bytes(self._tail) + b"\n")
-                self.events += 1
+            if self._native_on:
+                dropped = self._native.finish()
+                self.events = self._native.events
+            else:
+                tail = bytes(self._tail).strip(_WS)
+                complete = tail.endswith(b"}") and self._depth == self._ev_depth and not self._in_string
+                if complete:
+                    self._emit(bytes(self._tail) + b"\n")
+                    self.events += 1
+                dropped = bool(tail) and not complete
             self.warnings.append(
                 f"{self.name}: the file ends inside 'traceEvents' at byte offset {self.offset:,} "
                 f"(truncated?): kept the {self.events:,} complete events"
-                + ("" if complete or not tail else ", dropped the incomplete last one")
+                + (", dropped the incomplete last one" if dropped else "")
             )
             self._tail = bytearray()
             return

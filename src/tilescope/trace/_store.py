@@ -3,11 +3,15 @@
 Layout of one entry (``$TILESCOPE_CACHE_DIR/trace/<key>/``, default ``~/.cache/tilescope/trace/<key>/``)::
 
     events/rank=<r>/part-<k>.parquet   every trace record (see TABLES["events"])
-    lanes.parquet                      one row per (pid, tid) lane with names and extent
-    lod.parquet, lod_names.parquet     level-of-detail buckets for the windowed query
     executables.parquet                tilescope profiles only
     instructions.parquet               tilescope profiles only (modeled)
     meta.json                          written last: an entry without it is rebuilt
+    lanes.parquet                      one row per (pid, tid) lane with names and extent
+    lod.parquet, lod_names.parquet     level-of-detail buckets for the windowed query
+
+The last three are derived from the events on first use (the first query, the first
+windowed query) and written atomically into the entry: ingest never opens a database when
+the native parser reads the trace.
 
 The ``events/rank=*/part-*.parquet`` glob is hive-partitioned by rank, so Spark, Dask,
 Polars or DuckDB read many ranks' entries (or an :meth:`Trace.export_parquet` copy) as
@@ -25,12 +29,13 @@ import time
 import duckdb
 
 from .. import __version__
+from . import _native
 from ._ingest import ingest_chrome_file
 from ._jsonscan import TraceFormatError
 from ._profile import instruction_rows, read_itrace_pair, read_profile_dir
 from ._schema import CATEGORY_KINDS, SCHEMA_VERSION, TABLES
 
-__all__ = ["cache_root", "build_entry", "classify_source", "LOD_LEVELS"]
+__all__ = ["cache_root", "build_entry", "classify_source", "ensure_lanes", "ensure_lod", "lod_levels", "LOD_LEVELS"]
 
 LOD_BASE_BUCKETS = 1024  # buckets across the entry's span at level 0
 LOD_LEVELS = 5  # each level has 4x more buckets: 1k, 4k, 16k, 64k, 256k
@@ -115,7 +120,7 @@ def _pair_begin_end(con, entry: str, rank: int) -> tuple[int, int]:
     return paired, n - 2 * paired
 
 
-def _build_lanes(con, entry: str, rank: int) -> None:
+def _build_lanes(con, entry: str, rank: int, dst: str | None = None) -> None:
     glob = os.path.join(entry, "events", "*", "*.parquet")
     sql = f"""
     COPY (
@@ -134,22 +139,27 @@ def _build_lanes(con, entry: str, rank: int) -> None:
            st.events, st.first_ns, st.last_ns,
            CASE WHEN st.dev * 2 > st.events OR pl.labels LIKE 'GPU%' THEN 'device' ELSE 'host' END AS side
     FROM st LEFT JOIN pn USING (pid) LEFT JOIN pl USING (pid) LEFT JOIN tn USING (pid, tid)
-    ) TO '{os.path.join(entry, "lanes.parquet")}' (FORMAT parquet)"""
+    ) TO '{dst or os.path.join(entry, "lanes.parquet")}' (FORMAT parquet)"""
     con.execute(sql)
 
 
-def _build_lod(con, entry: str, t0: int, t1: int) -> list[dict]:
+def lod_levels(t0: int, t1: int) -> list[dict]:
+    """The LOD levels for a span: level k has LOD_BASE_BUCKETS * 4**k buckets of ``bucket_ns``."""
+    finest = LOD_LEVELS - 1
+    w = max(1, -(-max(1, t1 - t0) // (LOD_BASE_BUCKETS * 4 ** finest)))
+    return [{"level": k, "bucket_ns": w * 4 ** (finest - k)} for k in range(LOD_LEVELS)]
+
+
+def _build_lod(con, entry: str, t0: int, t1: int, dst: str | None = None) -> list[dict]:
     """Buckets per lane at LOD_LEVELS resolutions; level k has LOD_BASE_BUCKETS * 4**k buckets."""
     glob = os.path.join(entry, "events", "*", "*.parquet")
-    span = max(1, t1 - t0)
-    levels = []
+    levels = lod_levels(t0, t1)
     finest = LOD_LEVELS - 1
-    w = max(1, -(-span // (LOD_BASE_BUCKETS * 4 ** finest)))
+    w = levels[finest]["bucket_ns"]
     # one statement: the finest level from the events, each coarser one merging 4**j of its
     # buckets; the longest event's name travels as a hash (names are long: kernel templates)
     arms = []
     for k in range(finest, -1, -1):
-        levels.append({"level": k, "bucket_ns": w * 4 ** (finest - k)})
         div = 4 ** (finest - k)
         arms.append(f"""SELECT {k}::TINYINT AS level, pid, tid, b // {div} AS bucket, sum(c)::BIGINT AS count,
                                sum(busy)::BIGINT AS busy_ns, arg_max(hn, m) AS top_hash, max(m) AS top_ns
@@ -162,13 +172,61 @@ def _build_lod(con, entry: str, t0: int, t1: int) -> list[dict]:
                  arg_max(hash(name), dur_ns) AS hn, max(dur_ns) AS m
           FROM {src} WHERE ph = 'X' AND ts_ns IS NOT NULL AND dur_ns IS NOT NULL GROUP BY ALL)
         {' UNION ALL '.join(arms)}
-      ) TO '{os.path.join(entry, 'lod.parquet')}' (FORMAT parquet)""")
+      ) TO '{dst or os.path.join(entry, 'lod.parquet')}' (FORMAT parquet)""")
+    if dst is None:
+        _build_lod_names(con, entry, os.path.join(entry, "lod_names.parquet"))
+    return levels
+
+
+def _build_lod_names(con, entry: str, dst: str) -> None:
+    src = f"read_parquet('{os.path.join(entry, 'events', '*', '*.parquet')}', hive_partitioning=false)"
     con.execute(f"""COPY (SELECT hash(name) AS top_hash, any_value(name) AS top_name FROM {src}
-                         WHERE ph = 'X' GROUP BY 1) TO '{os.path.join(entry, 'lod_names.parquet')}' (FORMAT parquet)""")
-    return sorted(levels, key=lambda d: d["level"])
+                         WHERE ph = 'X' GROUP BY 1) TO '{dst}' (FORMAT parquet)""")
 
 
-def _write_program_tables(con, entry: str, pairs: list[tuple[str, int, str]], executables: dict[str, str]) -> int:
+def _event_stats(con, entry: str) -> dict:
+    """Time extent and the counts meta.json reports, by SQL (the native ingest counts them while parsing)."""
+    glob = os.path.join(entry, "events", "*", "*.parquet")
+    row = con.execute(f"""
+      SELECT min(ts_ns) FILTER (WHERE ph NOT IN ('M','s','t','f')),
+             max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) FILTER (WHERE ph NOT IN ('M','s','t','f')),
+             count(*) FILTER (WHERE ph NOT IN ('M','s','t','f')),
+             count(*) FILTER (WHERE ph NOT IN ('M') AND ts_ns IS NULL),
+             count(*) FILTER (WHERE ph = 'X' AND dur_ns = 0),
+             count(*) FILTER (WHERE dur_ns < 0),
+             count(*) FILTER (WHERE ph = 'X' AND dur_ns IS NULL AND ts_ns IS NOT NULL),
+             count(*) FILTER (WHERE ph IN ('B', 'E'))
+      FROM read_parquet('{glob}', hive_partitioning=false)""").fetchall()[0]
+    return dict(zip(("t_lo", "t_hi", "events", "no_ts", "zero", "neg", "no_dur", "be"), row))
+
+
+def _replace_atomically(con, entry: str, name: str, build) -> None:
+    """Write ``entry/name`` through a temporary name (concurrent readers see all or nothing)."""
+    tmp = os.path.join(entry, f".{name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        build(con, tmp)
+        os.replace(tmp, os.path.join(entry, name))
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def ensure_lanes(con, entry: str, rank: int) -> None:
+    """lanes.parquet, derived from the events on first use (not at ingest: opening a trace
+    never needs a database)."""
+    if not os.path.exists(os.path.join(entry, "lanes.parquet")):
+        _replace_atomically(con, entry, "lanes.parquet", lambda c, dst: _build_lanes(c, entry, rank, dst))
+
+
+def ensure_lod(con, entry: str, t0: int, t1: int) -> list[dict]:
+    """lod.parquet and lod_names.parquet, built on the first windowed query; returns the levels."""
+    if not os.path.exists(os.path.join(entry, "lod.parquet")):
+        _replace_atomically(con, entry, "lod_names.parquet", lambda c, dst: _build_lod_names(c, entry, dst))
+        _replace_atomically(con, entry, "lod.parquet", lambda c, dst: _build_lod(c, entry, t0, t1, dst))
+    return lod_levels(t0, t1)
+
+
+def _write_program_tables(entry: str, pairs: list[tuple[str, int, str]], executables: dict[str, str]) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -221,8 +279,16 @@ def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool
     tmp = f"{entry}.tmp-{os.getpid()}-{time.monotonic_ns()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    con = _connect()
-    con.execute(f"SET temp_directory='{tmp}/_duckdb_tmp'")
+    con = None
+
+    def db():
+        """DuckDB, opened only for the work that needs it (the native ingest does not)."""
+        nonlocal con
+        if con is None:
+            con = _connect()
+            con.execute(f"SET temp_directory='{tmp}/_duckdb_tmp'")
+        return con
+
     t0 = time.perf_counter()
     meta: dict = {"schema": SCHEMA_VERSION, "tilescope": __version__, "source": os.path.abspath(path),
                   "kind": kind, "warnings": [], "notes": []}
@@ -250,8 +316,12 @@ def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool
             pairs = [(ex["hash"], int(m.group(1)) if m else 0, itrace)]
         stage = os.path.join(tmp, "events", "_stage")
         r = 0 if rank is None else rank
+        res = None
         if trace_file is not None:
-            res = ingest_chrome_file(trace_file, stage, con, progress=progress)
+            if _native.available():
+                res = _native.ingest_native(trace_file, stage, progress=progress)
+            else:
+                res = ingest_chrome_file(trace_file, stage, db(), progress=progress)
             meta["ingest"] = {"source": res.source, "bytes": res.bytes, "events": res.events, "parts": res.parts,
                               "seconds": round(res.seconds, 3), "mode": res.mode, "truncated": res.truncated,
                               "ts_type": res.ts_type}
@@ -265,64 +335,51 @@ def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool
             os.makedirs(stage, exist_ok=True)
         meta["rank"] = r
         os.rename(stage, os.path.join(tmp, "events", f"rank={r}"))
-        glob = os.path.join(tmp, "events", "*", "*.parquet")
         has_events = any(f.endswith(".parquet") for f in os.listdir(os.path.join(tmp, "events", f"rank={r}")))
         if has_events:
-            row = con.execute(f"""
-              SELECT min(ts_ns) FILTER (WHERE ph NOT IN ('M','s','t','f')),
-                     max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) FILTER (WHERE ph NOT IN ('M','s','t','f')),
-                     count(*) FILTER (WHERE ph NOT IN ('M','s','t','f')),
-                     count(*) FILTER (WHERE ph NOT IN ('M') AND ts_ns IS NULL),
-                     count(*) FILTER (WHERE ph = 'X' AND dur_ns = 0),
-                     count(*) FILTER (WHERE dur_ns < 0),
-                     count(*) FILTER (WHERE ph = 'X' AND dur_ns IS NULL AND ts_ns IS NOT NULL)
-              FROM read_parquet('{glob}', hive_partitioning=false)""").fetchall()[0]
-            t_lo, t_hi, n_ev, no_ts, zero, neg, no_dur = row
+            st = res.stats if res is not None and res.stats is not None else _event_stats(db(), tmp)
+            t_lo, t_hi, n_ev = st["t_lo"], st["t_hi"], st["events"]
             meta.update(t0_ns=t_lo, t1_ns=t_hi, events=n_ev)
             name = os.path.basename(trace_file or path)
-            if no_ts:
+            if st["no_ts"]:
                 meta["warnings"].append(
-                    f"{name}: {no_ts:,} records have no numeric 'ts' (missing or not a number); "
+                    f"{name}: {st['no_ts']:,} records have no numeric 'ts' (missing or not a number); "
                     f"they are kept in the tables but left out of every time-based analysis")
-            if neg:
+            if st["neg"]:
                 meta["warnings"].append(
-                    f"{name}: {neg:,} events have a negative 'dur'; they are left out of busy-time sums")
-            if no_dur:
+                    f"{name}: {st['neg']:,} events have a negative 'dur'; they are left out of busy-time sums")
+            if st["no_dur"]:
                 meta["warnings"].append(
-                    f"{name}: {no_dur:,} complete ('X') events have no numeric 'dur'; treated as instants")
-            if zero:
-                meta["notes"].append(f"{name}: {zero:,} complete events have zero duration (kept; they add no busy time)")
+                    f"{name}: {st['no_dur']:,} complete ('X') events have no numeric 'dur'; treated as instants")
+            if st["zero"]:
+                meta["notes"].append(f"{name}: {st['zero']:,} complete events have zero duration (kept; they add no busy time)")
             if n_ev == 0:
                 meta["warnings"].append(f"{name}: the trace holds no events")
-            con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
-            paired, unmatched = _pair_begin_end(con, tmp, r)
-            if paired:
-                meta["notes"].append(f"{name}: {paired:,} 'B'/'E' pairs became slices (part {BE_PART})")
-            if unmatched:
-                meta["warnings"].append(
-                    f"{name}: {unmatched:,} 'B'/'E' events have no partner on their thread; they are left out of slices")
-            t_a = time.perf_counter()
-            _build_lanes(con, tmp, r)
-            t_b = time.perf_counter()
-            if t_lo is not None:
-                meta["lod_levels"] = _build_lod(con, tmp, t_lo, t_hi)
-            meta["timing"] = {"ingest_s": round(res.seconds, 3) if trace_file else 0.0,
-                              "lanes_s": round(t_b - t_a, 3), "lod_s": round(time.perf_counter() - t_b, 3)}
+            if st.get("be", 1):
+                paired, unmatched = _pair_begin_end(db(), tmp, r)
+                if paired:
+                    meta["notes"].append(f"{name}: {paired:,} 'B'/'E' pairs became slices (part {BE_PART})")
+                if unmatched:
+                    meta["warnings"].append(
+                        f"{name}: {unmatched:,} 'B'/'E' events have no partner on their thread; they are left out of slices")
+            meta["timing"] = {"ingest_s": round(res.seconds, 3) if res is not None else 0.0}
         else:
             meta.update(t0_ns=None, t1_ns=None, events=0)
             if trace_file is not None:
                 meta["warnings"].append(f"{os.path.basename(trace_file)}: the trace holds no events")
         if pairs or executables:
-            meta["instructions"] = _write_program_tables(con, tmp, pairs, executables)
+            meta["instructions"] = _write_program_tables(tmp, pairs, executables)
         meta["build_seconds"] = round(time.perf_counter() - t0, 3)
         shutil.rmtree(os.path.join(tmp, "_duckdb_tmp"), ignore_errors=True)
         with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=1, default=str)
-        con.close()
+        if con is not None:
+            con.close()
         shutil.rmtree(entry, ignore_errors=True)
         os.rename(tmp, entry)
     except BaseException:
-        con.close()
+        if con is not None:
+            con.close()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return entry

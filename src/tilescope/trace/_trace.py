@@ -5,15 +5,19 @@ from __future__ import annotations
 import glob as _glob
 import json
 import os
+import re
 import warnings as _warnings
 
 import duckdb
 
 from ._jsonscan import TraceFormatError
 from ._schema import ARG_COLUMNS, kind_case_sql
-from ._store import build_entry, classify_source
+from ._store import build_entry, classify_source, ensure_lanes, ensure_lod
 
 __all__ = ["Trace", "TraceWarning", "open_trace"]
+
+
+_LOD_NAME = re.compile(r"\blod\b", re.IGNORECASE)
 
 
 class TraceWarning(UserWarning):
@@ -80,16 +84,41 @@ class Trace:
             ranks = list(range(len(entries)))
         self.ranks = ranks
         self.align = align
-        self.con = duckdb.connect()
-        self.con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
-        self.con.execute("SET memory_limit='2GB'")
+        self._con: duckdb.DuckDBPyConnection | None = None
         self._offsets = self._clock_offsets(align)
-        self._make_views()
         self._cache: dict = {}
         for w in self.warnings:
             _warnings.warn(w, TraceWarning, stacklevel=3)
 
     # ---- set-up ---------------------------------------------------------------------
+    @property
+    def con(self) -> duckdb.DuckDBPyConnection:
+        """The DuckDB connection with the views, opened on the first query (opening a trace
+        reads only meta.json: the tables derived from the events are built here, once)."""
+        if self._con is None:
+            con = duckdb.connect()
+            con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
+            con.execute("SET memory_limit='2GB'")
+            for e, r in zip(self.entries, self.ranks):
+                if _glob.glob(os.path.join(e, "events", "*", "*.parquet")):
+                    ensure_lanes(con, e, r)
+            self._con = con
+            self._make_views()
+        return self._con
+
+    def _ensure_lod(self) -> bool:
+        """Build the level-of-detail tables the windowed query reads (first call only)."""
+        if "has_lod" not in self._cache:
+            built = False
+            for e, m in zip(self.entries, self.meta):
+                if m.get("t0_ns") is not None and _glob.glob(os.path.join(e, "events", "*", "*.parquet")):
+                    m["lod_levels"] = ensure_lod(self.con, e, m["t0_ns"], m["t1_ns"])
+                    built = True
+            if built:
+                self._make_views()
+            self._cache["has_lod"] = built
+        return self._cache["has_lod"]
+
     def _clock_offsets(self, align: str) -> dict[int, int]:
         spans = [(r, m.get("t0_ns"), m.get("t1_ns")) for r, m in zip(self.ranks, self.meta) if m.get("t0_ns") is not None]
         offsets = {r: 0 for r in self.ranks}
@@ -237,13 +266,15 @@ class Trace:
     # ---- querying ---------------------------------------------------------------------
     def sql(self, query: str, params=None) -> duckdb.DuckDBPyRelation:
         """Run SQL over the views; returns a DuckDB relation (``.fetchall()``, ``.arrow()``, ``.pl()``, ``.df()``)."""
+        if _LOD_NAME.search(query):
+            self._ensure_lod()  # the LOD tables are built on first use
         return self.con.sql(query, params=params)
 
     def table(self, name: str):
         """A whole view as a pyarrow Table (``events``, ``flows``, ``lanes``, ``executables``, ``instructions``)."""
         if name not in ("events", "flows", "lanes", "executables", "instructions", "raw", "lod"):
             raise ValueError(f"unknown table {name!r}; tables: events, flows, lanes, executables, instructions, raw, lod")
-        return _arrow(self.con.sql(f"SELECT * FROM {name}"))
+        return _arrow(self.sql(f"SELECT * FROM {name}"))
 
     def to_pandas(self, name: str = "events"):
         """A view as a pandas DataFrame (through Arrow; needs pandas installed)."""

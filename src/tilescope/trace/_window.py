@@ -4,7 +4,7 @@
 nanoseconds relative to ``trace.t0_ns`` (so they fit a JavaScript double exactly). When
 the window holds at most ``max_events`` slices it returns them all (exact). Otherwise it
 returns every slice at least one pixel wide, plus per-lane buckets from the LOD table
-built at ingest for everything smaller: count, busy ns and the longest event's name per
+built on the first windowed query for everything smaller: count, busy ns and the longest event's name per
 bucket. Neither path touches the events outside the window.
 """
 
@@ -36,8 +36,7 @@ def window(trace, t0_ns=None, t1_ns=None, lanes=None, pixels: int = 1000, *, max
         lanes = [int(x) for x in lanes]
         lane_sql = f"AND lane IN ({', '.join(map(str, lanes)) or 'NULL'})"
     A, B = a + origin, b + origin
-    has_lod = trace._cache.setdefault("has_lod", bool(con.execute(
-        "SELECT count(*) FROM duckdb_views() WHERE view_name = 'lod'").fetchall()[0][0]))
+    has_lod = trace._ensure_lod()
     level = None
     if has_lod:
         levels = sorted({(m2["level"], m2["bucket_ns"]) for m in trace.meta for m2 in m.get("lod_levels", [])})

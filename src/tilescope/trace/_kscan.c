@@ -1,0 +1,641 @@
+/* Chrome/Kineto trace events -> Parquet column pages, in one pass of C.
+ *
+ * scan(buf, final) parses the elements of a 'traceEvents' array, starting where an element
+ * is expected (just after '[' or ','), and returns for the complete ones the bodies of one
+ * Parquet data page per column (PLAIN values, RLE/bit-packed definition levels), ready for
+ * tilescope.trace._parquet to frame. Python keeps the bytes it did not consume and calls
+ * again with more. Every byte of an element is validated as JSON; an element that is not a
+ * JSON object is counted as bad and skipped (its extent is found by bracket counting, as the
+ * pure-Python scanner does), never guessed at.
+ *
+ * Columns (the order of tilescope.trace._schema.NATIVE_COLUMNS):
+ *   ph cat name pid tid  VARCHAR   a JSON string's value; a number's text; an object/array
+ *                                  minified; JSON null -> NULL
+ *   ts_ns dur_ns         BIGINT    microseconds -> integer nanoseconds, exactly from the decimal
+ *                                  text (rounded as floor(x * 1000 + 0.5))
+ *   id bp s              VARCHAR
+ *   args                 JSON      the value minified (strings verbatim)
+ * A record without 'ph' gets 'X' if it has a duration, else 'i' if it has a time.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+enum { F_PH, F_CAT, F_NAME, F_PID, F_TID, F_TS, F_DUR, F_ID, F_BP, F_S, F_ARGS, NF };
+static const int IS_INT[NF] = {0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0};
+enum { K_ABSENT, K_STRING, K_NUMBER, K_TRUE, K_FALSE, K_NULL, K_NESTED };
+#define MAX_DEPTH 256
+
+typedef struct { char *p; size_t len, cap; } Buf;
+
+static int buf_grow(Buf *b, size_t extra) {
+    if (b->len + extra <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + extra) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+static inline int buf_put(Buf *b, const void *s, size_t n) {
+    if (buf_grow(b, n)) return -1;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+static inline int buf_byte(Buf *b, char c) { return buf_put(b, &c, 1); }
+
+typedef struct {
+    Buf values, valid;   /* valid: one bit per row, LSB first (= the definition levels) */
+    int64_t nulls, min, max;
+    int has_minmax;
+} Column;
+
+typedef struct { const char *s; size_t n; int kind; int esc; } Span;
+
+/* byte classes, so that the hot loops skip runs of ordinary bytes with one table lookup each */
+enum { C_WS = 1, C_STR = 2, C_STRUCT = 4 };
+static unsigned char CLS[256];
+
+static void init_classes(void) {
+    CLS[' '] = CLS['\n'] = CLS['\r'] = CLS['\t'] = C_WS;
+    for (int c = 0; c < 0x20; c++) CLS[c] |= C_STR;
+    CLS['"'] |= C_STR | C_STRUCT;
+    CLS['\\'] |= C_STR;
+    CLS['{'] |= C_STRUCT; CLS['}'] |= C_STRUCT; CLS['['] |= C_STRUCT; CLS[']'] |= C_STRUCT; CLS[','] |= C_STRUCT;
+}
+
+static inline const char *skip_ws(const char *p, const char *e) {
+    while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    return p;
+}
+
+/* ---- validation ------------------------------------------------------------------------- */
+static inline int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* *pp at the opening quote; on success *pp after the closing quote. Raw control characters
+   are tolerated (real traces contain them); they are escaped when a value is kept as JSON. */
+static int parse_string(const char **pp, const char *e, int *esc) {
+    const char *p = *pp + 1;
+    *esc = 0;
+    while (p < e) {
+        while (p < e && !(CLS[(unsigned char)*p] & C_STR)) p++;
+        if (p >= e) break;
+        char c = *p;
+        if (c == '"') { *pp = p + 1; return 0; }
+        if (c == '\\') {
+            *esc = 1;
+            if (p + 1 >= e) return -1;
+            char d = p[1];
+            if (d == 'u') {
+                if (p + 6 > e) return -1;
+                for (int i = 2; i < 6; i++) if (hexval(p[i]) < 0) return -1;
+                p += 6;
+            } else if (d == '"' || d == '\\' || d == '/' || d == 'b' || d == 'f' || d == 'n' || d == 'r' || d == 't') {
+                p += 2;
+            } else {
+                return -1;
+            }
+        } else {
+            if ((unsigned char)c < 0x20) *esc = 1;
+            p++;
+        }
+    }
+    return -1;
+}
+
+static int parse_number(const char **pp, const char *e) {
+    const char *p = *pp;
+    if (p < e && *p == '-') p++;
+    if (p >= e) return -1;
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') { while (p < e && *p >= '0' && *p <= '9') p++; }
+    else return -1;
+    if (p < e && *p == '.') {
+        p++;
+        if (p >= e || *p < '0' || *p > '9') return -1;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < e && (*p == '+' || *p == '-')) p++;
+        if (p >= e || *p < '0' || *p > '9') return -1;
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    *pp = p;
+    return 0;
+}
+
+static int parse_value(const char **pp, const char *e, int depth, Span *out);
+
+static int parse_container(const char **pp, const char *e, int depth) {
+    const char *p = *pp;
+    char close = *p == '{' ? '}' : ']';
+    int obj = *p == '{';
+    if (depth > MAX_DEPTH) return -1;
+    p = skip_ws(p + 1, e);
+    if (p < e && *p == close) { *pp = p + 1; return 0; }
+    for (;;) {
+        if (obj) {
+            int esc;
+            if (p >= e || *p != '"' || parse_string(&p, e, &esc)) return -1;
+            p = skip_ws(p, e);
+            if (p >= e || *p != ':') return -1;
+            p = skip_ws(p + 1, e);
+        }
+        if (parse_value(&p, e, depth + 1, NULL)) return -1;
+        p = skip_ws(p, e);
+        if (p >= e) return -1;
+        if (*p == ',') { p = skip_ws(p + 1, e); continue; }
+        if (*p == close) { *pp = p + 1; return 0; }
+        return -1;
+    }
+}
+
+static int parse_value(const char **pp, const char *e, int depth, Span *out) {
+    const char *p = *pp, *s = p;
+    int kind, esc = 0;
+    if (p >= e) return -1;
+    switch (*p) {
+    case '"':
+        if (parse_string(&p, e, &esc)) return -1;
+        kind = K_STRING;
+        break;
+    case '{': case '[':
+        if (parse_container(&p, e, depth)) return -1;
+        kind = K_NESTED;
+        break;
+    case 't':
+        if (e - p < 4 || memcmp(p, "true", 4)) return -1;
+        p += 4; kind = K_TRUE; break;
+    case 'f':
+        if (e - p < 5 || memcmp(p, "false", 5)) return -1;
+        p += 5; kind = K_FALSE; break;
+    case 'n':
+        if (e - p < 4 || memcmp(p, "null", 4)) return -1;
+        p += 4; kind = K_NULL; break;
+    default:
+        if (parse_number(&p, e)) return -1;
+        kind = K_NUMBER;
+    }
+    if (out) {
+        out->kind = kind;
+        out->esc = esc;
+        if (kind == K_STRING) { out->s = s + 1; out->n = (size_t)(p - s - 2); }
+        else { out->s = s; out->n = (size_t)(p - s); }
+    }
+    *pp = p;
+    return 0;
+}
+
+static int field_of(const char *k, size_t n) {
+    switch (n) {
+    case 1: if (k[0] == 's') return F_S; break;
+    case 2:
+        if (!memcmp(k, "ph", 2)) return F_PH;
+        if (!memcmp(k, "ts", 2)) return F_TS;
+        if (!memcmp(k, "id", 2)) return F_ID;
+        if (!memcmp(k, "bp", 2)) return F_BP;
+        break;
+    case 3:
+        if (!memcmp(k, "cat", 3)) return F_CAT;
+        if (!memcmp(k, "pid", 3)) return F_PID;
+        if (!memcmp(k, "tid", 3)) return F_TID;
+        if (!memcmp(k, "dur", 3)) return F_DUR;
+        break;
+    case 4:
+        if (!memcmp(k, "name", 4)) return F_NAME;
+        if (!memcmp(k, "args", 4)) return F_ARGS;
+        break;
+    }
+    return -1;
+}
+
+/* One event object starting at p (after whitespace); fills the known fields and sets *end
+   just past its closing brace. -1 if it is not a valid JSON object or the buffer ends first. */
+static int parse_event(const char *p, const char *e, Span *f, const char **end) {
+    for (int i = 0; i < NF; i++) f[i].kind = K_ABSENT;
+    if (p >= e || *p != '{') return -1;
+    p = skip_ws(p + 1, e);
+    if (p < e && *p == '}') { *end = p + 1; return 0; }
+    for (;;) {
+        int esc;
+        const char *k = p + 1;
+        if (p >= e || *p != '"' || parse_string(&p, e, &esc)) return -1;
+        int which = esc ? -1 : field_of(k, (size_t)(p - k - 1));
+        p = skip_ws(p, e);
+        if (p >= e || *p != ':') return -1;
+        p = skip_ws(p + 1, e);
+        if (parse_value(&p, e, 1, which >= 0 ? &f[which] : NULL)) return -1;
+        p = skip_ws(p, e);
+        if (p >= e) return -1;
+        if (*p == ',') { p = skip_ws(p + 1, e); continue; }
+        if (*p == '}') { *end = p + 1; return 0; }
+        return -1;
+    }
+}
+
+/* ---- values -------------------------------------------------------------------------------- */
+static int put_utf8(Buf *b, uint32_t cp) {
+    char t[4];
+    size_t n;
+    if (cp < 0x80) { t[0] = (char)cp; n = 1; }
+    else if (cp < 0x800) { t[0] = (char)(0xC0 | (cp >> 6)); t[1] = (char)(0x80 | (cp & 0x3F)); n = 2; }
+    else if (cp < 0x10000) {
+        t[0] = (char)(0xE0 | (cp >> 12)); t[1] = (char)(0x80 | ((cp >> 6) & 0x3F)); t[2] = (char)(0x80 | (cp & 0x3F)); n = 3;
+    } else {
+        t[0] = (char)(0xF0 | (cp >> 18)); t[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        t[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); t[3] = (char)(0x80 | (cp & 0x3F)); n = 4;
+    }
+    return buf_put(b, t, n);
+}
+
+static uint32_t hex4(const char *p) {
+    return (uint32_t)(hexval(p[0]) << 12 | hexval(p[1]) << 8 | hexval(p[2]) << 4 | hexval(p[3]));
+}
+
+/* The decoded text of a validated JSON string body (lone surrogates become U+FFFD). */
+static int put_unescaped(Buf *b, const char *s, size_t n) {
+    const char *e = s + n;
+    while (s < e) {
+        const char *q = memchr(s, '\\', (size_t)(e - s));
+        if (!q) return buf_put(b, s, (size_t)(e - s));
+        if (buf_put(b, s, (size_t)(q - s))) return -1;
+        char d = q[1];
+        s = q + 2;
+        int r = 0;
+        switch (d) {
+        case 'b': r = buf_byte(b, '\b'); break;
+        case 'f': r = buf_byte(b, '\f'); break;
+        case 'n': r = buf_byte(b, '\n'); break;
+        case 'r': r = buf_byte(b, '\r'); break;
+        case 't': r = buf_byte(b, '\t'); break;
+        case 'u': {
+            uint32_t cp = hex4(s);
+            s += 4;
+            if (cp >= 0xD800 && cp < 0xDC00) {
+                if (e - s >= 6 && s[0] == '\\' && s[1] == 'u') {
+                    uint32_t lo = hex4(s + 2);
+                    if (lo >= 0xDC00 && lo < 0xE000) { cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00); s += 6; }
+                    else cp = 0xFFFD;
+                } else cp = 0xFFFD;
+            } else if (cp >= 0xDC00 && cp < 0xE000) cp = 0xFFFD;
+            r = put_utf8(b, cp);
+            break;
+        }
+        default: r = buf_byte(b, d);  /* " \ / */
+        }
+        if (r) return -1;
+    }
+    return 0;
+}
+
+/* JSON text without the whitespace between tokens; raw control characters in strings escaped. */
+static int put_minified(Buf *b, const char *s, size_t n) {
+    const char *e = s + n;
+    if (buf_grow(b, n)) return -1;
+    char *o = b->p + b->len;
+    int in_str = 0;
+    while (s < e) {
+        unsigned char c = (unsigned char)*s++;
+        if (!in_str) {
+            if (CLS[c] & C_WS) continue;
+            in_str = c == '"';
+            *o++ = (char)c;
+        } else if (c >= 0x20) {
+            *o++ = (char)c;
+            if (c == '"') in_str = 0;
+            else if (c == '\\' && s < e) *o++ = *s++;
+        } else {  /* a raw control character: 6 bytes where 1 was reserved */
+            b->len = (size_t)(o - b->p);
+            if (buf_grow(b, 5 + (size_t)(e - s) + 1)) return -1;
+            o = b->p + b->len;
+            snprintf(o, 7, "\\u%04x", c);
+            o += 6;
+        }
+    }
+    b->len = (size_t)(o - b->p);
+    return 0;
+}
+
+/* Microseconds as JSON number text -> nanoseconds. 0 on success. */
+static int us_to_ns(const char *s, size_t n, int64_t *out) {
+    const char *p = s, *e = s + n;
+    int neg = 0;
+    if (p < e && *p == '-') { neg = 1; p++; }
+    if (memchr(s, 'e', n) || memchr(s, 'E', n)) {
+        char tmp[64];
+        if (n >= sizeof tmp) return -1;
+        memcpy(tmp, s, n);
+        tmp[n] = 0;
+        double ns = floor(strtod(tmp, NULL) * 1000.0 + 0.5);
+        if (!isfinite(ns) || fabs(ns) > 9.2e18) return -1;
+        *out = (int64_t)ns;
+        return 0;
+    }
+    uint64_t ip = 0;
+    while (p < e && *p >= '0' && *p <= '9') {
+        if (ip > 9200000000000000ULL / 10) return -1;  /* beyond int64 nanoseconds */
+        ip = ip * 10 + (uint64_t)(*p++ - '0');
+    }
+    uint64_t frac = 0;
+    int digits = 0, d4 = 0, rest = 0;  /* the 4th decimal and whether any later one is non-zero */
+    if (p < e && *p == '.') {
+        p++;
+        while (p < e && *p >= '0' && *p <= '9') {
+            if (digits < 3) frac = frac * 10 + (uint64_t)(*p - '0');
+            else if (digits == 3) d4 = *p - '0';
+            else if (*p != '0') rest = 1;
+            digits++;
+            p++;
+        }
+    }
+    for (int d = digits; d < 3; d++) frac *= 10;
+    uint64_t ns = ip * 1000 + frac;
+    if (ns > (uint64_t)INT64_MAX - 1) return -1;
+    /* floor(x * 1000 + 0.5): halves go up, i.e. away from zero above it, towards it below */
+    if (!neg ? d4 >= 5 : (d4 > 5 || (d4 == 5 && rest))) ns += 1;
+    *out = neg ? -(int64_t)ns : (int64_t)ns;
+    return 0;
+}
+
+static inline void set_valid(Column *c, int64_t row, int ok) {
+    if (ok) c->valid.p[row >> 3] |= (char)(1u << (row & 7));
+    else c->nulls++;
+}
+
+/* Append one row's value to a string column. */
+static int put_text(Column *c, int64_t row, const Span *v, const char *fallback) {
+    Buf *b = &c->values;
+    if (v->kind == K_ABSENT || v->kind == K_NULL) {
+        if (!fallback) { set_valid(c, row, 0); return 0; }
+        uint32_t n = (uint32_t)strlen(fallback);
+        if (buf_put(b, &n, 4) || buf_put(b, fallback, n)) return -1;
+        set_valid(c, row, 1);
+        return 0;
+    }
+    size_t at = b->len;
+    uint32_t n = 0;
+    if (buf_put(b, &n, 4)) return -1;
+    int r;
+    if (v->kind == K_STRING) r = v->esc ? put_unescaped(b, v->s, v->n) : buf_put(b, v->s, v->n);
+    else if (v->kind == K_NESTED) r = put_minified(b, v->s, v->n);
+    else r = buf_put(b, v->s, v->n);
+    if (r) return -1;
+    n = (uint32_t)(b->len - at - 4);
+    memcpy(b->p + at, &n, 4);
+    set_valid(c, row, 1);
+    return 0;
+}
+
+static int put_json(Column *c, int64_t row, const Span *v) {
+    if (v->kind == K_ABSENT || v->kind == K_NULL) { set_valid(c, row, 0); return 0; }
+    Buf *b = &c->values;
+    size_t at = b->len;
+    uint32_t n = 0;
+    if (buf_put(b, &n, 4)) return -1;
+    if (v->kind == K_STRING) {
+        Span q = *v;
+        q.s -= 1; q.n += 2;  /* with its quotes */
+        if (put_minified(b, q.s, q.n)) return -1;
+    } else if (put_minified(b, v->s, v->n)) return -1;
+    n = (uint32_t)(b->len - at - 4);
+    memcpy(b->p + at, &n, 4);
+    set_valid(c, row, 1);
+    return 0;
+}
+
+/* A time field: a number, or a string holding one. */
+static int time_of(const Span *v, int64_t *ns) {
+    if (v->kind == K_NUMBER) return us_to_ns(v->s, v->n, ns);
+    if (v->kind == K_STRING && !v->esc && v->n && v->n < 64) {
+        const char *p = v->s;
+        if (parse_number(&p, v->s + v->n) == 0 && p == v->s + v->n) return us_to_ns(v->s, v->n, ns);
+    }
+    return -1;
+}
+
+static int put_int(Column *c, int64_t row, int ok, int64_t v) {
+    if (!ok) { set_valid(c, row, 0); return 0; }
+    if (buf_put(&c->values, &v, 8)) return -1;
+    if (!c->has_minmax) { c->min = c->max = v; c->has_minmax = 1; }
+    else { if (v < c->min) c->min = v; if (v > c->max) c->max = v; }
+    set_valid(c, row, 1);
+    return 0;
+}
+
+/* ---- batch stats (what the cache's meta.json reports per trace) ----------------------------- */
+typedef struct {
+    int64_t t_lo, t_hi, n_ev, no_ts, zero, neg, no_dur, be;
+    int has_t;
+} Stats;
+
+static int is_ph(const Span *v, const char *fb, char c) {
+    if (v->kind == K_STRING && !v->esc) return v->n == 1 && v->s[0] == c;
+    if (v->kind == K_ABSENT || v->kind == K_NULL) return fb && fb[0] == c;
+    return 0;
+}
+
+/* ---- the scan --------------------------------------------------------------------------------- */
+/* From p (an element expected), the end of the element: the ',' or ']' after it at depth 0
+   (outside strings). Returns NULL if the buffer ends first; *close_brace set on a stray '}'. */
+static const char *element_end(const char *p, const char *e, int *stray) {
+    int depth = 0;
+    *stray = 0;
+    while (p < e) {
+        while (p < e && !(CLS[(unsigned char)*p] & C_STRUCT)) p++;
+        if (p >= e) break;
+        char c = *p;
+        if (c == '"') {
+            p++;
+            for (;;) {
+                const char *q = memchr(p, '"', (size_t)(e - p));
+                if (!q) return NULL;
+                const char *b = q;
+                while (b > p && b[-1] == '\\') b--;
+                p = q + 1;
+                if (((q - b) & 1) == 0) break;  /* an even run of backslashes: the quote closes */
+            }
+            continue;
+        }
+        if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') {
+            if (depth == 0) {
+                if (c == '}') *stray = 1;
+                return p;
+            }
+            depth--;
+        } else if (c == ',' && depth == 0) return p;
+        p++;
+    }
+    return NULL;
+}
+
+static PyObject *page_body(Column *c, int64_t rows) {
+    /* [u32 length][varint bit-packed run header][bitmap] then the values */
+    size_t groups = (size_t)((rows + 7) / 8);
+    unsigned char hdr[10];
+    size_t h = 0;
+    uint64_t v = ((uint64_t)groups << 1) | 1;
+    do { unsigned char byte = v & 0x7F; v >>= 7; hdr[h++] = byte | (v ? 0x80 : 0); } while (v);
+    uint32_t deflen = (uint32_t)(h + groups);
+    size_t total = 4 + deflen + c->values.len;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (!out) return NULL;
+    char *o = PyBytes_AS_STRING(out);
+    memcpy(o, &deflen, 4);
+    memcpy(o + 4, hdr, h);
+    memcpy(o + 4 + h, c->valid.p, groups);
+    memcpy(o + 4 + deflen, c->values.p, c->values.len);
+    return out;
+}
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int final;
+    if (!PyArg_ParseTuple(args, "y*p", &view, &final)) return NULL;
+    const char *start = view.buf, *p = view.buf, *e = (const char *)view.buf + view.len;
+    Column cols[NF];
+    memset(cols, 0, sizeof cols);
+    Stats st;
+    memset(&st, 0, sizeof st);
+    int64_t rows = 0, bad = 0;
+    Py_ssize_t consumed = 0, ended = -1, stray_at = -1;
+    int oom = 0;
+    Span f[NF];
+
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        const char *s = skip_ws(p, e);
+        if (s >= e) { if (final) consumed = view.len; break; }
+        if (*s == ']') { ended = (Py_ssize_t)(s + 1 - start); consumed = ended; break; }
+        /* parse in place; only a malformed or unfinished element is delimited by bracket counting */
+        const char *end, *obj_end;
+        int ok = parse_event(s, e, f, &obj_end) == 0;
+        if (ok) {
+            end = skip_ws(obj_end, e);
+            if (end >= e) {
+                if (!final) break;  /* its separator is in the next block */
+            } else if (*end != ',' && *end != ']') {
+                ok = 0;  /* trailing bytes after the object */
+            }
+        }
+        if (!ok) {
+            int stray;
+            end = element_end(s, e, &stray);
+            if (stray) { stray_at = (Py_ssize_t)(end - start); break; }
+            if (!end) break;  /* unfinished: left for the next call (or reported at the end) */
+        }
+        if (ok) {
+            if (rows % 8 == 0) {
+                for (int i = 0; i < NF; i++) {
+                    if (buf_grow(&cols[i].valid, 1)) { oom = 1; break; }
+                    cols[i].valid.p[cols[i].valid.len++] = 0;
+                }
+                if (oom) break;
+            }
+            int64_t ts = 0, dur = 0;
+            int has_ts = f[F_TS].kind != K_ABSENT && time_of(&f[F_TS], &ts) == 0;
+            int has_dur = f[F_DUR].kind != K_ABSENT && time_of(&f[F_DUR], &dur) == 0;
+            const char *ph_fb = has_dur ? "X" : has_ts ? "i" : NULL;
+            int r = 0;
+            for (int i = 0; i < NF && !r; i++) {
+                if (i == F_TS) r = put_int(&cols[i], rows, has_ts, ts);
+                else if (i == F_DUR) r = put_int(&cols[i], rows, has_dur, dur);
+                else if (i == F_ARGS) r = put_json(&cols[i], rows, &f[i]);
+                else r = put_text(&cols[i], rows, &f[i], i == F_PH ? ph_fb : NULL);
+            }
+            if (r) { oom = 1; break; }
+            /* the same filters as the SQL this replaces (ph NULL is excluded from every count) */
+            const Span *ph = &f[F_PH];
+            int ph_null = (ph->kind == K_ABSENT || ph->kind == K_NULL) && !ph_fb;
+            if (!ph_null) {
+                int m = is_ph(ph, ph_fb, 'M');
+                int flow = is_ph(ph, ph_fb, 's') || is_ph(ph, ph_fb, 't') || is_ph(ph, ph_fb, 'f');
+                int x = is_ph(ph, ph_fb, 'X');
+                if (!m && !flow) {
+                    st.n_ev++;
+                    if (has_ts) {
+                        int64_t end_ns = ts + (has_dur && dur > 0 ? dur : 0);
+                        if (!st.has_t) { st.t_lo = ts; st.t_hi = end_ns; st.has_t = 1; }
+                        else { if (ts < st.t_lo) st.t_lo = ts; if (end_ns > st.t_hi) st.t_hi = end_ns; }
+                    }
+                }
+                if (!m && !has_ts) st.no_ts++;
+                if (x && has_dur && dur == 0) st.zero++;
+                if (x && !has_dur && has_ts) st.no_dur++;
+                if (is_ph(ph, ph_fb, 'B') || is_ph(ph, ph_fb, 'E')) st.be++;
+            }
+            if (has_dur && dur < 0) st.neg++;
+            rows++;
+        } else {
+            bad++;
+        }
+        if (end >= e) { consumed = view.len; break; }
+        if (*end == ']') { ended = (Py_ssize_t)(end + 1 - start); consumed = ended; break; }
+        p = end + 1;  /* past the ',' */
+        consumed = (Py_ssize_t)(p - start);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+
+    PyObject *result = NULL, *bodies = NULL, *nulls = NULL;
+    if (oom) { PyErr_NoMemory(); goto done; }
+    bodies = PyTuple_New(NF);
+    nulls = PyTuple_New(NF);
+    if (!bodies || !nulls) goto done;
+    for (int i = 0; i < NF; i++) {
+        PyObject *b = page_body(&cols[i], rows);
+        if (!b) goto done;
+        PyTuple_SET_ITEM(bodies, i, b);
+        PyTuple_SET_ITEM(nulls, i, PyLong_FromLongLong(cols[i].nulls));
+    }
+    PyObject *ts_mm = cols[F_TS].has_minmax
+        ? Py_BuildValue("(LL)", (long long)cols[F_TS].min, (long long)cols[F_TS].max) : Py_NewRef(Py_None);
+    PyObject *dur_mm = cols[F_DUR].has_minmax
+        ? Py_BuildValue("(LL)", (long long)cols[F_DUR].min, (long long)cols[F_DUR].max) : Py_NewRef(Py_None);
+    PyObject *stats = Py_BuildValue("{s:N,s:N,s:L,s:L,s:L,s:L,s:L,s:L}",
+        "t_lo", st.has_t ? PyLong_FromLongLong(st.t_lo) : Py_NewRef(Py_None),
+        "t_hi", st.has_t ? PyLong_FromLongLong(st.t_hi) : Py_NewRef(Py_None),
+        "events", (long long)st.n_ev, "no_ts", (long long)st.no_ts, "zero", (long long)st.zero,
+        "neg", (long long)st.neg, "no_dur", (long long)st.no_dur, "be", (long long)st.be);
+    result = Py_BuildValue("{s:n,s:n,s:L,s:L,s:n,s:N,s:N,s:N,s:N,s:N}",
+        "consumed", consumed, "ended", ended, "rows", (long long)rows, "bad", (long long)bad,
+        "stray", stray_at, "bodies", bodies, "nulls", nulls, "ts_minmax", ts_mm, "dur_minmax", dur_mm,
+        "stats", stats);
+    bodies = nulls = NULL;  /* stolen by the dict */
+done:
+    Py_XDECREF(bodies);
+    Py_XDECREF(nulls);
+    for (int i = 0; i < NF; i++) { free(cols[i].values.p); free(cols[i].valid.p); }
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS,
+     "scan(buf, final) -> dict: parse traceEvents elements from buf (an element expected first)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kscan", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__kscan(void) {
+    init_classes();
+    PyObject *m = PyModule_Create(&module);
+    if (m) {
+        PyModule_AddIntConstant(m, "COLUMNS", NF);
+        PyModule_AddObject(m, "IS_INT", Py_BuildValue("(iiiiiiiiiii)", IS_INT[0], IS_INT[1], IS_INT[2], IS_INT[3],
+                                                      IS_INT[4], IS_INT[5], IS_INT[6], IS_INT[7], IS_INT[8],
+                                                      IS_INT[9], IS_INT[10]));
+    }
+    return m;
+}

@@ -1,0 +1,190 @@
+"""The native ingest: the C parser (``_kscan``) turns the ``traceEvents`` array straight into
+Parquet pages, with no intermediate text and no database in the loop.
+
+The pure-Python scanner still reads everything outside the array (it is small) and hands the
+array's bytes over; per block, ``_kscan.scan`` returns one page per column for the complete
+events, and :class:`~tilescope.trace._parquet.ParquetWriter` frames them as a row group. Memory
+is a few blocks whatever the trace's size, and the process never opens DuckDB: the engine's
+first query does, over the finished files.
+
+Used when the extension is built (``pip install`` compiles it; see ``available()``); the
+DuckDB JSON path in ``_ingest.py`` is the fallback and can be forced with
+``TILESCOPE_TRACE_INGEST=python``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import time
+
+from ._jsonscan import ChromeTraceScanner, TraceFormatError
+from ._parquet import ParquetWriter
+
+try:
+    from . import _kscan
+except ImportError:  # not built (no compiler at install time): the DuckDB path is used
+    _kscan = None
+
+__all__ = ["available", "NativeEvents", "ingest_native", "COLUMNS"]
+
+# the events table as written here: (name, kind); kind as in ParquetWriter
+COLUMNS = (("part", "INT32"), ("ph", "STRING"), ("cat", "STRING"), ("name", "STRING"), ("pid", "STRING"),
+           ("tid", "STRING"), ("ts_ns", "INT64"), ("dur_ns", "INT64"), ("id", "STRING"), ("bp", "STRING"),
+           ("s", "STRING"), ("args", "JSON"))
+PART_ROWS = 1 << 22  # rows per part file (eid = part << 32 | row keeps far below 2**32)
+_STAT_SUMS = ("events", "no_ts", "zero", "neg", "no_dur", "be")
+
+
+def available() -> bool:
+    """The native parser is built and not switched off (``TILESCOPE_TRACE_INGEST=python``)."""
+    return _kscan is not None and os.environ.get("TILESCOPE_TRACE_INGEST", "native") != "python"
+
+
+class NativeEvents:
+    """Receives the bytes inside ``traceEvents`` (from the scanner) and passes each batch of
+    parsed events to ``on_batch(result)``; keeps the incomplete last element for the next call."""
+
+    def __init__(self, name: str, on_batch):
+        self.name = name
+        self.on_batch = on_batch
+        self.leftover = b""
+        self.rows = 0
+        self.bad = 0
+        self.stats = {k: 0 for k in _STAT_SUMS} | {"t_lo": None, "t_hi": None}
+
+    @property
+    def events(self) -> int:
+        """Array elements seen so far (parsed rows and skipped malformed ones)."""
+        return self.rows + self.bad
+
+    def feed(self, data: bytes, offset: int) -> int:
+        """Parse ``data`` (which starts at stream ``offset``); returns the index in ``data``
+        just past the array's closing bracket, or -1 while the array goes on."""
+        held = len(self.leftover)
+        buf = self.leftover + data if held else data
+        r = _kscan.scan(buf, False)
+        self._take(r)
+        if r["stray"] >= 0:
+            raise TraceFormatError(f"{self.name}: byte offset {offset - held + r['stray']:,}: unbalanced '}}' "
+                                   f"inside 'traceEvents' (more closing than opening brackets)")
+        if r["ended"] >= 0:
+            self.leftover = b""
+            return r["ended"] - held
+        self.leftover = buf[r["consumed"]:]
+        return -1
+
+    def finish(self) -> bool:
+        """The stream ended inside the array: parse what is left. True if an incomplete last
+        element was dropped."""
+        r = _kscan.scan(self.leftover, True)
+        self._take(r)
+        dropped = bool(self.leftover[r["consumed"]:].strip())
+        self.leftover = b""
+        return dropped
+
+    def _take(self, r: dict) -> None:
+        self.bad += r["bad"]
+        if not r["rows"]:
+            return
+        self.rows += r["rows"]
+        st = r["stats"]
+        for k in _STAT_SUMS:
+            self.stats[k] += st[k]
+        if st["t_lo"] is not None:
+            lo, hi = self.stats["t_lo"], self.stats["t_hi"]
+            self.stats["t_lo"] = st["t_lo"] if lo is None else min(lo, st["t_lo"])
+            self.stats["t_hi"] = st["t_hi"] if hi is None else max(hi, st["t_hi"])
+        self.on_batch(r)
+
+
+class _PartFiles:
+    """Row groups into ``part-<k>.parquet`` files of at most PART_ROWS rows."""
+
+    def __init__(self, stage_dir: str):
+        self.stage_dir = stage_dir
+        self.part = -1
+        self.rows_in_part = PART_ROWS
+        self.writer = None
+
+    def write(self, r: dict) -> None:
+        rows = r["rows"]
+        if self.rows_in_part + rows > PART_ROWS:
+            self.close()
+            self.part += 1
+            self.rows_in_part = 0
+            self.writer = ParquetWriter(os.path.join(self.stage_dir, f"part-{self.part:05d}.parquet"), COLUMNS)
+        self.rows_in_part += rows
+        part_page = struct.pack("<i", self.part) * rows
+        self.writer.write_row_group(rows, (part_page,) + r["bodies"], (0,) + r["nulls"],
+                                    (None,) * 6 + (r["ts_minmax"], r["dur_minmax"]) + (None,) * 4)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    @property
+    def parts(self) -> int:
+        return self.part + 1
+
+
+def ingest_native(path: str, stage_dir: str, *, progress: bool | None = None):
+    """Ingest one Chrome/Kineto trace file into ``stage_dir/part-<k>.parquet``; returns an
+    :class:`~tilescope.trace._ingest.IngestResult` whose ``stats`` hold the time extent and
+    the counts the cache's meta.json reports."""
+    from ._ingest import BLOCK_BYTES, FIRST_BLOCK_BYTES, PROGRESS_MIN_BYTES, IngestResult, _Reader, _utf8_clean
+
+    t0 = time.perf_counter()
+    os.makedirs(stage_dir, exist_ok=True)
+    reader = _Reader(path)
+    name = os.path.basename(path)
+    warnings: list[str] = []
+    parts = _PartFiles(stage_dir)
+    native = NativeEvents(name, parts.write)
+
+    def no_text(_data):  # the native path emits no NDJSON
+        raise AssertionError("the native ingest emits pages, not text")
+
+    scanner = ChromeTraceScanner(name, no_text, native=native)
+    bar = None
+    show = progress if progress is not None else (reader.size >= PROGRESS_MIN_BYTES and sys.stderr.isatty())
+    try:
+        if show:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+            bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                           TransferSpeedColumn(), transient=True)
+            bar.start()
+            task = bar.add_task(f"ingest {name}", total=reader.size)
+        carry = bytearray()
+        offset = 0
+        first = True
+        while True:
+            block = reader.read(FIRST_BLOCK_BYTES if first else BLOCK_BYTES)
+            first = False
+            if not block:
+                break
+            clean = _utf8_clean(block, offset, name, warnings, carry)
+            offset += len(block)
+            scanner.feed(clean)
+            if bar is not None:
+                bar.update(task, completed=reader.consumed)
+        if carry:
+            scanner.feed(bytes(carry).decode("utf-8", errors="replace").encode())
+        scanner.finish()
+    finally:
+        parts.close()
+        reader.close()
+        if bar is not None:
+            bar.stop()
+    if native.bad:
+        warnings.append(f"{name}: {native.bad:,} of {native.events:,} events are not valid JSON objects "
+                        f"and were skipped")
+    return IngestResult(
+        source=os.path.abspath(path), bytes=reader.size, events=native.rows, parts=parts.parts,
+        seconds=time.perf_counter() - t0, mode=scanner.mode, metadata=scanner.metadata,
+        warnings=warnings + scanner.warnings, truncated=scanner.truncated, ts_type="exact",
+        stats=native.stats,
+    )

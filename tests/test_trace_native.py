@@ -1,0 +1,151 @@
+"""The native trace parser (C) reads every trace exactly as the DuckDB JSON path does.
+
+The DuckDB path (``TILESCOPE_TRACE_INGEST=python``) is the reference: both ingest the same
+file into separate caches and every column of every record must agree (``args`` compared
+as JSON values: the two minify differently).
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tilescope.trace as tt
+from tilescope.trace import _ingest, _native, _parquet
+
+KINETO = os.path.join(os.path.dirname(__file__), "data", "kineto")
+COLUMNS = "ph, cat, name, pid, tid, ts_ns, dur_ns, id, bp, s, json(args)"
+
+
+def test_native_parser_is_built():
+    # `make setup` compiles it; a missing build would silently fall back to the slower path
+    assert _native._kscan is not None, "tilescope.trace._kscan is not built: run `make setup` (needs a C compiler)"
+
+
+def _rows(path, engine, cache, monkeypatch):
+    monkeypatch.setenv("TILESCOPE_TRACE_INGEST", engine)
+    monkeypatch.setenv("TILESCOPE_CACHE_DIR", str(cache / engine))
+    t = tt.open(path, refresh=True)
+    return t, t.sql(f"SELECT {COLUMNS} FROM raw ORDER BY eid").fetchall()
+
+
+def _same(path, tmp_path, monkeypatch):
+    a, rows_a = _rows(path, "native", tmp_path, monkeypatch)
+    b, rows_b = _rows(path, "python", tmp_path, monkeypatch)
+    assert a.meta[0]["ingest"]["mode"] == "native"
+    assert rows_a == rows_b
+    # The one intended difference: the DuckDB path cannot tell an unparseable line from an
+    # event without any of ph/cat/name/pid/tid (both come back as NULLs), so it reports such
+    # events as "not valid JSON"; the C parser knows a valid object when it reads one.
+    empty = [r for r in rows_a if r[:5] == (None,) * 5]
+    warn_b = [w for w in b.meta[0]["warnings"] if not (empty and "are not valid JSON objects" in w)]
+    if empty and b.meta[0]["events"] == 0 and a.meta[0]["events"]:
+        warn_b = [w for w in warn_b if "holds no events" not in w]
+    assert a.meta[0]["warnings"] == warn_b
+    for k in ("notes", "trace_metadata") + (() if empty else ("t0_ns", "t1_ns", "events")):
+        assert a.meta[0][k] == b.meta[0][k], k
+    return a
+
+
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(KINETO) if f.endswith(".json.gz")))
+def test_real_traces_read_identically(name, tmp_path, monkeypatch):
+    t = _same(os.path.join(KINETO, name), tmp_path, monkeypatch)
+    assert t.sql("SELECT count(*) FROM raw").fetchall()[0][0] > 0
+
+
+TRICKY = [
+    {"ph": "X", "name": 'k<{a}>, "q" \\ }, {', "cat": "kernel", "pid": 0, "tid": 7, "ts": 1.5, "dur": 2.25,
+     "args": {"note": "],\n  {\"ph\": \"X\"}", "nested": {"a": [1, 2.5e3, None, True, {"b": "\u00e9\U0001F600"}]}}},
+    {"name": "no ph, dur given", "pid": "proc", "tid": "thread 1", "ts": "12.0005", "dur": 1e-3},
+    {"name": "no ph, ts only", "pid": 1, "tid": 1, "ts": 13},
+    {"ph": "i", "name": "\u2603 snow\ttab", "pid": 1, "tid": 1, "ts": -4.0016, "s": "t"},
+    {"ph": "s", "id": 42, "cat": "flow", "name": "f", "pid": 1, "tid": 1, "ts": 20, "bp": "e"},
+    {"ph": "X", "name": "dup", "name_": 1, "pid": 1, "tid": 1, "ts": 1661203462598738, "dur": 0, "args": "text"},
+    {"ph": "X", "name": None, "pid": None, "tid": 10 ** 30, "ts": 5, "dur": -1, "args": [1, {"x": None}]},
+    {},
+]
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 4096])
+def test_block_boundaries_do_not_matter(block, tmp_path, monkeypatch):
+    doc = {"schemaVersion": 1, "deviceProperties": [{"name": "x]}"}], "traceEvents": TRICKY, "z": {"k": "]"}}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc, indent=1))
+    monkeypatch.setattr(_ingest, "BLOCK_BYTES", block)
+    monkeypatch.setattr(_ingest, "FIRST_BLOCK_BYTES", block)
+    t = _same(str(p), tmp_path, monkeypatch)
+    assert t.meta[0]["trace_metadata"] == {"schemaVersion": 1, "deviceProperties": [{"name": "x]}"}], "z": {"k": "]"}}
+    rows = t.sql("SELECT name, ph, ts_ns, dur_ns FROM raw ORDER BY eid").fetchall()
+    assert rows[0] == (TRICKY[0]["name"], "X", 1500, 2250)
+    assert rows[1][1:] == ("X", 12001, 1) and rows[2][1:] == ("i", 13000, None)
+    assert rows[3][1:] == ("i", -4002, None)  # floor(x * 1000 + 0.5), like the DuckDB path
+    assert rows[7] == (None, None, None, None)  # an empty object is a record without fields
+
+
+def test_malformed_and_non_object_elements_are_counted(tmp_path, monkeypatch):
+    text = '{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}, 7, {"ph": bad}, , "s", {"ph": "i", "ts": 2} x, {"ts": 3},]}'
+    p = tmp_path / "t.json"
+    p.write_text(text)
+    monkeypatch.setenv("TILESCOPE_CACHE_DIR", str(tmp_path / "c"))
+    t = tt.open(str(p))
+    assert t.sql("SELECT ts_ns FROM raw ORDER BY eid").fetchall() == [(1000,), (3000,)]
+    assert any("5 of 7 events are not valid JSON objects" in w for w in t.warnings)
+
+
+def test_stray_closing_brace_is_an_error_naming_the_offset(tmp_path, monkeypatch):
+    p = tmp_path / "t.json"
+    p.write_text('{"traceEvents": [{"ts": 1}, }]}')
+    monkeypatch.setenv("TILESCOPE_CACHE_DIR", str(tmp_path / "c"))
+    # small blocks: the stray brace reaches the native parser (a whole-file block fails earlier, in
+    # the Python scanner's own bracket count, at the first byte where the depth goes negative)
+    monkeypatch.setattr(_ingest, "BLOCK_BYTES", 8)
+    monkeypatch.setattr(_ingest, "FIRST_BLOCK_BYTES", 8)
+    with pytest.raises(tt.TraceFormatError, match=r"t\.json: byte offset 28: unbalanced '\}' inside 'traceEvents'"):
+        tt.open(str(p))
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 63), st.text(max_size=12),
+                     st.floats(allow_nan=False, allow_infinity=False, width=32))
+_json = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                       st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+                     max_leaves=8)
+# (the DuckDB path rounds sub-nanosecond digits through a double, the C parser from the decimal
+# text: they agree except at exact halves, which test_sub_nanosecond_rounding pins)
+_times = st.one_of(st.integers(0, 2 ** 52), st.floats(0, 1e12, allow_nan=False).map(lambda x: round(x, 3)),
+                   st.just("12.5"), st.just("x"), st.none())
+_event = st.fixed_dictionaries({}, optional={
+    "ph": st.sampled_from(["X", "i", "M", "s", "f", "B", "E", "C"]), "cat": st.text(max_size=8),
+    "name": st.text(max_size=20), "pid": st.one_of(st.integers(0, 9), st.text(max_size=4)),
+    "tid": st.one_of(st.integers(0, 9), st.text(max_size=4)), "ts": _times, "dur": _times,
+    "id": st.integers(0, 99), "s": st.sampled_from(["t", "p", "g"]), "args": _json, "extra": _json})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(_event, max_size=12), indent=st.sampled_from([None, 1, 2]), ascii_only=st.booleans())
+def test_random_traces_read_identically(events, indent, ascii_only, tmp_path_factory, monkeypatch):
+    d = tmp_path_factory.mktemp("h")
+    p = d / "t.json"
+    p.write_text(json.dumps({"traceEvents": events}, indent=indent, ensure_ascii=ascii_only), encoding="utf-8")
+    _same(str(p), d, monkeypatch)
+
+
+@pytest.mark.parametrize("text, ns", [("1.0005", 1001), ("2.0025", 2003), ("-4.0015", -4001), ("-4.00151", -4002),
+                                      ("0.0004999", 0), ("1e3", 1_000_000), ("-0.5e-3", 0), ("9223372036854775", None),
+                                      ("1661203462598738.123", 1661203462598738123)])
+def test_sub_nanosecond_rounding(text, ns, tmp_path, monkeypatch):
+    # microseconds -> nanoseconds is floor(x * 1000 + 0.5) computed on the decimal digits, so
+    # halves round up exactly (a double would round 2.0025 down: it is 2.00249999...)
+    p = tmp_path / "t.json"
+    p.write_text('{"traceEvents": [{"ph": "i", "ts": %s}]}' % text)
+    monkeypatch.setenv("TILESCOPE_CACHE_DIR", str(tmp_path / "c"))
+    assert tt.open(str(p)).sql("SELECT ts_ns FROM raw").fetchall() == [(ns,)]
+
+
+def test_parquet_writer_example():
+    failures, tried = doctest.testmod(_parquet, optionflags=doctest.ELLIPSIS)
+    assert tried > 0 and failures == 0
