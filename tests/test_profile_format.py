@@ -103,3 +103,17 @@ def test_paths_outside_the_profile_are_refused(tmp_path):
     with ProfileWriter(tmp_path) as w:
         with pytest.raises(ValueError, match="relative and inside the profile"):
             w.write_json("../escape.json", {})
+
+
+def test_a_later_profile_links_the_executable_written_before_unless_it_changed(tmp_path):
+    prog = _program()
+    name = f"executables/exec_{prog.hash}.json"
+    first = write_kernel_profile(tmp_path / "a", prog, simulate(prog))
+    second = write_kernel_profile(tmp_path / "b", prog, simulate(prog))
+    assert os.path.samefile(first / name, second / name)
+    assert read_profile(first).complete and read_profile(second).complete
+    (second / name).unlink()  # replaced since: the next profile writes its own copy
+    (second / name).write_text(prog.dumps().replace('"k"', '"K"'))
+    third = write_kernel_profile(tmp_path / "c", prog, simulate(prog))
+    assert not os.path.samefile(second / name, third / name)
+    assert (third / name).read_text() == prog.dumps() and read_profile(third).complete

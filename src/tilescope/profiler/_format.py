@@ -125,22 +125,29 @@ class ProfileWriter:
         self.device = dict(device or {})
         self.config = dict(config or {})
         self.stats: dict = {}
+        self.final_manifest: dict | None = None  # the manifest as written, once finished
         self.redacted = redacted
         self._files: dict[str, tuple[int, str]] = {}
         self._executables: set[str] = set()
-        self._dirs: set[Path] = {self.partial}
+        self._partial, self._final = str(self.partial), str(self.path)  # hundreds of joins: strings
+        self._dirs: set[str] = {self._partial}
         self._finished = False
 
     # ---- files -------------------------------------------------------------
-    def _target(self, relpath: str) -> Path:
-        rel = Path(relpath)
-        if rel.is_absolute() or ".." in rel.parts:
+    def _target(self, relpath: str) -> str:
+        if os.path.isabs(relpath) or ".." in relpath.replace("\\", "/").split("/"):
             raise ValueError(f"profile file paths must be relative and inside the profile: {relpath!r}")
-        target = self.partial / rel
-        if target.parent not in self._dirs:  # one mkdir per directory, not per file
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self._dirs.add(target.parent)
+        target = os.path.join(self._partial, relpath)
+        parent = os.path.dirname(target)
+        if parent not in self._dirs:  # one mkdir per directory, not per file
+            os.makedirs(parent, exist_ok=True)
+            self._dirs.add(parent)
         return target
+
+    def target(self, relpath: str) -> Path:
+        """Where ``relpath`` goes: a tool that can only write to a path (torch's trace export)
+        writes there, and the file is then passed to :meth:`write_bytes`, which lists it."""
+        return Path(self._target(relpath))
 
     def write_bytes(self, relpath: str, data: bytes, *, sha256: str | None = None) -> str:
         """Write one file; ``sha256`` is its known digest (e.g. of an executable written before)."""
@@ -160,8 +167,12 @@ class ProfileWriter:
         """``executables/exec_<hash>.json`` (written once per distinct Program)."""
         rel = executable_name(program.hash)
         if program.hash not in self._executables:
-            text, digest = _executable_digest(program)
-            self.write_bytes(rel, text.encode(), sha256=digest)
+            exe = _Executable.of(program)
+            target = self._target(rel)
+            if not exe.link_to(target):
+                _write_file(target, exe.text.encode())
+            exe.written(target, os.path.join(self._final, rel))
+            self._files[rel] = (exe.size, exe.sha256)
             self._executables.add(program.hash)
         return rel
 
@@ -192,7 +203,8 @@ class ProfileWriter:
         """Write the manifest last and move the directory to its final name."""
         if self._finished:
             return self.path
-        data = json.dumps(self.manifest(), indent=1, default=_json_default).encode()
+        self.final_manifest = self.manifest()
+        data = json.dumps(self.final_manifest, indent=1, default=_json_default).encode()
         tmp = self.partial / "manifest.json.tmp"
         with open(tmp, "wb") as f:
             f.write(data)
@@ -218,7 +230,7 @@ class ProfileWriter:
             self.abort()
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def _write_file(path: str, data: bytes) -> None:
     """open/write/close without the buffered file object (its extra syscalls add up over
     the hundreds of small files of a profile)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -230,18 +242,50 @@ def _write_file(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-_DIGESTS: dict[str, tuple[str, str]] = {}  # program hash -> (its dumps() text, that text's sha256)
+class _Executable:
+    """One executable's text and checksum (Programs are immutable: each is hashed once), and
+    the file last written with it. Creating a file costs far more than linking one on common
+    file systems, so a later profile of this process hard-links that file -- when it is still
+    the file that was written (same inode, size and mtime)."""
 
+    _known: dict[str, "_Executable"] = {}  # program hash -> its executable, most recent last
 
-def _executable_digest(program) -> tuple[str, str]:
-    """An executable's text and checksum; Programs are immutable, so each is hashed once."""
-    text = program.dumps()
-    cached = _DIGESTS.get(program.hash)
-    if cached is None or cached[0] is not text:
-        cached = _DIGESTS[program.hash] = (text, hashlib.sha256(text.encode()).hexdigest())
-        if len(_DIGESTS) > 1024:
-            _DIGESTS.pop(next(iter(_DIGESTS)))
-    return cached
+    def __init__(self, text: str):
+        self.text = text
+        data = text.encode()
+        self.size, self.sha256 = len(data), hashlib.sha256(data).hexdigest()
+        self.path: str | None = None  # where the file will be once its profile is finished
+        self.stat: tuple | None = None
+
+    @classmethod
+    def of(cls, program) -> "_Executable":
+        text = program.dumps()
+        exe = cls._known.get(program.hash)
+        if exe is None or exe.text is not text:
+            if exe is None or exe.text != text:  # same hash, other metadata: another file
+                exe = cls(text)
+            else:
+                exe.text = text
+            cls._known[program.hash] = exe
+            if len(cls._known) > 1024:
+                cls._known.pop(next(iter(cls._known)))
+        return exe
+
+    def link_to(self, target: str) -> bool:
+        if self.path is None:
+            return False
+        try:
+            st = os.stat(self.path)
+            if (st.st_ino, st.st_size, st.st_mtime_ns) != self.stat:
+                return False  # deleted, replaced or edited since
+            os.link(self.path, target)
+        except OSError:  # gone, another file system, no hard links here
+            return False
+        return True
+
+    def written(self, target: str, final: str) -> None:
+        st = os.stat(target)
+        self.path, self.stat = final, (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _fsync_dir(path: Path) -> None:
