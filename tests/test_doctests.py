@@ -17,6 +17,7 @@ MODULES = [
     "tilescope.profiler._format",
     "tilescope.profiler._reader",
     "tilescope.profiler._doctor",
+    "tilescope.profiler._events",
     "tilescope.profiler._kineto",
     "tilescope.compile._explain",
 ]

@@ -21,6 +21,7 @@ __all__ = ["MARKER", "Capture", "capture"]
 
 MARKER = "tilescope::exec#"
 _KEEP = 2_000_000  # records kept for export (older ones are dropped first)
+_GAPS = 4096  # launch-to-launch gaps kept per profiler state
 
 
 class Capture:
@@ -29,7 +30,10 @@ class Capture:
         self._records: OrderedDict[int, tuple] = OrderedDict()
         self._installed = False
         self.dropped = 0
-        self._launches: deque = deque(maxlen=100_000)  # (wall ns, profiling?) of every launch
+        self._last_launch = (0, None)  # (wall ns, profiling?) of the latest launch
+        # host time between consecutive launches (us), by whether the profiler recorded both:
+        # the recent ones, kept as gaps so that an export reads a few thousand, not every launch
+        self._gaps: dict[bool, deque] = {True: deque(maxlen=_GAPS), False: deque(maxlen=_GAPS)}
 
     def install(self) -> None:
         """Register the device and listen to its runtime (idempotent)."""
@@ -45,7 +49,10 @@ class Capture:
         now = time.time_ns()
         fresh = rec.first_run
         enabled = torch.autograd.profiler._is_profiler_enabled
-        self._launches.append((now, enabled))
+        last, last_enabled = self._last_launch
+        self._last_launch = (now, enabled)
+        if last_enabled == enabled and 0 <= now - last < 50_000_000:  # longer: step boundaries, waits
+            self._gaps[enabled].append((now - last) / 1000.0)
         if not enabled:
             return
         with torch._C._profiler._RecordFunctionFast(f"{MARKER}{rec.flow_id}"):
@@ -62,13 +69,8 @@ class Capture:
 
     def launch_intervals_us(self) -> dict:
         """Median host time between consecutive device launches, with and without the profiler
-        recording (gaps over 50 ms -- step boundaries, waits -- are left out)."""
-        launches = list(self._launches)
-        by_state: dict[bool, list[float]] = {True: [], False: []}
-        for (t0, e0), (t1, e1) in zip(launches, launches[1:]):
-            gap = (t1 - t0) / 1000.0
-            if e0 == e1 and 0 <= gap < 50_000:
-                by_state[e0].append(gap)
+        recording (over the latest gaps; gaps over 50 ms -- step boundaries, waits -- are left out)."""
+        by_state = {k: list(v) for k, v in self._gaps.items()}
         return {("profiled" if k else "unprofiled"): (statistics.median(v) if v else None)
                 for k, v in by_state.items()} | {"samples": {("profiled" if k else "unprofiled"): len(v)
                                                              for k, v in by_state.items()}}

@@ -51,10 +51,13 @@ def correlate(prof, capture, now_ns: float, *, into_tables: bool) -> tuple[list[
     matched: list[Matched] = []
     pending = 0
     markers = []
-    for evt in events:
+    next_id = 0
+    for evt in events:  # one pass: the markers, and the first id free for device events
         if evt.name.startswith(MARKER):
             markers.append(evt)
-    next_id = max((e.id for e in events), default=0) + 1
+        if evt.id > next_id:
+            next_id = evt.id
+    next_id += 1
     device_events = []
     for m in markers:
         try:
@@ -69,13 +72,14 @@ def correlate(prof, capture, now_ns: float, *, into_tables: bool) -> tuple[list[
             pending += 1
             continue
         parent = m.cpu_parent
-        matched.append(Matched(rec, real_ns, m.time_range.start, m.thread, parent, fresh, native_tid))
+        start = m.time_range.start
+        matched.append(Matched(rec, real_ns, start, m.thread, parent, fresh, native_tid))
         if into_tables:
             dur_us = (rec.device_end_ns - rec.device_start_ns) / 1000.0
             name = device_event_name(rec)
             if parent is not None:
                 parent.append_kernel(name, DeviceType.PrivateUse1, dur_us)
-            start = m.time_range.start + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
+            start += (rec.device_start_ns - rec.host_submit_ns) / 1000.0
             dev = FunctionEvent(
                 id=next_id, name=name, thread=rec.stream, start_us=start, end_us=start + dur_us,
                 device_type=DeviceType.PrivateUse1, device_index=rec.core, use_device=use_device,
@@ -83,11 +87,13 @@ def correlate(prof, capture, now_ns: float, *, into_tables: bool) -> tuple[list[
             )
             next_id += 1
             device_events.append(dev)
-    # markers are bookkeeping, not ops: take them out of the event list and the tree
-    marker_ids = {id(m) for m in markers}
-    for m in markers:
-        if m.cpu_parent is not None:
-            m.cpu_parent.cpu_children = [c for c in m.cpu_parent.cpu_children if id(c) not in marker_ids]
-    events[:] = [e for e in events if id(e) not in marker_ids] + (device_events if into_tables else [])
+    if markers:  # markers are bookkeeping, not ops: take them out of the event list and the tree
+        marker_ids = {id(m) for m in markers}
+        parents = {id(m.cpu_parent): m.cpu_parent for m in markers if m.cpu_parent is not None}
+        for p in parents.values():
+            p.cpu_children = [c for c in p.cpu_children if id(c) not in marker_ids]
+        events[:] = [e for e in events if id(e) not in marker_ids]
+    if into_tables:
+        events.extend(device_events)
     matched.sort(key=lambda x: x.rec.flow_id)
     return matched, pending

@@ -222,14 +222,19 @@ RULES: list[tuple[str, str, Callable[[_Ctx], str | None], str]] = [
 
 
 def diagnose(path, *, events: list | None = None, summaries: list | None = None,
-             trusted: bool = False) -> list[Finding]:
+             trusted: bool = False, manifest: dict | None = None) -> list[Finding]:
     """Every finding for the profile at ``path`` (an empty list means no known mistake).
 
-    The exporter passes what it has in memory (the system trace's ``events``, the modeled
-    ``summaries`` of the instruction traces) and ``trusted=True`` for files it just wrote,
-    so the check at export re-reads nothing big.
+    The exporter passes what it has in memory and ``trusted=True`` for files it just wrote,
+    so the check at export re-reads nothing: the system trace's ``events`` (at least those
+    the rules read: runtime, hardware and memcpy slices, ``ProfilerStep`` and
+    ``tilescope::synchronize`` ranges), the modeled ``summaries`` of the instruction traces
+    and the ``manifest`` it wrote.
     """
-    prof = read_profile(Path(path), verify=not trusted)
+    if trusted and manifest is not None:
+        prof = Profile(Path(path), manifest)
+    else:
+        prof = read_profile(Path(path), verify=not trusted)
     ctx = _Ctx(prof, events, summaries, trusted)
     findings = []
     for code, severity, check, fix in RULES:

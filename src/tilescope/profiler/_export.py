@@ -12,7 +12,6 @@ import json
 import os
 import socket
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -21,12 +20,11 @@ import torch
 
 from ._capture import capture
 from ._config import ProfileConfig, ProfileMode
-from ._correlate import correlate, device_event_name
+from ._correlate import correlate
+from ._events import HOST, device_events, doctor_events, event_count, framework_events, placement
 from ._format import ProfileWriter
 
 __all__ = ["Profiler"]
-
-_FRAMEWORK, _RUNTIME, _HARDWARE, _HOST = 1, 2, 3, 4
 
 
 class Profiler:
@@ -65,42 +63,42 @@ class Profiler:
         matched = [m for m in matched if cfg.captures(m.rec.core)]
         trace_start_ns = prof.profiler.kineto_results.trace_start_ns()
         with ProfileWriter(cfg.output_dir, device=device, config=cfg.to_dict()) as w:
-            with tempfile.TemporaryDirectory() as tmp:
-                fw = Path(tmp) / "trace.json"
-                prof.export_chrome_trace(str(fw))
-                w.write_bytes("trace.json", _framework_trace_with_device(fw, prof, matched))
-                if device["kind"] == "sim":
-                    events = _system_trace(prof, matched, trace_start_ns, cfg, self._sampler)
-                else:  # a real device: lanes and flows come from Kineto's own records
-                    from ._kineto import system_trace_from_kineto
+            rows = placement(matched)
+            fw = w.target("trace.json")
+            prof.export_chrome_trace(str(fw))
+            fw_data = fw.read_bytes()
+            w.write_bytes("trace.json", _framework_trace_with_device(fw_data, prof, rows))
+            if device["kind"] == "sim":
+                chunks, n_events, checked = _system_trace(prof, rows, trace_start_ns, cfg, self._sampler)
+            else:  # a real device: lanes and flows come from Kineto's own records
+                from ._kineto import system_trace_from_kineto
 
-                    events = system_trace_from_kineto(json.loads(fw.read_bytes()),
-                                                      socket.gethostname().split(".")[0] or "host", os.getpid())
-            w.write_json("system_trace.json", {
-                "traceEvents": events, "displayTimeUnit": "ns",
-                "metadata": {"tilescope": {"modeled_device": device["kind"] == "sim", "clock": device.get("clock")}},
-            })
+                checked = system_trace_from_kineto(json.loads(fw_data), socket.gethostname().split(".")[0] or "host",
+                                                   os.getpid())
+                chunks = [json.dumps(checked, separators=(",", ":"), allow_nan=False)[1:-1]] if checked else []
+                n_events = len(checked)
+            w.write_bytes("system_trace.json", _system_trace_bytes(chunks, device))
             dropped, summaries = {}, []
             if cfg.has(ProfileMode.DEVICE):
                 dropped, summaries = _write_device_traces(w, matched, cfg)
             cold = [m for m in matched if m.fresh]
             w.stats = {
-                "events": len(events), "executions": len(matched), "pending_executions": pending,
+                "events": n_events, "executions": len(matched), "pending_executions": pending,
                 "dropped_events": dropped, "record_buffer_drops": capture.dropped,
                 "cold_executions": len(cold), "cold_ops": sorted({m.rec.op for m in cold})[:8],
                 "launch_interval_us": capture.launch_intervals_us(),
             }
         capture.forget(m.rec.flow_id for m in matched)
         self.paths.append(w.path)
-        _report_findings(w.path, events, summaries)
+        _report_findings(w.path, w.final_manifest, checked, summaries)
         return w.path
 
 
-def _report_findings(path: Path, events: list, summaries: list) -> None:
-    """The doctor runs at export too: one line per finding on stderr."""
+def _report_findings(path: Path, manifest: dict, events: list, summaries: list) -> None:
+    """The doctor runs at export too, on what is in memory: one line per finding on stderr."""
     from ._doctor import diagnose
 
-    for f in diagnose(path, events=events, summaries=summaries, trusted=True):
+    for f in diagnose(path, events=events, summaries=summaries, trusted=True, manifest=manifest):
         if f.severity != "info":
             print(f"tilescope doctor: [{f.severity}] {f.code}: {f.message} (fix: {f.fix})", file=sys.stderr)
 
@@ -135,97 +133,37 @@ def _device_info(sim: bool) -> dict:
             "assumed": {"runtime_exec_us": s.preset.runtime_exec_us, "host_dispatch_us": s.preset.host_dispatch_us}}
 
 
-def _meta(pid: int, name: str, tid: int | None = None, tname: str | None = None) -> list[dict]:
-    out = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}}]
-    if tid is not None:
-        out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": tname}})
-    return out
+def _meta(pid: int, name: str) -> list[dict]:
+    return [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}}]
 
 
 def _lane_prefix() -> str:
     return f"{socket.gethostname().split('.')[0] or 'host'}/pid:{os.getpid()}"
 
 
-def _framework_events(prof) -> tuple[list[dict], dict]:
-    """Every CPU event of torch's trace on the framework lanes; returns the thread -> tid map."""
-    events: list[dict] = []
-    threads: dict[int, int] = {}
-    for evt in prof.profiler.function_events:
-        if evt.device_type != torch.autograd.DeviceType.CPU:
-            continue
-        tid = threads.setdefault(evt.thread, len(threads))
-        args = {"External id": evt.id}
-        if evt.input_shapes:
-            args["Input Dims"] = evt.input_shapes
-        if evt.stack:
-            args["Call stack"] = ";".join(evt.stack)
-        events.append({
-            "ph": "X", "cat": "user_annotation" if evt.is_user_annotation else "cpu_op", "name": evt.name,
-            "pid": _FRAMEWORK, "tid": tid, "ts": round(evt.time_range.start, 3),
-            "dur": round(evt.time_range.elapsed_us(), 3), "args": args,
-        })
-    meta = _meta(_FRAMEWORK, f"{_lane_prefix()}/framework")
-    for thread, tid in threads.items():
-        meta.append({"ph": "M", "name": "thread_name", "pid": _FRAMEWORK, "tid": tid, "args": {"name": f"tid:{tid}"}})
-    return meta + events, threads
-
-
-def _device_events(matched, threads: dict, *, shift: float = 0.0, fw_pid=_FRAMEWORK, fw_tid=None) -> list[dict]:
-    """Runtime and hardware lanes and the flows linking each execution to its framework op.
-
-    An execution's runtime ``execute`` event starts at its launch marker; its hardware
-    ``exec_running`` event starts ``device_start - host_submit`` later (the modeled queue and
-    runtime cost), never before the previous execution on that core ends; durations are the
-    modeled ones, unchanged. ``shift`` moves everything onto another trace's clock.
-    """
-    if not matched:
-        return []
+def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler) -> tuple[list[str], int, list[dict]]:
+    """The system trace's events (JSON text), how many there are, and the ones the doctor reads."""
     prefix = _lane_prefix()
-    events = _meta(_RUNTIME, f"{prefix}/runtime") + _meta(_HARDWARE, f"{prefix}/hardware")
-    for c in sorted({m.rec.core for m in matched}):
-        events.append({"ph": "M", "name": "thread_name", "pid": _RUNTIME, "tid": c, "args": {"name": f"core:{c}"}})
-        events.append({"ph": "M", "name": "thread_name", "pid": _HARDWARE, "tid": c, "args": {"name": f"core:{c}"}})
-    hw_end: dict[int, float] = {}
-    r = lambda v: round(v + shift, 3)  # noqa: E731
-    for m in matched:
-        rec = m.rec
-        t_launch = m.marker_us
-        rt_dur = (rec.queued_ns - rec.host_submit_ns) / 1000.0
-        hw_ts = t_launch + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
-        hw_ts = max(hw_ts, hw_end.get(rec.core, hw_ts), t_launch + rt_dur)
-        hw_dur = (rec.device_end_ns - rec.device_start_ns) / 1000.0
-        hw_end[rec.core] = hw_ts + hw_dur
-        common = {"flow_id": rec.flow_id, "program_hash": rec.program_hash, "op": rec.op, "core": rec.core,
-                  "lowering": rec.lowering}
-        events.append({"ph": "X", "cat": "runtime", "name": f"execute {rec.op}", "pid": _RUNTIME, "tid": rec.core,
-                       "ts": r(t_launch), "dur": round(rt_dur, 3),
-                       "args": {**common, "queued_us": round(rt_dur, 3), "assumed_runtime_cost": True}})
-        hw_args = {**common, "modeled": True, "instructions": len(rec.program) if rec.program is not None else 0}
-        if rec.kind == "memcpy":
-            hw_args.update(bytes=rec.nbytes, direction=rec.direction)
-        events.append({"ph": "X", "cat": "memcpy" if rec.kind == "memcpy" else "hardware",
-                       "name": device_event_name(rec), "pid": _HARDWARE, "tid": rec.core,
-                       "ts": r(hw_ts), "dur": round(hw_dur, 3), "args": hw_args})
-        fw_ts = m.parent.time_range.start if m.parent is not None else t_launch
-        flow = {"cat": "tilescope.flow", "name": "launch", "id": rec.flow_id}
-        tid = threads.get(m.thread, 0) if fw_tid is None else fw_tid(m)
-        events.append({**flow, "ph": "s", "pid": fw_pid, "tid": tid, "ts": r(max(fw_ts, t_launch - 1e-3))})
-        events.append({**flow, "ph": "t", "pid": _RUNTIME, "tid": rec.core, "ts": r(t_launch)})
-        events.append({**flow, "ph": "f", "bp": "e", "pid": _HARDWARE, "tid": rec.core, "ts": r(hw_ts)})
-    return events
-
-
-def _system_trace(prof, matched, trace_start_ns: int, cfg: ProfileConfig, sampler) -> list[dict]:
-    events, threads = _framework_events(prof)
-    if cfg.has(ProfileMode.RUNTIME):
-        events += _device_events(matched, threads)
+    chunks, threads, checked, end_us = framework_events(prof, prefix)
+    n_events = len(chunks)
+    if cfg.has(ProfileMode.RUNTIME) and rows:
+        chunks += device_events(rows, prefix, lambda m: threads.get(m.thread, 0))
+        n_events += event_count(rows)
+        checked += doctor_events(rows)
+        end_us = max(end_us, max(r[3] + r[4] for r in rows))
     if sampler is not None:
-        end_us = max((e["ts"] + e.get("dur", 0) for e in events if e.get("ph") == "X"), default=0.0)
-        events += sampler.events(trace_start_ns, cfg, end_us)
-    return events
+        host = sampler.events(trace_start_ns, cfg, end_us)
+        chunks += [json.dumps(e, separators=(",", ":")) for e in host]
+        n_events += len(host)
+    return chunks, n_events, checked
 
 
-def _framework_trace_with_device(path: Path, prof, matched) -> bytes:
+def _system_trace_bytes(chunks: list[str], device: dict) -> bytes:
+    tail = json.dumps({"tilescope": {"modeled_device": device["kind"] == "sim", "clock": device.get("clock")}})
+    return ('{"traceEvents":[' + ",".join(chunks) + '],"displayTimeUnit":"ns","metadata":' + tail + "}").encode()
+
+
+def _framework_trace_with_device(data: bytes, prof, rows) -> bytes:
     """torch's own Chrome trace with the device executions (and their flows) added.
 
     torch's timestamps are ``(trace start - baseTimeNanoseconds) / 1000`` µs ahead of the
@@ -234,22 +172,19 @@ def _framework_trace_with_device(path: Path, prof, matched) -> bytes:
     cost more to parse than everything else the export does)."""
     import re
 
-    data = path.read_bytes()
-    if not matched:
+    if not rows:
         return data
     head = data[:4096].decode("utf-8", "replace")
     base = re.search(r'"baseTimeNanoseconds":\s*(\d+)', head)
     cut = data.rfind(b"]", 0, data.rfind(b'"traceName"')) if b'"traceName"' in data[-4096:] else -1
     if base is None or cut < 0:
-        return _framework_trace_parsed(data, prof, matched)
+        return _framework_trace_parsed(data, prof, rows)
     shift = (prof.profiler.kineto_results.trace_start_ns() - int(base.group(1))) / 1000.0
-    pid = os.getpid()
-    extra = _device_events(matched, {}, shift=shift, fw_pid=pid, fw_tid=lambda m: m.native_tid)
-    body = json.dumps(extra, separators=(",", ":")).encode()[1:-1]  # one encoder call for all events
-    return data[:cut] + b",\n" + body + data[cut:]
+    extra = device_events(rows, _lane_prefix(), lambda m: m.native_tid, shift=shift, fw_pid=os.getpid())
+    return b"".join((data[:cut], b",\n", ",".join(extra).encode(), data[cut:]))
 
 
-def _framework_trace_parsed(data: bytes, prof, matched) -> bytes:
+def _framework_trace_parsed(data: bytes, prof, rows) -> bytes:
     """The slow path: parse torch's trace and shift by a matched event (any trace layout)."""
     doc = json.loads(data)
     events = doc.get("traceEvents", [])
@@ -267,8 +202,8 @@ def _framework_trace_parsed(data: bytes, prof, matched) -> bytes:
             break
     if shift is None:
         return data
-    extra = _device_events(matched, {}, shift=shift, fw_pid=os.getpid(), fw_tid=lambda m: m.native_tid)
-    doc["traceEvents"] = events + extra
+    extra = device_events(rows, _lane_prefix(), lambda m: m.native_tid, shift=shift, fw_pid=os.getpid())
+    doc["traceEvents"] = events + json.loads("[" + ",".join(extra) + "]")
     return json.dumps(doc).encode()
 
 
@@ -354,15 +289,15 @@ class _HostSampler:
             last_wall, last_cpu = wall, cpu
 
     def events(self, trace_start_ns: int, cfg: ProfileConfig, end_us: float) -> list[dict]:
-        out = _meta(_HOST, f"{_lane_prefix()}/host")
+        out = _meta(HOST, f"{_lane_prefix()}/host")
         for wall, util, rss in list(self.samples):
             ts = (wall - trace_start_ns) / 1000.0
             if ts < 0 or ts > end_us:
                 continue
             if cfg.has(ProfileMode.HOST_CPU):
-                out.append({"ph": "C", "name": "host CPU", "pid": _HOST, "tid": 0, "ts": round(ts, 3),
+                out.append({"ph": "C", "name": "host CPU", "pid": HOST, "tid": 0, "ts": round(ts, 3),
                             "args": {"cpu_util": round(util, 4)}})
             if cfg.has(ProfileMode.HOST_MEMORY):
-                out.append({"ph": "C", "name": "host memory", "pid": _HOST, "tid": 0, "ts": round(ts, 3),
+                out.append({"ph": "C", "name": "host memory", "pid": HOST, "tid": 0, "ts": round(ts, 3),
                             "args": {"rss_bytes": rss}})
         return out

@@ -1,0 +1,154 @@
+"""System-trace events of a simulated-device profile, formatted straight to JSON text.
+
+The exporter writes each event once and never reads it back, so events are not built
+as dicts and encoded: each one is a single f-string (times as ``%.3f`` µs). The same
+device placement is rendered twice -- into the system trace and, shifted onto torch's
+clock, into torch's ``trace.json`` -- and computed once. The doctor gets, as dicts, only
+the events its rules read (see :func:`doctor_events`).
+
+>>> js("a\\"b"), js(None)
+('"a\\\\"b"', 'null')
+"""
+
+from __future__ import annotations
+
+import json
+from json.encoder import encode_basestring_ascii as _encode_str
+
+import torch
+
+from ._correlate import device_event_name
+
+__all__ = ["FRAMEWORK", "RUNTIME", "HARDWARE", "HOST", "js", "meta", "framework_events", "placement",
+           "device_events", "event_count", "doctor_events"]
+
+FRAMEWORK, RUNTIME, HARDWARE, HOST = 1, 2, 3, 4
+_CPU = torch.autograd.DeviceType.CPU
+_DOCTOR_RANGES = ("ProfilerStep", "tilescope::synchronize")  # framework ranges the doctor reads
+
+
+def js(value) -> str:
+    """A JSON literal (strings as ``json.dumps`` writes them)."""
+    return _encode_str(value) if isinstance(value, str) else json.dumps(value)
+
+
+def meta(pid: int, name: str, tid: int | None = None, tname: str | None = None) -> list[str]:
+    out = [f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{js(name)}}}}}']
+    if tid is not None:
+        out.append(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},"args":{{"name":{js(tname)}}}}}')
+    return out
+
+
+def framework_events(prof, prefix: str) -> tuple[list[str], dict, list[dict], float]:
+    """Every CPU event of torch's profile on the framework lanes.
+
+    Returns the events' text, the thread -> tid map, the ranges the doctor reads (as dicts)
+    and the end of the last event (µs)."""
+    events: list[str] = []
+    threads: dict[int, int] = {}
+    names: dict[str, str] = {}
+    ranges: list[dict] = []
+    end = 0.0
+    for evt in prof.profiler.function_events:
+        if evt.device_type != _CPU:
+            continue
+        tid = threads.get(evt.thread)
+        if tid is None:
+            tid = threads[evt.thread] = len(threads)
+        name = names.get(evt.name)
+        if name is None:
+            name = names[evt.name] = js(evt.name)
+        start, dur = evt.time_range.start, evt.time_range.elapsed_us()
+        extra = ""
+        if evt.input_shapes:
+            extra += f',"Input Dims":{json.dumps(evt.input_shapes)}'
+        if evt.stack:
+            extra += f',"Call stack":{js(";".join(evt.stack))}'
+        cat = "user_annotation" if evt.is_user_annotation else "cpu_op"
+        events.append(f'{{"ph":"X","cat":"{cat}","name":{name},"pid":{FRAMEWORK},"tid":{tid},"ts":{start:.3f},'
+                      f'"dur":{dur:.3f},"args":{{"External id":{evt.id}{extra}}}}}')
+        end = max(end, start + dur)
+        if evt.name.startswith(_DOCTOR_RANGES):
+            ranges.append({"ph": "X", "cat": cat, "name": evt.name, "pid": FRAMEWORK, "tid": tid,
+                           "ts": round(start, 3), "dur": round(dur, 3)})
+    head = meta(FRAMEWORK, f"{prefix}/framework")
+    head += [f'{{"ph":"M","name":"thread_name","pid":{FRAMEWORK},"tid":{tid},"args":{{"name":"tid:{tid}"}}}}'
+             for tid in threads.values()]
+    return head + events, threads, ranges, end
+
+
+def placement(matched) -> list[tuple]:
+    """Where each execution goes on the runtime and hardware lanes (µs on torch's clock), with
+    the parts of its events that do not depend on the clock, as text.
+
+    An execution's runtime ``execute`` event starts at its launch marker; its hardware
+    ``exec_running`` event starts ``device_start - host_submit`` later (the modeled queue and
+    runtime cost), never before the previous execution on that core ends; durations are the
+    modeled ones, unchanged. Rows are ``(matched, runtime start, runtime dur, hardware start,
+    hardware dur, framework op start, runtime event head, hardware event head, args)``.
+    """
+    rows = []
+    hw_end: dict[int, float] = {}
+    for m in matched:
+        rec = m.rec
+        core = rec.core
+        t_launch = m.marker_us
+        rt_dur = (rec.queued_ns - rec.host_submit_ns) / 1000.0
+        hw_ts = t_launch + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
+        hw_ts = max(hw_ts, hw_end.get(core, hw_ts), t_launch + rt_dur)
+        hw_dur = (rec.device_end_ns - rec.device_start_ns) / 1000.0
+        hw_end[core] = hw_ts + hw_dur
+        fw_ts = m.parent.time_range.start if m.parent is not None else t_launch
+        common = (f'"flow_id":{rec.flow_id},"program_hash":{js(rec.program_hash)},"op":{js(rec.op)},'
+                  f'"core":{core},"lowering":{js(rec.lowering)}')
+        n = len(rec.program) if rec.program is not None else 0
+        if rec.kind == "memcpy":
+            cat, extra = "memcpy", f',"bytes":{js(rec.nbytes)},"direction":{js(rec.direction)}'
+        else:
+            cat, extra = "hardware", ""
+        rt_head = f'{{"ph":"X","cat":"runtime","name":{js("execute " + rec.op)},"pid":{RUNTIME},"tid":{core}'
+        hw_head = f'{{"ph":"X","cat":"{cat}","name":{js(device_event_name(rec))},"pid":{HARDWARE},"tid":{core}'
+        rt_args = f'"args":{{{common},"queued_us":{rt_dur:.3f},"assumed_runtime_cost":true}}}}'
+        hw_args = f'"args":{{{common},"modeled":true,"instructions":{n}{extra}}}}}'
+        flow = f'{{"cat":"tilescope.flow","name":"launch","id":{rec.flow_id}'
+        rows.append((m, t_launch, rt_dur, hw_ts, hw_dur, max(fw_ts, t_launch - 1e-3),
+                     rt_head, rt_args, hw_head, hw_args, flow))
+    return rows
+
+
+def device_events(rows, prefix: str, fw_tid, *, shift: float = 0.0, fw_pid: int = FRAMEWORK) -> list[str]:
+    """The runtime and hardware lanes and the flows linking each execution to its framework op
+    (``fw_tid(matched)`` is the op's lane); ``shift`` moves them onto another trace's clock."""
+    if not rows:
+        return []
+    events = meta(RUNTIME, f"{prefix}/runtime") + meta(HARDWARE, f"{prefix}/hardware")
+    for c in sorted({row[0].rec.core for row in rows}):
+        events += [f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{c},"args":{{"name":"core:{c}"}}}}'
+                   for pid in (RUNTIME, HARDWARE)]
+    for m, rt_ts, rt_dur, hw_ts, hw_dur, fw_ts, rt_head, rt_args, hw_head, hw_args, flow in rows:
+        core = m.rec.core
+        rt_ts, hw_ts = rt_ts + shift, hw_ts + shift
+        events.append(
+            f'{rt_head},"ts":{rt_ts:.3f},"dur":{rt_dur:.3f},{rt_args},'
+            f'{hw_head},"ts":{hw_ts:.3f},"dur":{hw_dur:.3f},{hw_args},'
+            f'{flow},"ph":"s","pid":{fw_pid},"tid":{fw_tid(m)},"ts":{fw_ts + shift:.3f}}},'
+            f'{flow},"ph":"t","pid":{RUNTIME},"tid":{core},"ts":{rt_ts:.3f}}},'
+            f'{flow},"ph":"f","bp":"e","pid":{HARDWARE},"tid":{core},"ts":{hw_ts:.3f}}}')
+    return events
+
+
+def event_count(rows) -> int:
+    """How many events :func:`device_events` writes for ``rows``."""
+    return 0 if not rows else 4 + 2 * len({row[0].rec.core for row in rows}) + 5 * len(rows)
+
+
+def doctor_events(rows) -> list[dict]:
+    """The runtime and hardware slices of ``rows`` as the doctor's rules read them."""
+    out = []
+    for row in rows:
+        rec = row[0].rec
+        args = {"flow_id": rec.flow_id, "program_hash": rec.program_hash, "op": rec.op, "core": rec.core}
+        out.append({"ph": "X", "cat": "runtime", "ts": row[1], "dur": row[2], "args": args})
+        out.append({"ph": "X", "cat": "memcpy" if rec.kind == "memcpy" else "hardware", "ts": row[3],
+                    "dur": row[4], "args": args})
+    return out
