@@ -137,10 +137,21 @@ def test_random_pointwise_and_reduction_graphs_fuse_into_one_pass(rows, d, ops):
     segs, prog, stats, out = fuse(fn, x, w)
     assert [s.kind for s in segs] == ["rowgroup"]
     ref = fn(x, w).numpy()
-    # x - sum(x) cancels: compare against the magnitudes that went in, not the result's
+    ours = _only(out)
+    # Both are fp32 with different summation orders, and a random graph can amplify rounding
+    # (x - mean(x) cancels, exp after it multiplies the error): judge both against float64 and
+    # allow the fused pass a small multiple of eager PyTorch's own error, plus the magnitudes
+    # that went in.
+    exact = fn(x.double(), w.double()).numpy()
     finite = np.abs(ref[np.isfinite(ref)])
     scale = max(1.0, float(finite.max()) if finite.size else 1.0, float(np.abs(x.numpy()).max()) * d)
-    np.testing.assert_allclose(_only(out), ref, rtol=2e-4, atol=2e-6 * scale)
+    fin = np.isfinite(ref)
+    np.testing.assert_array_equal(np.isfinite(ours), fin)  # overflow where eager overflows
+    np.testing.assert_array_equal(ours[~fin], ref[~fin])
+    eager_err = np.abs(ref[fin].astype(np.float64) - exact[fin])
+    tol = 2e-4 * np.abs(exact[fin]) + 2e-6 * scale + 8 * eager_err
+    err = np.abs(ours[fin].astype(np.float64) - exact[fin])
+    assert (err <= tol).all(), f"fused error {err.max():.3g} exceeds {tol[err.argmax()]:.3g} at {err.argmax()}"
     s = simulate(prog).summary
     if not stats.spill_bytes:
         # each input is read once and the output written once: no intermediate touches HBM
