@@ -4,7 +4,7 @@
 
 1. Writes a Kineto-style Chrome trace with ``--events`` events (host threads running aten ops
    that launch kernels, GPU streams running them, correlation ids linking both; about 140 bytes
-   per event) and ingests it: ``tilescope.trace.open`` (Parquet cache + LOD) and the explorer's
+   per event) and ingests it: ``tilescope.trace.open`` (the Parquet cache) and the explorer's
    timeline index (built once, then memory-mapped from the cache).
 2. Starts the explorer's server and Debian's headless Chromium (fresh profile) and measures
    * **first paint**: from navigation start to the first frame of the timeline with data
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     tr = tt.open(trace)
     ingest = time.perf_counter() - t
-    print(f"ingest (tilescope.trace.open: Parquet + LOD): {ingest:.1f} s")
+    print(f"ingest (tilescope.trace.open: the Parquet cache): {ingest:.1f} s")
     del tr
     t = time.perf_counter()
     session = Session([trace])

@@ -149,3 +149,29 @@ def test_sub_nanosecond_rounding(text, ns, tmp_path, monkeypatch):
 def test_parquet_writer_example():
     failures, tried = doctest.testmod(_parquet, optionflags=doctest.ELLIPSIS)
     assert tried > 0 and failures == 0
+
+
+def test_mutated_input_never_crashes():
+    # the parser reads untrusted bytes: random edits of a valid array (bytes flipped, inserted,
+    # deleted, cut) must come back as a result, never as a crash or an out-of-range offset
+    import random
+
+    rng = random.Random(0)
+    texts = [json.dumps(TRICKY, indent=i, ensure_ascii=a)[1:] for i in (None, 1) for a in (True, False)]
+    alphabet = b'{}[]",:\\ \n\tu0123456789.eE-+abcdefnrtlsx\x00\x1f\xff'
+    for _ in range(3000):
+        t = bytearray(rng.choice(texts).encode())
+        for _ in range(rng.randint(1, 6)):
+            op, i = rng.random(), rng.randrange(len(t) + 1)
+            if op < 0.4 and t:
+                t[min(i, len(t) - 1)] = rng.choice(alphabet)
+            elif op < 0.7:
+                t[i:i] = bytes([rng.choice(alphabet)])
+            elif op < 0.9 and t:
+                del t[min(i, len(t) - 1)]
+            else:
+                t = t[:i]
+        for final in (False, True):
+            r = _native._kscan.scan(bytes(t), final)
+            assert 0 <= r["consumed"] <= len(t) and r["ended"] <= len(t) and r["stray"] < len(t)
+            assert r["rows"] + r["bad"] <= len(t)

@@ -42,6 +42,7 @@ static int buf_grow(Buf *b, size_t extra) {
     return 0;
 }
 static inline int buf_put(Buf *b, const void *s, size_t n) {
+    if (!n) return 0;
     if (buf_grow(b, n)) return -1;
     memcpy(b->p + b->len, s, n);
     b->len += n;
@@ -494,8 +495,8 @@ static PyObject *page_body(Column *c, int64_t rows) {
     char *o = PyBytes_AS_STRING(out);
     memcpy(o, &deflen, 4);
     memcpy(o + 4, hdr, h);
-    memcpy(o + 4 + h, c->valid.p, groups);
-    memcpy(o + 4 + deflen, c->values.p, c->values.len);
+    if (groups) memcpy(o + 4 + h, c->valid.p, groups);  /* (no buffer at all when empty) */
+    if (c->values.len) memcpy(o + 4 + deflen, c->values.p, c->values.len);
     return out;
 }
 
