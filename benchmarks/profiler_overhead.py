@@ -10,7 +10,9 @@ torch.profiler with CPU + PrivateUse1 activities, export, and read the op table
 Two workloads: a loop of naive RMSNorm (small ops: the per-export cost dominates) and one
 training step of a 2-layer transformer encoder (a realistic profiled step). Prints the median
 wall time of each side (REPEATS alternating runs in one process), the overhead (target
-<= 10%), and the cost split into per-execution and per-export parts.
+<= 10%), the overhead per device execution, and the medians of each side's phases: the
+profiled region (capture during the workload), stopping the profiler with its export, and
+reading the op table.
 
 Run: .venv/bin/python benchmarks/profiler_overhead.py
 """
@@ -53,7 +55,9 @@ def make_transformer_step():
     return step
 
 
-def run(workload, with_tilescope: bool, out: str) -> tuple[float, int]:
+def run(workload, with_tilescope: bool, out: str) -> tuple[dict, int]:
+    """One profiled run; returns its wall times (total and the split: profiled region, stop +
+    export, key_averages) and how many device executions it profiled."""
     os.makedirs(out, exist_ok=True)
     recs = []
     tilescope.device.subscribe(recs.append)
@@ -65,10 +69,12 @@ def run(workload, with_tilescope: bool, out: str) -> tuple[float, int]:
         kwargs = dict(on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/trace.json"))
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], **kwargs) as prof:
         workload()
+        t1 = time.perf_counter()
+    t2 = time.perf_counter()
     prof.key_averages()
-    elapsed = time.perf_counter() - t0
+    t3 = time.perf_counter()
     tilescope.device.unsubscribe(recs.append)
-    return elapsed, len(recs)
+    return {"total": t3 - t0, "region": t1 - t0, "stop+export": t2 - t1, "key_averages": t3 - t2}, len(recs)
 
 
 def main() -> None:
@@ -91,12 +97,16 @@ def main() -> None:
                     t, n = run(workload, flag, f"{tmp}/{k}{flag}")
                     times[flag].append(t)
                     execs = n
-            base, ours = statistics.median(times[False]), statistics.median(times[True])
+            med = {flag: {part: statistics.median(t[part] for t in ts) for part in ts[0]} for flag, ts in times.items()}
+            base, ours = med[False]["total"], med[True]["total"]
             print(f"{name}: {execs} device executions per profile")
             print(f"  torch.profiler alone + export + key_averages: median {base * 1e3:8.1f} ms")
             print(f"  with tilescope's Profiler:                    median {ours * 1e3:8.1f} ms")
             print(f"  overhead: {(ours / base - 1) * 100:+.1f}% (target <= 10%); "
                   f"{(ours - base) * 1e6 / max(execs, 1):.0f} us per device execution, all costs included")
+            print("  split (medians, ms; torch alone -> with tilescope): " + ", ".join(
+                f"{part} {med[False][part] * 1e3:.1f} -> {med[True][part] * 1e3:.1f}"
+                for part in ("region", "stop+export", "key_averages")))
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ def test_documented_loop_on_naive_rmsnorm(sim, tmp_path):
         assert h in exes
         assert p.load_itrace(trace_path)["program_hash"] == h
     trace = json.loads((path / "system_trace.json").read_text())
+    assert p.manifest["stats"]["events"] == len(trace["traceEvents"])
     hardware = [e for e in trace["traceEvents"] if e.get("cat") == "hardware"]
     assert len(hardware) == 6 and all(e["args"]["modeled"] for e in hardware)
     assert {e["args"]["program_hash"] for e in hardware} <= set(exes)

@@ -21,7 +21,7 @@ __all__ = ["MARKER", "Capture", "capture"]
 
 MARKER = "tilescope::exec#"
 _KEEP = 2_000_000  # records kept for export (older ones are dropped first)
-_GAPS = 4096  # launch-to-launch gaps kept per profiler state
+_GAPS = 1024  # launch-to-launch gaps kept per profiler state (the median of the recent ones)
 
 
 class Capture:

@@ -139,7 +139,7 @@ def device_events(rows, prefix: str, fw_tid, *, shift: float = 0.0, fw_pid: int 
 
 def event_count(rows) -> int:
     """How many events :func:`device_events` writes for ``rows``."""
-    return 0 if not rows else 4 + 2 * len({row[0].rec.core for row in rows}) + 5 * len(rows)
+    return 0 if not rows else 2 + 2 * len({row[0].rec.core for row in rows}) + 5 * len(rows)
 
 
 def doctor_events(rows) -> list[dict]:

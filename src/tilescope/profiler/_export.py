@@ -64,19 +64,12 @@ class Profiler:
         trace_start_ns = prof.profiler.kineto_results.trace_start_ns()
         with ProfileWriter(cfg.output_dir, device=device, config=cfg.to_dict()) as w:
             rows = placement(matched)
-            fw = w.target("trace.json")
-            prof.export_chrome_trace(str(fw))
-            fw_data = fw.read_bytes()
+            fw_data = _torch_trace(w, prof)
             w.write_bytes("trace.json", _framework_trace_with_device(fw_data, prof, rows))
             if device["kind"] == "sim":
                 chunks, n_events, checked = _system_trace(prof, rows, trace_start_ns, cfg, self._sampler)
             else:  # a real device: lanes and flows come from Kineto's own records
-                from ._kineto import system_trace_from_kineto
-
-                checked = system_trace_from_kineto(json.loads(fw_data), socket.gethostname().split(".")[0] or "host",
-                                                   os.getpid())
-                chunks = [json.dumps(checked, separators=(",", ":"), allow_nan=False)[1:-1]] if checked else []
-                n_events = len(checked)
+                chunks, n_events, checked = _kineto_system_trace(fw_data)
             w.write_bytes("system_trace.json", _system_trace_bytes(chunks, device))
             dropped, summaries = {}, []
             if cfg.has(ProfileMode.DEVICE):
@@ -139,6 +132,20 @@ def _meta(pid: int, name: str) -> list[dict]:
 
 def _lane_prefix() -> str:
     return f"{socket.gethostname().split('.')[0] or 'host'}/pid:{os.getpid()}"
+
+
+def _torch_trace(w: ProfileWriter, prof) -> bytes:
+    """torch's Chrome trace, exported where the profile's trace.json goes (and rewritten there)."""
+    path = w.target("trace.json")
+    prof.export_chrome_trace(str(path))
+    return path.read_bytes()
+
+
+def _kineto_system_trace(fw_data: bytes) -> tuple[list[str], int, list[dict]]:
+    from ._kineto import system_trace_from_kineto
+
+    events = system_trace_from_kineto(json.loads(fw_data), socket.gethostname().split(".")[0] or "host", os.getpid())
+    return ([json.dumps(events, separators=(",", ":"), allow_nan=False)[1:-1]] if events else []), len(events), events
 
 
 def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler) -> tuple[list[str], int, list[dict]]:
