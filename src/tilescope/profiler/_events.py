@@ -55,21 +55,23 @@ def framework_events(prof, prefix: str) -> tuple[list[str], dict, list[dict], fl
         tid = threads.get(evt.thread)
         if tid is None:
             tid = threads[evt.thread] = len(threads)
-        name = names.get(evt.name)
-        if name is None:
-            name = names[evt.name] = js(evt.name)
+        name = evt.name
+        text = names.get(name)
+        if text is None:
+            text = names[name] = js(name)
         start, dur = evt.time_range.start, evt.time_range.elapsed_us()
         extra = ""
         if evt.input_shapes:
-            extra += f',"Input Dims":{json.dumps(evt.input_shapes)}'
+            extra = f',"Input Dims":{json.dumps(evt.input_shapes)}'
         if evt.stack:
             extra += f',"Call stack":{js(";".join(evt.stack))}'
         cat = "user_annotation" if evt.is_user_annotation else "cpu_op"
-        events.append(f'{{"ph":"X","cat":"{cat}","name":{name},"pid":{FRAMEWORK},"tid":{tid},"ts":{start:.3f},'
+        events.append(f'{{"ph":"X","cat":"{cat}","name":{text},"pid":{FRAMEWORK},"tid":{tid},"ts":{start:.3f},'
                       f'"dur":{dur:.3f},"args":{{"External id":{evt.id}{extra}}}}}')
-        end = max(end, start + dur)
-        if evt.name.startswith(_DOCTOR_RANGES):
-            ranges.append({"ph": "X", "cat": cat, "name": evt.name, "pid": FRAMEWORK, "tid": tid,
+        if start + dur > end:
+            end = start + dur
+        if name.startswith(_DOCTOR_RANGES):
+            ranges.append({"ph": "X", "cat": cat, "name": name, "pid": FRAMEWORK, "tid": tid,
                            "ts": round(start, 3), "dur": round(dur, 3)})
     head = meta(FRAMEWORK, f"{prefix}/framework")
     head += [f'{{"ph":"M","name":"thread_name","pid":{FRAMEWORK},"tid":{tid},"args":{{"name":"tid:{tid}"}}}}'

@@ -45,6 +45,7 @@ def itrace_name(program_hash: str, run: int) -> str:
 
 
 _COLUMNS_CACHE: dict = {}
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def itrace_bytes(program, result, *, execution: dict | None = None) -> bytes:
@@ -58,8 +59,8 @@ def itrace_bytes(program, result, *, execution: dict | None = None) -> bytes:
         _COLUMNS_CACHE[key] = cached
         if len(_COLUMNS_CACHE) > 256:
             _COLUMNS_CACHE.pop(next(iter(_COLUMNS_CACHE)))
-    head = json.dumps({"execution": execution or {}}, separators=(",", ":"))[:-1]
-    return (head + "," + cached[1] + "}").encode()
+    head = _COMPACT.encode({"execution": execution or {}})[:-1]
+    return "".join((head, ",", cached[1], "}")).encode()
 
 
 def itrace_json(program, result, *, execution: dict | None = None) -> dict:
@@ -169,9 +170,12 @@ class ProfileWriter:
         if program.hash not in self._executables:
             exe = _Executable.of(program)
             target = self._target(rel)
-            if not exe.link_to(target):
+            final = os.path.join(self._final, rel)
+            if exe.link_to(target):
+                exe.path = final  # the same file (a link keeps inode, size and mtime)
+            else:
                 _write_file(target, exe.text.encode())
-            exe.written(target, os.path.join(self._final, rel))
+                exe.written(target, final)
             self._files[rel] = (exe.size, exe.sha256)
             self._executables.add(program.hash)
         return rel
