@@ -3,7 +3,9 @@
 Both sides run the same workload on the simulated device (virtual clock) under
 torch.profiler with CPU + PrivateUse1 activities, export, and read the op table
 (``key_averages``), as the documented workflow does:
-  * torch:     torch.profiler alone, exporting its Chrome trace;
+  * torch:     torch.profiler alone, exporting its Chrome trace (once a tilescope Profiler
+               exists, tilescope's capture listens to every device execution and marks it in
+               any torch.profiler session; it is taken off for these runs);
   * tilescope: the same plus ProfileConfig and Profiler(cfg).export_trace (device-time
                correlation, system trace, executables and instruction traces, manifest).
 
@@ -29,6 +31,7 @@ from torch.profiler import ProfilerActivity
 
 import tilescope.device
 from tilescope.profiler import ProfileConfig, Profiler
+from tilescope.profiler._capture import capture
 
 REPEATS = 9
 
@@ -61,6 +64,9 @@ def run(workload, with_tilescope: bool, out: str) -> tuple[dict, int]:
     os.makedirs(out, exist_ok=True)
     recs = []
     tilescope.device.subscribe(recs.append)
+    listening = capture.on_execution in tilescope.device._runtime._S.listeners
+    if listening and not with_tilescope:  # torch alone: without tilescope's capture (module doc)
+        tilescope.device.unsubscribe(capture.on_execution)
     t0 = time.perf_counter()
     if with_tilescope:
         cfg = ProfileConfig(output_dir=out)
@@ -74,6 +80,8 @@ def run(workload, with_tilescope: bool, out: str) -> tuple[dict, int]:
     prof.key_averages()
     t3 = time.perf_counter()
     tilescope.device.unsubscribe(recs.append)
+    if listening and not with_tilescope:
+        tilescope.device.subscribe(capture.on_execution)
     return {"total": t3 - t0, "region": t1 - t0, "stop+export": t2 - t1, "key_averages": t3 - t2}, len(recs)
 
 
