@@ -16,12 +16,19 @@ wall time of each side (REPEATS alternating runs in one process), the overhead (
 profiled region (capture during the workload), stopping the profiler with its export, and
 reading the op table.
 
-Run: .venv/bin/python benchmarks/profiler_overhead.py
+Run: .venv/bin/python benchmarks/profiler_overhead.py [--out DIR]
+
+Profiles go under the current directory by default (where ProfileConfig's default
+``output_dir="profile_out"`` writes them); the script prints how long creating a file takes
+there and in the system temp directory, since a profile is a few dozen files: on the
+development VM ``/tmp`` creates files ~20x slower (~600 us) than the rest of the same disk.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -85,7 +92,30 @@ def run(workload, with_tilescope: bool, out: str) -> tuple[dict, int]:
     return {"total": t3 - t0, "region": t1 - t0, "stop+export": t2 - t1, "key_averages": t3 - t2}, len(recs)
 
 
+def file_create_us(directory: str, n: int = 200) -> float:
+    """Median cost of creating and writing one small file in ``directory`` (a profile is ~45 files)."""
+    d = tempfile.mkdtemp(dir=directory, prefix=".fs-probe-")
+    times = []
+    for i in range(n):
+        t = time.perf_counter()
+        fd = os.open(os.path.join(d, f"f{i}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        os.write(fd, b"x" * 2048)
+        os.close(fd)
+        times.append(time.perf_counter() - t)
+    shutil.rmtree(d, ignore_errors=True)
+    return statistics.median(times) * 1e6
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.getcwd(),
+                    help="directory under which both sides write their profiles (default: the current "
+                         "directory, where ProfileConfig's default output_dir='profile_out' puts them)")
+    args = ap.parse_args()
+    probe = {d: file_create_us(d) for d in dict.fromkeys([args.out, tempfile.gettempdir()])}
+    print("profiles written under " + os.path.abspath(args.out) + "; file creation there: "
+          + ", ".join(f"{d} {us:.0f} us per file" for d, us in probe.items())
+          + " (both sides write there; tilescope's profile is ~2 files per Program that ran + 3)")
     tilescope.device.register()
     tilescope.device.configure(clock="virtual")
     x = torch.randn(512, 1024, device="sim")
@@ -94,7 +124,7 @@ def main() -> None:
         "naive RMSNorm [512, 1024] x 20 iterations": lambda: naive_rmsnorm_loop(x, w),
         "2-layer transformer encoder training step (d=256, 8x128 tokens)": make_transformer_step(),
     }
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.out, prefix=".profiler-overhead-") as tmp:
         for name, workload in workloads.items():
             for _ in range(2):  # build every Program first: we measure profiling, not lowering
                 workload()
