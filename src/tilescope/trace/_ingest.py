@@ -1,7 +1,9 @@
-"""Chrome / Kineto trace files -> Parquet parts, in bounded memory.
+"""Chrome / Kineto trace files -> Parquet parts, in bounded memory: the block reader both
+ingest paths share, and the DuckDB path (the fallback when the native parser, ``_native.py``,
+is not built).
 
 The file is read in blocks (gzip decompressed on the fly); :class:`ChromeTraceScanner`
-turns the ``traceEvents`` array into newline-delimited JSON parts of ~64 MiB; a worker
+turns the ``traceEvents`` array into newline-delimited JSON parts of ~16 MiB; a worker
 thread hands each finished part to DuckDB's parallel JSON reader, which writes one
 Parquet file per part while the next part is being scanned. Memory stays at a few parts,
 whatever the trace's size.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import shutil
 import sys
 import threading
@@ -24,11 +27,9 @@ import zlib
 from dataclasses import dataclass, field
 
 from ._jsonscan import ChromeTraceScanner, TraceFormatError
-import re
-
 from ._schema import RAW_JSON_COLUMNS, TS_EXACT_TYPE
 
-__all__ = ["IngestResult", "ingest_chrome_file", "BLOCK_BYTES", "PART_BYTES"]
+__all__ = ["IngestResult", "ingest_chrome_file", "clean_blocks", "BLOCK_BYTES", "PART_BYTES"]
 
 BLOCK_BYTES = 4 << 20
 FIRST_BLOCK_BYTES = 256 << 10
@@ -162,6 +163,40 @@ def _utf8_clean(block: bytes, offset: int, name: str, warnings: list[str], carry
         return block.decode("utf-8", errors="replace").encode("utf-8")
 
 
+def clean_blocks(reader: "_Reader", name: str, warnings: list[str], progress: bool | None):
+    """The file's blocks as ``(raw, valid UTF-8)`` pairs -- a small first block (the scan of the
+    document's head is the slow part), then BLOCK_BYTES each -- with a progress bar on large
+    files at a terminal. A multi-byte character split at the end arrives as a last ``(b"", ...)``."""
+    bar = task = None
+    show = progress if progress is not None else (reader.size >= PROGRESS_MIN_BYTES and sys.stderr.isatty())
+    try:
+        if show:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+            bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                           TransferSpeedColumn(), transient=True)
+            bar.start()
+            task = bar.add_task(f"ingest {name}", total=reader.size)
+        carry = bytearray()
+        offset = 0
+        size = FIRST_BLOCK_BYTES
+        while True:
+            block = reader.read(size)
+            size = BLOCK_BYTES
+            if not block:
+                break
+            clean = _utf8_clean(block, offset, name, warnings, carry)
+            offset += len(block)
+            yield block, clean
+            if bar is not None:
+                bar.update(task, completed=reader.consumed)
+        if carry:
+            yield b"", bytes(carry).decode("utf-8", errors="replace").encode()
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
 def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None = None,
                        fast: bool = True) -> IngestResult:
     """Ingest one Chrome/Kineto trace file into ``stage_dir/part-<k>.parquet`` files with
@@ -227,38 +262,13 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
         jobs.put((k, f.name))
 
     scanner = ChromeTraceScanner(name, emit, fast=fast)
-    bar = None
-    show = progress if progress is not None else (reader.size >= PROGRESS_MIN_BYTES and sys.stderr.isatty())
     try:
-        if show:
-            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
-            bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                           TransferSpeedColumn(), transient=True)
-            bar.start()
-            task = bar.add_task(f"ingest {name}", total=reader.size)
-        carry = bytearray()
-        offset = 0
-        first = True
-        first_block = None
-        while True:
-            # a small first block: the exact scan runs only until the event separator is learned
-            block = reader.read(FIRST_BLOCK_BYTES if first else BLOCK_BYTES)
-            first = False
-            if not block:
-                break
-            if first_block is None:
-                first_block = block
-                state["exact_ts"] = bool(_FRACTIONAL_EPOCH_TS.search(block))
-            clean = _utf8_clean(block, offset, name, warnings, carry)
-            offset += len(block)
+        for i, (raw, clean) in enumerate(clean_blocks(reader, name, warnings, progress)):
+            if i == 0:  # epoch times with fractions need DECIMAL (see _schema.TS_EXACT_TYPE)
+                state["exact_ts"] = bool(_FRACTIONAL_EPOCH_TS.search(raw))
             scanner.feed(clean)
             if state["bytes"] >= PART_BYTES:
                 rotate()
-            if bar is not None:
-                bar.update(task, completed=reader.consumed)
-        if carry:
-            scanner.feed(bytes(carry).decode("utf-8", errors="replace").encode())
         scanner.finish()
         rotate()
     except BaseException:
@@ -267,8 +277,6 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
         raise
     finally:
         reader.close()
-        if bar is not None:
-            bar.stop()
     jobs.put(None)
     th.join()
     shutil.rmtree(tmp_dir, ignore_errors=True)

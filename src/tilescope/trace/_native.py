@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 import time
 
 from ._jsonscan import ChromeTraceScanner, TraceFormatError
@@ -134,7 +133,7 @@ def ingest_native(path: str, stage_dir: str, *, progress: bool | None = None):
     """Ingest one Chrome/Kineto trace file into ``stage_dir/part-<k>.parquet``; returns an
     :class:`~tilescope.trace._ingest.IngestResult` whose ``stats`` hold the time extent and
     the counts the cache's meta.json reports."""
-    from ._ingest import BLOCK_BYTES, FIRST_BLOCK_BYTES, PROGRESS_MIN_BYTES, IngestResult, _Reader, _utf8_clean
+    from ._ingest import IngestResult, _Reader, clean_blocks
 
     t0 = time.perf_counter()
     os.makedirs(stage_dir, exist_ok=True)
@@ -148,37 +147,13 @@ def ingest_native(path: str, stage_dir: str, *, progress: bool | None = None):
         raise AssertionError("the native ingest emits pages, not text")
 
     scanner = ChromeTraceScanner(name, no_text, native=native)
-    bar = None
-    show = progress if progress is not None else (reader.size >= PROGRESS_MIN_BYTES and sys.stderr.isatty())
     try:
-        if show:
-            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
-            bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                           TransferSpeedColumn(), transient=True)
-            bar.start()
-            task = bar.add_task(f"ingest {name}", total=reader.size)
-        carry = bytearray()
-        offset = 0
-        first = True
-        while True:
-            block = reader.read(FIRST_BLOCK_BYTES if first else BLOCK_BYTES)
-            first = False
-            if not block:
-                break
-            clean = _utf8_clean(block, offset, name, warnings, carry)
-            offset += len(block)
+        for _raw, clean in clean_blocks(reader, name, warnings, progress):
             scanner.feed(clean)
-            if bar is not None:
-                bar.update(task, completed=reader.consumed)
-        if carry:
-            scanner.feed(bytes(carry).decode("utf-8", errors="replace").encode())
         scanner.finish()
     finally:
         parts.close()
         reader.close()
-        if bar is not None:
-            bar.stop()
     if native.bad:
         warnings.append(f"{name}: {native.bad:,} of {native.events:,} events are not valid JSON objects "
                         f"and were skipped")
