@@ -32,6 +32,7 @@ __all__ = ["available", "NativeEvents", "ingest_native", "COLUMNS"]
 COLUMNS = (("part", "INT32"), ("ph", "STRING"), ("cat", "STRING"), ("name", "STRING"), ("pid", "STRING"),
            ("tid", "STRING"), ("ts_ns", "INT64"), ("dur_ns", "INT64"), ("id", "STRING"), ("bp", "STRING"),
            ("s", "STRING"), ("args", "JSON"))
+assert _kscan is None or _kscan.COLUMNS == len(COLUMNS) - 1, "_kscan.c and COLUMNS disagree"
 PART_ROWS = 1 << 22  # rows per part file (eid = part << 32 | row keeps far below 2**32)
 _STAT_SUMS = ("events", "no_ts", "zero", "neg", "no_dur", "be")
 
@@ -115,9 +116,10 @@ class _PartFiles:
             self.rows_in_part = 0
             self.writer = ParquetWriter(os.path.join(self.stage_dir, f"part-{self.part:05d}.parquet"), COLUMNS)
         self.rows_in_part += rows
-        part_page = struct.pack("<i", self.part) * rows
+        part_page = struct.pack("<i", self.part) * rows  # 'part' is not parsed: a constant column
+        minmax = {"ts_ns": r["ts_minmax"], "dur_ns": r["dur_minmax"]}  # statistics: DuckDB skips row groups
         self.writer.write_row_group(rows, (part_page,) + r["bodies"], (0,) + r["nulls"],
-                                    (None,) * 6 + (r["ts_minmax"], r["dur_minmax"]) + (None,) * 4)
+                                    tuple(minmax.get(c) for c, _kind in COLUMNS))
 
     def close(self) -> None:
         if self.writer is not None:
