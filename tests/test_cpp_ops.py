@@ -6,7 +6,6 @@ One library holds every test operator and the GIoU example; it is built once int
 
 from __future__ import annotations
 
-import doctest
 import sys
 import time
 from pathlib import Path
@@ -127,7 +126,7 @@ def test_a_forgotten_remainder_is_reported_as_never_written(lib):
 
 
 def test_coverage_check_can_warn_instead(lib):
-    warn = cpp.load_library(lib.path, multicore=True, check="warn")
+    cpp.load_library(lib.path, multicore=True, check="warn")  # re-registers the ops, warning instead
     try:
         with pytest.warns(RuntimeWarning, match="never written"):
             out = torch.ops.ts_test.scale_rows_no_tail(torch.ones(9, 2), 1.0)
@@ -363,9 +362,3 @@ def test_schema_and_repr(lib):
     assert "multicore (8 cores)" in repr(op) and "giou_shape.cpp" in repr(op)
 
 
-@pytest.mark.parametrize("module", ["tilescope.cpp._coverage", "tilescope.cpp._build"])
-def test_docstring_examples_run(module):
-    import importlib
-
-    failures, tried = doctest.testmod(importlib.import_module(module))
-    assert tried > 0 and failures == 0

@@ -1,4 +1,4 @@
-"""The docstring examples of the public modules run and stay true."""
+"""The docstring examples of the modules run and stay true (one list for the whole package)."""
 
 import doctest
 import importlib
@@ -6,6 +6,7 @@ import importlib
 import pytest
 
 MODULES = [
+    # core, profiler, compile
     "tilescope.dtypes",
     "tilescope._lru",
     "tilescope.spec",
@@ -20,6 +21,32 @@ MODULES = [
     "tilescope.profiler._events",
     "tilescope.profiler._kineto",
     "tilescope.compile._explain",
+    # device and lowerings
+    "tilescope.device",
+    "tilescope.device._config",
+    "tilescope.device._module",
+    "tilescope.device._launch",
+    "tilescope.device._kernels",
+    "tilescope.lower",
+    "tilescope.lower._call",
+    "tilescope.lower._layout",
+    "tilescope.lower._ops",
+    "tilescope.lower.kernels",
+    # tile language
+    "tilescope.lang",
+    "tilescope.lang._run",
+    "tilescope.lang._kernel",
+    "tilescope.lang._index",
+    "tilescope.lang._types",
+    "tilescope.lang._analysis",
+    "tilescope.bench",
+    # C++ operators
+    "tilescope.cpp._coverage",
+    "tilescope.cpp._build",
+    # analysis engine
+    "tilescope.trace._jsonscan",
+    "tilescope.trace._parquet",
+    "tilescope.trace._roofline",
 ]
 
 

@@ -7,7 +7,6 @@ as JSON values: the two minify differently).
 
 from __future__ import annotations
 
-import doctest
 import json
 import os
 
@@ -16,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilescope.trace as tt
-from tilescope.trace import _ingest, _native, _parquet
+from tilescope.trace import _ingest, _native
 
 KINETO = os.path.join(os.path.dirname(__file__), "data", "kineto")
 COLUMNS = "ph, cat, name, pid, tid, ts_ns, dur_ns, id, bp, s, json(args)"
@@ -144,11 +143,6 @@ def test_sub_nanosecond_rounding(text, ns, tmp_path, monkeypatch):
     p.write_text('{"traceEvents": [{"ph": "i", "ts": %s}]}' % text)
     monkeypatch.setenv("TILESCOPE_CACHE_DIR", str(tmp_path / "c"))
     assert tt.open(str(p)).sql("SELECT ts_ns FROM raw").fetchall() == [(ns,)]
-
-
-def test_parquet_writer_example():
-    failures, tried = doctest.testmod(_parquet, optionflags=doctest.ELLIPSIS)
-    assert tried > 0 and failures == 0
 
 
 def test_mutated_input_never_crashes():
