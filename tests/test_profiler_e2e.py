@@ -6,31 +6,13 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity
 
-import tilescope.device
+from documented_loop import naive_rmsnorm, run_documented_loop
 from tilescope.profiler import ProfileConfig, Profiler, diagnose, profile, read_profile
 
 
 @pytest.fixture(scope="module")
 def sim(sim_virtual):
     """The sim device, virtual clock (tests/conftest.py)."""
-
-
-def naive_rmsnorm(x, w):
-    # mul, mean, add, rsqrt, mul, mul: the composition the reference study profiles
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
-
-
-def run_documented_loop(out_dir, x, w):
-    cfg = ProfileConfig(output_dir=str(out_dir))
-    exporter = Profiler(cfg)
-    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
-                                schedule=torch.profiler.schedule(wait=2, warmup=1, active=1),
-                                experimental_config=cfg, on_trace_ready=exporter.export_trace) as prof:
-        for _ in range(4):
-            naive_rmsnorm(x, w)
-            torch.sim.synchronize()
-            prof.step()
-    return prof, exporter.path
 
 
 def _flows_reach_every_device_event(trace):

@@ -7,11 +7,10 @@ import os
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity
 
 import tilescope.device
 import tilescope.trace as tt
-from tilescope.profiler import ProfileConfig, Profiler
+from documented_loop import fused_rmsnorm, run_documented_loop
 
 
 @pytest.fixture(scope="module")
@@ -29,32 +28,11 @@ def sim(tmp_path_factory):
         os.environ["TILESCOPE_CACHE_DIR"] = old_cache
 
 
-def naive_rmsnorm(x, w):
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
-
-
-def fused_rmsnorm(x, w):
-    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6)
-
-
-def _profile(out_dir, model, x, w):
-    cfg = ProfileConfig(output_dir=str(out_dir))
-    exporter = Profiler(cfg)
-    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
-                                schedule=torch.profiler.schedule(wait=2, warmup=1, active=1),
-                                experimental_config=cfg, on_trace_ready=exporter.export_trace) as prof:
-        for _ in range(4):
-            model(x, w)
-            torch.sim.synchronize()
-            prof.step()
-    return prof, exporter.path
-
-
 @pytest.fixture(scope="module")
 def naive(sim):
     x = torch.randn(128, 256, device="sim")
     w = torch.randn(256, device="sim")
-    prof, path = _profile(sim.mktemp("naive"), naive_rmsnorm, x, w)
+    prof, path = run_documented_loop(sim.mktemp("naive"), x, w)
     return prof, tt.open(str(path))
 
 
@@ -93,7 +71,7 @@ def test_fused_has_one_execution_where_naive_has_six_and_the_diff_says_so(sim, n
     _prof, t_naive = naive
     x = torch.randn(128, 256, device="sim")
     w = torch.randn(256, device="sim")
-    _p, path = _profile(sim.mktemp("fused"), fused_rmsnorm, x, w)
+    _p, path = run_documented_loop(sim.mktemp("fused"), x, w, model=fused_rmsnorm)
     t_fused = tt.open(str(path))
     n = t_fused.sql("SELECT count(*) FROM events WHERE cat = 'hardware'").fetchall()[0][0]
     if n != 1:
