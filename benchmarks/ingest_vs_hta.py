@@ -40,23 +40,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACE = os.path.join(ROOT, "tests", "data", "kineto", "cuda_trace_diff_control.json.gz")
 HTA_VENV = os.path.join(os.path.expanduser("~"), ".cache", "tilescope", "hta-0.5.0-venv")
 
-_HTA_CHILD = textwrap.dedent(r"""
-    import json, logging, os, resource, sys, time, warnings
+# Both children measure the same way: the load call's wall and CPU time, the process's peak
+# RSS (imports included) and its RSS after the imports.
+# The peak is the process's own VmHWM: getrusage's ru_maxrss also counts the parent's memory
+# at the time of the spawn on Linux (it survives exec), which made the first run after
+# building the synthetic trace report the builder's ~230 MB.
+_MEASURE = textwrap.dedent(r"""
+    import json, resource, sys, time, warnings
+    def status(field):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+    def measured(load):
+        base = status("VmRSS")
+        c0 = resource.getrusage(resource.RUSAGE_SELF)
+        t = time.perf_counter()
+        result = load()
+        dt = time.perf_counter() - t
+        c1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+        return result, {"seconds": dt, "cpu_s": cpu, "peak_rss": status("VmHWM"), "base_rss": base}
+""")
+
+_HTA_CHILD = _MEASURE + textwrap.dedent(r"""
+    import logging
     logging.disable(logging.WARNING); warnings.filterwarnings("ignore")
     from hta.trace_analysis import TraceAnalysis
-    def rss():
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    base = rss()
-    c0 = resource.getrusage(resource.RUSAGE_SELF)
-    t = time.perf_counter()
-    ta = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)
-    dt = time.perf_counter() - t
-    c1 = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    ta, out = measured(lambda: TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True))
     tr = ta.t
     rank = list(tr.get_all_traces())[0]
     df = tr.get_trace(rank)
@@ -81,37 +90,23 @@ _HTA_CHILD = textwrap.dedent(r"""
     top = k.groupby("name")["dur"].agg(["sum", "count"]).sort_values("sum", ascending=False).head(3)
     kernels = [[sym[n][:40], int(r["count"]), int(r["sum"])] for n, r in top.iterrows()]
     tb = ta.get_temporal_breakdown(visualize=False)
-    print(json.dumps({"seconds": dt, "cpu_s": cpu, "peak_rss": peak, "base_rss": base, "rank": int(rank), "rows": len(df),
-                      "cats": cats, "streams": streams, "top_kernels": kernels,
-                      "kernel_time_us": int(tb["kernel_time(us)"].iloc[0]), "idle_time_us": int(tb["idle_time(us)"].iloc[0])}))
+    print(json.dumps(out | {"rank": int(rank), "rows": len(df), "cats": cats, "streams": streams, "top_kernels": kernels,
+                            "kernel_time_us": int(tb["kernel_time(us)"].iloc[0]),
+                            "idle_time_us": int(tb["idle_time(us)"].iloc[0])}))
 """)
 
-_TS_CHILD = textwrap.dedent(r"""
-    import json, os, resource, sys, time, warnings
+_TS_CHILD = _MEASURE + textwrap.dedent(r"""
     warnings.filterwarnings("ignore")
     import tilescope.trace as tt
     # every module open() uses, imported before timing (duckdb, numpy; pyarrow is not needed)
     from tilescope.trace import _trace, _store, _ingest, _jsonscan, _native, _parquet  # noqa: F401
-    def rss():
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    base = rss()
-    c0 = resource.getrusage(resource.RUSAGE_SELF)
-    t = time.perf_counter()
-    tr = tt.open(sys.argv[1], progress=False)
-    dt = time.perf_counter() - t
-    c1 = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    out = {"seconds": dt, "cpu_s": cpu, "peak_rss": peak, "base_rss": base, "events": tr.meta[0]["ingest"]["events"],
-           "mode": tr.meta[0]["ingest"]["mode"]}
+    tr, out = measured(lambda: tt.open(sys.argv[1], progress=False))
+    out.update(events=tr.meta[0]["ingest"]["events"], mode=tr.meta[0]["ingest"]["mode"])
     # the first query opens DuckDB and derives the lanes table: reported apart from the ingest
     t = time.perf_counter()
     tr.op_table()
     out["first_query_s"] = time.perf_counter() - t
-    out["peak_rss_after_query"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out["peak_rss_after_query"] = status("VmHWM")
     if len(sys.argv) > 2:
         out["ranks"] = tr.ranks
         out["cats"] = dict(tr.sql("SELECT cat, count(*) FROM events WHERE ph = 'X' GROUP BY cat").fetchall())
