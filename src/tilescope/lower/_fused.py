@@ -34,6 +34,19 @@ def _rows_d(x: TensorMeta, d: int):
     return x.numel // d, d
 
 
+def _norm_rows(x, named) -> tuple[int, int] | None:
+    """(rows, d) of a norm's input over its ``normalized_shape`` (None: not the kernel's form)."""
+    shape = tuple(named.get("normalized_shape") or ())
+    if not isinstance(x, TensorMeta) or not shape:
+        return None
+    return _rows_d(x, prod(shape))
+
+
+def _affine_ok(p, x: TensorMeta) -> bool:
+    """An optional weight or bias the kernel reads as [d]: absent, or contiguous in x's dtype."""
+    return p is None or (isinstance(p, TensorMeta) and p.is_contiguous and p.dtype == x.dtype)
+
+
 def _program(kernel, spec, *args):
     try:
         return kernel.program_for(*args, preset=spec).program
@@ -109,16 +122,10 @@ def _layer_norm(call: Call, spec):
 
     named = call.named()
     x, w, b = named.get("input"), named.get("weight"), named.get("bias")
-    shape = tuple(named.get("normalized_shape") or ())
-    if not isinstance(x, TensorMeta) or not shape:
+    rd = _norm_rows(x, named)
+    if rd is None or not (_affine_ok(w, x) and _affine_ok(b, x)):
         return None
-    d = prod(shape)
-    rd = _rows_d(x, d)
-    if rd is None:
-        return None
-    for p in (w, b):
-        if p is not None and (not isinstance(p, TensorMeta) or not p.is_contiguous or p.dtype != x.dtype):
-            return None
+    d = rd[1]
     eps = named.get("eps", 1e-5)
     return _program(kernels.layer_norm_kernel, spec, _spec(rd, x.dtype),
                     None if w is None else _spec((d,), w.dtype), None if b is None else _spec((d,), b.dtype),
@@ -130,15 +137,14 @@ def _layer_norm_backward(call: Call, spec):
 
     named = call.named()
     g, x, mean, rstd, w = (named.get(k) for k in ("grad_out", "input", "mean", "rstd", "weight"))
-    shape = tuple(named.get("normalized_shape") or ())
-    if not all(isinstance(t, TensorMeta) for t in (g, x, mean, rstd)) or not shape:
+    if not all(isinstance(t, TensorMeta) for t in (g, x, mean, rstd)):
         return None
-    d = prod(shape)
-    rd = _rows_d(x, d)
+    rd = _norm_rows(x, named)
     if rd is None or not g.is_contiguous or g.dtype != x.dtype or not mean.is_contiguous or not rstd.is_contiguous:
         return None
-    if w is not None and (not isinstance(w, TensorMeta) or not w.is_contiguous or w.dtype != x.dtype):
+    if not _affine_ok(w, x):
         return None
+    d = rd[1]
     stat = _spec((rd[0], 1), mean.dtype)
     return _program(kernels.layer_norm_backward_kernel, spec, _spec(rd, g.dtype), _spec(rd, x.dtype), stat,
                     _spec((rd[0], 1), rstd.dtype), None if w is None else _spec((d,), w.dtype))
@@ -149,15 +155,12 @@ def _rms_norm_backward(call: Call, spec):
 
     named = call.named()
     g, x, rstd, w = (named.get(k) for k in ("grad", "input", "rstd", "weight"))
-    shape = tuple(named.get("normalized_shape") or ())
-    if not all(isinstance(t, TensorMeta) for t in (g, x, rstd)) or not shape:
+    if not all(isinstance(t, TensorMeta) for t in (g, x, rstd)):
         return None
-    d = prod(shape)
-    rd = _rows_d(x, d)
-    if rd is None or not g.is_contiguous or g.dtype != x.dtype or not rstd.is_contiguous:
+    rd = _norm_rows(x, named)
+    if rd is None or not g.is_contiguous or g.dtype != x.dtype or not rstd.is_contiguous or not _affine_ok(w, x):
         return None
-    if w is not None and (not isinstance(w, TensorMeta) or not w.is_contiguous or w.dtype != x.dtype):
-        return None
+    d = rd[1]
     return _program(kernels.rms_norm_backward_kernel, spec, _spec(rd, g.dtype), _spec(rd, x.dtype),
                     _spec((rd[0], 1), rstd.dtype), None if w is None else _spec((d,), w.dtype))
 
@@ -167,15 +170,10 @@ def _rms_norm(call: Call, spec):
 
     named = call.named()
     x, w = named.get("input"), named.get("weight")
-    shape = tuple(named.get("normalized_shape") or ())
-    if not isinstance(x, TensorMeta) or not shape:
+    rd = _norm_rows(x, named)
+    if rd is None or not _affine_ok(w, x):
         return None
-    d = prod(shape)
-    rd = _rows_d(x, d)
-    if rd is None:
-        return None
-    if w is not None and (not isinstance(w, TensorMeta) or not w.is_contiguous or w.dtype != x.dtype):
-        return None
+    d = rd[1]
     eps = named.get("eps")
     if eps is None:
         import torch
