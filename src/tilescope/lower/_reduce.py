@@ -109,7 +109,6 @@ def lower_reduction(call: Call, spec):
     (kshape_c, (kin, kout)) = coalesce(kshape or (1,), [tuple(x.stride[d] for d in kept) or (0,),
                                                          tuple(out_kept) or (0,)])
     rshape, (rin,) = coalesce(tuple(x.shape[d] for d in dims), [tuple(x.stride[d] for d in dims)])
-    n_red = prod(rshape)
     b = TileBuilder(call.op, spec)
     with b.provenance(op=call.op):
         xin = hbm_input(b, "in_self", x)
@@ -137,13 +136,9 @@ def _sb(view_like, shape3):
     return View(view_like.buffer, AP(ap.buffer, ap.dtype, ap.offset, ((k * n, p), (n, k), (1, n))), (p, k, n))
 
 
-def _rows(b, spec, x, out, xin, yout, kshape, kin, kout, rshape, rin, red_op, post, correction):
-    n_red = prod(rshape)
-    chunked = n_red > _FREE
-    if chunked and len(rshape) != 1:
-        return False
-    chunk = min(n_red, _FREE)
-    k_max = max(1, _FREE // chunk)
+def _row_blocks(kshape, kin, kout, k_max: int, partitions: int):
+    """The kept rows in blocks of ``p`` partitions x ``k`` consecutive rows of the last kept dim
+    (k <= k_max), for every index of the outer kept dims: yields (input offset, output offset, p, k)."""
     last, ks_in, ks_out = kshape[-1], kin[-1], kout[-1]
     for outer in product(*(range(n) for n in kshape[:-1])):
         base_in = sum(i * s for i, s in zip(outer, kin[:-1]))
@@ -151,58 +146,68 @@ def _rows(b, spec, x, out, xin, yout, kshape, kin, kout, rshape, rin, red_op, po
         r = 0
         while r < last:
             left = last - r
-            k = min(k_max, -(-left // spec.partitions))
-            p = min(spec.partitions, left // k)
-            acc = b.sbuf((p, k), "float32", site="red.acc")
-            for c0 in range(0, n_red, chunk):
-                cw = min(chunk, n_red - c0)
-                t = b.sbuf((p, k * cw), x.device_dtype, site="red.in")
-                if chunked:
-                    red_dims = ((rin[0], cw),)
-                    off = c0 * rin[0]
-                else:
-                    red_dims = tuple(zip(rin, rshape))
-                    off = 0
-                src = AP(xin.ap.buffer, xin.ap.dtype, xin.ap.offset + base_in + r * ks_in + off,
-                         ((k * ks_in, p), (ks_in, k)) + red_dims)
-                b.dma_copy(t, View(xin.buffer, src, (p, k, cw)))
-                tv = _sb(t, (p, k, cw))
-                if post in ("var", "std"):
-                    _variance(b, acc, t, tv, (p, k, cw), n_red, correction, post)
-                    continue
-                if post in ("nonzero", "norm0", "norm1", "norm2", "normabs", "pnorm"):
-                    nz = b.sbuf((p, k * cw), "float32", site="red.nz")
-                    if post in ("nonzero", "norm0"):
-                        b.tensor_scalar(nz, t, "not_equal", 0.0)
-                    elif post == "norm2":
-                        b.activation(nz, t, "square")
-                    else:
-                        b.activation(nz, t, "abs")
-                        if post == "pnorm":
-                            b.tensor_scalar(nz, nz, "power", correction)
-                    tv = _sb(nz, (p, k, cw))
-                if c0 == 0:
-                    b.tensor_reduce(acc, tv, red_op, axes=(2,))
-                else:
-                    part = b.sbuf((p, k), "float32", site="red.part")
-                    b.tensor_reduce(part, tv, red_op, axes=(2,))
-                    b.tensor_tensor(acc, acc, part, {"add": "add", "max": "maximum", "min": "minimum",
-                                                     "multiply": "multiply"}[red_op])
-            if post == "norm2":
-                b.activation(acc, acc, "sqrt")
-            elif post == "pnorm":
-                b.tensor_scalar(acc, acc, "power", 1.0 / correction)
-            res = acc
-            if post == "mean":
-                res = b.sbuf((p, k), out.device_dtype, site="red.res")
-                b.tensor_scalar(res, acc, "multiply", 1.0 / n_red)
-            elif out.device_dtype != "float32":
-                res = b.sbuf((p, k), out.device_dtype, site="red.res")
-                b.tensor_copy(res, acc)
-            dst = AP(yout.ap.buffer, yout.ap.dtype, yout.ap.offset + base_out + r * ks_out,
-                     ((k * ks_out, p), (ks_out, k)))
-            b.dma_copy(View(yout.buffer, dst, (p, k)), res)
+            k = min(k_max, -(-left // partitions))
+            p = min(partitions, left // k)
+            yield base_in + r * ks_in, base_out + r * ks_out, p, k
             r += p * k
+
+
+def _rows(b, spec, x, out, xin, yout, kshape, kin, kout, rshape, rin, red_op, post, correction):
+    n_red = prod(rshape)
+    chunked = n_red > _FREE
+    if chunked and len(rshape) != 1:
+        return False
+    chunk = min(n_red, _FREE)
+    ks_in, ks_out = kin[-1], kout[-1]
+    for in_off, out_off, p, k in _row_blocks(kshape, kin, kout, max(1, _FREE // chunk), spec.partitions):
+        acc = b.sbuf((p, k), "float32", site="red.acc")
+        for c0 in range(0, n_red, chunk):
+            cw = min(chunk, n_red - c0)
+            t = b.sbuf((p, k * cw), x.device_dtype, site="red.in")
+            if chunked:
+                red_dims = ((rin[0], cw),)
+                off = c0 * rin[0]
+            else:
+                red_dims = tuple(zip(rin, rshape))
+                off = 0
+            src = AP(xin.ap.buffer, xin.ap.dtype, xin.ap.offset + in_off + off,
+                     ((k * ks_in, p), (ks_in, k)) + red_dims)
+            b.dma_copy(t, View(xin.buffer, src, (p, k, cw)))
+            tv = _sb(t, (p, k, cw))
+            if post in ("var", "std"):
+                _variance(b, acc, t, tv, (p, k, cw), n_red, correction, post)
+                continue
+            if post in ("nonzero", "norm0", "norm1", "norm2", "normabs", "pnorm"):
+                nz = b.sbuf((p, k * cw), "float32", site="red.nz")
+                if post in ("nonzero", "norm0"):
+                    b.tensor_scalar(nz, t, "not_equal", 0.0)
+                elif post == "norm2":
+                    b.activation(nz, t, "square")
+                else:
+                    b.activation(nz, t, "abs")
+                    if post == "pnorm":
+                        b.tensor_scalar(nz, nz, "power", correction)
+                tv = _sb(nz, (p, k, cw))
+            if c0 == 0:
+                b.tensor_reduce(acc, tv, red_op, axes=(2,))
+            else:
+                part = b.sbuf((p, k), "float32", site="red.part")
+                b.tensor_reduce(part, tv, red_op, axes=(2,))
+                b.tensor_tensor(acc, acc, part, {"add": "add", "max": "maximum", "min": "minimum",
+                                                 "multiply": "multiply"}[red_op])
+        if post == "norm2":
+            b.activation(acc, acc, "sqrt")
+        elif post == "pnorm":
+            b.tensor_scalar(acc, acc, "power", 1.0 / correction)
+        res = acc
+        if post == "mean":
+            res = b.sbuf((p, k), out.device_dtype, site="red.res")
+            b.tensor_scalar(res, acc, "multiply", 1.0 / n_red)
+        elif out.device_dtype != "float32":
+            res = b.sbuf((p, k), out.device_dtype, site="red.res")
+            b.tensor_copy(res, acc)
+        dst = AP(yout.ap.buffer, yout.ap.dtype, yout.ap.offset + out_off, ((k * ks_out, p), (ks_out, k)))
+        b.dma_copy(View(yout.buffer, dst, (p, k)), res)
     return None
 
 
@@ -280,41 +285,32 @@ def lower_softmax_any_dim(call: Call, spec):
     b = TileBuilder(call.op, spec)
     with b.provenance(op=call.op):
         xin, yout = hbm_input(b, "in_self", x), hbm_output(b, "out", out)
-        k_max = max(1, _FREE // n)
-        last, ks_in, ks_out = kshape[-1], kin[-1], kout[-1]
-        for outer in product(*(range(m) for m in kshape[:-1])):
-            base_in = sum(i * s for i, s in zip(outer, kin[:-1]))
-            base_out = sum(i * s for i, s in zip(outer, kout[:-1]))
-            r = 0
-            while r < last:
-                left = last - r
-                k = min(k_max, -(-left // spec.partitions))
-                p = min(spec.partitions, left // k)
-                t = b.sbuf((p, k * n), x.device_dtype, site="sm.in")
-                src = AP(xin.ap.buffer, xin.ap.dtype, xin.ap.offset + base_in + r * ks_in,
-                         ((k * ks_in, p), (ks_in, k), (x.stride[dim], n)))
-                b.dma_copy(t, View(xin.buffer, src, (p, k, n)))
-                stat = b.sbuf((p, k), "float32", site="sm.stat")
-                b.tensor_reduce(stat, _sb(t, (p, k, n)), "max", axes=(2,))
-                e = b.sbuf((p, k * n), "float32", site="sm.e")
-                ev = _sb(e, (p, k, n))
-                b.tensor_tensor(ev, _sb(t, (p, k, n)), _bcast(stat, (p, k, n)), "subtract")
-                if log:
-                    ex = b.sbuf((p, k * n), "float32", site="sm.exp")
-                    b.activation(ex, e, "exp")
-                    b.tensor_reduce(stat, _sb(ex, (p, k, n)), "add", axes=(2,))
-                    b.activation(stat, stat, "log")
-                    o = b.sbuf((p, k * n), out.device_dtype, site="sm.out")
-                    b.tensor_tensor(_sb(o, (p, k, n)), ev, _bcast(stat, (p, k, n)), "subtract")
-                else:
-                    b.activation(e, e, "exp")
-                    b.tensor_reduce(stat, ev, "add", axes=(2,))
-                    o = b.sbuf((p, k * n), out.device_dtype, site="sm.out")
-                    b.tensor_tensor(_sb(o, (p, k, n)), ev, _bcast(stat, (p, k, n)), "divide")
-                dst = AP(yout.ap.buffer, yout.ap.dtype, yout.ap.offset + base_out + r * ks_out,
-                         ((k * ks_out, p), (ks_out, k), (out.stride[dim], n)))
-                b.dma_copy(View(yout.buffer, dst, (p, k, n)), o)
-                r += p * k
+        ks_in, ks_out = kin[-1], kout[-1]
+        for in_off, out_off, p, k in _row_blocks(kshape, kin, kout, max(1, _FREE // n), spec.partitions):
+            t = b.sbuf((p, k * n), x.device_dtype, site="sm.in")
+            src = AP(xin.ap.buffer, xin.ap.dtype, xin.ap.offset + in_off,
+                     ((k * ks_in, p), (ks_in, k), (x.stride[dim], n)))
+            b.dma_copy(t, View(xin.buffer, src, (p, k, n)))
+            stat = b.sbuf((p, k), "float32", site="sm.stat")
+            b.tensor_reduce(stat, _sb(t, (p, k, n)), "max", axes=(2,))
+            e = b.sbuf((p, k * n), "float32", site="sm.e")
+            ev = _sb(e, (p, k, n))
+            b.tensor_tensor(ev, _sb(t, (p, k, n)), _bcast(stat, (p, k, n)), "subtract")
+            if log:
+                ex = b.sbuf((p, k * n), "float32", site="sm.exp")
+                b.activation(ex, e, "exp")
+                b.tensor_reduce(stat, _sb(ex, (p, k, n)), "add", axes=(2,))
+                b.activation(stat, stat, "log")
+                o = b.sbuf((p, k * n), out.device_dtype, site="sm.out")
+                b.tensor_tensor(_sb(o, (p, k, n)), ev, _bcast(stat, (p, k, n)), "subtract")
+            else:
+                b.activation(e, e, "exp")
+                b.tensor_reduce(stat, ev, "add", axes=(2,))
+                o = b.sbuf((p, k * n), out.device_dtype, site="sm.out")
+                b.tensor_tensor(_sb(o, (p, k, n)), ev, _bcast(stat, (p, k, n)), "divide")
+            dst = AP(yout.ap.buffer, yout.ap.dtype, yout.ap.offset + out_off,
+                     ((k * ks_out, p), (ks_out, k), (out.stride[dim], n)))
+            b.dma_copy(View(yout.buffer, dst, (p, k, n)), o)
     return b.build(meta={"lowering": "reduction"})
 
 
