@@ -260,20 +260,17 @@ def _profiler_enabled() -> bool:
 
 def _synchronize(core: int | None) -> None:
     _worker.wait()
-    end = core_end_ns(core)
-    if _S.virtual:
-        with _S.lock:
-            if end > _S.vhost:
-                _S.vhost = end
-        return
-    remaining = end - time.perf_counter_ns()
-    if remaining > 0:
-        time.sleep(remaining / 1e9)
+    _host_waits_until(core_end_ns(core))
 
 
 def wait_until(end_ns: float) -> None:
     """Host waits for one execution that ends at ``end_ns`` (a data-dependent read)."""
     _worker.wait()
+    _host_waits_until(end_ns)
+
+
+def _host_waits_until(end_ns: float) -> None:
+    """The host's clock reaches ``end_ns``: moved forward (virtual clock) or slept to (wall clock)."""
     if _S.virtual:
         with _S.lock:
             if end_ns > _S.vhost:

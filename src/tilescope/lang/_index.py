@@ -427,13 +427,7 @@ def resolve_index(dims, index, *, what, shape: tuple[int, ...], normalized: bool
         elif isinstance(ix, Predicate):
             raise KernelError("a mask is not an index; pass it as mask=... to the operation")
         else:
-            i = _int_index(ix, d, what)
-            if i < 0:
-                i += size
-            if not 0 <= i < size:
-                raise IndexRangeError(
-                    f"index {int(ix)} is out of range for dimension size {size} (dim {d} of {_w(what)}, shape {shape})")
-            offset += i * stride
+            offset += _int_position(ix, d, size, what, shape) * stride
     return Indexed(offset, tuple(out), (), (), tuple(kept), False)
 
 
@@ -443,6 +437,17 @@ def _int_index(ix, d: int, what: str) -> int:
             f"dim {d} of {_w(what)} is indexed by {type(ix).__name__} {ix!r}; indices are integers, "
             f"slices, or tl.arange / tl.mgrid expressions")
     return int(ix.__index__())
+
+
+def _int_position(ix, d: int, size: int, what: str, shape) -> int:
+    """An integer index on dim ``d`` as a position in ``[0, size)`` (negative counts from the end)."""
+    i = _int_index(ix, d, what)
+    if i < 0:
+        i += size
+    if not 0 <= i < size:
+        raise IndexRangeError(
+            f"index {int(ix)} is out of range for dimension size {size} (dim {d} of {_w(what)}, shape {shape})")
+    return i
 
 
 def _advanced(dims, index, what, shape) -> Indexed:
@@ -485,13 +490,7 @@ def _advanced(dims, index, what, shape) -> Indexed:
         elif ix.__class__ is slice:
             trailing.append(d)
         else:
-            i = _int_index(ix, d, what)
-            if i < 0:
-                i += size
-            if not 0 <= i < size:
-                raise IndexRangeError(
-                    f"index {int(ix)} is out of range for dimension size {size} (dim {d} of {_w(what)}, shape {shape})")
-            offset += i * stride
+            offset += _int_position(ix, d, size, what, shape) * stride
     out = [(res[a], rshape[a]) for a in range(rank)] + [dims[d] for d in trailing]
     kept = (-1,) * rank + tuple(trailing)
     axis_vars.sort()
