@@ -26,6 +26,20 @@ def test_native_parser_is_built():
     assert _native._kscan is not None, "tilescope.trace._kscan is not built: run `make setup` (needs a C compiler)"
 
 
+def test_the_ingest_switch_names_bad_values(monkeypatch):
+    monkeypatch.setenv("TILESCOPE_TRACE_INGEST", "pyhton")
+    with pytest.raises(ValueError, match=r"TILESCOPE_TRACE_INGEST='pyhton': expected 'native' or 'python'"):
+        _native.available()
+    monkeypatch.setenv("TILESCOPE_TRACE_INGEST", "python")
+    assert not _native.available()
+    monkeypatch.setattr(_native, "_kscan", None)
+    monkeypatch.setenv("TILESCOPE_TRACE_INGEST", "native")
+    with pytest.raises(RuntimeError, match=r"not built: install with a C compiler"):
+        _native.available()
+    monkeypatch.delenv("TILESCOPE_TRACE_INGEST")
+    assert not _native.available()  # unset: the DuckDB path when the parser is missing
+
+
 def _rows(path, engine, cache, monkeypatch):
     monkeypatch.setenv("TILESCOPE_TRACE_INGEST", engine)
     monkeypatch.setenv("TILESCOPE_CACHE_DIR", str(cache / engine))

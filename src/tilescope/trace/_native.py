@@ -38,8 +38,16 @@ _STAT_SUMS = ("events", "no_ts", "zero", "neg", "no_dur", "be")
 
 
 def available() -> bool:
-    """The native parser is built and not switched off (``TILESCOPE_TRACE_INGEST=python``)."""
-    return _kscan is not None and os.environ.get("TILESCOPE_TRACE_INGEST", "native") != "python"
+    """Whether ingest uses the native parser: ``TILESCOPE_TRACE_INGEST`` unset (when it is
+    built), ``native`` (it must be built) or ``python`` (the DuckDB path)."""
+    choice = os.environ.get("TILESCOPE_TRACE_INGEST", "").strip().lower()
+    if choice not in ("", "native", "python"):
+        raise ValueError(f"TILESCOPE_TRACE_INGEST={choice!r}: expected 'native' or 'python' "
+                         f"(or unset: native when built)")
+    if choice == "native" and _kscan is None:
+        raise RuntimeError("TILESCOPE_TRACE_INGEST=native, but tilescope.trace._kscan is not built: install with "
+                           "a C compiler (`make setup`, or `pip install -e .`), or unset the variable")
+    return _kscan is not None and choice != "python"
 
 
 class NativeEvents:
