@@ -51,9 +51,13 @@ class Instruction:
     def to_json(self) -> dict:
         # "kind" names the instruction; "op" is kept for readers of the first files, but an
         # instruction with a field called ``op`` (tensor_tensor, tensor_reduce) overwrites it.
+        names = _FIELD_NAMES.get(type(self))
+        if names is None:
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))
         d = {"kind": self.KIND, "op": self.KIND}
-        for f in fields(self):
-            d[f.name] = _to_json(getattr(self, f.name))
+        for name in names:  # executables hold thousands of these: plain values skip _to_json
+            v = getattr(self, name)
+            d[name] = v if v.__class__ in _PLAIN else _to_json(v)
         return d
 
     @classmethod
@@ -88,9 +92,12 @@ def _key(v):
     return v
 
 
+_PLAIN = frozenset({int, str, bool, type(None)})
+
+
 def _to_json(v):
     if isinstance(v, AP):
-        return {"ap": [v.buffer, v.dtype, v.offset, [list(d) for d in v.dims]]}
+        return {"ap": [v.buffer, v.dtype, v.offset, v.dims]}  # JSON writes the tuples as lists
     if isinstance(v, RuntimeScalar):
         return {"runtime": v.name}
     if isinstance(v, tuple):

@@ -27,6 +27,8 @@ import socket
 import sys
 from pathlib import Path
 
+import orjson
+
 __all__ = [
     "ProfileWriter", "FORMAT", "FORMAT_VERSION", "itrace_json", "executable_name", "itrace_name",
     "write_kernel_profile",
@@ -55,7 +57,7 @@ def itrace_bytes(program, result, *, execution: dict | None = None) -> bytes:
     if cached is None or cached[0] is not result:
         doc = itrace_json(program, result)
         doc.pop("execution")
-        cached = (result, json.dumps(doc, separators=(",", ":"), allow_nan=False)[1:-1])
+        cached = (result, orjson.dumps(doc)[1:-1].decode())
         _COLUMNS_CACHE[key] = cached
         if len(_COLUMNS_CACHE) > 256:
             _COLUMNS_CACHE.pop(next(iter(_COLUMNS_CACHE)))
