@@ -1,8 +1,15 @@
 """Fixtures shared by the tests that run on the simulated device."""
 
 import contextlib
+import os
 
 import pytest
+from hypothesis import settings
+
+# CI runs the property tests on a fixed set of examples (HYPOTHESIS_PROFILE=ci in .ci/run), so
+# that a landing depends on the change, not on the draw; local runs draw new examples each time.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @contextlib.contextmanager
