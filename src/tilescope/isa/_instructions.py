@@ -10,6 +10,7 @@ Which engines may run a kind is the ``ENGINES`` row of its class.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import ClassVar
 
 from ._ap import AP, RuntimeScalar
@@ -43,20 +44,15 @@ class Instruction:
 
     def key(self) -> tuple:
         """A tuple of primitives identifying this instruction (for the Program hash)."""
-        names = _FIELD_NAMES.get(type(self))
-        if names is None:
-            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))
-        return (self.KIND,) + tuple(_key(v) for v in map(self.__getattribute__, names))
+        _, values = field_access(type(self))
+        return (self.KIND,) + tuple(_key(v) for v in values(self))
 
     def to_json(self) -> dict:
         # "kind" names the instruction; "op" is kept for readers of the first files, but an
         # instruction with a field called ``op`` (tensor_tensor, tensor_reduce) overwrites it.
-        names = _FIELD_NAMES.get(type(self))
-        if names is None:
-            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))
+        names, values = field_access(type(self))
         d = {"kind": self.KIND, "op": self.KIND}
-        for name in names:  # executables hold thousands of these: plain values skip _to_json
-            v = getattr(self, name)
+        for name, v in zip(names, values(self)):  # executables hold thousands: plain values as is
             d[name] = v if v.__class__ in _PLAIN else _to_json(v)
         return d
 
@@ -79,7 +75,18 @@ class Instruction:
             )
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_FIELD_ACCESS: dict[type, tuple[tuple[str, ...], attrgetter]] = {}
+
+
+def field_access(cls) -> tuple[tuple[str, ...], attrgetter]:
+    """A dataclass's field names and one getter of all their values as a tuple (``attrgetter``
+    does the reads in C: serialising an executable reads tens of thousands of fields)."""
+    access = _FIELD_ACCESS.get(cls)
+    if access is None:
+        names = tuple(f.name for f in fields(cls))
+        getter = attrgetter(*names) if len(names) > 1 else (lambda o, _n=names: tuple(getattr(o, n) for n in _n))
+        access = _FIELD_ACCESS[cls] = (names, getter)
+    return access
 
 
 def _key(v):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from functools import cached_property
 from math import prod
 from typing import Iterable
@@ -18,6 +18,7 @@ import orjson
 
 from ..dtypes import itemsize
 from ..isa import AP, Instruction, RuntimeScalar
+from ..isa._instructions import field_access
 
 __all__ = ["Buffer", "Provenance", "Program", "MEMORIES", "FORMAT_VERSION"]
 
@@ -114,16 +115,16 @@ class Slot:
     aliases: tuple[str, ...] = ()  # earlier slots whose address range this one reuses
 
 
-_NAMES: dict[type, tuple[str, ...]] = {}
-
-
 def _fields_dict(record) -> dict:
     """A flat dataclass record as a dict (``asdict`` deep-copies every value: far slower, and
     an executable holds thousands of records). Tuples stay tuples: JSON writes them as lists."""
-    names = _NAMES.get(type(record))
-    if names is None:
-        names = _NAMES[type(record)] = tuple(f.name for f in fields(record))
-    return {name: getattr(record, name) for name in names}
+    names, values = field_access(type(record))
+    return dict(zip(names, values(record)))
+
+
+def _with_prov(d: dict, prov: int) -> dict:
+    d["prov"] = prov
+    return d
 
 
 class Program:
@@ -238,9 +239,7 @@ class Program:
             "slots": [_fields_dict(s) for s in self.slots.values()],
             "placement": self.placement,
             "provenance": [_fields_dict(p) for p in self.provenance],
-            "instructions": [
-                {**instr.to_json(), "prov": p} for instr, p in zip(self.instructions, self.instr_prov)
-            ],
+            "instructions": [_with_prov(instr.to_json(), p) for instr, p in zip(self.instructions, self.instr_prov)],
             "meta": self.meta,
         }
 
