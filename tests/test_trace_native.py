@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 
 import tilescope.trace as tt
 from tilescope.trace import _ingest, _native
+from tilescope.trace._schema import ARG_COLUMNS
 
 KINETO = os.path.join(os.path.dirname(__file__), "data", "kineto")
-COLUMNS = "ph, cat, name, pid, tid, ts_ns, dur_ns, id, bp, s, json(args)"
+ARG_KEYS = ["correlation", "External id", "stream", "device", "flow_id", "program_hash"]  # ARG_COLUMNS' keys
+COLUMNS = "ph, cat, name, pid, tid, ts_ns, dur_ns, id, bp, s, json(args), " + ", ".join(c for c, _p, _t in ARG_COLUMNS)
 
 
 def test_native_parser_is_built():
@@ -122,6 +124,35 @@ def test_stray_closing_brace_is_an_error_naming_the_offset(tmp_path, monkeypatch
         tt.open(str(p))
 
 
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_typed_args_columns(engine, tmp_path, monkeypatch):
+    """args ids become BIGINT only when they are integers (or strings holding one) within
+    int64; program_hash only when it is a string; the first of duplicate keys counts."""
+    cases = [  # (args as JSON text, (correlation, external_id, stream, device, flow_id, program_hash))
+        ('{"correlation": 12, "External id": -3, "stream": 7, "device": 0, "flow_id": 5, "program_hash": "ab"}',
+         (12, -3, 7, 0, 5, "ab")),
+        ('{"correlation": "0012", "stream": "-5", "device": "\\u0031\\u0032", "program_hash": 12}',
+         (12, None, -5, 12, None, None)),
+        ('{"correlation": 1.0, "stream": 1e3, "device": true, "flow_id": [1], "program_hash": null}',
+         (None, None, None, None, None, None)),
+        ('{"correlation": " 1", "stream": "+5", "device": "1.0", "flow_id": ""}', (None,) * 6),
+        ('{"correlation": 9223372036854775807, "stream": -9223372036854775808, "device": 9223372036854775808, '
+         '"flow_id": "-9223372036854775809"}', (2 ** 63 - 1, None, -2 ** 63, None, None, None)),
+        ('{"correlation": 1, "correlation": 2, "x": {"stream": 3}}', (1, None, None, None, None, None)),
+        ('[1, 2]', (None,) * 6),
+        ('"correlation"', (None,) * 6),
+    ]
+    p = tmp_path / "t.json"
+    p.write_text('{"traceEvents": [' + ",".join(
+        f'{{"ph": "X", "name": "e{k}", "pid": 1, "tid": 1, "ts": {k}, "dur": 1, "args": {a}}}'
+        for k, (a, _) in enumerate(cases)) + "]}")
+    monkeypatch.setenv("TILESCOPE_TRACE_INGEST", engine)
+    monkeypatch.setenv("TILESCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    cols = ", ".join(c for c, _p, _t in ARG_COLUMNS)
+    got = tt.open(str(p)).sql(f"SELECT {cols} FROM raw ORDER BY ts_ns").fetchall()
+    assert got == [want for _a, want in cases]
+
+
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 63), st.text(max_size=12),
                      st.floats(allow_nan=False, allow_infinity=False, width=32))
 _json = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
@@ -129,13 +160,20 @@ _json = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=
                      max_leaves=8)
 # (the DuckDB path rounds sub-nanosecond digits through a double, the C parser from the decimal
 # text: they agree except at exact halves, which test_sub_nanosecond_rounding pins)
+# args that exercise the typed columns: their keys, with ids of every shape the rule separates
+_ids = st.one_of(st.integers(-2 ** 64, 2 ** 64), st.floats(allow_nan=False, allow_infinity=False, width=32),
+                 st.sampled_from(["0012", "-5", "+5", " 1", "1.0", "-", "", "-0", "9223372036854775807",
+                                  "9223372036854775808", "-9223372036854775808", "-9223372036854775809", "ab12"]),
+                 st.booleans(), st.none(), st.text(max_size=4))
+_args = st.one_of(_json, st.dictionaries(st.sampled_from(ARG_KEYS + ["x"]),
+                                         st.one_of(_ids, _json), max_size=5))
 _times = st.one_of(st.integers(0, 2 ** 52), st.floats(0, 1e12, allow_nan=False).map(lambda x: round(x, 3)),
                    st.just("12.5"), st.just("x"), st.none())
 _event = st.fixed_dictionaries({}, optional={
     "ph": st.sampled_from(["X", "i", "M", "s", "f", "B", "E", "C"]), "cat": st.text(max_size=8),
     "name": st.text(max_size=20), "pid": st.one_of(st.integers(0, 9), st.text(max_size=4)),
     "tid": st.one_of(st.integers(0, 9), st.text(max_size=4)), "ts": _times, "dur": _times,
-    "id": st.integers(0, 99), "s": st.sampled_from(["t", "p", "g"]), "args": _json, "extra": _json})
+    "id": st.integers(0, 99), "s": st.sampled_from(["t", "p", "g"]), "args": _args, "extra": _json})
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -27,7 +27,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from ._jsonscan import ChromeTraceScanner, TraceFormatError
-from ._schema import RAW_JSON_COLUMNS, TS_EXACT_TYPE
+from ._schema import RAW_JSON_COLUMNS, TS_EXACT_TYPE, arg_columns_sql, arg_paths_sql
 
 __all__ = ["IngestResult", "ingest_chrome_file", "clean_blocks", "BLOCK_BYTES", "PART_BYTES"]
 
@@ -66,9 +66,9 @@ def _ns(col: str, exact: bool) -> str:
 
 
 def _select_sql(src: str, part: int, exact_ts: bool = False) -> str:
-    """The per-part SELECT: raw columns, times as integer ns. The typed args columns
-    (correlation, stream, ...) are computed by the views on the rows a query touches, not
-    here: extracting them from every record at ingest would double DuckDB's work."""
+    """The per-part SELECT: raw columns, times as integer ns, the typed args columns
+    (ARG_COLUMNS: correlation, stream, ...; the columns and their order as the native ingest
+    writes them)."""
     types = dict(RAW_JSON_COLUMNS, ts=TS_EXACT_TYPE) if exact_ts else RAW_JSON_COLUMNS
     cols = ", ".join(f"'{k}': '{v}'" for k, v in types.items())
     return f"""
@@ -76,8 +76,10 @@ def _select_sql(src: str, part: int, exact_ts: bool = False) -> str:
       CASE WHEN ph IS NOT NULL THEN ph WHEN dur IS NOT NULL THEN 'X' WHEN ts IS NOT NULL THEN 'i' END AS ph,
       cat, name, pid, tid,
       {_ns("ts", exact_ts)} AS ts_ns, {_ns("dur", exact_ts)} AS dur_ns,
-      id, bp, s, args
-    FROM read_json('{src}', format='newline_delimited', columns={{{cols}}}, ignore_errors=true)
+      id, bp, s, args,
+      {arg_columns_sql()}
+    FROM (SELECT *, {arg_paths_sql()} AS _a
+          FROM read_json('{src}', format='newline_delimited', columns={{{cols}}}, ignore_errors=true))
     """
 
 

@@ -15,6 +15,13 @@
  *                                  text (rounded as floor(x * 1000 + 0.5))
  *   id bp s              VARCHAR
  *   args                 JSON      the value minified (strings verbatim)
+ *   correlation external_id stream device flow_id
+ *                        BIGINT    args.correlation, args."External id", ...: an integer JSON
+ *                                  number, or a string holding one (-?[0-9]+), within int64;
+ *                                  anything else (fractions, exponents, booleans) -> NULL
+ *   program_hash         VARCHAR   args.program_hash when it is a string
+ * (the typed args columns as tilescope.trace._schema.ARG_COLUMNS defines them; the first of
+ * duplicate keys counts, and a key is matched as written, without unescaping it)
  * A record without 'ph' gets 'X' if it has a duration, else 'i' if it has a time.
  */
 #define PY_SSIZE_T_CLEAN
@@ -24,8 +31,9 @@
 #include <string.h>
 #include <math.h>
 
-enum { F_PH, F_CAT, F_NAME, F_PID, F_TID, F_TS, F_DUR, F_ID, F_BP, F_S, F_ARGS, NF };
-static const int IS_INT[NF] = {0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0};
+enum { F_PH, F_CAT, F_NAME, F_PID, F_TID, F_TS, F_DUR, F_ID, F_BP, F_S, F_ARGS,
+       A_CORR, A_EXT, A_STREAM, A_DEVICE, A_FLOW, A_HASH, NF };
+static const int IS_INT[NF] = {0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0};
 enum { K_ABSENT, K_STRING, K_NUMBER, K_TRUE, K_FALSE, K_NULL, K_NESTED };
 #define MAX_DEPTH 256
 
@@ -245,6 +253,43 @@ static int parse_event(const char *p, const char *e, Span *f, const char **end) 
     }
 }
 
+/* The args members that become typed columns: fills f[A_*] from the object at f[F_ARGS]. */
+static int arg_of(const char *k, size_t n) {
+    switch (n) {
+    case 6:
+        if (!memcmp(k, "stream", 6)) return A_STREAM;
+        if (!memcmp(k, "device", 6)) return A_DEVICE;
+        break;
+    case 7: if (!memcmp(k, "flow_id", 7)) return A_FLOW; break;
+    case 11:
+        if (!memcmp(k, "correlation", 11)) return A_CORR;
+        if (!memcmp(k, "External id", 11)) return A_EXT;
+        break;
+    case 12: if (!memcmp(k, "program_hash", 12)) return A_HASH; break;
+    }
+    return -1;
+}
+
+static void args_members(Span *f) {
+    for (int i = A_CORR; i < NF; i++) f[i].kind = K_ABSENT;
+    const Span *a = &f[F_ARGS];
+    if (a->kind != K_NESTED || *a->s != '{') return;
+    const char *p = skip_ws(a->s + 1, a->s + a->n), *e = a->s + a->n;  /* validated by parse_event */
+    while (p < e && *p == '"') {
+        int esc;
+        const char *k = p + 1;
+        if (parse_string(&p, e, &esc)) return;
+        int which = esc ? -1 : arg_of(k, (size_t)(p - k - 1));
+        p = skip_ws(p, e);
+        p = skip_ws(p + 1, e);  /* the ':' */
+        Span v;
+        if (parse_value(&p, e, 1, &v)) return;
+        if (which >= 0 && f[which].kind == K_ABSENT) f[which] = v;  /* the first of duplicates */
+        p = skip_ws(p, e);
+        if (p < e && *p == ',') p = skip_ws(p + 1, e);
+    }
+}
+
 /* ---- values -------------------------------------------------------------------------------- */
 static int put_utf8(Buf *b, uint32_t cp) {
     char t[4];
@@ -425,6 +470,31 @@ static int time_of(const Span *v, int64_t *ns) {
     return -1;
 }
 
+/* An args id: an integer JSON number or a string holding one, -?[0-9]+ within int64. 0 on
+   success, -1 for NULL, -2 out of memory (``tmp`` holds an escaped string's text). */
+static int id_of(const Span *v, Buf *tmp, int64_t *out) {
+    const char *s, *e;
+    if (v->kind == K_NUMBER) { s = v->s; e = s + v->n; }
+    else if (v->kind == K_STRING && !v->esc) { s = v->s; e = s + v->n; }
+    else if (v->kind == K_STRING) {
+        tmp->len = 0;
+        if (put_unescaped(tmp, v->s, v->n)) return -2;
+        s = tmp->p; e = s + tmp->len;
+    } else return -1;
+    int neg = s < e && *s == '-';
+    if (neg) s++;
+    if (s >= e) return -1;
+    uint64_t limit = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX, x = 0;
+    for (; s < e; s++) {
+        if (*s < '0' || *s > '9') return -1;
+        uint64_t d = (uint64_t)(*s - '0');
+        if (x > (limit - d) / 10) return -1;
+        x = x * 10 + d;
+    }
+    *out = neg ? (int64_t)(0 - x) : (int64_t)x;
+    return 0;
+}
+
 static int put_int(Column *c, int64_t row, int ok, int64_t v) {
     if (!ok) { set_valid(c, row, 0); return 0; }
     if (buf_put(&c->values, &v, 8)) return -1;
@@ -513,6 +583,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t consumed = 0, ended = -1, stray_at = -1;
     int oom = 0;
     Span f[NF];
+    Buf idtext = {0};  /* an escaped id string's text */
 
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
@@ -549,10 +620,17 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             int has_dur = f[F_DUR].kind != K_ABSENT && time_of(&f[F_DUR], &dur) == 0;
             const char *ph_fb = has_dur ? "X" : has_ts ? "i" : NULL;
             int r = 0;
+            args_members(f);
+            if (f[A_HASH].kind != K_STRING) f[A_HASH].kind = K_ABSENT;
             for (int i = 0; i < NF && !r; i++) {
                 if (i == F_TS) r = put_int(&cols[i], rows, has_ts, ts);
                 else if (i == F_DUR) r = put_int(&cols[i], rows, has_dur, dur);
                 else if (i == F_ARGS) r = put_json(&cols[i], rows, &f[i]);
+                else if (IS_INT[i]) {
+                    int64_t id = 0;
+                    int got = id_of(&f[i], &idtext, &id);
+                    r = got == -2 ? -1 : put_int(&cols[i], rows, got == 0, id);
+                }
                 else r = put_text(&cols[i], rows, &f[i], i == F_PH ? ph_fb : NULL);
             }
             if (r) { oom = 1; break; }
@@ -618,6 +696,7 @@ done:
     Py_XDECREF(bodies);
     Py_XDECREF(nulls);
     for (int i = 0; i < NF; i++) { free(cols[i].values.p); free(cols[i].valid.p); }
+    free(idtext.p);
     return result;
 }
 
@@ -634,9 +713,9 @@ PyMODINIT_FUNC PyInit__kscan(void) {
     PyObject *m = PyModule_Create(&module);
     if (m) {
         PyModule_AddIntConstant(m, "COLUMNS", NF);
-        PyModule_AddObject(m, "IS_INT", Py_BuildValue("(iiiiiiiiiii)", IS_INT[0], IS_INT[1], IS_INT[2], IS_INT[3],
-                                                      IS_INT[4], IS_INT[5], IS_INT[6], IS_INT[7], IS_INT[8],
-                                                      IS_INT[9], IS_INT[10]));
+        PyObject *is_int = PyTuple_New(NF);
+        for (int i = 0; is_int && i < NF; i++) PyTuple_SET_ITEM(is_int, i, PyLong_FromLong(IS_INT[i]));
+        if (PyModule_AddObject(m, "IS_INT", is_int) < 0) Py_XDECREF(is_int);
     }
     return m;
 }

@@ -31,7 +31,8 @@ __all__ = ["available", "NativeEvents", "ingest_native", "COLUMNS"]
 # the events table as written here: (name, kind); kind as in ParquetWriter
 COLUMNS = (("part", "INT32"), ("ph", "STRING"), ("cat", "STRING"), ("name", "STRING"), ("pid", "STRING"),
            ("tid", "STRING"), ("ts_ns", "INT64"), ("dur_ns", "INT64"), ("id", "STRING"), ("bp", "STRING"),
-           ("s", "STRING"), ("args", "JSON"))
+           ("s", "STRING"), ("args", "JSON"), ("correlation", "INT64"), ("external_id", "INT64"), ("stream", "INT64"),
+           ("device", "INT64"), ("flow_id", "INT64"), ("program_hash", "STRING"))
 assert _kscan is None or _kscan.COLUMNS == len(COLUMNS) - 1, "_kscan.c and COLUMNS disagree"
 PART_ROWS = 1 << 22  # rows per part file (eid = part << 32 | row keeps far below 2**32)
 _STAT_SUMS = ("events", "no_ts", "zero", "neg", "no_dur", "be")

@@ -6,9 +6,10 @@ the docs are generated from these rows, so they cannot drift apart.
 
 from __future__ import annotations
 
-__all__ = ["SCHEMA_VERSION", "TABLES", "RAW_JSON_COLUMNS", "TS_EXACT_TYPE", "ARG_COLUMNS", "CATEGORY_KINDS", "kind_case_sql"]
+__all__ = ["SCHEMA_VERSION", "TABLES", "RAW_JSON_COLUMNS", "TS_EXACT_TYPE", "ARG_COLUMNS", "CATEGORY_KINDS", "kind_case_sql",
+           "arg_columns_sql", "arg_paths_sql"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4  # 4: the typed args columns are stored at ingest
 
 # Columns read from each trace record by DuckDB's JSON reader. Times are microseconds; a
 # double holds them exactly to the nanosecond below 2**53 ns (~104 days: relative clocks,
@@ -23,7 +24,11 @@ RAW_JSON_COLUMNS = {
 }
 TS_EXACT_TYPE = "DECIMAL(24,3)"
 
-# args fields promoted to typed columns: (column, JSON path, SQL type)
+# args fields promoted to typed columns, stored at ingest: (column, JSON path, SQL type).
+# A BIGINT is an integer JSON number, or a string holding one (-?[0-9]+), within int64;
+# anything else (fractions, exponents, booleans, objects) is NULL. A VARCHAR is a JSON
+# string's value (other types: NULL). The C parser (_kscan.c) and arg_columns_sql() below
+# (the DuckDB ingest) both implement exactly this.
 ARG_COLUMNS = (
     ("correlation", '$.correlation', "BIGINT"),      # CUDA/HIP: launch <-> kernel
     ("external_id", '$."External id"', "BIGINT"),    # Kineto: cpu_op <-> its launches
@@ -32,6 +37,29 @@ ARG_COLUMNS = (
     ("flow_id", '$.flow_id', "BIGINT"),              # tilescope: one device execution's hops
     ("program_hash", '$.program_hash', "VARCHAR"),   # tilescope: the executable that ran
 )
+
+
+def arg_columns_sql(args: str = "args") -> str:
+    """The ARG_COLUMNS as DuckDB select expressions over the JSON column ``args`` (one JSON
+    parse per record: the paths are extracted together into the list ``_a``, which the
+    query must define as ``json_extract({args}, [paths])``; see ``arg_paths_sql``)."""
+    exprs = []
+    for k, (col, _path, typ) in enumerate(ARG_COLUMNS, start=1):
+        v, text = f"_a[{k}]", f"(_a[{k}] ->> '$')"
+        if typ == "BIGINT":
+            exprs.append(f"""CASE json_type({v}) WHEN 'BIGINT' THEN TRY_CAST({text} AS BIGINT)
+                 WHEN 'UBIGINT' THEN TRY_CAST({text} AS BIGINT)
+                 WHEN 'VARCHAR' THEN CASE WHEN regexp_full_match({text}, '-?[0-9]+') THEN TRY_CAST({text} AS BIGINT) END
+                 END AS {col}""")
+        else:
+            exprs.append(f"CASE WHEN json_type({v}) = 'VARCHAR' THEN {text} END AS {col}")
+    return ",\n      ".join(exprs)
+
+
+def arg_paths_sql(args: str = "args") -> str:
+    """``json_extract(args, [every ARG_COLUMNS path])``: the list ``arg_columns_sql`` reads."""
+    paths = ", ".join("'" + path.replace("'", "''") + "'" for _c, path, _t in ARG_COLUMNS)
+    return f"json_extract({args}, [{paths}])"
 
 # table -> ((column, type, meaning), ...)
 TABLES = {
@@ -49,8 +77,8 @@ TABLES = {
         ("bp", "VARCHAR", "flow binding point ('e': enclosing slice)"),
         ("s", "VARCHAR", "instant scope"),
         ("args", "JSON", "the record's args object, verbatim"),
-        # the views add typed columns read from args (ARG_COLUMNS) on the rows a query touches:
-        *((c, t, f"view column: args {p}") for c, p, t in ARG_COLUMNS),
+        # typed columns read from args at ingest (ARG_COLUMNS: an integer or a string holding one)
+        *((c, t, f"args {p}, typed (NULL when absent or not of that type)") for c, p, t in ARG_COLUMNS),
     ),
     "lanes": (
         ("lane", "INTEGER", "lane index (dense, sorted: host lanes first, then devices)"),

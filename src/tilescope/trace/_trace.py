@@ -155,14 +155,14 @@ class Trace:
         else:
             selects = ("SELECT NULL::INTEGER AS rank, NULL::BIGINT AS eid, NULL::INTEGER AS part, NULL AS ph, NULL AS cat, "
                        "NULL AS name, NULL AS pid, NULL AS tid, NULL::BIGINT AS ts_ns, NULL::BIGINT AS dur_ns, NULL AS id, "
-                       "NULL AS bp, NULL AS s, NULL::JSON AS args WHERE false")
+                       "NULL AS bp, NULL AS s, NULL::JSON AS args, "
+                       + ", ".join(f"NULL::{t} AS {c}" for c, _p, t in ARG_COLUMNS) + " WHERE false")
         off = " UNION ALL ".join(f"SELECT {r}::INTEGER AS rank, {o}::BIGINT AS off" for r, o in self._offsets.items()) \
             or "SELECT 0 AS rank, 0::BIGINT AS off"
         con.execute(f"CREATE OR REPLACE TEMP VIEW _raw0 AS {selects}")
         con.execute(f"CREATE OR REPLACE TEMP TABLE _offsets AS {off}")
-        typed = ", ".join(f"TRY_CAST(json_extract_string(r.args, '{p}') AS {t}) AS {c}" for c, p, t in ARG_COLUMNS)
-        con.execute(f"""CREATE OR REPLACE TEMP VIEW raw AS
-            SELECT r.* REPLACE (r.ts_ns - o.off AS ts_ns), {typed} FROM _raw0 r JOIN _offsets o USING (rank)""")
+        con.execute("""CREATE OR REPLACE TEMP VIEW raw AS
+            SELECT r.* REPLACE (r.ts_ns - o.off AS ts_ns) FROM _raw0 r JOIN _offsets o USING (rank)""")
         lane_files = [(os.path.join(e, "lanes.parquet"), r) for e, r in zip(self.entries, self.ranks)
                       if os.path.exists(os.path.join(e, "lanes.parquet"))]
         if lane_files:
