@@ -57,7 +57,7 @@ def itrace_bytes(program, result, *, execution: dict | None = None) -> bytes:
     if cached is None or cached[0] is not result:
         doc = itrace_json(program, result)
         doc.pop("execution")
-        cached = (result, orjson.dumps(doc)[1:-1].decode())
+        cached = (result, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode())
         _COLUMNS_CACHE[key] = cached
         if len(_COLUMNS_CACHE) > 256:
             _COLUMNS_CACHE.pop(next(iter(_COLUMNS_CACHE)))
