@@ -116,18 +116,21 @@ def file_create_us(directory: str, n: int = 200) -> float:
     return statistics.median(times) * 1e6
 
 
-def make_workloads() -> dict:
+def make_rmsnorm_loop():
     x = torch.randn(512, 1024, device="sim")
     w = torch.randn(1024, device="sim")
-    return {
-        "naive RMSNorm [512, 1024] x 20 iterations": lambda: naive_rmsnorm_loop(x, w),
-        "2-layer transformer encoder training step (d=256, 8x128 tokens)": make_transformer_step(),
-    }
+    return lambda: naive_rmsnorm_loop(x, w)
+
+
+WORKLOADS = {  # name -> factory of the workload (a child process builds only the one it runs)
+    "naive RMSNorm [512, 1024] x 20 iterations": make_rmsnorm_loop,
+    "2-layer transformer encoder training step (d=256, 8x128 tokens)": make_transformer_step,
+}
 
 
 def first_profile(name: str, with_tilescope: bool, out: str) -> None:
     """In a fresh process: warm the workload up unprofiled, profile it once, print the times."""
-    workload = make_workloads()[name]
+    workload = WORKLOADS[name]()
     for _ in range(2):
         workload()
     t, n = run(workload, with_tilescope, out)
@@ -176,7 +179,8 @@ def main() -> None:
           + ", ".join(f"{d} {us:.0f} us per file" for d, us in probe.items())
           + " (both sides write there; tilescope's profile is ~2 files per Program that ran + 3)")
     with tempfile.TemporaryDirectory(dir=args.out, prefix=".profiler-overhead-") as tmp:
-        for name, workload in make_workloads().items():
+        for name, make in WORKLOADS.items():
+            workload = make()
             for _ in range(2):  # build every Program first: we measure profiling, not lowering
                 workload()
             times = {True: [], False: []}
