@@ -253,7 +253,7 @@ static int parse_event(const char *p, const char *e, Span *f, const char **end) 
     }
 }
 
-/* The args members that become typed columns: fills f[A_*] from the object at f[F_ARGS]. */
+/* Which typed column an args key feeds (-1: none). */
 static int arg_of(const char *k, size_t n) {
     switch (n) {
     case 6:
@@ -270,6 +270,7 @@ static int arg_of(const char *k, size_t n) {
     return -1;
 }
 
+/* The args members that become typed columns: fills f[A_*] from the object at f[F_ARGS]. */
 static void args_members(Span *f) {
     for (int i = A_CORR; i < NF; i++) f[i].kind = K_ABSENT;
     const Span *a = &f[F_ARGS];

@@ -27,8 +27,9 @@ TS_EXACT_TYPE = "DECIMAL(24,3)"
 # args fields promoted to typed columns, stored at ingest: (column, JSON path, SQL type).
 # A BIGINT is an integer JSON number, or a string holding one (-?[0-9]+), within int64;
 # anything else (fractions, exponents, booleans, objects) is NULL. A VARCHAR is a JSON
-# string's value (other types: NULL). The C parser (_kscan.c) and arg_columns_sql() below
-# (the DuckDB ingest) both implement exactly this.
+# string's value (other types: NULL); the first of duplicate keys counts. The C parser
+# (_kscan.c) and arg_columns_sql() below (the DuckDB ingest) both implement this; they differ
+# only on a key spelled with escapes ("\u0063orrelation"), which only DuckDB matches.
 ARG_COLUMNS = (
     ("correlation", '$.correlation', "BIGINT"),      # CUDA/HIP: launch <-> kernel
     ("external_id", '$."External id"', "BIGINT"),    # Kineto: cpu_op <-> its launches
