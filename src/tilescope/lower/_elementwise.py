@@ -219,10 +219,7 @@ def _lerp(E, a):
     x, end, w = a["self"], a["end"], a["weight"]
     t = E.tmp()
     E.tt(t, end, x, "subtract")
-    if _is_tile(w):
-        E.tt(t, t, w, "multiply")
-    else:
-        E.ts(t, t, "multiply", w)
+    E.binary(t, t, w, "multiply")
     E.tt(E.out, x, t, "add")
 
 
@@ -381,10 +378,7 @@ def _remainder(E, a):
     neg = E.tmp()
     E.binary(neg, m, y, "multiply")
     E.ts(neg, neg, "less", 0.0)
-    if _is_tile(y):
-        E.tt(neg, neg, y, "multiply")
-    else:
-        E.ts(neg, neg, "multiply", y)
+    E.binary(neg, neg, y, "multiply")
     E.tt(E.out, m, neg, "add")
 
 

@@ -143,14 +143,7 @@ def lower_pad(call: Call, spec):
     b = TileBuilder(call.op, spec)
     with b.provenance(op=call.op):
         ov = hbm_output(b, "out", out)
-        cshape, (cst,) = coalesce(tuple(out.shape), [tuple(out.stride)])
-        plan = TilePlan(cshape, max_free=_MAX_FREE, partitions=spec.partitions)
-        for tile in plan.tiles:
-            t = b.sbuf((tile.partitions, tile.free), out.device_dtype, site="pad.fill")
-            b.memset(t, 0.0)
-            if not (isinstance(value, (int, float)) and value == 0):
-                b.tensor_scalar(t, t, "add", value)
-            b.dma_copy(plan.operand_ap(ov, cst, tile), t)
+        _fill(b, spec, ov, out, value, site="pad.fill")
         if x.numel:
             xv = hbm_input(b, "in", x)
             # pad lists (last dim first) pairs of (before, after)
@@ -163,11 +156,11 @@ def lower_pad(call: Call, spec):
     return b.build(meta={"lowering": "dma"})
 
 
-def _fill(b, spec, view: View, meta: TensorMeta, value) -> None:
+def _fill(b, spec, view: View, meta: TensorMeta, value, site: str = "fill") -> None:
     cshape, (cst,) = coalesce(tuple(meta.shape) or (1,), [tuple(meta.stride) or (1,)])
     plan = TilePlan(cshape, max_free=_MAX_FREE, partitions=spec.partitions)
     for tile in plan.tiles:
-        t = b.sbuf((tile.partitions, tile.free), meta.device_dtype, site="fill")
+        t = b.sbuf((tile.partitions, tile.free), meta.device_dtype, site=site)
         b.memset(t, 0.0)
         if not (isinstance(value, (int, float)) and value == 0):
             b.tensor_scalar(t, t, "add", value)

@@ -40,10 +40,9 @@ ARG_COLUMNS = (
 )
 
 
-def arg_columns_sql(args: str = "args") -> str:
-    """The ARG_COLUMNS as DuckDB select expressions over the JSON column ``args`` (one JSON
-    parse per record: the paths are extracted together into the list ``_a``, which the
-    query must define as ``json_extract({args}, [paths])``; see ``arg_paths_sql``)."""
+def arg_columns_sql() -> str:
+    """The ARG_COLUMNS as DuckDB select expressions (one JSON parse per record: they read the
+    list ``_a`` of the extracted paths, which the query defines with ``arg_paths_sql()``)."""
     exprs = []
     for k, (col, _path, typ) in enumerate(ARG_COLUMNS, start=1):
         v, text = f"_a[{k}]", f"(_a[{k}] ->> '$')"
