@@ -255,6 +255,8 @@ def main() -> int:
           f"{bsize / (r['cpu_s'] / (os.cpu_count() or 1)) / 1e6:,.0f} MB/s on {os.cpu_count()} otherwise idle cores; "
           f"{r['mode']} parser), peak RSS {mb(r['peak_rss'])} "
           f"(target <= 2 GB: {'met' if r['peak_rss'] <= 2e9 else 'NOT met'})")
+    print(f"  then the first query (op table over {r['events']:,} records): {r['first_query_s']:.1f} s, "
+          f"peak RSS {mb(r['peak_rss_after_query'])}")
     ok &= mbps >= 100 and r["peak_rss"] <= 2e9
     if args.hta_big and not args.skip_hta:
         bdir = os.path.join(work, "big_for_hta")
