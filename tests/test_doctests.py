@@ -14,6 +14,7 @@ MODULES = [
     "tilescope.isa._ap",
     "tilescope.isa._cost",
     "tilescope.program._builder",
+    "tilescope.program._dump",
     "tilescope.sim",
     "tilescope.profiler._format",
     "tilescope.profiler._reader",

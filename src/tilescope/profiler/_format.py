@@ -4,8 +4,10 @@ A profile is written into ``.<timestamp>.partial`` next to its final name;
 ``manifest.json`` (with each file's size and sha256) goes last through a temporary
 file, and only then is the directory renamed. A crash at any point leaves a
 ``.partial`` directory or one without a complete manifest -- which readers report
-as incomplete, never as a profile. Files are not fsynced one by one: a torn write
-after a power loss shows as a size or checksum mismatch, which readers also report.
+as incomplete, never as a profile. Nothing is fsynced (on a busy disk one fsync can cost
+more than the rest of an export): a write torn by a power loss -- the manifest's included --
+shows as a missing file, an unreadable manifest, or a size or checksum mismatch, which
+readers also report as incomplete.
 
 >>> import tempfile
 >>> from tilescope.profiler import ProfileWriter
@@ -94,7 +96,10 @@ def itrace_json(program, result, *, execution: dict | None = None) -> dict:
 def _versions() -> dict:
     from .. import __version__
 
-    out = {"tilescope": __version__, "python": platform.python_version(), "platform": platform.platform()}
+    # not platform.platform(): it also runs `uname -p` in a subprocess (a fork of a process
+    # that holds torch, on the first profile)
+    system = "-".join((platform.system(), platform.release(), platform.machine()))
+    out = {"tilescope": __version__, "python": platform.python_version(), "platform": system}
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = torch.__version__
@@ -211,14 +216,10 @@ class ProfileWriter:
             return self.path
         self.final_manifest = self.manifest()
         data = json.dumps(self.final_manifest, indent=1, default=_json_default).encode()
-        tmp = self.partial / "manifest.json.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.partial / "manifest.json")
+        tmp = os.path.join(self._partial, "manifest.json.tmp")
+        _write_file(tmp, data)
+        os.replace(tmp, os.path.join(self._partial, "manifest.json"))
         os.replace(self.partial, self.path)
-        _fsync_dir(self.path.parent)
         self._finished = True
         return self.path
 
@@ -292,19 +293,6 @@ class _Executable:
     def written(self, target: str, final: str) -> None:
         st = os.stat(target)
         self.path, self.stat = final, (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _json_default(o):

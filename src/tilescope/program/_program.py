@@ -14,16 +14,14 @@ from functools import cached_property
 from math import prod
 from typing import Iterable
 
-import orjson
-
 from ..dtypes import itemsize
 from ..isa import AP, Instruction, RuntimeScalar
 from ..isa._instructions import field_access
+from ._dump import FORMAT_VERSION, executable_text, fields_dict as _fields_dict, instruction_records
 
 __all__ = ["Buffer", "Provenance", "Program", "MEMORIES", "FORMAT_VERSION"]
 
 MEMORIES = ("hbm", "sbuf", "psum")
-FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,18 +111,6 @@ class Slot:
     site: str | None
     members: tuple[str, ...]
     aliases: tuple[str, ...] = ()  # earlier slots whose address range this one reuses
-
-
-def _fields_dict(record) -> dict:
-    """A flat dataclass record as a dict (``asdict`` deep-copies every value: far slower, and
-    an executable holds thousands of records). Tuples stay tuples: JSON writes them as lists."""
-    names, values = field_access(type(record))
-    return dict(zip(names, values(record)))
-
-
-def _with_prov(d: dict, prov: int) -> dict:
-    d["prov"] = prov
-    return d
 
 
 class Program:
@@ -227,6 +213,7 @@ class Program:
 
     # ---- serialisation -----------------------------------------------------
     def to_json(self) -> dict:
+        """The executable as plain data (``dumps`` writes the same document as text)."""
         return {
             "format": "tilescope.executable",
             "version": FORMAT_VERSION,
@@ -239,7 +226,7 @@ class Program:
             "slots": [_fields_dict(s) for s in self.slots.values()],
             "placement": self.placement,
             "provenance": [_fields_dict(p) for p in self.provenance],
-            "instructions": [_with_prov(instr.to_json(), p) for instr, p in zip(self.instructions, self.instr_prov)],
+            "instructions": instruction_records(self),
             "meta": self.meta,
         }
 
@@ -248,9 +235,7 @@ class Program:
 
     @cached_property
     def _dumped(self) -> str:  # the Program is immutable: serialise it once
-        # orjson: a profile's first export writes every executable that ran (~2 MB for a
-        # transformer step); the standard encoder took ~8x longer on these small records
-        return orjson.dumps(self.to_json(), option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY).decode()
+        return executable_text(self)
 
     @classmethod
     def from_json(cls, data: dict | str) -> "Program":
