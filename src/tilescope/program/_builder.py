@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-from math import prod
 from typing import Iterator
 
 from ..dtypes import canonical

@@ -16,7 +16,6 @@ from typing import Iterable
 
 from ..dtypes import itemsize
 from ..isa import AP, Instruction, RuntimeScalar
-from ..isa._instructions import field_access
 from ._dump import FORMAT_VERSION, executable_text, fields_dict as _fields_dict, instruction_records
 
 __all__ = ["Buffer", "Provenance", "Program", "MEMORIES", "FORMAT_VERSION"]
