@@ -113,3 +113,42 @@ def test_loop_without_synchronize_and_first_iteration_are_diagnosed(sim, tmp_pat
     syncs = [e for e in xs if e["name"] == "tilescope::synchronize"]
     # the only synchronize is torch's own, when the trace stops: after the step
     assert all(e["ts"] >= step["ts"] + step["dur"] for e in syncs)
+
+
+def _training_step_profile(tmp_path, parse_first: bool):
+    """One training step profiled; the device time correlated with torch's events parsed
+    by torch first (markers among them) or not (markers taken out before the parse)."""
+    from tilescope.profiler._capture import capture
+    from tilescope.profiler._correlate import correlate
+
+    Profiler(ProfileConfig(output_dir=tmp_path))  # listens to the device
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).to("sim")
+    x = torch.randn(32, 64, device="sim")
+
+    def step():
+        with torch.profiler.record_function("step"):
+            model(x).square().mean().backward()  # backward ops launch from autograd's own thread
+        torch.sim.synchronize()
+
+    step()  # build every Program first
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        step()
+    if parse_first:
+        assert any(e.name.startswith("tilescope::exec#") for e in prof.profiler.function_events)
+    matched, pending = correlate(prof, capture, float("inf"), into_tables=True)
+    launches = [(m.rec.op, m.parent.name if m.parent is not None else None, m.parent is not None and
+                 m.parent.time_range.start <= m.marker_us <= m.parent.time_range.end) for m in matched]
+    table = {(e.key, e.count, round(e.self_device_time_total, 3), round(e.device_time_total, 3))
+             for e in prof.key_averages()}
+    return launches, table, prof
+
+
+def test_markers_taken_out_before_torch_parses_give_the_same_attribution(sim, tmp_path):
+    fast, fast_table, prof = _training_step_profile(tmp_path / "a", parse_first=False)
+    slow, slow_table, _ = _training_step_profile(tmp_path / "b", parse_first=True)
+    assert len(fast) > 10 and all(parent is not None and inside for _, parent, inside in fast)
+    assert fast == slow  # the same launching op for every execution, in launch order
+    assert fast_table == slow_table
+    assert not any(e.name.startswith("tilescope::exec#") for e in prof.profiler.function_events)
+    assert {p for _, p, _ in fast} >= {"aten::addmm", "aten::mm"}  # forward and backward threads

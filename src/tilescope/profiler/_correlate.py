@@ -1,8 +1,12 @@
 """Putting modeled device time into torch's own tables.
 
-torch's CPU-only build cannot record PrivateUse1 kernels by itself. After torch
-has parsed its events, each ``tilescope::exec#<flow>`` marker (recorded inside
-the op that launched an execution) is replaced by:
+torch's CPU-only build cannot record PrivateUse1 kernels by itself. Each
+``tilescope::exec#<flow>`` marker (recorded inside the op that launched an execution)
+is taken out of torch's raw events before torch parses them -- torch turns every raw
+event into a ``FunctionEvent`` at tens of µs each, and small-op loops have about one
+marker per op -- and its launching op is found as torch's own event tree would have
+found its parent (same thread, the innermost range containing it). The marker is
+replaced by:
 
 * a kernel on its parent op (``FunctionEvent.append_kernel``), which fills the
   ``Self SIM`` / ``SIM total`` columns of ``key_averages()``, and
@@ -10,12 +14,15 @@ the op that launched an execution) is replaced by:
   table's totals footer, as it does CUDA kernels.
 
 Executions still running on the device when the trace is exported are left out
-(as a real device's unfinished kernels are) and counted as pending.
+(as a real device's unfinished kernels are) and counted as pending. When torch has
+parsed its events already (``acc_events=True``), the markers are found among them and
+taken out of the event list and tree instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from torch.autograd.profiler_util import DeviceType, FunctionEvent
 
@@ -41,29 +48,27 @@ def device_event_name(rec) -> str:
     return f"{'memcpy' if rec.kind == 'memcpy' else 'exec_running'} {rec.op}"
 
 
+class _Marker(NamedTuple):
+    flow: int
+    thread: int  # torch's thread id
+    start_us: float  # on torch's clock (µs from the trace start), as its events are
+    parent: FunctionEvent | None
+
+
 def correlate(prof, capture, now_ns: float, *, into_tables: bool) -> tuple[list[Matched], int]:
-    """Match markers to executions; with ``into_tables`` rewrite torch's events.
+    """Match markers to executions; with ``into_tables`` add device time to torch's events.
 
     Returns the matched executions (launch order) and how many were still pending.
     """
+    raw = _take_markers(prof.profiler)  # before torch parses: it never sees them
     events = prof.profiler.function_events
+    markers = _markers_among(events) if raw is None else _with_parents(raw, events, prof)
     use_device = prof.profiler.use_device
+    next_id = max((evt.id for evt in events), default=0) + 1  # the first id free for device events
     matched: list[Matched] = []
     pending = 0
-    markers = []
-    next_id = 0
-    for evt in events:  # one pass: the markers, and the first id free for device events
-        if evt.name.startswith(MARKER):
-            markers.append(evt)
-        if evt.id > next_id:
-            next_id = evt.id
-    next_id += 1
     device_events = []
-    for m in markers:
-        try:
-            flow = int(m.name[len(MARKER):])
-        except ValueError:
-            continue
+    for flow, thread, start, parent in markers:
         entry = capture.get(flow)
         if entry is None:
             continue
@@ -71,9 +76,7 @@ def correlate(prof, capture, now_ns: float, *, into_tables: bool) -> tuple[list[
         if rec.device_end_ns > now_ns:
             pending += 1
             continue
-        parent = m.cpu_parent
-        start = m.time_range.start
-        matched.append(Matched(rec, real_ns, start, m.thread, parent, fresh, native_tid))
+        matched.append(Matched(rec, real_ns, start, thread, parent, fresh, native_tid))
         if into_tables:
             dur_us = (rec.device_end_ns - rec.device_start_ns) / 1000.0
             name = device_event_name(rec)
@@ -87,13 +90,96 @@ def correlate(prof, capture, now_ns: float, *, into_tables: bool) -> tuple[list[
             )
             next_id += 1
             device_events.append(dev)
-    if markers:  # markers are bookkeeping, not ops: take them out of the event list and the tree
-        marker_ids = {id(m) for m in markers}
-        parents = {id(m.cpu_parent): m.cpu_parent for m in markers if m.cpu_parent is not None}
-        for p in parents.values():
-            p.cpu_children = [c for c in p.cpu_children if id(c) not in marker_ids]
-        events[:] = [e for e in events if id(e) not in marker_ids]
     if into_tables:
         events.extend(device_events)
     matched.sort(key=lambda x: x.rec.flow_id)
     return matched, pending
+
+
+class _WithoutMarkers:
+    """torch's profiler result whose ``events()`` leaves the markers out (the rest delegates:
+    ``save`` -- the Chrome trace export -- still writes every event)."""
+
+    def __init__(self, result, events):
+        self._result, self._events = result, events
+
+    def events(self):
+        return self._events
+
+    def __getattr__(self, name):
+        return getattr(self._result, name)
+
+
+def _flow_of(name: str) -> int | None:
+    try:
+        return int(name[len(MARKER):])
+    except ValueError:
+        return None
+
+
+def _take_markers(profiler) -> list | None:
+    """The raw marker events, taken out of what torch parses; None when torch has parsed
+    its events already (or has none)."""
+    result = getattr(profiler, "kineto_results", None)
+    if result is None or getattr(profiler, "_function_events", None) is not None:
+        return None
+    keep, markers = [], []
+    for e in result.events():
+        (markers if e.name().startswith(MARKER) else keep).append(e)
+    if markers:
+        profiler.kineto_results = _WithoutMarkers(result, keep)
+        try:
+            profiler.function_events  # torch parses now, without them
+        finally:
+            profiler.kineto_results = result
+    return markers
+
+
+def _with_parents(raw, events, prof) -> list[_Marker]:
+    """Each raw marker with the op that launched it: on the marker's thread, the innermost
+    synchronous CPU range that contains it -- torch's own tree rule (``_populate_cpu_children``:
+    ranges ordered by (start, -end), a stack of the open ones), applied to torch's final events."""
+    t0 = prof.profiler.kineto_results.trace_start_ns()
+    by_thread: dict[int, list] = {}
+    for e in raw:
+        flow = _flow_of(e.name())
+        if flow is not None:  # times as torch computes its events' (µs from the trace start)
+            start, end = (e.start_ns() - t0) / 1000, (e.end_ns() - t0) / 1000
+            by_thread.setdefault(e.start_thread_id(), []).append((start, -end, flow))
+    ops: dict[int, list] = {t: [] for t in by_thread}
+    for evt in events:  # torch keeps them ordered by (start, -end)
+        lane = ops.get(evt.thread)
+        if lane is not None and not evt.is_async and evt.device_type == DeviceType.CPU:
+            lane.append(evt)
+    out = []
+    for thread, marks in by_thread.items():
+        lane, i, stack = ops[thread], 0, []
+        for start, neg_end, flow in sorted(marks):
+            end = -neg_end
+            while i < len(lane) and (lane[i].time_range.start, -lane[i].time_range.end) <= (start, neg_end):
+                _push(stack, lane[i])
+                i += 1
+            while stack and (start >= stack[-1].time_range.end or end > stack[-1].time_range.end):
+                stack.pop()
+            out.append(_Marker(flow, thread, start, stack[-1] if stack else None))
+    return out
+
+
+def _push(stack: list, evt: FunctionEvent) -> None:
+    r = evt.time_range
+    while stack and (r.start >= stack[-1].time_range.end or r.end > stack[-1].time_range.end):
+        stack.pop()
+    stack.append(evt)
+
+
+def _markers_among(events) -> list[_Marker]:
+    """The markers of events torch has parsed already, taken out of the list and the tree."""
+    found = [evt for evt in events if evt.name.startswith(MARKER)]
+    if not found:
+        return []
+    ids = {id(m) for m in found}
+    for p in {id(m.cpu_parent): m.cpu_parent for m in found if m.cpu_parent is not None}.values():
+        p.cpu_children = [c for c in p.cpu_children if id(c) not in ids]
+    events[:] = [e for e in events if id(e) not in ids]
+    return [_Marker(flow, m.thread, m.time_range.start, m.cpu_parent)
+            for m in found if (flow := _flow_of(m.name)) is not None]
