@@ -5,7 +5,7 @@ Every figure here comes from the device model and is labelled *modeled*.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -156,7 +156,10 @@ class Summary:
         cached = self.__dict__.get("_as_dict")
         if cached is not None:
             return dict(cached)
-        d = asdict(self)
+        # the fields are flat (numbers, strings, two str -> float dicts): asdict's deep copy
+        # of every value is not needed, and a profile's export reads thousands of summaries
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["engine_busy_ns"], d["utilization"] = dict(self.engine_busy_ns), dict(self.utilization)
         d.update(
             total_us=self.total_us, achieved_gbps=self.achieved_gbps,
             arithmetic_intensity=self.arithmetic_intensity, mfu=self.mfu, mbu=self.mbu,
