@@ -117,3 +117,24 @@ def test_a_later_profile_links_the_executable_written_before_unless_it_changed(t
     third = write_kernel_profile(tmp_path / "c", prog, simulate(prog))
     assert not os.path.samefile(second / name, third / name)
     assert (third / name).read_text() == prog.dumps() and read_profile(third).complete
+
+
+def test_instruction_trace_text_is_its_document():
+    """The bytes written (columns by orjson from numpy) read as ``itrace_json`` -- ints as ints,
+    float64 values exactly -- and a float32 column keeps its float64 (tolist) value."""
+    import numpy as np
+
+    from tilescope.profiler._format import _numpy_column, itrace_bytes, itrace_json
+
+    prog = _program()
+    result = simulate(prog)
+    execution = {"flow_id": 7, "core": 0, "start_us": 1.5}
+
+    def typed(text):
+        return json.loads(text, parse_float=lambda s: ("float", float(s)))
+
+    written = typed(itrace_bytes(prog, result, execution=execution))
+    assert written == typed(json.dumps(itrace_json(prog, result, execution=execution)))
+    assert written["columns"]["end_ns"] and all(v[0] == "float" for v in written["columns"]["end_ns"])
+    assert isinstance(_numpy_column(np.arange(3, dtype=np.int16)), np.ndarray)
+    assert _numpy_column(np.array([0.1], dtype=np.float32)) == [float(np.float32(0.1))]

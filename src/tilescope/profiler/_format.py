@@ -29,6 +29,7 @@ import socket
 import sys
 from pathlib import Path
 
+import numpy as np
 import orjson
 
 __all__ = [
@@ -57,7 +58,7 @@ def itrace_bytes(program, result, *, execution: dict | None = None) -> bytes:
     key = id(result)
     cached = _COLUMNS_CACHE.get(key)
     if cached is None or cached[0] is not result:
-        doc = itrace_json(program, result)
+        doc = _itrace_doc(program, result, None, _numpy_column)
         doc.pop("execution")
         cached = (result, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode())
         _COLUMNS_CACHE[key] = cached
@@ -67,8 +68,20 @@ def itrace_bytes(program, result, *, execution: dict | None = None) -> bytes:
     return "".join((head, ",", cached[1], "}")).encode()
 
 
+def _numpy_column(a: np.ndarray):
+    """A column orjson writes itself, without a Python number per value: the text of its
+    ``tolist()`` for ints and float64 (orjson writes a float32 value's shortest float32 form)."""
+    if a.dtype.kind == "f" and a.dtype != np.float64:
+        return a.tolist()
+    return np.ascontiguousarray(a)
+
+
 def itrace_json(program, result, *, execution: dict | None = None) -> dict:
     """The instruction-trace document of one modeled run (``result`` is a SimResult)."""
+    return _itrace_doc(program, result, execution, np.ndarray.tolist)
+
+
+def _itrace_doc(program, result, execution: dict | None, column) -> dict:
     tl = result.timeline
     return {
         "format": "tilescope.itrace",
@@ -80,14 +93,14 @@ def itrace_json(program, result, *, execution: dict | None = None) -> dict:
         "lanes": list(tl.lanes),
         "kinds": list(tl.kinds),
         "columns": {
-            "index": tl.index.tolist(),
-            "lane": tl.lane.tolist(),
-            "kind": tl.kind.tolist(),
-            "start_ns": tl.start_ns.tolist(),
-            "end_ns": tl.end_ns.tolist(),
-            "bytes": tl.nbytes.tolist(),
-            "flops": tl.flops.tolist(),
-            "prov": tl.prov.tolist(),
+            "index": column(tl.index),
+            "lane": column(tl.lane),
+            "kind": column(tl.kind),
+            "start_ns": column(tl.start_ns),
+            "end_ns": column(tl.end_ns),
+            "bytes": column(tl.nbytes),
+            "flops": column(tl.flops),
+            "prov": column(tl.prov),
         },
         "summary": result.summary.to_dict(),
     }
