@@ -17,10 +17,10 @@ from math import prod
 import torch
 
 from ..dtypes import itemsize
-from ._backend import _group, build_steps, _signature
+from ._backend import build_steps, _signature
 from ._emit import _dt
 from ._ops import packet_name
-from ._plan import node_dtype, node_shape, plan_graph
+from ._plan import node_dtype, node_shape
 
 __all__ = ["explain", "Explanation", "UnfusedOp", "FusedExecution"]
 

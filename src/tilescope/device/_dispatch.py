@@ -21,8 +21,6 @@ kernels on the device tensors themselves: no execution, true views.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from .. import lower as _lower

@@ -137,8 +137,6 @@ def _compiled_call(kernel_or_launch, args):
 
 
 def _call(kernel_or_launch, args, kwargs):
-    from ..lang._kernel import KernelLaunch
-
     tensors = _flat([args, kwargs], [])
     name = _dispatch._DEVICE_TYPE
     if not any(t.device.type == name for t in tensors):
