@@ -9,7 +9,6 @@ Which engines may run a kind is the ``ENGINES`` row of its class.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import ClassVar
@@ -88,16 +87,6 @@ def field_access(cls) -> tuple[tuple[str, ...], attrgetter]:
         getter = attrgetter(*names) if len(names) > 1 else (lambda o, _n=names: tuple(getattr(o, n) for n in _n))
         access = _FIELD_ACCESS[cls] = (names, getter)
     return access
-
-
-def json_layout(cls) -> tuple[bytes, tuple[str, ...], tuple[bytes, ...], bool]:
-    """How :meth:`Instruction.to_json` lays out a record of ``cls``, for the C encoder
-    (``tilescope.program._execjson``): the opening text up to the fields, the field names,
-    each field's ``,"name":`` text, and False (values take their instruction-field forms)."""
-    names, _ = field_access(cls)
-    prefix = {"kind": cls.KIND} if "op" in names else {"kind": cls.KIND, "op": cls.KIND}
-    return (json.dumps(prefix, separators=(",", ":"))[:-1].encode(), names,
-            tuple(("," + json.dumps(n) + ":").encode() for n in names), False)
 
 
 def _key(v):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import orjson
 
 from ..isa import AP, INSTRUCTION_KINDS, RuntimeScalar
-from ..isa._instructions import field_access, json_layout
+from ..isa._instructions import field_access
 
 try:
     from . import _execjson
@@ -54,14 +54,26 @@ def instruction_records(program) -> list[dict]:
     return [_with_prov(instr.to_json(), p) for instr, p in zip(program.instructions, program.instr_prov)]
 
 
+def _keys(names, first: str) -> tuple[bytes, ...]:
+    return tuple(((first if i == 0 else ",") + orjson.dumps(n).decode() + ":").encode() for i, n in enumerate(names))
+
+
 def record_layout(cls) -> tuple[bytes, tuple[str, ...], tuple[bytes, ...], bool]:
     """``fields_dict``'s object for the C encoder: every field, plain values, in field order."""
     names, _ = field_access(cls)
-    keys = tuple((("," if i else "") + orjson.dumps(n).decode() + ":").encode() for i, n in enumerate(names))
-    return b"{", names, keys, True
+    return b"{", names, _keys(names, ""), True
 
 
-_INSTRUCTION_LAYOUTS: dict[type, tuple] = {}  # instruction class -> json_layout, every registered kind
+def instruction_layout(cls) -> tuple[bytes, tuple[str, ...], tuple[bytes, ...], bool]:
+    """``Instruction.to_json``'s record for the C encoder: the opening text up to the fields
+    (``"op"`` is left to the field of that name when there is one, as ``to_json`` lets it
+    overwrite the kind), every field in field order, values in their instruction-field forms."""
+    names, _ = field_access(cls)
+    prefix = {"kind": cls.KIND} if "op" in names else {"kind": cls.KIND, "op": cls.KIND}
+    return orjson.dumps(prefix)[:-1], names, _keys(names, ","), False
+
+
+_INSTRUCTION_LAYOUTS: dict[type, tuple] = {}  # instruction class -> instruction_layout, every kind
 _KINDS_SEEN = [0]  # how many kinds were registered when _INSTRUCTION_LAYOUTS was built
 _RECORD_LAYOUTS: dict[type, tuple] = {}  # Buffer, Slot, Provenance -> record_layout
 
@@ -69,7 +81,7 @@ _RECORD_LAYOUTS: dict[type, tuple] = {}  # Buffer, Slot, Provenance -> record_la
 def _instruction_layouts() -> dict[type, tuple]:
     if _KINDS_SEEN[0] != len(INSTRUCTION_KINDS):  # a kind registered since: rebuild
         _INSTRUCTION_LAYOUTS.clear()
-        _INSTRUCTION_LAYOUTS.update((cls, json_layout(cls)) for cls in INSTRUCTION_KINDS.values()
+        _INSTRUCTION_LAYOUTS.update((cls, instruction_layout(cls)) for cls in INSTRUCTION_KINDS.values()
                                     if "prov" not in field_access(cls)[0])  # "prov" is the record's own key
         _KINDS_SEEN[0] = len(INSTRUCTION_KINDS)
     return _INSTRUCTION_LAYOUTS
