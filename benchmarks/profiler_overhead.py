@@ -15,13 +15,17 @@ second) and one training step of a 2-layer transformer encoder (a realistic prof
 Two situations (the second not for the 200-iteration loop):
   * steady: the same workload profiled again and again in one process (REPEATS alternating
     runs; a training loop with a repeating schedule). Prints the median wall time of each
-    side, the overhead (target <= 10%), the overhead per device execution, and the medians of
-    each side's phases: the profiled region (capture during the workload), stopping the
+    side, the overhead (target <= 10%), the overhead per device execution, the median of the
+    ratios of adjacent pairs (less sensitive to the machine's load drifting during the run),
+    and the medians of each side's phases: the profiled region (capture during the workload), stopping the
     profiler with its export, and reading the op table.
   * first profile: a fresh process warms the workload up unprofiled, then profiles it once
     (the usual "profile one step of my model"): the export also serialises every executable
-    for the first time. COLD_PAIRS alternating pairs of fresh processes; the median of each
-    side and the overhead.
+    for the first time. COLD_PAIRS alternating pairs of fresh processes; the same figures.
+
+Every run starts after a full garbage collection, outside its timing: torch's parse of a
+profile allocates ~10^5 objects, and without it a collection triggered by one run's garbage
+lands at a random place in the next (tens of ms, on either side).
 
 Run: .venv/bin/python benchmarks/profiler_overhead.py [--out DIR]
 
@@ -34,6 +38,7 @@ development VM ``/tmp`` creates files ~20x slower (~600 us) than the rest of the
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import json
@@ -80,6 +85,7 @@ def run(workload, with_tilescope: bool, out: str) -> tuple[dict, int]:
     """One profiled run; returns its wall times (total and the split: profiled region, stop +
     export, key_averages) and how many device executions it profiled."""
     os.makedirs(out, exist_ok=True)
+    gc.collect()  # each run starts with no garbage left by the previous one (either side's)
     recs = []
     tilescope.device.subscribe(recs.append)
     listening = capture.on_execution in tilescope.device._runtime._S.listeners
@@ -158,7 +164,9 @@ def report(label: str, times: dict[bool, list[dict]], execs: int | None) -> None
     print(f"    torch.profiler alone + export + key_averages: {base * 1e3:8.1f} ms")
     print(f"    with tilescope's Profiler:                    {ours * 1e3:8.1f} ms")
     per_exec = f"; {(ours - base) * 1e6 / execs:.0f} us per device execution, all costs included" if execs else ""
+    paired = statistics.median(t["total"] / b["total"] for t, b in zip(times[True], times[False]))
     print(f"    overhead: {(ours / base - 1) * 100:+.1f}% (target <= 10%){per_exec}")
+    print(f"    overhead, median of the {len(times[True])} adjacent pairs' ratios: {(paired - 1) * 100:+.1f}%")
     print("    split (torch alone -> with tilescope, ms): " + ", ".join(
         f"{part} {med[False][part] * 1e3:.1f} -> {med[True][part] * 1e3:.1f}"
         for part in ("region", "stop+export", "key_averages")))

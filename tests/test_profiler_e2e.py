@@ -64,6 +64,8 @@ def test_documented_loop_on_naive_rmsnorm(sim, tmp_path):
         assert p.load_itrace(trace_path)["program_hash"] == h
     trace = json.loads((path / "system_trace.json").read_text())
     assert p.manifest["stats"]["events"] == len(trace["traceEvents"])
+    gaps = p.manifest["stats"]["launch_interval_us"]  # host time between the step's launches
+    assert gaps["samples"]["profiled"] == 5 and gaps["profiled"] > 0
     hardware = [e for e in trace["traceEvents"] if e.get("cat") == "hardware"]
     assert len(hardware) == 6 and all(e["args"]["modeled"] for e in hardware)
     assert {e["args"]["program_hash"] for e in hardware} <= set(exes)
@@ -154,3 +156,29 @@ def test_markers_taken_out_before_torch_parses_give_the_same_attribution(sim, tm
     assert fast_table == slow_table
     assert not any(e.name.startswith("tilescope::exec#") for e in prof.profiler.function_events)
     assert {p for _, p, _ in fast} >= {"aten::addmm", "aten::mm"}  # forward and backward threads
+
+
+def test_device_events_are_what_torch_constructor_makes():
+    """Device events are copied from a first one built by torch's constructor: each must equal
+    a constructed one, attribute for attribute, and share no mutable container with another."""
+    from torch.autograd.profiler_util import DeviceType, FunctionEvent
+
+    from tilescope.profiler._correlate import _DeviceEventFactory
+
+    make = _DeviceEventFactory("privateuse1")
+    made = [make(10 + i, f"exec_running op{i}", 7 + i, 1.5 * i, 2.5 * i + 1, i % 3) for i in range(4)]
+    for i, evt in enumerate(made):
+        name = f"exec_running op{i}"
+        want = FunctionEvent(id=10 + i, name=name, thread=7 + i, start_us=1.5 * i, end_us=2.5 * i + 1,
+                             device_type=DeviceType.PrivateUse1, device_index=i % 3, use_device="privateuse1",
+                             is_legacy=False, stack=[], input_shapes=[], trace_name=name)
+        got, exp = vars(evt), vars(want)
+        assert got.keys() == exp.keys()
+        for k in exp:
+            if k == "time_range":
+                assert (got[k].start, got[k].end) == (exp[k].start, exp[k].end)
+            else:
+                assert got[k] == exp[k], k
+    made[1].kernels.append("k")
+    made[2].cpu_children.append(made[3])
+    assert made[3].kernels == [] and made[0].cpu_children == [] and made[3].stack is not made[0].stack

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 
 import torch
 
@@ -22,18 +22,28 @@ __all__ = ["MARKER", "Capture", "capture"]
 MARKER = "tilescope::exec#"
 _KEEP = 2_000_000  # records kept for export (older ones are dropped first)
 _GAPS = 1024  # launch-to-launch gaps kept per profiler state (the median of the recent ones)
+_GAP_LIMIT_NS = 50_000_000  # longer gaps are step boundaries or waits, not launch overhead
+_RecordFunctionFast = torch._C._profiler._RecordFunctionFast
 
 
 class Capture:
+    """Listens to the runtime; keeps the executions launched while torch's profiler records.
+
+    The profiled path is as short as it can be -- it runs once per device execution, inside
+    the user's op, and on a machine whose cores are busy with the device's numerics every
+    microsecond of it is paid several times over: the marker, and the record stored by flow
+    id with the launching thread's system id (a plain dict: one store is atomic; the lock
+    guards only the rare eviction). Host time between unprofiled launches is kept for the
+    doctor; the profiled gaps are read from the markers at export (:func:`launch_intervals_us`).
+    """
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._records: OrderedDict[int, tuple] = OrderedDict()
+        self._records: dict[int, tuple] = {}  # flow id -> (execution, native thread id), launch order
         self._installed = False
         self.dropped = 0
-        self._last_launch = (0, None)  # (wall ns, profiling?) of the latest launch
-        # host time between consecutive launches (us), by whether the profiler recorded both:
-        # the recent ones, kept as gaps so that an export reads a few thousand, not every launch
-        self._gaps: dict[bool, deque] = {True: deque(maxlen=_GAPS), False: deque(maxlen=_GAPS)}
+        self._last_unprofiled_ns = 0  # wall time of the latest unprofiled launch; 0 after a profiled one
+        self._unprofiled_gaps: deque = deque(maxlen=_GAPS)  # µs, the recent ones
 
     def install(self) -> None:
         """Register the device and listen to its runtime (idempotent)."""
@@ -46,34 +56,42 @@ class Capture:
         self._installed = True
 
     def on_execution(self, rec) -> None:
-        now = time.time_ns()
-        fresh = rec.first_run
-        enabled = torch.autograd.profiler._is_profiler_enabled
-        last, last_enabled = self._last_launch
-        self._last_launch = (now, enabled)
-        if last_enabled == enabled and 0 <= now - last < 50_000_000:  # longer: step boundaries, waits
-            self._gaps[enabled].append((now - last) / 1000.0)
-        if not enabled:
+        if not torch.autograd.profiler._is_profiler_enabled:
+            self._unprofiled_launch()
             return
-        with torch._C._profiler._RecordFunctionFast(f"{MARKER}{rec.flow_id}"):
+        self._last_unprofiled_ns = 0
+        with _RecordFunctionFast(f"{MARKER}{rec.flow_id}"):
             pass
-        with self._lock:
-            self._records[rec.flow_id] = (rec, now, fresh, threading.get_native_id())
-            if len(self._records) > _KEEP:
-                self._records.popitem(last=False)
+        self._records[rec.flow_id] = (rec, threading.get_native_id())
+        if len(self._records) > _KEEP:
+            self._evict()
+
+    def _unprofiled_launch(self) -> None:
+        now = time.time_ns()
+        last, self._last_unprofiled_ns = self._last_unprofiled_ns, now
+        if last and 0 <= now - last < _GAP_LIMIT_NS:  # longer: step boundaries, waits
+            self._unprofiled_gaps.append((now - last) / 1000.0)
+
+    def _evict(self) -> None:
+        with self._lock:  # older records are dropped first
+            while len(self._records) > _KEEP:
+                del self._records[next(iter(self._records))]
                 self.dropped += 1
 
     def get(self, flow_id: int):
-        with self._lock:
-            return self._records.get(flow_id)
+        """``(execution, native thread id)`` of a profiled launch, or None."""
+        return self._records.get(flow_id)
 
-    def launch_intervals_us(self) -> dict:
+    def launch_intervals_us(self, profiled_launch_us=()) -> dict:
         """Median host time between consecutive device launches, with and without the profiler
-        recording (over the latest gaps; gaps over 50 ms -- step boundaries, waits -- are left out)."""
-        by_state = {k: list(v) for k, v in self._gaps.items()}
-        return {("profiled" if k else "unprofiled"): (statistics.median(v) if v else None)
-                for k, v in by_state.items()} | {"samples": {("profiled" if k else "unprofiled"): len(v)
-                                                             for k, v in by_state.items()}}
+        recording: the unprofiled gaps kept as they happened, the profiled ones between the
+        given launch times (µs, this profile's markers); gaps over 50 ms -- step boundaries,
+        waits -- are left out, and the latest 1024 of each kind are used."""
+        times = sorted(profiled_launch_us)
+        profiled = [g for a, b in zip(times, times[1:]) if 0 <= (g := b - a) < _GAP_LIMIT_NS / 1000][-_GAPS:]
+        by_state = {"profiled": profiled, "unprofiled": list(self._unprofiled_gaps)}
+        return {k: (statistics.median(v) if v else None) for k, v in by_state.items()} | {
+            "samples": {k: len(v) for k, v in by_state.items()}}
 
     def forget(self, flow_ids) -> None:
         with self._lock:

@@ -87,10 +87,12 @@ def placement(matched) -> list[tuple]:
     ``exec_running`` event starts ``device_start - host_submit`` later (the modeled queue and
     runtime cost), never before the previous execution on that core ends; durations are the
     modeled ones, unchanged. Rows are ``(matched, runtime start, runtime dur, hardware start,
-    hardware dur, framework op start, runtime event head, hardware event head, args)``.
+    hardware dur, framework op start, runtime event head, its text after "ts", hardware event
+    head, its text after "ts", flow event head)``.
     """
     rows = []
     hw_end: dict[int, float] = {}
+    texts: dict[tuple, tuple] = {}  # the clock-free text of an execution, by what it is made of
     for m in matched:
         rec = m.rec
         core = rec.core
@@ -101,21 +103,34 @@ def placement(matched) -> list[tuple]:
         hw_dur = (rec.device_end_ns - rec.device_start_ns) / 1000.0
         hw_end[core] = hw_ts + hw_dur
         fw_ts = m.parent.time_range.start if m.parent is not None else t_launch
-        common = (f'"flow_id":{rec.flow_id},"program_hash":{js(rec.program_hash)},"op":{js(rec.op)},'
-                  f'"core":{core},"lowering":{js(rec.lowering)}')
-        n = len(rec.program) if rec.program is not None else 0
-        if rec.kind == "memcpy":
-            cat, extra = "memcpy", f',"bytes":{js(rec.nbytes)},"direction":{js(rec.direction)}'
-        else:
-            cat, extra = "hardware", ""
-        rt_head = f'{{"ph":"X","cat":"runtime","name":{js("execute " + rec.op)},"pid":{RUNTIME},"tid":{core}'
-        hw_head = f'{{"ph":"X","cat":"{cat}","name":{js(device_event_name(rec))},"pid":{HARDWARE},"tid":{core}'
-        rt_args = f'"args":{{{common},"queued_us":{rt_dur:.3f},"assumed_runtime_cost":true}}}}'
-        hw_args = f'"args":{{{common},"modeled":true,"instructions":{n}{extra}}}}}'
-        flow = f'{{"cat":"tilescope.flow","name":"launch","id":{rec.flow_id}'
+        key = (rec.program_hash, rec.op, core, rec.lowering, rec.kind, rec.nbytes, rec.direction)
+        text = texts.get(key)
+        if text is None:
+            text = texts[key] = _clock_free_text(rec)
+        rt_head, rest, hw_head, hw_tail = text
+        flow_id = rec.flow_id
+        rt_rest = (f',"dur":{rt_dur:.3f},"args":{{"flow_id":{flow_id}{rest},"queued_us":{rt_dur:.3f},'
+                   f'"assumed_runtime_cost":true}}}}')
+        hw_rest = f',"dur":{hw_dur:.3f},"args":{{"flow_id":{flow_id}{rest}{hw_tail}'
+        flow = f'{{"cat":"tilescope.flow","name":"launch","id":{flow_id}'
         rows.append((m, t_launch, rt_dur, hw_ts, hw_dur, max(fw_ts, t_launch - 1e-3),
-                     rt_head, rt_args, hw_head, hw_args, flow))
+                     rt_head, rt_rest, hw_head, hw_rest, flow))
     return rows
+
+
+def _clock_free_text(rec) -> tuple[str, str, str, str]:
+    """The runtime event's opening, the args after the flow id, the hardware event's opening
+    and the end of its args: the same for every execution of one Program by one op on one core."""
+    core = rec.core
+    rest = f',"program_hash":{js(rec.program_hash)},"op":{js(rec.op)},"core":{core},"lowering":{js(rec.lowering)}'
+    n = len(rec.program) if rec.program is not None else 0
+    if rec.kind == "memcpy":
+        cat, extra = "memcpy", f',"bytes":{js(rec.nbytes)},"direction":{js(rec.direction)}'
+    else:
+        cat, extra = "hardware", ""
+    rt_head = f'{{"ph":"X","cat":"runtime","name":{js("execute " + rec.op)},"pid":{RUNTIME},"tid":{core}'
+    hw_head = f'{{"ph":"X","cat":"{cat}","name":{js(device_event_name(rec))},"pid":{HARDWARE},"tid":{core}'
+    return rt_head, rest, hw_head, f',"modeled":true,"instructions":{n}{extra}}}}}'
 
 
 def device_events(rows, prefix: str, fw_tid, *, shift: float = 0.0, fw_pid: int = FRAMEWORK) -> list[str]:
@@ -127,15 +142,14 @@ def device_events(rows, prefix: str, fw_tid, *, shift: float = 0.0, fw_pid: int 
     for c in sorted({row[0].rec.core for row in rows}):
         events += [f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{c},"args":{{"name":"core:{c}"}}}}'
                    for pid in (RUNTIME, HARDWARE)]
-    for m, rt_ts, rt_dur, hw_ts, hw_dur, fw_ts, rt_head, rt_args, hw_head, hw_args, flow in rows:
+    for m, rt_ts, _, hw_ts, _, fw_ts, rt_head, rt_rest, hw_head, hw_rest, flow in rows:
         core = m.rec.core
-        rt_ts, hw_ts = rt_ts + shift, hw_ts + shift
+        rt, hw = f"{rt_ts + shift:.3f}", f"{hw_ts + shift:.3f}"  # each written twice: formatted once
         events.append(
-            f'{rt_head},"ts":{rt_ts:.3f},"dur":{rt_dur:.3f},{rt_args},'
-            f'{hw_head},"ts":{hw_ts:.3f},"dur":{hw_dur:.3f},{hw_args},'
+            f'{rt_head},"ts":{rt}{rt_rest},{hw_head},"ts":{hw}{hw_rest},'
             f'{flow},"ph":"s","pid":{fw_pid},"tid":{fw_tid(m)},"ts":{fw_ts + shift:.3f}}},'
-            f'{flow},"ph":"t","pid":{RUNTIME},"tid":{core},"ts":{rt_ts:.3f}}},'
-            f'{flow},"ph":"f","bp":"e","pid":{HARDWARE},"tid":{core},"ts":{hw_ts:.3f}}}')
+            f'{flow},"ph":"t","pid":{RUNTIME},"tid":{core},"ts":{rt}}},'
+            f'{flow},"ph":"f","bp":"e","pid":{HARDWARE},"tid":{core},"ts":{hw}}}')
     return events
 
 

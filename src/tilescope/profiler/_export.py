@@ -85,7 +85,7 @@ class Profiler:
                 "events": n_events, "executions": len(matched), "pending_executions": pending,
                 "dropped_events": dropped, "record_buffer_drops": capture.dropped,
                 "cold_executions": len(cold), "cold_ops": sorted({m.rec.op for m in cold})[:8],
-                "launch_interval_us": capture.launch_intervals_us(),
+                "launch_interval_us": capture.launch_intervals_us(m.marker_us for m in matched),
             }
         capture.forget(m.rec.flow_id for m in matched)
         self.paths.append(w.path)
