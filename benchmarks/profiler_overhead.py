@@ -20,8 +20,11 @@ Two situations (the second not for the 200-iteration loop):
     and the medians of each side's phases: the profiled region (capture during the workload), stopping the
     profiler with its export, and reading the op table.
   * first profile: a fresh process warms the workload up unprofiled, then profiles it once
-    (the usual "profile one step of my model"): the export also serialises every executable
-    for the first time. COLD_PAIRS alternating pairs of fresh processes; the same figures.
+    (the usual "profile one step of my model"). As in the documented loop, the tilescope
+    Profiler exists before the warm-up: each Program's first run prepares its executable's
+    text there, and the export writes every executable file for the first time. COLD_PAIRS
+    alternating pairs of fresh processes; the same figures, and the warm-up's wall time on
+    each side (where the executables' preparation went).
 
 Every run starts after a full garbage collection, outside its timing: torch's parse of a
 profile allocates ~10^5 objects, and without it a collection triggered by one run's garbage
@@ -81,9 +84,11 @@ def make_transformer_step():
     return step
 
 
-def run(workload, with_tilescope: bool, out: str) -> tuple[dict, int]:
+def run(workload, with_tilescope: bool, out: str, exporter: Profiler | None = None) -> tuple[dict, int]:
     """One profiled run; returns its wall times (total and the split: profiled region, stop +
-    export, key_averages) and how many device executions it profiled."""
+    export, key_averages) and how many device executions it profiled. With tilescope, the
+    ``exporter`` made before the workload's first steps, as the documented loop makes it, or a
+    new one."""
     os.makedirs(out, exist_ok=True)
     gc.collect()  # each run starts with no garbage left by the previous one (either side's)
     recs = []
@@ -93,8 +98,8 @@ def run(workload, with_tilescope: bool, out: str) -> tuple[dict, int]:
         tilescope.device.unsubscribe(capture.on_execution)
     t0 = time.perf_counter()
     if with_tilescope:
-        cfg = ProfileConfig(output_dir=out)
-        kwargs = dict(experimental_config=cfg, on_trace_ready=Profiler(cfg).export_trace)
+        exporter = exporter or Profiler(ProfileConfig(output_dir=out))
+        kwargs = dict(experimental_config=exporter.config, on_trace_ready=exporter.export_trace)
     else:
         kwargs = dict(on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/trace.json"))
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], **kwargs) as prof:
@@ -138,12 +143,17 @@ WORKLOADS = {  # name -> (factory of the workload, also measure its first profil
 
 
 def first_profile(name: str, with_tilescope: bool, out: str) -> None:
-    """In a fresh process: warm the workload up unprofiled, profile it once, print the times."""
+    """In a fresh process: build the workload, make the exporter (as a script passes
+    ``Profiler(cfg).export_trace`` to ``torch.profiler.profile`` before its loop), warm the
+    workload up unprofiled, profile it once; print the times, the warm-up's included."""
     workload = WORKLOADS[name][0]()
+    exporter = Profiler(ProfileConfig(output_dir=out)) if with_tilescope else None
+    t0 = time.perf_counter()
     for _ in range(2):
         workload()
-    t, n = run(workload, with_tilescope, out)
-    print(json.dumps({"times": t, "executions": n}))
+    warmup = time.perf_counter() - t0
+    t, n = run(workload, with_tilescope, out, exporter)
+    print(json.dumps({"times": t | {"warm-up": warmup}, "executions": n}))
 
 
 def cold_runs(name: str, out: str) -> dict[bool, list[dict]]:
@@ -170,6 +180,11 @@ def report(label: str, times: dict[bool, list[dict]], execs: int | None) -> None
     print("    split (torch alone -> with tilescope, ms): " + ", ".join(
         f"{part} {med[False][part] * 1e3:.1f} -> {med[True][part] * 1e3:.1f}"
         for part in ("region", "stop+export", "key_averages")))
+    if "warm-up" in med[False]:
+        print(f"    before it, not in the figures above: the unprofiled warm-up (2 runs, the first building "
+              f"every Program) {med[False]['warm-up'] * 1e3:.0f} -> {med[True]['warm-up'] * 1e3:.0f} ms "
+              f"(with tilescope it also prepares each executable; ratio of medians "
+              f"{med[True]['warm-up'] / med[False]['warm-up']:.3f})")
 
 
 def main() -> None:

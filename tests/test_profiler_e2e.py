@@ -182,3 +182,29 @@ def test_device_events_are_what_torch_constructor_makes():
     made[1].kernels.append("k")
     made[2].cpu_children.append(made[3])
     assert made[3].kernels == [] and made[0].cpu_children == [] and made[3].stack is not made[0].stack
+
+
+def test_the_documented_loop_exports_executables_prepared_in_its_first_steps(sim, tmp_path, monkeypatch):
+    """Programs first run in the schedule's wait steps (a new shape: built there) have their
+    executables serialised then; the export of the active step only writes them."""
+    from tilescope.program import _program
+
+    serialised = []
+    real = _program.executable_text
+    monkeypatch.setattr(_program, "executable_text", lambda p: serialised.append(p.hash) or real(p))
+    x = torch.randn(320, 1024, device="sim")
+    w = torch.randn(1024, device="sim")
+    cfg = ProfileConfig(output_dir=str(tmp_path))
+    exporter = Profiler(cfg)
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+                                schedule=torch.profiler.schedule(wait=1, warmup=1, active=1),
+                                experimental_config=cfg, on_trace_ready=exporter.export_trace) as prof:
+        for step in range(3):
+            naive_rmsnorm(x, w)
+            torch.sim.synchronize()
+            if step == 1:
+                prepared = len(serialised)  # by the end of the unprofiled steps
+            prof.step()
+    p = read_profile(exporter.path).require_complete()
+    assert len(p.executables()) >= 4 and set(p.executables()) <= set(serialised[:prepared])
+    assert len(serialised) == prepared  # nothing serialised since (the input copies ran before)

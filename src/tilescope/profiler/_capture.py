@@ -17,6 +17,8 @@ from collections import deque
 
 import torch
 
+from ._format import prepare_executable
+
 __all__ = ["MARKER", "Capture", "capture"]
 
 MARKER = "tilescope::exec#"
@@ -35,6 +37,11 @@ class Capture:
     id with the launching thread's system id (a plain dict: one store is atomic; the lock
     guards only the rare eviction). Host time between unprofiled launches is kept for the
     doctor; the profiled gaps are read from the markers at export (:func:`launch_intervals_us`).
+
+    A Program's first run outside a profiled window (the wait and warmup steps of a schedule)
+    also prepares its executable's text and digest: that run already pays for lowering and
+    modeling the Program, a few percent more there spares the export of the profiled step
+    from serialising every executable.
     """
 
     def __init__(self) -> None:
@@ -57,6 +64,8 @@ class Capture:
 
     def on_execution(self, rec) -> None:
         if not torch.autograd.profiler._is_profiler_enabled:
+            if rec.first_run and rec.program is not None:
+                prepare_executable(rec.program)
             self._unprofiled_launch()
             return
         self._last_unprofiled_ns = 0

@@ -262,6 +262,12 @@ def _write_file(path: str, data: bytes) -> None:
         os.close(fd)
 
 
+def prepare_executable(program) -> None:
+    """Make ``program``'s executable text and digest now, so that a later export only writes
+    (or links) the file."""
+    _Executable.of(program)
+
+
 class _Executable:
     """One executable's text and checksum (Programs are immutable: each is hashed once), and
     the file last written with it. Creating a file costs far more than linking one on common
