@@ -208,3 +208,23 @@ def test_the_documented_loop_exports_executables_prepared_in_its_first_steps(sim
     p = read_profile(exporter.path).require_complete()
     assert len(p.executables()) >= 4 and set(p.executables()) <= set(serialised[:prepared])
     assert len(serialised) == prepared  # nothing serialised since (the input copies ran before)
+
+
+def test_a_program_that_cannot_be_serialised_does_not_fail_its_first_run():
+    """Preparing the executable happens inside the user's op: an error there is left for the
+    export to report, never raised into the model."""
+    import threading
+
+    from tilescope.device._runtime import Execution
+    from tilescope.profiler._capture import capture
+    from tilescope.program import TileBuilder
+
+    b = TileBuilder("odd")
+    x, y = b.input("x", (128, 8), "float32"), b.output("y", (128, 8), "float32")
+    b.dma_copy(y, x)
+    prog = b.build(meta={"not json": object()})
+    with pytest.raises(TypeError):
+        prog.dumps()
+    rec = Execution(1, "aten::odd", "kernel", "generic", prog, prog.hash, 0, 0, threading.get_ident(),
+                    0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0, None, "virtual", True)
+    capture.on_execution(rec)  # the profiler is not recording: the first-run path

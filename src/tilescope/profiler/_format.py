@@ -27,6 +27,7 @@ import platform
 import shutil
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -264,8 +265,12 @@ def _write_file(path: str, data: bytes) -> None:
 
 def prepare_executable(program) -> None:
     """Make ``program``'s executable text and digest now, so that a later export only writes
-    (or links) the file."""
-    _Executable.of(program)
+    (or links) the file. Called inside the user's op: a Program that cannot be serialised is
+    left for the export, which reports it."""
+    try:
+        _Executable.of(program)
+    except Exception:
+        pass
 
 
 class _Executable:
@@ -275,6 +280,7 @@ class _Executable:
     the file that was written (same inode, size and mtime)."""
 
     _known: dict[str, "_Executable"] = {}  # program hash -> its executable, most recent last
+    _lock = threading.Lock()  # launching threads prepare executables too (autograd's, the user's)
 
     def __init__(self, text: str):
         self.text = text
@@ -286,6 +292,11 @@ class _Executable:
     @classmethod
     def of(cls, program) -> "_Executable":
         text = program.dumps()
+        with cls._lock:
+            return cls._of(program, text)
+
+    @classmethod
+    def _of(cls, program, text: str) -> "_Executable":
         exe = cls._known.get(program.hash)
         if exe is None or exe.text is not text:
             if exe is None or exe.text != text:  # same hash, other metadata: another file
