@@ -228,3 +228,21 @@ def test_a_program_that_cannot_be_serialised_does_not_fail_its_first_run():
     rec = Execution(1, "aten::odd", "kernel", "generic", prog, prog.hash, 0, 0, threading.get_ident(),
                     0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0, None, "virtual", True)
     capture.on_execution(rec)  # the profiler is not recording: the first-run path
+
+
+def test_the_record_buffer_keeps_the_latest_launches_and_counts_the_drops(monkeypatch):
+    import threading
+
+    from tilescope.device._runtime import Execution
+    from tilescope.profiler import _capture
+
+    monkeypatch.setattr(_capture, "_KEEP", 3)
+    monkeypatch.setattr(torch.autograd.profiler, "_is_profiler_enabled", True)
+    cap = _capture.Capture()
+    recs = [Execution(f, "aten::mul", "kernel", "elementwise", None, "", 0, 0, threading.get_ident(),
+                      0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0, None, "virtual", False) for f in range(1, 6)]
+    for rec in recs:
+        cap.on_execution(rec)
+    assert cap.dropped == 2 and cap.get(1) is None and cap.get(2) is None
+    assert [cap.get(f)[0] for f in (3, 4, 5)] == recs[2:]
+    assert cap.get(5)[1] == threading.get_native_id()
