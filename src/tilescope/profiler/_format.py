@@ -1,10 +1,9 @@
 """Writing the profile directory (format: docs/profile-format.md), atomically.
 
 A profile is written into ``.<timestamp>.partial`` next to its final name;
-``manifest.json`` (with each file's size and sha256) goes last through a temporary
-file, and only then is the directory renamed. A crash at any point leaves a
-``.partial`` directory or one without a complete manifest -- which readers report
-as incomplete, never as a profile. Nothing is fsynced (on a busy disk one fsync can cost
+``manifest.json`` (with each file's size and sha256) goes last, and only then is the
+directory renamed -- the one step that makes it a profile. A crash at any point leaves a
+``.partial`` directory, which readers report as incomplete, never as a profile. Nothing is fsynced (on a busy disk one fsync can cost
 more than the rest of an export): a write torn by a power loss -- the manifest's included --
 shows as a missing file, an unreadable manifest, or a size or checksum mismatch, which
 readers also report as incomplete.
@@ -230,9 +229,7 @@ class ProfileWriter:
             return self.path
         self.final_manifest = self.manifest()
         data = json.dumps(self.final_manifest, indent=1, default=_json_default).encode()
-        tmp = os.path.join(self._partial, "manifest.json.tmp")
-        _write_file(tmp, data)
-        os.replace(tmp, os.path.join(self._partial, "manifest.json"))
+        _write_file(os.path.join(self._partial, "manifest.json"), data)  # inside .partial: no temporary needed
         os.replace(self.partial, self.path)
         self._finished = True
         return self.path
