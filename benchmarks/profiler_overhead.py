@@ -17,7 +17,10 @@ Two situations (the second not for the 200-iteration loop):
     runs; a training loop with a repeating schedule). Prints the median wall time of each
     side, the overhead (target <= 10%), the overhead per device execution, the median of the
     ratios of adjacent pairs (less sensitive to the machine's load drifting during the run),
-    and the medians of each side's phases: the profiled region (capture during the workload), stopping the
+    the CPU time of the thread that profiles (the work the profiler adds: it leaves out the
+    device's numerics thread and time spent waiting -- on this kind of shared 2-core VM the
+    wall-clock figures swing by tens of percent between runs), and the medians of each side's
+    phases: the profiled region (capture during the workload), stopping the
     profiler with its export, and reading the op table.
   * first profile: a fresh process warms the workload up unprofiled, then profiles it once
     (the usual "profile one step of my model"). As in the documented loop, the tilescope
@@ -35,7 +38,8 @@ Run: .venv/bin/python benchmarks/profiler_overhead.py [--out DIR]
 Profiles go under the current directory by default (where ProfileConfig's default
 ``output_dir="profile_out"`` writes them); the script prints how long creating a file takes
 there and in the system temp directory, since a profile is a few dozen files: on the
-development VM ``/tmp`` creates files ~20x slower (~600 us) than the rest of the same disk.
+development VM that cost moved between ~20 and ~600 us per file from one run to the next, in
+either place (the file system's inode creation; linking an existing file stays ~15 us).
 """
 
 from __future__ import annotations
@@ -58,8 +62,8 @@ import tilescope.device
 from tilescope.profiler import ProfileConfig, Profiler
 from tilescope.profiler._capture import capture
 
-REPEATS = 9
-COLD_PAIRS = 5
+REPEATS = 15
+COLD_PAIRS = 9
 
 
 def naive_rmsnorm_loop(x, w, iterations):
@@ -96,7 +100,7 @@ def run(workload, with_tilescope: bool, out: str, exporter: Profiler | None = No
     listening = capture.on_execution in tilescope.device._runtime._S.listeners
     if listening and not with_tilescope:  # torch alone: without tilescope's capture (module doc)
         tilescope.device.unsubscribe(capture.on_execution)
-    t0 = time.perf_counter()
+    c0, t0 = time.thread_time(), time.perf_counter()
     if with_tilescope:
         exporter = exporter or Profiler(ProfileConfig(output_dir=out))
         kwargs = dict(experimental_config=exporter.config, on_trace_ready=exporter.export_trace)
@@ -107,11 +111,12 @@ def run(workload, with_tilescope: bool, out: str, exporter: Profiler | None = No
         t1 = time.perf_counter()
     t2 = time.perf_counter()
     prof.key_averages()
-    t3 = time.perf_counter()
+    t3, c3 = time.perf_counter(), time.thread_time()
     tilescope.device.unsubscribe(recs.append)
     if listening and not with_tilescope:
         tilescope.device.subscribe(capture.on_execution)
-    return {"total": t3 - t0, "region": t1 - t0, "stop+export": t2 - t1, "key_averages": t3 - t2}, len(recs)
+    return {"total": t3 - t0, "region": t1 - t0, "stop+export": t2 - t1, "key_averages": t3 - t2,
+            "cpu": c3 - c0}, len(recs)
 
 
 def file_create_us(directory: str, n: int = 200) -> float:
@@ -174,9 +179,15 @@ def report(label: str, times: dict[bool, list[dict]], execs: int | None) -> None
     print(f"    torch.profiler alone + export + key_averages: {base * 1e3:8.1f} ms")
     print(f"    with tilescope's Profiler:                    {ours * 1e3:8.1f} ms")
     per_exec = f"; {(ours - base) * 1e6 / execs:.0f} us per device execution, all costs included" if execs else ""
-    paired = statistics.median(t["total"] / b["total"] for t, b in zip(times[True], times[False]))
+    ratios = [t["total"] / b["total"] - 1 for t, b in zip(times[True], times[False])]
+    q1, paired, q3 = statistics.quantiles(ratios, n=4)
     print(f"    overhead: {(ours / base - 1) * 100:+.1f}% (target <= 10%){per_exec}")
-    print(f"    overhead, median of the {len(times[True])} adjacent pairs' ratios: {(paired - 1) * 100:+.1f}%")
+    print(f"    overhead of each adjacent pair: median {paired * 100:+.1f}%, quartiles {q1 * 100:+.1f}% .. "
+          f"{q3 * 100:+.1f}% ({len(ratios)} pairs)")
+    cpu_base, cpu_ours = med[False]["cpu"], med[True]["cpu"]
+    print(f"    CPU time of the profiling thread (what the profiler adds in work, less sensitive to other "
+          f"load on the machine): {cpu_base * 1e3:.1f} -> {cpu_ours * 1e3:.1f} ms, "
+          f"{(cpu_ours / cpu_base - 1) * 100:+.1f}%")
     print("    split (torch alone -> with tilescope, ms): " + ", ".join(
         f"{part} {med[False][part] * 1e3:.1f} -> {med[True][part] * 1e3:.1f}"
         for part in ("region", "stop+export", "key_averages")))
