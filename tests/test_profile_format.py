@@ -76,6 +76,39 @@ def test_exception_inside_writer_leaves_nothing(tmp_path):
     assert find_profiles(tmp_path) == []
 
 
+def test_a_failed_background_write_leaves_nothing(tmp_path):
+    """Instruction traces are written by a batch on another thread: a write that fails there
+    fails the profile when it finishes, and nothing of it is left."""
+    from tilescope.profiler import _format
+
+    if _format._filebatch is None:
+        pytest.skip("the _filebatch extension is not built")
+    prog = _program()
+    with pytest.raises(OSError) as err:
+        with ProfileWriter(tmp_path) as w:
+            w.add_itrace(prog, simulate(prog), 0)
+            (w.partial / "itraces").rmdir()  # the batch's directory vanishes before it runs
+            w.start_writes()
+    assert "itraces" in str(err.value.filename)
+    assert find_profiles(tmp_path) == [] and not any(tmp_path.rglob("*.json"))
+
+
+@pytest.mark.parametrize("extension", [True, False], ids=["batch-thread", "no-extension"])
+def test_files_written_later_are_in_the_finished_profile(tmp_path, monkeypatch, extension):
+    from tilescope.profiler import _format
+
+    if not extension:
+        monkeypatch.setattr(_format, "_filebatch", None)
+    elif _format._filebatch is None:
+        pytest.skip("the _filebatch extension is not built")
+    prog = _program()
+    with ProfileWriter(tmp_path) as w:
+        w.add_itrace(prog, simulate(prog), 0)
+        w.write_bytes("late.json", b"{}", later=True)  # still in the batch when the writer finishes
+    p = read_profile(w.path).require_complete()  # every checksum verified
+    assert (w.path / "late.json").read_bytes() == b"{}" and len(p.itraces()) == 1
+
+
 def test_sigkill_during_export_is_detected_as_incomplete(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal

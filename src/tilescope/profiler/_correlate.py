@@ -28,7 +28,7 @@ from torch.autograd.profiler_util import DeviceType, FunctionEvent, Interval
 
 from ._capture import MARKER
 
-__all__ = ["Matched", "correlate"]
+__all__ = ["Matched", "Correlation", "correlate"]
 
 
 @dataclass
@@ -63,36 +63,94 @@ def correlate(prof, capture, now_ns: float, *, into_tables: bool) -> tuple[list[
 
     Returns the matched executions (launch order) and how many were still pending.
     """
-    raw = _take_markers(prof.profiler)  # before torch parses: it never sees them
-    events = prof.profiler.function_events
-    markers = _markers_among(events) if raw is None else _with_parents(raw, events, prof)
-    use_device = prof.profiler.use_device
-    next_id = max((evt.id for evt in events), default=0) + 1  # the first id free for device events
-    matched: list[Matched] = []
-    pending = 0
-    device_events = []
-    make_event = _DeviceEventFactory(use_device)
-    for flow, thread, start, parent in markers:
-        entry = capture.get(flow)
-        if entry is None:
-            continue
-        rec, native_tid = entry
-        if rec.device_end_ns > now_ns:
-            pending += 1
-            continue
-        matched.append(Matched(rec, start, thread, parent, native_tid))
+    return Correlation(prof, capture, now_ns).complete(into_tables=into_tables)
+
+
+class Correlation:
+    """The correlation of one trace, in two steps.
+
+    Made before torch parses its events, it reads the markers from the raw result and knows
+    every execution of the trace (:attr:`launches`: record, marker time, thread) -- enough for
+    what depends only on the executions (their executables and instruction traces) to start
+    while torch parses. :meth:`complete` lets torch parse without the markers, finds each
+    execution's launching op and adds the device time to torch's tables. When torch has
+    parsed already (``acc_events=True``), :attr:`launches` is None and :meth:`complete` finds
+    the markers among the parsed events.
+    """
+
+    def __init__(self, prof, capture, now_ns: float):
+        self._prof, self._capture, self._now = prof, capture, now_ns
+        self._taken = _take_markers(prof.profiler)  # (markers, the other raw events) or None
+        self.launches: list[Matched] | None = None
+        self.pending = 0
+        self._marks: dict[int, list] = {}  # torch thread -> [(start, -end, flow)], from the raw markers
+        if self._taken is not None:
+            t0 = prof.profiler.kineto_results.trace_start_ns()
+            found = []
+            for e in self._taken[0]:
+                flow = _flow_of(e.name())
+                if flow is not None:  # times as torch computes its events' (µs from the trace start)
+                    start, end, thread = (e.start_ns() - t0) / 1000, (e.end_ns() - t0) / 1000, e.start_thread_id()
+                    self._marks.setdefault(thread, []).append((start, -end, flow))
+                    found.append(_Marker(flow, thread, start, None))
+            self.launches, self.pending = self._match(found)
+
+    def _match(self, markers) -> tuple[list[Matched], int]:
+        matched, pending = [], 0
+        for flow, thread, start, parent in markers:
+            entry = self._capture.get(flow)
+            if entry is None:
+                continue
+            rec, native_tid = entry
+            if rec.device_end_ns > self._now:
+                pending += 1
+                continue
+            matched.append(Matched(rec, start, thread, parent, native_tid))
+        matched.sort(key=lambda x: x.rec.flow_id)
+        return matched, pending
+
+    def complete(self, *, into_tables: bool) -> tuple[list[Matched], int]:
+        """torch's parse, each execution's launching op, device time in torch's tables; returns
+        the matched executions (launch order) and how many were still pending."""
+        profiler = self._prof.profiler
+        if self._taken is None:
+            events = profiler.function_events
+            matched, pending = self._match(_markers_among(events))
+        else:
+            markers, keep = self._taken
+            if markers:  # torch parses now, without them
+                result = profiler.kineto_results
+                profiler.kineto_results = _WithoutMarkers(result, keep)
+                try:
+                    profiler.function_events
+                finally:
+                    profiler.kineto_results = result
+            events = profiler.function_events
+            parents = _launching_ops(self._marks, events)
+            matched, pending = self.launches, self.pending
+            for m in matched:
+                m.parent = parents.get(m.rec.flow_id)
         if into_tables:
-            dur_us = (rec.device_end_ns - rec.device_start_ns) / 1000.0
-            name = device_event_name(rec)
-            if parent is not None:
-                parent.append_kernel(name, DeviceType.PrivateUse1, dur_us)
-            start += (rec.device_start_ns - rec.host_submit_ns) / 1000.0
-            device_events.append(make_event(next_id, name, rec.stream, start, start + dur_us, rec.core))
-            next_id += 1
-    if into_tables:
-        events.extend(device_events)
-    matched.sort(key=lambda x: x.rec.flow_id)
-    return matched, pending
+            _add_device_time(matched, events, profiler.use_device)
+        return matched, pending
+
+
+def _add_device_time(matched: list[Matched], events, use_device) -> None:
+    """Each execution as a kernel of its launching op (the ``Self SIM`` columns) and as a
+    PrivateUse1 event (the totals footer)."""
+    next_id = max((evt.id for evt in events), default=0) + 1  # the first id free for device events
+    make_event = _DeviceEventFactory(use_device)
+    device_events = []
+    for m in matched:
+        rec = m.rec
+        dur_us = (rec.device_end_ns - rec.device_start_ns) / 1000.0
+        name = device_event_name(rec)
+        if m.parent is not None:
+            m.parent.append_kernel(name, DeviceType.PrivateUse1, dur_us)
+        start = m.marker_us + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
+        device_events.append(make_event(next_id, name, rec.stream, start, start + dur_us, rec.core))
+        next_id += 1
+    events.extend(device_events)
 
 
 class _DeviceEventFactory:
@@ -151,8 +209,8 @@ def _flow_of(name: str) -> int | None:
         return None
 
 
-def _take_markers(profiler) -> list | None:
-    """The raw marker events, taken out of what torch parses; None when torch has parsed
+def _take_markers(profiler) -> tuple[list, list] | None:
+    """The raw marker events and the others, before torch parses; None when torch has parsed
     its events already (or has none)."""
     result = getattr(profiler, "kineto_results", None)
     if result is None or getattr(profiler, "_function_events", None) is not None:
@@ -160,42 +218,30 @@ def _take_markers(profiler) -> list | None:
     keep, markers = [], []
     for e in result.events():
         (markers if e.name().startswith(MARKER) else keep).append(e)
-    if markers:
-        profiler.kineto_results = _WithoutMarkers(result, keep)
-        try:
-            profiler.function_events  # torch parses now, without them
-        finally:
-            profiler.kineto_results = result
-    return markers
+    return markers, keep
 
 
-def _with_parents(raw, events, prof) -> list[_Marker]:
-    """Each raw marker with the op that launched it: on the marker's thread, the innermost
+def _launching_ops(marks: dict[int, list], events) -> dict[int, FunctionEvent]:
+    """Each marker's launching op (flow -> event): on the marker's thread, the innermost
     synchronous CPU range that contains it -- torch's own tree rule (``_populate_cpu_children``:
     ranges ordered by (start, -end), a stack of the open ones), applied to torch's final events."""
-    t0 = prof.profiler.kineto_results.trace_start_ns()
-    by_thread: dict[int, list] = {}
-    for e in raw:
-        flow = _flow_of(e.name())
-        if flow is not None:  # times as torch computes its events' (µs from the trace start)
-            start, end = (e.start_ns() - t0) / 1000, (e.end_ns() - t0) / 1000
-            by_thread.setdefault(e.start_thread_id(), []).append((start, -end, flow))
-    ops: dict[int, list] = {t: [] for t in by_thread}
+    ops: dict[int, list] = {t: [] for t in marks}
     for evt in events:  # torch keeps them ordered by (start, -end)
         lane = ops.get(evt.thread)
         if lane is not None and not evt.is_async and evt.device_type == DeviceType.CPU:
             lane.append(evt)
-    out = []
-    for thread, marks in by_thread.items():
+    out = {}
+    for thread, thread_marks in marks.items():
         lane, i, stack = ops[thread], 0, []
-        for start, neg_end, flow in sorted(marks):
+        for start, neg_end, flow in sorted(thread_marks):
             end = -neg_end
             while i < len(lane) and (lane[i].time_range.start, -lane[i].time_range.end) <= (start, neg_end):
                 _push(stack, lane[i])
                 i += 1
             while stack and (start >= stack[-1].time_range.end or end > stack[-1].time_range.end):
                 stack.pop()
-            out.append(_Marker(flow, thread, start, stack[-1] if stack else None))
+            if stack:
+                out[flow] = stack[-1]
     return out
 
 

@@ -22,7 +22,7 @@ import torch
 
 from ._capture import capture
 from ._config import ProfileConfig, ProfileMode
-from ._correlate import correlate
+from ._correlate import Correlation
 from ._events import HOST, device_events, doctor_events, event_count, framework_events, placement
 from ._format import ProfileWriter
 
@@ -61,14 +61,25 @@ class Profiler:
         activities = sorted(a.name for a in getattr(prof, "activities", ()))
         registered = _sim_registered()
         now = _runtime_now() if registered else float("inf")
-        matched, pending = correlate(prof, capture, now, into_tables=cfg.correlate_device_time)
-        use_device = getattr(prof.profiler, "use_device", None)  # set by ProfilerActivity.PrivateUse1
-        device = _device_info(sim=bool(matched) or (registered and use_device is not None))
-        device["activities"] = activities
-        device["device_columns"] = use_device
-        matched = [m for m in matched if cfg.captures(m.rec.core)]
+        correlation = Correlation(prof, capture, now)  # the executions, before torch parses
         trace_start_ns = prof.profiler.kineto_results.trace_start_ns()
-        with ProfileWriter(cfg.output_dir, device=device, config=cfg.to_dict()) as w:
+        with ProfileWriter(cfg.output_dir, config=cfg.to_dict()) as w:
+            dropped, summaries = {}, []
+            device_traces = cfg.has(ProfileMode.DEVICE)
+            if device_traces and correlation.launches is not None:
+                # written while torch parses: what they hold depends on the executions alone
+                dropped, summaries = _write_device_traces(w, _captured(correlation.launches, cfg), cfg)
+                w.start_writes()
+                device_traces = False
+            matched, pending = correlation.complete(into_tables=cfg.correlate_device_time)
+            use_device = getattr(prof.profiler, "use_device", None)  # set by ProfilerActivity.PrivateUse1
+            device = _device_info(sim=bool(matched) or (registered and use_device is not None))
+            device["activities"] = activities
+            device["device_columns"] = use_device
+            w.device = device
+            matched = _captured(matched, cfg)
+            if device_traces:  # torch had parsed before the export: no launches known earlier
+                dropped, summaries = _write_device_traces(w, matched, cfg)
             rows = placement(matched)
             fw_data = _torch_trace(w, prof)
             w.write_bytes("trace.json", _framework_trace_with_device(fw_data, prof, rows))
@@ -77,9 +88,6 @@ class Profiler:
             else:  # a real device: lanes and flows come from Kineto's own records
                 chunks, n_events, checked = _kineto_system_trace(fw_data)
             w.write_bytes("system_trace.json", _system_trace_bytes(chunks, device))
-            dropped, summaries = {}, []
-            if cfg.has(ProfileMode.DEVICE):
-                dropped, summaries = _write_device_traces(w, matched, cfg)
             cold = [m for m in matched if m.fresh]
             w.stats = {
                 "events": n_events, "executions": len(matched), "pending_executions": pending,
@@ -91,6 +99,10 @@ class Profiler:
         self.paths.append(w.path)
         _report_findings(w.path, w.final_manifest, checked, summaries)
         return w.path
+
+
+def _captured(matched, cfg: ProfileConfig) -> list:
+    return [m for m in matched if cfg.captures(m.rec.core)]
 
 
 @contextlib.contextmanager

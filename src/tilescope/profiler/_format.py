@@ -1,12 +1,18 @@
 """Writing the profile directory (format: docs/profile-format.md), atomically.
 
-A profile is written into ``.<timestamp>.partial`` next to its final name;
-``manifest.json`` (with each file's size and sha256) goes last, and only then is the
-directory renamed -- the one step that makes it a profile. A crash at any point leaves a
-``.partial`` directory, which readers report as incomplete, never as a profile. Nothing is fsynced (on a busy disk one fsync can cost
-more than the rest of an export): a write torn by a power loss -- the manifest's included --
-shows as a missing file, an unreadable manifest, or a size or checksum mismatch, which
-readers also report as incomplete.
+A profile is written into ``.<timestamp>.partial`` next to its final name; ``manifest.json``
+(with each file's size and sha256) goes last, and only then is the directory renamed -- the
+one step that makes it a profile. A crash at any point leaves a ``.partial`` directory, which
+readers report as incomplete, never as a profile. Nothing is fsynced (on a busy disk one
+fsync can cost more than the rest of an export): a write torn by a power loss -- the
+manifest's included -- shows as a missing file, an unreadable manifest, or a size or checksum
+mismatch, which readers also report as incomplete.
+
+Files added with ``later=True`` (instruction traces, new executables) are written by one call
+of the ``_filebatch`` extension on a background thread, the GIL released throughout, while the
+exporter goes on: on some file systems (network ones, busy virtual disks) creating a file
+costs hundreds of microseconds, and a profile is dozens of files. :meth:`ProfileWriter.finish`
+waits for them and fails -- leaving nothing -- if one could not be written.
 
 >>> import tempfile
 >>> from tilescope.profiler import ProfileWriter
@@ -31,6 +37,11 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+
+try:
+    from . import _filebatch
+except ImportError:  # not built (no compiler at install time): files are written one by one, here
+    _filebatch = None
 
 __all__ = [
     "ProfileWriter", "FORMAT", "FORMAT_VERSION", "itrace_json", "executable_name", "itrace_name",
@@ -149,6 +160,9 @@ class ProfileWriter:
         self.final_manifest: dict | None = None  # the manifest as written, once finished
         self.redacted = redacted
         self._files: dict[str, tuple[int, str]] = {}
+        self._later: list[tuple[str, bytes]] = []  # (path, data) not written yet
+        self._written_later: list[tuple["_Executable", str, str]] = []  # executables among them
+        self._writers: list[_BatchWriter] = []
         self._executables: set[str] = set()
         self._partial, self._final = str(self.partial), str(self.path)  # hundreds of joins: strings
         self._dirs: set[str] = {self._partial}
@@ -170,11 +184,36 @@ class ProfileWriter:
         writes there, and the file is then passed to :meth:`write_bytes`, which lists it."""
         return Path(self._target(relpath))
 
-    def write_bytes(self, relpath: str, data: bytes, *, sha256: str | None = None) -> str:
-        """Write one file; ``sha256`` is its known digest (e.g. of an executable written before)."""
-        _write_file(self._target(relpath), data)
+    def write_bytes(self, relpath: str, data: bytes, *, sha256: str | None = None, later: bool = False) -> str:
+        """Write one file; ``sha256`` is its known digest (e.g. of an executable written before).
+        ``later``: in the next batch (:meth:`start_writes`), off the calling thread."""
+        target = self._target(relpath)
+        if later:
+            self._later.append((target, data))
+        else:
+            _write_file(target, data)
         self._files[relpath] = (len(data), sha256 or hashlib.sha256(data).hexdigest())
         return relpath
+
+    def start_writes(self) -> None:
+        """Start writing the files added with ``later=True`` (a background thread, when the
+        extension is built; :meth:`finish` waits for it and raises its error)."""
+        batch, self._later = self._later, []
+        if batch:
+            self._writers.append(_BatchWriter(batch))
+
+    def _wait_for_writes(self) -> None:
+        """Every batch written (the first error raised); executables written in one noted, so
+        that later profiles can link them."""
+        self.start_writes()
+        writers, self._writers = self._writers, []
+        errors = [w.wait() for w in writers]
+        for err in errors:
+            if err is not None:
+                raise err
+        for exe, target, final in self._written_later:
+            exe.written(target, final)
+        self._written_later = []
 
     def write_json(self, relpath: str, obj) -> str:
         return self.write_bytes(relpath, json.dumps(obj, separators=(",", ":"), allow_nan=False,
@@ -194,8 +233,8 @@ class ProfileWriter:
             if exe.link_to(target):
                 exe.path = final  # the same file (a link keeps inode, size and mtime)
             else:
-                _write_file(target, exe.text.encode())
-                exe.written(target, final)
+                self._later.append((target, exe.text.encode()))
+                self._written_later.append((exe, target, final))
             self._files[rel] = (exe.size, exe.sha256)
             self._executables.add(program.hash)
         return rel
@@ -203,7 +242,8 @@ class ProfileWriter:
     def add_itrace(self, program, result, run: int, execution: dict | None = None) -> str:
         """The instruction trace of one run, paired with its executable by hash."""
         self.add_executable(program)
-        return self.write_bytes(itrace_name(program.hash, run), itrace_bytes(program, result, execution=execution))
+        return self.write_bytes(itrace_name(program.hash, run), itrace_bytes(program, result, execution=execution),
+                                later=True)
 
     # ---- completion -------------------------------------------------------
     def manifest(self) -> dict:
@@ -227,6 +267,11 @@ class ProfileWriter:
         """Write the manifest last and move the directory to its final name."""
         if self._finished:
             return self.path
+        try:
+            self._wait_for_writes()
+        except BaseException:
+            self.abort()
+            raise
         self.final_manifest = self.manifest()
         data = json.dumps(self.final_manifest, indent=1, default=_json_default).encode()
         _write_file(os.path.join(self._partial, "manifest.json"), data)  # inside .partial: no temporary needed
@@ -235,6 +280,9 @@ class ProfileWriter:
         return self.path
 
     def abort(self) -> None:
+        for w in self._writers:  # nothing left writing into what is removed
+            w.wait()
+        self._writers, self._later = [], []
         shutil.rmtree(self.partial, ignore_errors=True)
         self._finished = True
 
@@ -246,6 +294,42 @@ class ProfileWriter:
             self.finish()
         else:
             self.abort()
+
+
+class _BatchWriter:
+    """Writes a batch of files: on its own thread through ``_filebatch`` (one call, the GIL
+    released throughout), else -- no extension, or no new thread at interpreter exit, where
+    zero-code capture exports -- right here."""
+
+    def __init__(self, batch: list[tuple[str, bytes]]):
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        paths, datas = [p for p, _ in batch], [d for _, d in batch]
+        if _filebatch is not None:
+            thread = threading.Thread(target=self._run, args=(paths, datas), name="tilescope-profile-writer",
+                                      daemon=True)
+            try:
+                thread.start()
+                self._thread = thread
+                return
+            except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                pass
+        try:
+            for path, data in batch:
+                _write_file(path, data)
+        except OSError as e:
+            self._error = e
+
+    def _run(self, paths: list[str], datas: list[bytes]) -> None:
+        try:
+            _filebatch.write_files(paths, datas)
+        except BaseException as e:  # raised again by the writer's finish
+            self._error = e
+
+    def wait(self) -> BaseException | None:
+        if self._thread is not None:
+            self._thread.join()
+        return self._error
 
 
 def _write_file(path: str, data: bytes) -> None:
