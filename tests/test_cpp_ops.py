@@ -321,14 +321,15 @@ def test_estimate_is_cached_and_repeat_measurements_agree_within_10_percent(lib)
     first = op.estimate(b1, b2, 1e-7)
     assert op.estimate(b1, b2, 1e-7).program is first.program  # same pattern: same Program
     # measured host time: on a shared machine one measurement can land in a burst of other
-    # load, so a fresh one may be taken twice more; one of them must agree within 10%
-    agreed = []
+    # load (the first one included), so up to three fresh ones are taken: two must agree within 10%
+    seen = [first.total_ns]
     for _ in range(3):
-        again = op.estimate(b1, b2, 1e-7, refresh=True)
-        agreed.append(again.total_ns == pytest.approx(first.total_ns, rel=0.10))
-        if agreed[-1]:
+        t = op.estimate(b1, b2, 1e-7, refresh=True).total_ns
+        if any(t == pytest.approx(s, rel=0.10) for s in seen):
             break
-    assert any(agreed), (first.total_ns, again.total_ns)
+        seen.append(t)
+    else:
+        pytest.fail(f"no two of four measurements agree within 10%: {seen}")
 
 
 def test_cost_model_factor_scales_the_compute_part(lib):
