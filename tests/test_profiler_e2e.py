@@ -192,21 +192,17 @@ def test_the_documented_loop_exports_executables_prepared_in_its_first_steps(sim
     serialised = []
     real = _program.executable_text
     monkeypatch.setattr(_program, "executable_text", lambda p: serialised.append(p.hash) or real(p))
-    x = torch.randn(320, 1024, device="sim")
-    w = torch.randn(1024, device="sim")
-    cfg = ProfileConfig(output_dir=str(tmp_path))
-    exporter = Profiler(cfg)
-    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
-                                schedule=torch.profiler.schedule(wait=1, warmup=1, active=1),
-                                experimental_config=cfg, on_trace_ready=exporter.export_trace) as prof:
-        for step in range(3):
-            naive_rmsnorm(x, w)
-            torch.sim.synchronize()
-            if step == 1:
-                prepared = len(serialised)  # by the end of the unprofiled steps
-            prof.step()
-    p = read_profile(exporter.path).require_complete()
-    assert len(p.executables()) >= 4 and set(p.executables()) <= set(serialised[:prepared])
+    before_step = []
+
+    def model(x, w):
+        before_step.append(len(serialised))
+        return naive_rmsnorm(x, w)
+
+    _, path = run_documented_loop(tmp_path, torch.randn(320, 1024, device="sim"), torch.randn(1024, device="sim"),
+                                  model)
+    prepared = before_step[3]  # by the active step: the wait and warm-up steps ran every Program
+    exes = read_profile(path).require_complete().executables()
+    assert len(exes) >= 4 and set(exes) <= set(serialised[:prepared])
     assert len(serialised) == prepared  # nothing serialised since (the input copies ran before)
 
 
