@@ -1,9 +1,11 @@
 """``Profiler(config).export_trace``: from a finished torch profile to a profile directory.
 
-It correlates device time into torch's tables, then writes (docs/profile-format.md):
-torch's own framework trace (``trace.json``), the system trace with framework /
-runtime / hardware lanes linked by flows, and -- in DEVICE mode -- one executable
-plus instruction traces per Program that ran, all through the atomic writer.
+It reads the device executions from torch's raw events and -- in DEVICE mode -- starts
+writing one executable plus instruction traces per Program that ran (a background batch),
+lets torch parse while that runs, correlates device time into torch's tables, then writes
+torch's own framework trace (``trace.json``, device executions added) and the system trace
+with framework / runtime / hardware lanes linked by flows; all through the atomic writer
+(docs/profile-format.md).
 """
 
 from __future__ import annotations
