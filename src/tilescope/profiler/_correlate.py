@@ -31,7 +31,7 @@ from ._capture import MARKER
 __all__ = ["Matched", "Correlation", "correlate"]
 
 
-@dataclass
+@dataclass(slots=True)
 class Matched:
     """One execution found in the trace: its record, marker time and launching op."""
 
@@ -87,18 +87,20 @@ class Correlation:
         if self._taken is not None:
             t0 = prof.profiler.kineto_results.trace_start_ns()
             found = []
-            for e in self._taken[0]:
-                flow = _flow_of(e.name())
+            for e, name in self._taken[0]:
+                flow = _flow_of(name)
                 if flow is not None:  # times as torch computes its events' (µs from the trace start)
                     start, end, thread = (e.start_ns() - t0) / 1000, (e.end_ns() - t0) / 1000, e.start_thread_id()
                     self._marks.setdefault(thread, []).append((start, -end, flow))
-                    found.append(_Marker(flow, thread, start, None))
+                    found.append((flow, thread, start, None))
             self.launches, self.pending = self._match(found)
 
     def _match(self, markers) -> tuple[list[Matched], int]:
+        """``(flow, thread, start, parent)`` of each marker -> the executions, launch order."""
         matched, pending = [], 0
+        get = self._capture.get
         for flow, thread, start, parent in markers:
-            entry = self._capture.get(flow)
+            entry = get(flow)
             if entry is None:
                 continue
             rec, native_tid = entry
@@ -210,14 +212,18 @@ def _flow_of(name: str) -> int | None:
 
 
 def _take_markers(profiler) -> tuple[list, list] | None:
-    """The raw marker events and the others, before torch parses; None when torch has parsed
-    its events already (or has none)."""
+    """The raw marker events (with their names) and the other events, before torch parses;
+    None when torch has parsed its events already (or has none)."""
     result = getattr(profiler, "kineto_results", None)
     if result is None or getattr(profiler, "_function_events", None) is not None:
         return None
     keep, markers = [], []
     for e in result.events():
-        (markers if e.name().startswith(MARKER) else keep).append(e)
+        name = e.name()
+        if name.startswith(MARKER):
+            markers.append((e, name))
+        else:
+            keep.append(e)
     return markers, keep
 
 
