@@ -273,7 +273,8 @@ class ProfileWriter:
             self.abort()
             raise
         self.final_manifest = self.manifest()
-        data = json.dumps(self.final_manifest, indent=1, default=_json_default).encode()
+        data = orjson.dumps(self.final_manifest, default=_json_default,  # indented: people read it
+                            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
         _write_file(os.path.join(self._partial, "manifest.json"), data)  # inside .partial: no temporary needed
         os.replace(self.partial, self.path)
         self._finished = True
