@@ -15,8 +15,9 @@ second) and one training step of a 2-layer transformer encoder (a realistic prof
 Two situations (the second not for the 200-iteration loop):
   * steady: the same workload profiled again and again in one process (REPEATS alternating
     runs; a training loop with a repeating schedule). Prints the median wall time of each
-    side, the overhead (target <= 10%), the overhead per device execution, the median of the
-    ratios of adjacent pairs (less sensitive to the machine's load drifting during the run),
+    side, the overhead (target <= 10%), the overhead per device execution, the median and
+    quartiles of the ratios of adjacent pairs (less sensitive to the machine's load drifting
+    during the run; the quartiles show how far one run's figure can be trusted),
     the CPU time of the thread that profiles (the work the profiler adds: it leaves out the
     device's numerics thread and time spent waiting -- on this kind of shared 2-core VM the
     wall-clock figures swing by tens of percent between runs), and the medians of each side's
