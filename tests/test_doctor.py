@@ -1,6 +1,5 @@
 """The doctor: one test per finding, on deliberately broken profiles."""
 
-import json
 
 from tilescope.profiler import ProfileWriter, write_kernel_profile
 from tilescope.profiler._doctor import diagnose

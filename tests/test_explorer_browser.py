@@ -8,7 +8,6 @@ Every test fails on any browser console error. Screenshots of each view go to
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import subprocess

@@ -107,7 +107,7 @@ def test_matmul_numerics():
 
 
 def test_compute_bound_matmul_time():
-    reps, kt = 64, 1
+    reps = 64
     prog = matmul_program(128, 128, 512, reps=reps)
     s = simulate(prog).summary
     # loads: 32 KiB + 128 KiB; then reps matmuls of 512 cycles at 2.8 GHz (one stationary

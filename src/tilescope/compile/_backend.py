@@ -21,10 +21,9 @@ from pathlib import Path
 import torch
 import torch.fx as fx
 
-from ..dtypes import canonical
 from ._emit import EmitStats, _Unfusable, emit_segments
 from ._graph import DECOMPOSITIONS, propagate_shapes
-from ._plan import Segment, _tensor_args, node_shape, plan_graph
+from ._plan import Segment, plan_graph
 
 __all__ = ["tilescope_backend", "CompiledGraph", "Step", "cache_dir", "STATS"]
 

@@ -54,7 +54,7 @@ def replay(trace, preset, *, out_dir: str | None = None):
     con = _connect()
     try:
         # executions, in order per hardware lane, with their submit time (runtime event start)
-        ex = _arrow(trace.sql(f"""
+        ex = _arrow(trace.sql("""
             SELECT h.eid, h.rank, h.pid, h.tid, h.ts_ns - o.off AS ts_raw, h.program_hash, h.flow_id,
                    r.eid AS r_eid, r.ts_ns - o.off AS submit_raw
             FROM events h JOIN _offsets o USING (rank)
