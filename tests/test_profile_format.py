@@ -109,6 +109,29 @@ def test_files_written_later_are_in_the_finished_profile(tmp_path, monkeypatch, 
     assert (w.path / "late.json").read_bytes() == b"{}" and len(p.itraces()) == 1
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_writes_its_profiles_with_its_own_writer_thread(tmp_path):
+    """The writer thread runs in the process that started it; a child forked after a profile
+    (a DataLoader worker, a launcher) that profiles must not wait for a thread it lacks."""
+    prog = _program()
+    with ProfileWriter(tmp_path / "parent") as w:  # the parent's thread exists now
+        w.add_itrace(prog, simulate(prog), 0)
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only with a complete profile
+        code = 1
+        try:
+            signal.alarm(60)  # a child waiting for the parent's thread would hang the test run
+            with ProfileWriter(tmp_path / "child") as cw:
+                cw.add_itrace(prog, simulate(prog), 0)
+            read_profile(cw.path).require_complete()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert len(find_profiles(tmp_path / "child")) == 1
+
+
 def test_sigkill_during_export_is_detected_as_incomplete(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal

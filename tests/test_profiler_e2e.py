@@ -186,24 +186,31 @@ def test_device_events_are_what_torch_constructor_makes():
 
 def test_the_documented_loop_exports_executables_prepared_in_its_first_steps(sim, tmp_path, monkeypatch):
     """Programs first run in the schedule's wait steps (a new shape: built there) have their
-    executables serialised then; the export of the active step only writes them."""
+    executables and instruction traces' text made then; the export of the active step only
+    writes them."""
+    from tilescope.profiler import _format
     from tilescope.program import _program
 
-    serialised = []
-    real = _program.executable_text
+    serialised, traced = [], []
+    real, real_doc = _program.executable_text, _format._itrace_doc
     monkeypatch.setattr(_program, "executable_text", lambda p: serialised.append(p.hash) or real(p))
+    monkeypatch.setattr(_format, "_itrace_doc", lambda p, *a: traced.append(p.hash) or real_doc(p, *a))
     before_step = []
 
     def model(x, w):
-        before_step.append(len(serialised))
+        before_step.append((len(serialised), len(traced)))
         return naive_rmsnorm(x, w)
 
     _, path = run_documented_loop(tmp_path, torch.randn(320, 1024, device="sim"), torch.randn(1024, device="sim"),
                                   model)
-    prepared = before_step[3]  # by the active step: the wait and warm-up steps ran every Program
-    exes = read_profile(path).require_complete().executables()
+    prepared, prepared_traces = before_step[3]  # by the active step: the wait and warm-up steps ran every Program
+    profile = read_profile(path).require_complete()
+    exes = profile.executables()
     assert len(exes) >= 4 and set(exes) <= set(serialised[:prepared])
     assert len(serialised) == prepared  # nothing serialised since (the input copies ran before)
+    itraces = {h for h, _, _ in profile.itraces()}
+    assert len(itraces) >= 4 and itraces <= set(traced[:prepared_traces])
+    assert len(traced) == prepared_traces
 
 
 def test_a_program_that_cannot_be_serialised_does_not_fail_its_first_run():

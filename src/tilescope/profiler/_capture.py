@@ -17,7 +17,7 @@ from collections import deque
 
 import torch
 
-from ._format import prepare_executable
+from ._format import prepare_files
 
 __all__ = ["MARKER", "Capture", "capture"]
 
@@ -65,7 +65,7 @@ class Capture:
     def on_execution(self, rec) -> None:
         if not torch.autograd.profiler._is_profiler_enabled:
             if rec.first_run and rec.program is not None:
-                prepare_executable(rec.program)
+                prepare_files(rec.program)
             self._unprofiled_launch()
             return
         self._last_unprofiled_ns = 0

@@ -26,7 +26,7 @@ from ._capture import capture
 from ._config import ProfileConfig, ProfileMode
 from ._correlate import Correlation
 from ._events import HOST, device_events, doctor_events, event_count, framework_events, placement
-from ._format import ProfileWriter
+from ._format import ProfileWriter, itrace_summary
 
 __all__ = ["Profiler"]
 
@@ -283,7 +283,7 @@ def _write_device_traces(w: ProfileWriter, matched, cfg: ProfileConfig) -> dict:
     for m, run in reversed(keep):
         rec = m.rec
         result = simulate(rec.program)
-        summaries.append(result.summary.to_dict())
+        summaries.append(itrace_summary(rec.program, result))
         w.add_itrace(rec.program, result, run, execution={
             "flow_id": rec.flow_id, "core": rec.core, "op": rec.op, "lowering": rec.lowering,
             "start_us": round(m.marker_us + (rec.device_start_ns - rec.host_submit_ns) / 1000.0, 3),

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import platform
+import queue
 import shutil
 import socket
 import sys
@@ -66,17 +67,28 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 def itrace_bytes(program, result, *, execution: dict | None = None) -> bytes:
     """``itrace_json`` serialised; the columns (the bulk) are serialised once per result."""
+    head = _COMPACT.encode({"execution": execution or {}})[:-1]
+    return "".join((head, ",", _itrace_body(program, result)[0], "}")).encode()
+
+
+def _itrace_body(program, result) -> tuple[str, dict]:
+    """The instruction trace's text after its ``execution`` object, and the run's summary as
+    a dict: both depend on the (immutable) Program and its modeled run alone."""
     key = id(result)
     cached = _COLUMNS_CACHE.get(key)
     if cached is None or cached[0] is not result:
         doc = _itrace_doc(program, result, None, _numpy_column)
         doc.pop("execution")
-        cached = (result, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode())
+        cached = (result, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode(), doc["summary"])
         _COLUMNS_CACHE[key] = cached
         if len(_COLUMNS_CACHE) > 256:
             _COLUMNS_CACHE.pop(next(iter(_COLUMNS_CACHE)))
-    head = _COMPACT.encode({"execution": execution or {}})[:-1]
-    return "".join((head, ",", cached[1], "}")).encode()
+    return cached[1], cached[2]
+
+
+def itrace_summary(program, result) -> dict:
+    """``result.summary.to_dict()``, made once per result (do not modify it)."""
+    return _itrace_body(program, result)[1]
 
 
 def _numpy_column(a: np.ndarray):
@@ -298,23 +310,18 @@ class ProfileWriter:
 
 
 class _BatchWriter:
-    """Writes a batch of files: on its own thread through ``_filebatch`` (one call, the GIL
-    released throughout), else -- no extension, or no new thread at interpreter exit, where
-    zero-code capture exports -- right here."""
+    """Writes a batch of files: on the writer thread through ``_filebatch`` (one call, the GIL
+    released throughout), else -- no extension, or no thread to be had at interpreter exit,
+    where zero-code capture exports -- right here."""
 
     def __init__(self, batch: list[tuple[str, bytes]]):
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        paths, datas = [p for p, _ in batch], [d for _, d in batch]
+        self._done: threading.Event | None = None
         if _filebatch is not None:
-            thread = threading.Thread(target=self._run, args=(paths, datas), name="tilescope-profile-writer",
-                                      daemon=True)
-            try:
-                thread.start()
-                self._thread = thread
+            done = threading.Event()
+            if _writer_thread.submit(self._run, [p for p, _ in batch], [d for _, d in batch], done):
+                self._done = done
                 return
-            except RuntimeError:  # "can't create new thread at interpreter shutdown"
-                pass
         try:
             for path, data in batch:
                 _write_file(path, data)
@@ -328,9 +335,55 @@ class _BatchWriter:
             self._error = e
 
     def wait(self) -> BaseException | None:
-        if self._thread is not None:
-            self._thread.join()
+        if self._done is not None:
+            self._done.wait()
         return self._error
+
+
+class _WriterThread:
+    """One daemon thread per process that runs the batches in turn. Started once: starting a
+    thread per profile made the exporter wait until the new thread had taken the GIL; handing
+    a batch to a waiting thread costs the exporter nothing. A forked child starts its own."""
+
+    def __init__(self) -> None:
+        self._queue = None
+        self._pid = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn, paths, datas, done: threading.Event) -> bool:
+        """Queue ``fn(paths, datas)``, then ``done.set()``; False if no thread can be started."""
+        with self._lock:
+            if self._pid != os.getpid():
+                q = queue.SimpleQueue()
+                try:
+                    threading.Thread(target=self._serve, args=(q,), name="tilescope-profile-writer",
+                                     daemon=True).start()
+                except RuntimeError:  # "can't create new thread at interpreter shutdown"
+                    return False
+                self._queue, self._pid = q, os.getpid()
+            self._queue.put((fn, paths, datas, done))
+        return True
+
+    @staticmethod
+    def _serve(q) -> None:
+        while True:
+            fn, paths, datas, done = q.get()
+            try:
+                fn(paths, datas)
+            finally:
+                done.set()
+
+
+_writer_thread = _WriterThread()
+
+
+def _writer_thread_after_fork() -> None:  # the parent's thread (and maybe its lock's holder) is gone
+    global _writer_thread
+    _writer_thread = _WriterThread()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_writer_thread_after_fork)
 
 
 def _write_file(path: str, data: bytes) -> None:
@@ -345,12 +398,16 @@ def _write_file(path: str, data: bytes) -> None:
         os.close(fd)
 
 
-def prepare_executable(program) -> None:
-    """Make ``program``'s executable text and digest now, so that a later export only writes
-    (or links) the file. Called inside the user's op: a Program that cannot be serialised is
-    left for the export, which reports it."""
+def prepare_files(program) -> None:
+    """Make ``program``'s executable text and digest and its instruction trace's text now, so
+    that a later export only writes (or links) them. Called inside the user's op, at the
+    Program's first run (which already pays for lowering and modeling it): a Program that
+    cannot be serialised or modeled is left for the export, which reports it."""
     try:
         _Executable.of(program)
+        from ..sim import simulate
+
+        _itrace_body(program, simulate(program))
     except Exception:
         pass
 
