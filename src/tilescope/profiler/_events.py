@@ -23,7 +23,7 @@ __all__ = ["FRAMEWORK", "RUNTIME", "HARDWARE", "HOST", "js", "meta", "framework_
            "device_events", "event_count", "doctor_events"]
 
 FRAMEWORK, RUNTIME, HARDWARE, HOST = 1, 2, 3, 4
-_CPU = torch.autograd.DeviceType.CPU
+_CPU = torch.autograd.DeviceType.CPU.value
 _DOCTOR_RANGES = ("ProfilerStep", "tilescope::synchronize")  # framework ranges the doctor reads
 
 
@@ -46,28 +46,29 @@ def framework_events(prof, prefix: str) -> tuple[list[str], dict, list[dict], fl
     and the end of the last event (µs)."""
     events: list[str] = []
     threads: dict[int, int] = {}
-    names: dict[str, str] = {}
     ranges: list[dict] = []
     end = 0.0
+    heads: dict[tuple, str] = {}  # (category, name, tid) -> the event's text up to "ts"
     for evt in prof.profiler.function_events:
-        if evt.device_type != _CPU:
+        if evt.device_type.value != _CPU:  # the enum's int: comparing the enums costs more
             continue
         tid = threads.get(evt.thread)
         if tid is None:
             tid = threads[evt.thread] = len(threads)
         name = evt.name
-        text = names.get(name)
-        if text is None:
-            text = names[name] = js(name)
-        start, dur = evt.time_range.start, evt.time_range.elapsed_us()
+        cat = "user_annotation" if evt.is_user_annotation else "cpu_op"
+        head = heads.get((cat, name, tid))
+        if head is None:
+            head = heads[cat, name, tid] = f'{{"ph":"X","cat":"{cat}","name":{js(name)},"pid":{FRAMEWORK},"tid":{tid},"ts":'
+        span = evt.time_range
+        start = span.start
+        dur = span.end - start
         extra = ""
         if evt.input_shapes:
             extra = f',"Input Dims":{json.dumps(evt.input_shapes)}'
         if evt.stack:
             extra += f',"Call stack":{js(";".join(evt.stack))}'
-        cat = "user_annotation" if evt.is_user_annotation else "cpu_op"
-        events.append(f'{{"ph":"X","cat":"{cat}","name":{text},"pid":{FRAMEWORK},"tid":{tid},"ts":{start:.3f},'
-                      f'"dur":{dur:.3f},"args":{{"External id":{evt.id}{extra}}}}}')
+        events.append(f'{head}{start:.3f},"dur":{dur:.3f},"args":{{"External id":{evt.id}{extra}}}}}')
         if start + dur > end:
             end = start + dur
         if name.startswith(_DOCTOR_RANGES):
