@@ -17,7 +17,8 @@ Two situations (the second not for the 200-iteration loop):
     runs; a training loop with a repeating schedule). Prints the median wall time of each
     side, the overhead (target <= 10%), the overhead per device execution, the median and
     quartiles of the ratios of adjacent pairs (less sensitive to the machine's load drifting
-    during the run; the quartiles show how far one run's figure can be trusted),
+    during the run; the quartiles show how far one pair's figure can be trusted) with a 95%
+    confidence interval of that median (how precisely this run pins it down),
     the CPU time of the thread that profiles (the work the profiler adds: it leaves out the
     device's numerics thread and time spent waiting -- on this kind of shared 2-core VM the
     wall-clock figures swing by tens of percent between runs), and the medians of each side's
@@ -25,10 +26,10 @@ Two situations (the second not for the 200-iteration loop):
     profiler with its export, and reading the op table.
   * first profile: a fresh process warms the workload up unprofiled, then profiles it once
     (the usual "profile one step of my model"). As in the documented loop, the tilescope
-    Profiler exists before the warm-up: each Program's first run prepares its executable's
-    text there, and the export writes every executable file for the first time. COLD_PAIRS
-    alternating pairs of fresh processes; the same figures, and the warm-up's wall time on
-    each side (where the executables' preparation went).
+    Profiler exists before the warm-up: each Program's first run prepares the text of its
+    executable and instruction trace there; the export writes every file for the first
+    time. COLD_PAIRS alternating pairs of fresh processes; the same figures, and the warm-up's
+    wall time on each side (where that preparation went).
 
 Every run starts after a full garbage collection, outside its timing: torch's parse of a
 profile allocates ~10^5 objects, and without it a collection triggered by one run's garbage
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import shutil
 import json
@@ -63,8 +65,8 @@ import tilescope.device
 from tilescope.profiler import ProfileConfig, Profiler
 from tilescope.profiler._capture import capture
 
-REPEATS = 15
-COLD_PAIRS = 9
+REPEATS = 21
+COLD_PAIRS = 15
 
 
 def naive_rmsnorm_loop(x, w, iterations):
@@ -173,6 +175,21 @@ def cold_runs(name: str, out: str) -> dict[bool, list[dict]]:
     return times
 
 
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: the k-th smallest and k-th
+    largest values, k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2.
+
+    >>> median_interval(list(range(15)))  # 96.5% coverage with 15 values
+    (3, 11)
+    """
+    xs, n = sorted(values), len(values)
+    k, tail = 0, 0.0
+    while k < n and tail + math.comb(n, k) / 2 ** n <= (1 - level) / 2:
+        tail += math.comb(n, k) / 2 ** n
+        k += 1
+    return (xs[0], xs[-1]) if k == 0 else (xs[k - 1], xs[n - k])
+
+
 def report(label: str, times: dict[bool, list[dict]], execs: int | None) -> None:
     med = {flag: {part: statistics.median(t[part] for t in ts) for part in ts[0]} for flag, ts in times.items()}
     base, ours = med[False]["total"], med[True]["total"]
@@ -182,9 +199,11 @@ def report(label: str, times: dict[bool, list[dict]], execs: int | None) -> None
     per_exec = f"; {(ours - base) * 1e6 / execs:.0f} us per device execution, all costs included" if execs else ""
     ratios = [t["total"] / b["total"] - 1 for t, b in zip(times[True], times[False])]
     q1, paired, q3 = statistics.quantiles(ratios, n=4)
+    lo, hi = median_interval(ratios)
     print(f"    overhead: {(ours / base - 1) * 100:+.1f}% (target <= 10%){per_exec}")
-    print(f"    overhead of each adjacent pair: median {paired * 100:+.1f}%, quartiles {q1 * 100:+.1f}% .. "
-          f"{q3 * 100:+.1f}% ({len(ratios)} pairs)")
+    print(f"    overhead of each adjacent pair: median {paired * 100:+.1f}% (95% confidence interval of the "
+          f"median {lo * 100:+.1f}% .. {hi * 100:+.1f}%), quartiles {q1 * 100:+.1f}% .. {q3 * 100:+.1f}% "
+          f"({len(ratios)} pairs)")
     cpu_base, cpu_ours = med[False]["cpu"], med[True]["cpu"]
     print(f"    CPU time of the profiling thread (the work the profiler adds, system calls included; "
           f"less sensitive to other load): {cpu_base * 1e3:.1f} -> {cpu_ours * 1e3:.1f} ms "
@@ -195,7 +214,7 @@ def report(label: str, times: dict[bool, list[dict]], execs: int | None) -> None
     if "warm-up" in med[False]:
         print(f"    before it, not in the figures above: the unprofiled warm-up (2 runs, the first building "
               f"every Program) {med[False]['warm-up'] * 1e3:.0f} -> {med[True]['warm-up'] * 1e3:.0f} ms "
-              f"(with tilescope it also prepares each executable; ratio of medians "
+              f"(with tilescope it also prepares each executable and instruction trace; ratio of medians "
               f"{med[True]['warm-up'] / med[False]['warm-up']:.3f})")
 
 
