@@ -189,8 +189,7 @@ def _kineto_system_trace(fw_data: bytes) -> tuple[list[str], int, list[dict]]:
 def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler) -> tuple[list[str], int, list[dict]]:
     """The system trace's events (JSON text), how many there are, and the ones the doctor reads."""
     prefix = _lane_prefix()
-    chunks, threads, checked, end_us = framework_events(prof, prefix)
-    n_events = len(chunks)
+    chunks, n_events, threads, checked, end_us = framework_events(prof, prefix)
     if cfg.has(ProfileMode.RUNTIME) and rows:
         chunks += device_events(rows, prefix, lambda m: threads.get(m.thread, 0))
         n_events += event_count(rows)

@@ -1,0 +1,362 @@
+/* The system trace's lanes as JSON text, the per-event loops of tilescope/profiler/_events.py.
+ *
+ * framework_lanes(events, cpu, head, extra, prefixes) -> (text, count, threads, ranges, end)
+ *   every event of torch's list whose device_type.value == cpu, each as the text
+ *   head(category, name, tid) + ts + ',"dur":' + dur + ',"args":{"External id":' + id + extra(evt) + '}}'
+ *   (head is called once per (category, name, tid); extra only for events with input shapes or a
+ *   stack). text: the events joined by ","; threads: torch thread -> tid, in order of first
+ *   appearance; ranges: (category, name, tid, ts, dur) of the events whose name starts with one of
+ *   prefixes; end: the latest ts + dur (0.0 without events).
+ * device_lanes(rows, tids, cores, shift, fw_pid, runtime_pid, hardware_pid) -> text
+ *   the runtime slice, hardware slice and three flow events of each placement row, joined by ",".
+ * format_ms(x) -> str
+ *   f"{x:.3f}", as both write every time.
+ *
+ * Times are written as Python's f"{x:.3f}" writes them (see fmt_ms), so that the text is the
+ * same as the Python implementation's, which stays the reference (and the fallback
+ * when this extension is not built). The Python-side callables make the JSON string literals:
+ * every text they return and every name they escape is ASCII.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+    char *data;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (b->len + n > b->cap) {
+        Py_ssize_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < b->len + n) cap *= 2;
+        char *grown = PyMem_Realloc(b->data, (size_t)cap);
+        if (!grown) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->data = grown;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, s, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+#define FMT_MS_SIZE 48
+#define PUT_LIT(b, s) buf_put((b), (s), (Py_ssize_t)(sizeof(s) - 1))
+
+/* a str (ASCII: see the file comment) */
+static int buf_put_str(Buf *b, PyObject *s) {
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    return u ? buf_put(b, u, n) : -1;
+}
+
+/* f"{x:.3f}" into out; returns the length, or -1 on error.
+ *
+ * Python rounds the exact binary value to 3 decimals, ties to even. Where long double has a
+ * 64-bit significand or more (x86-64, aarch64 Linux), x * 1000 is exact in it (53 + 7 bits)
+ * and rintl rounds it exactly that way, so the digits are those of an integer: ~20x faster
+ * than the general conversion, which stays for the rest (NaN, infinities, |x| >= 2^53 / 1000,
+ * platforms whose long double is a double). */
+static int fmt_ms(char *out, double x) {  /* out: FMT_MS_SIZE bytes */
+#if LDBL_MANT_DIG >= 64
+    if (isfinite(x) && fabs(x) < 9007199254740.0) {
+        long double r = rintl((long double)x * 1000.0L);
+        unsigned long long n = (unsigned long long)fabsl(r);
+        char digits[24];
+        int k = 0;
+        do {
+            digits[k++] = (char)('0' + n % 10);
+            n /= 10;
+        } while (n || k < 4);  /* at least "0.xyz" */
+        int len = 0;
+        if (signbit(r)) out[len++] = '-';
+        while (k > 3) out[len++] = digits[--k];
+        out[len++] = '.';
+        while (k > 0) out[len++] = digits[--k];
+        return len;
+    }
+#endif
+    char *s = PyOS_double_to_string(x, 'f', 3, 0, NULL);
+    if (!s) return -1;
+    size_t len = strlen(s);
+    if (len >= FMT_MS_SIZE) {  /* |x| >= 1e42: not a time in microseconds */
+        PyMem_Free(s);
+        PyErr_SetString(PyExc_ValueError, "_lanes: a time of 1e42 us or more is out of range");
+        return -1;
+    }
+    memcpy(out, s, len);
+    PyMem_Free(s);
+    return (int)len;
+}
+
+/* f"{x:.3f}" */
+static int buf_put_ms(Buf *b, double x) {
+    char s[FMT_MS_SIZE];
+    int n = fmt_ms(s, x);
+    return n < 0 ? -1 : buf_put(b, s, n);
+}
+
+/* str(obj) */
+static int buf_put_repr(Buf *b, PyObject *obj) {
+    PyObject *s = PyObject_Str(obj);
+    if (!s) return -1;
+    int rc = buf_put_str(b, s);
+    Py_DECREF(s);
+    return rc;
+}
+
+static PyObject *buf_text(Buf *b) {
+    return PyUnicode_DecodeASCII(b->data ? b->data : "", b->len, "strict");
+}
+
+static PyObject *s_device_type, *s_value, *s_thread, *s_name, *s_is_user_annotation, *s_time_range, *s_start,
+    *s_end, *s_input_shapes, *s_stack, *s_id, *s_cpu_op, *s_user_annotation;
+
+static double attr_double(PyObject *obj, PyObject *name, int *err) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (!v) {
+        *err = 1;
+        return 0.0;
+    }
+    double d = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    if (d == -1.0 && PyErr_Occurred()) *err = 1;
+    return d;
+}
+
+/* 1 when attribute ``name`` of obj is truthy, 0 when not, -1 on error */
+static int attr_true(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (!v) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* one event; 1 when it was written, 0 when it is not a CPU event, -1 on error */
+static int framework_event(PyObject *evt, long cpu, PyObject *head_fn, PyObject *extra_fn, PyObject *prefixes,
+                           PyObject *heads, PyObject *threads, PyObject *ranges, Buf *b, int first, double *end) {
+    int rc = -1, err = 0;
+    PyObject *dt = NULL, *dv = NULL, *thread = NULL, *tid = NULL, *name = NULL, *key = NULL, *span = NULL;
+    PyObject *cat, *id = NULL, *extra = NULL;
+    if (!(dt = PyObject_GetAttr(evt, s_device_type)) || !(dv = PyObject_GetAttr(dt, s_value))) goto done;
+    long v = PyLong_AsLong(dv);
+    if (v == -1 && PyErr_Occurred()) goto done;
+    if (v != cpu) {
+        rc = 0;
+        goto done;
+    }
+    if (!(thread = PyObject_GetAttr(evt, s_thread))) goto done;
+    tid = PyDict_GetItemWithError(threads, thread);
+    if (tid) {
+        Py_INCREF(tid);
+    } else {
+        if (PyErr_Occurred() || !(tid = PyLong_FromSsize_t(PyDict_GET_SIZE(threads)))) goto done;
+        if (PyDict_SetItem(threads, thread, tid) < 0) goto done;
+    }
+    if (!(name = PyObject_GetAttr(evt, s_name))) goto done;
+    int ua = attr_true(evt, s_is_user_annotation);
+    if (ua < 0) goto done;
+    cat = ua ? s_user_annotation : s_cpu_op;
+    if (!(key = PyTuple_Pack(3, cat, name, tid))) goto done;
+    PyObject *head = PyDict_GetItemWithError(heads, key);  /* borrowed */
+    if (!head) {
+        if (PyErr_Occurred()) goto done;
+        head = PyObject_CallFunctionObjArgs(head_fn, cat, name, tid, NULL);
+        if (!head) goto done;
+        if (!PyUnicode_Check(head)) {
+            PyErr_SetString(PyExc_TypeError, "framework_lanes: head() must return str");
+            Py_DECREF(head);
+            goto done;
+        }
+        int set = PyDict_SetItem(heads, key, head);
+        Py_DECREF(head);  /* the dict holds it */
+        if (set < 0) goto done;
+    }
+    if (!(span = PyObject_GetAttr(evt, s_time_range))) goto done;
+    double start = attr_double(span, s_start, &err);
+    double stop = attr_double(span, s_end, &err);
+    if (err) goto done;
+    double dur = stop - start;
+    int shapes = attr_true(evt, s_input_shapes);
+    int stack = shapes < 0 ? -1 : attr_true(evt, s_stack);
+    if (shapes < 0 || stack < 0) goto done;
+    if (shapes || stack) {
+        if (!(extra = PyObject_CallOneArg(extra_fn, evt))) goto done;
+        if (!PyUnicode_Check(extra)) {
+            PyErr_SetString(PyExc_TypeError, "framework_lanes: extra() must return str");
+            goto done;
+        }
+    }
+    if (!(id = PyObject_GetAttr(evt, s_id))) goto done;
+    if ((!first && PUT_LIT(b, ",")) || buf_put_str(b, head) || buf_put_ms(b, start) || PUT_LIT(b, ",\"dur\":") ||
+        buf_put_ms(b, dur) || PUT_LIT(b, ",\"args\":{\"External id\":") || buf_put_repr(b, id) ||
+        (extra && buf_put_str(b, extra)) || PUT_LIT(b, "}}"))
+        goto done;
+    if (start + dur > *end) *end = start + dur;
+    Py_ssize_t np = PyTuple_GET_SIZE(prefixes);
+    for (Py_ssize_t i = 0; i < np; i++) {
+        int hit = PyUnicode_Tailmatch(name, PyTuple_GET_ITEM(prefixes, i), 0, PY_SSIZE_T_MAX, -1);
+        if (hit < 0) goto done;
+        if (hit) {
+            PyObject *r = Py_BuildValue("(OOOdd)", cat, name, tid, start, dur);
+            if (!r) goto done;
+            int ok = PyList_Append(ranges, r);
+            Py_DECREF(r);
+            if (ok < 0) goto done;
+            break;
+        }
+    }
+    rc = 1;
+done:
+    Py_XDECREF(dt);
+    Py_XDECREF(dv);
+    Py_XDECREF(thread);
+    Py_XDECREF(tid);
+    Py_XDECREF(name);
+    Py_XDECREF(key);
+    Py_XDECREF(span);
+    Py_XDECREF(id);
+    Py_XDECREF(extra);
+    return rc;
+}
+
+static PyObject *framework_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *events, *head_fn, *extra_fn, *prefixes;
+    long cpu;
+    if (!PyArg_ParseTuple(args, "OlOOO!:framework_lanes", &events, &cpu, &head_fn, &extra_fn, &PyTuple_Type,
+                          &prefixes))
+        return NULL;
+    PyObject *seq = PySequence_Fast(events, "framework_lanes: events must be a sequence");
+    if (!seq) return NULL;
+    PyObject *heads = PyDict_New(), *threads = PyDict_New(), *ranges = PyList_New(0), *result = NULL;
+    Buf b = {NULL, 0, 0};
+    double end = 0.0;
+    Py_ssize_t count = 0;
+    if (!heads || !threads || !ranges) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int w = framework_event(PySequence_Fast_GET_ITEM(seq, i), cpu, head_fn, extra_fn, prefixes, heads, threads,
+                                ranges, &b, count == 0, &end);
+        if (w < 0) goto done;
+        count += w;
+    }
+    PyObject *text = buf_text(&b);
+    if (text) result = Py_BuildValue("(NnOOd)", text, count, threads, ranges, end);
+done:
+    PyMem_Free(b.data);
+    Py_DECREF(seq);
+    Py_XDECREF(heads);
+    Py_XDECREF(threads);
+    Py_XDECREF(ranges);
+    return result;
+}
+
+/* row: (matched, rt_ts, rt_dur, hw_ts, hw_dur, fw_ts, rt_head, rt_rest, hw_head, hw_rest, flow) */
+static int device_row(Buf *b, PyObject *row, PyObject *tid, PyObject *core, double shift, long fw_pid, long rt_pid,
+                      long hw_pid, int first) {
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 11) {
+        PyErr_SetString(PyExc_TypeError, "device_lanes: each row is a placement tuple of 11 items");
+        return -1;
+    }
+    double rt = PyFloat_AsDouble(PyTuple_GET_ITEM(row, 1));
+    double hw = PyFloat_AsDouble(PyTuple_GET_ITEM(row, 3));
+    double fw = PyFloat_AsDouble(PyTuple_GET_ITEM(row, 5));
+    if (PyErr_Occurred()) return -1;
+    char rts[FMT_MS_SIZE], hws[FMT_MS_SIZE], num[64];
+    int rtn = fmt_ms(rts, rt + shift), hwn = fmt_ms(hws, hw + shift);
+    if (rtn < 0 || hwn < 0) return -1;
+    PyObject *flow = PyTuple_GET_ITEM(row, 10);
+    if ((!first && PUT_LIT(b, ",")) || buf_put_str(b, PyTuple_GET_ITEM(row, 6)) || PUT_LIT(b, ",\"ts\":") ||
+        buf_put(b, rts, rtn) || buf_put_str(b, PyTuple_GET_ITEM(row, 7)) || PUT_LIT(b, ",") ||
+        buf_put_str(b, PyTuple_GET_ITEM(row, 8)) || PUT_LIT(b, ",\"ts\":") || buf_put(b, hws, hwn) ||
+        buf_put_str(b, PyTuple_GET_ITEM(row, 9)) || PUT_LIT(b, ","))
+        return -1;
+    snprintf(num, sizeof num, ",\"ph\":\"s\",\"pid\":%ld,\"tid\":", fw_pid);
+    if (buf_put_str(b, flow) || buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, tid) ||
+        PUT_LIT(b, ",\"ts\":") || buf_put_ms(b, fw + shift) || PUT_LIT(b, "},"))
+        return -1;
+    snprintf(num, sizeof num, ",\"ph\":\"t\",\"pid\":%ld,\"tid\":", rt_pid);
+    if (buf_put_str(b, flow) || buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, core) ||
+        PUT_LIT(b, ",\"ts\":") || buf_put(b, rts, rtn) || PUT_LIT(b, "},"))
+        return -1;
+    snprintf(num, sizeof num, ",\"ph\":\"f\",\"bp\":\"e\",\"pid\":%ld,\"tid\":", hw_pid);
+    if (buf_put_str(b, flow) || buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, core) ||
+        PUT_LIT(b, ",\"ts\":") || buf_put(b, hws, hwn) || PUT_LIT(b, "}"))
+        return -1;
+    return 0;
+}
+
+static PyObject *device_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *rows, *tids, *cores;
+    double shift;
+    long fw_pid, rt_pid, hw_pid;
+    if (!PyArg_ParseTuple(args, "O!O!O!dlll:device_lanes", &PyList_Type, &rows, &PyList_Type, &tids, &PyList_Type,
+                          &cores, &shift, &fw_pid, &rt_pid, &hw_pid))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    if (PyList_GET_SIZE(tids) != n || PyList_GET_SIZE(cores) != n) {
+        PyErr_SetString(PyExc_ValueError, "device_lanes: one tid and one core per row");
+        return NULL;
+    }
+    Buf b = {NULL, 0, 0};
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* the lists could change under a callback-free loop only through another thread: hold the items */
+        PyObject *row = Py_NewRef(PyList_GET_ITEM(rows, i)), *tid = Py_NewRef(PyList_GET_ITEM(tids, i));
+        PyObject *core = Py_NewRef(PyList_GET_ITEM(cores, i));
+        int rc = device_row(&b, row, tid, core, shift, fw_pid, rt_pid, hw_pid, i == 0);
+        Py_DECREF(row);
+        Py_DECREF(tid);
+        Py_DECREF(core);
+        if (rc < 0) goto done;
+    }
+    result = buf_text(&b);
+done:
+    PyMem_Free(b.data);
+    return result;
+}
+
+static PyObject *format_ms(PyObject *Py_UNUSED(self), PyObject *arg) {
+    double x = PyFloat_AsDouble(arg);
+    if (x == -1.0 && PyErr_Occurred()) return NULL;
+    char s[FMT_MS_SIZE];
+    int n = fmt_ms(s, x);
+    return n < 0 ? NULL : PyUnicode_FromStringAndSize(s, n);
+}
+
+static PyMethodDef methods[] = {
+    {"format_ms", format_ms, METH_O, "format_ms(x) -> str: f\"{x:.3f}\", as the lanes write times"},
+    {"framework_lanes", framework_lanes, METH_VARARGS,
+     "framework_lanes(events, cpu, head, extra, prefixes) -> (text, count, threads, ranges, end)"},
+    {"device_lanes", device_lanes, METH_VARARGS,
+     "device_lanes(rows, tids, cores, shift, fw_pid, runtime_pid, hardware_pid) -> text"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lanes", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+#define INTERN(var, text) \
+    if (!((var) = PyUnicode_InternFromString(text))) return NULL
+
+PyMODINIT_FUNC PyInit__lanes(void) {
+    INTERN(s_device_type, "device_type");
+    INTERN(s_value, "value");
+    INTERN(s_thread, "thread");
+    INTERN(s_name, "name");
+    INTERN(s_is_user_annotation, "is_user_annotation");
+    INTERN(s_time_range, "time_range");
+    INTERN(s_start, "start");
+    INTERN(s_end, "end");
+    INTERN(s_input_shapes, "input_shapes");
+    INTERN(s_stack, "stack");
+    INTERN(s_id, "id");
+    INTERN(s_cpu_op, "cpu_op");
+    INTERN(s_user_annotation, "user_annotation");
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,123 @@
+"""The ``_lanes`` extension writes the same lane text as the Python loops it stands in for."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.autograd.profiler_util import Interval
+from torch.profiler import ProfilerActivity, record_function
+
+from tilescope.profiler import ProfileConfig, Profiler, _events
+from tilescope.profiler._capture import capture
+from tilescope.profiler._correlate import Correlation
+
+
+@pytest.fixture(scope="module")
+def sim(sim_virtual):
+    """The sim device, virtual clock (tests/conftest.py)."""
+
+
+@pytest.fixture(scope="module")
+def lanes():
+    if _events._lanes is None:
+        pytest.fail("tilescope.profiler._lanes is not built: run `make setup` (needs a C compiler)")
+    return _events._lanes
+
+
+@pytest.fixture(scope="module")
+def profiled(sim):
+    """A profile with what the lanes write differently: input shapes, a user range, a
+    second thread, copies and kernels; its executions placed as the export places them."""
+    Profiler(ProfileConfig())  # listens to the device
+    x = torch.randn(256, 512, device="sim", requires_grad=True)
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+                                record_shapes=True) as prof:
+        with record_function("user \"range\" \u00e9"):
+            y = (x * x).mean(-1)
+        y.sum().backward()  # on autograd's device thread: a second framework lane
+        torch.sim.synchronize()
+        y.detach().cpu()
+    matched, _ = Correlation(prof, capture, float("inf")).complete(into_tables=True)
+    return prof, _events.placement(matched)
+
+
+def test_framework_lanes_match_the_python_loop(profiled, lanes):
+    prof, _ = profiled
+    events = prof.profiler.function_events
+    text, count, threads, ranges, end = lanes.framework_lanes(
+        events, _events._CPU, _events._framework_head, _events._framework_extra, ("user", "aten::mean"))
+    expected, exp_threads, _, exp_end = _events._framework_lanes(events)
+    assert text == ",".join(expected) and count == len(expected) > 5
+    assert threads == exp_threads and len(threads) >= 2 and end == exp_end
+    assert any('"Input Dims"' in e for e in expected)
+    assert any('"cat":"user_annotation"' in e for e in expected)
+    assert [r[1] for r in ranges] == [e.name for e in events if e.device_type.value == _events._CPU
+                                      and e.name.startswith(("user", "aten::mean"))]
+    assert ranges[0][0] == "user_annotation" and ranges[0][1] == "user \"range\" \u00e9"
+
+
+def test_framework_lanes_on_unusual_events(lanes):
+    """Stacks, names to escape, a non-CPU event skipped, times that round differently."""
+    cpu, other = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.PrivateUse1
+
+    def evt(id, name, start, end, device=cpu, thread=7, stack=(), shapes=(), ua=False):
+        return SimpleNamespace(id=id, name=name, device_type=device, thread=thread, is_user_annotation=ua,
+                               time_range=Interval(start, end), input_shapes=list(shapes), stack=list(stack))
+
+    events = [evt(1, "a\n\"b\" \u00e9\u4e2d", 0.0005, 0.0015), evt(2, "k", 1.0, 2.0, device=other),
+              evt(3, "aten::mm", 2.0004999, 1e9 + 0.0005, stack=["x.py(3): f", "y.py(9): g"], shapes=[[2, 3], []]),
+              evt(2 ** 62, "aten::mm", -0.0, 3.25, thread=8, ua=True), evt(5, "aten::mm", 7, 9)]
+    text, count, threads, ranges, end = lanes.framework_lanes(
+        events, _events._CPU, _events._framework_head, _events._framework_extra, ("aten::",))
+    expected, exp_threads, _, exp_end = _events._framework_lanes(events)
+    assert text == ",".join(expected) and count == 4 and threads == exp_threads == {7: 0, 8: 1}
+    assert end == exp_end and [r[:3] for r in ranges] == [
+        ("cpu_op", "aten::mm", 0), ("user_annotation", "aten::mm", 1), ("cpu_op", "aten::mm", 0)]
+    assert ranges[1][3:] == (-0.0, 3.25)
+    assert '"Call stack":"x.py(3): f;y.py(9): g"' in text and text.isascii()
+
+
+def test_framework_events_are_the_same_with_and_without_the_extension(profiled, monkeypatch, lanes):
+    prof, _ = profiled
+    chunks, n, threads, ranges, end = _events.framework_events(prof, "host/pid:1")
+    monkeypatch.setattr(_events, "_lanes", None)
+    py_chunks, py_n, py_threads, py_ranges, py_end = _events.framework_events(prof, "host/pid:1")
+    assert ",".join(py_chunks) == ",".join(chunks) and py_n == len(py_chunks) == n
+    assert (py_threads, py_ranges, py_end) == (threads, ranges, end)
+
+
+@pytest.mark.parametrize("shift", [0.0, 1234.5675])
+def test_device_lanes_match_the_python_loop(profiled, monkeypatch, lanes, shift):
+    _, rows = profiled
+    assert len(rows) >= 3 and {r[0].rec.kind for r in rows} == {"kernel", "memcpy"}
+    args = (rows, "host/pid:1", lambda m: m.native_tid)
+    fast = _events.device_events(*args, shift=shift, fw_pid=4242)
+    monkeypatch.setattr(_events, "_lanes", None)
+    slow = _events.device_events(*args, shift=shift, fw_pid=4242)
+    assert ",".join(fast) == ",".join(slow)
+    assert len(slow) == _events.event_count(rows) - 4 * len(rows)  # one text per row in the Python loop
+
+
+def test_bad_rows_are_refused_with_the_reason(lanes):
+    with pytest.raises(TypeError, match="placement tuple of 11"):
+        lanes.device_lanes([("not", "a", "row")], [0], [0], 0.0, 1, 2, 3)
+    with pytest.raises(ValueError, match="one tid and one core per row"):
+        lanes.device_lanes([], [0], [], 0.0, 1, 2, 3)
+
+
+def test_times_are_written_as_python_writes_them(lanes):
+    """The fast path (x * 1000 exact in long double, rounded half to even) and the general one
+    both give f"{x:.3f}": ties, negative zero, subnormals, huge and non-finite values."""
+    import random
+    import struct
+
+    rng = random.Random(7)
+    values = [0.0, -0.0, 0.0005, -0.0005, 0.0015, 0.0625, -0.0004, 2.0004999, 9007199254739.999, 9007199254740.0,
+              1e20, 5e-324, float("inf"), float("-inf"), float("nan"), -float("nan")]
+    values += [rng.randrange(-10 ** 9, 10 ** 9) / 2000 for _ in range(20000)]  # exact ties and their neighbours
+    values += [rng.uniform(-1e7, 1e7) for _ in range(20000)]
+    values += [v for v in (struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(20000))
+               if not abs(v) >= 1e40]
+    assert [v for v in values if lanes.format_ms(v) != f"{v:.3f}"] == []
+    with pytest.raises(ValueError, match="out of range"):
+        lanes.format_ms(1e300)
