@@ -161,7 +161,14 @@ def test_paths_outside_the_profile_are_refused(tmp_path):
             w.write_json("../escape.json", {})
 
 
-def test_a_later_profile_links_the_executable_written_before_unless_it_changed(tmp_path):
+@pytest.mark.parametrize("extension", [True, False], ids=["batch-thread", "no-extension"])
+def test_a_later_profile_links_the_executable_written_before_unless_it_changed(tmp_path, monkeypatch, extension):
+    from tilescope.profiler import _format
+
+    if not extension:
+        monkeypatch.setattr(_format, "_filebatch", None)
+    elif _format._filebatch is None:
+        pytest.skip("the _filebatch extension is not built")
     prog = _program()
     name = f"executables/exec_{prog.hash}.json"
     first = write_kernel_profile(tmp_path / "a", prog, simulate(prog))
@@ -173,6 +180,8 @@ def test_a_later_profile_links_the_executable_written_before_unless_it_changed(t
     third = write_kernel_profile(tmp_path / "c", prog, simulate(prog))
     assert not os.path.samefile(second / name, third / name)
     assert (third / name).read_text() == prog.dumps() and read_profile(third).complete
+    fourth = write_kernel_profile(tmp_path / "d", prog, simulate(prog))  # links the copy written last
+    assert os.path.samefile(third / name, fourth / name) and read_profile(fourth).complete
 
 
 def test_instruction_trace_text_is_its_document():

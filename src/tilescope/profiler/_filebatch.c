@@ -1,18 +1,24 @@
 /* Writing a batch of new files without holding the GIL.
  *
- * write_files(paths, datas) -> None
+ * write_files(paths, datas, links=None) -> list of bool
  *
- * creates (or truncates) each path and writes its bytes, in order, with the GIL released for
+ * creates (or truncates) each path and writes its data, in order, with the GIL released for
  * the whole batch, so that a thread calling it runs beside the exporter's Python work instead
  * of taking the GIL back after every system call. A profile is dozens of files, and on some
  * file systems (network ones, busy virtual disks) creating one costs hundreds of microseconds.
- * The first failure stops the batch and raises OSError with the errno and the path. paths are
- * file-system paths (str, bytes or os.PathLike), datas bytes; both lists of one length.
+ *
+ * paths are file-system paths (str, bytes or os.PathLike); datas bytes or str (written as
+ * UTF-8); links, when given, one None or (source, st_ino, st_size, st_mtime_ns) per path: the
+ * path is then a hard link to source when source is still that file (same inode, size and
+ * modification time), else it is written. Returns, per path, whether it was linked. The first
+ * failure stops the batch and raises OSError with the errno and the path. All lists have one
+ * length.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef O_CLOEXEC
@@ -36,68 +42,109 @@ static int write_one(const char *path, const char *data, Py_ssize_t size) {
     return close(fd) < 0 ? errno : 0;
 }
 
+/* what one file of the batch needs, held while the GIL is released */
+typedef struct {
+    PyObject *given;    /* the path as given (for the error) */
+    PyObject *encoded;  /* bytes: the path for the system */
+    PyObject *data;     /* bytes or str: a reference that keeps bytes alive */
+    const char *bytes;
+    Py_ssize_t size;
+    PyObject *source;   /* bytes: the file to link, or NULL */
+    unsigned long long ino;
+    long long st_size, mtime_ns;
+    int linked;
+} Item;
+
+#ifdef __APPLE__
+#define ST_MTIM st_mtimespec
+#else
+#define ST_MTIM st_mtim
+#endif
+
+static int same_file(const Item *it) {
+    struct stat st;
+    if (stat(PyBytes_AS_STRING(it->source), &st) != 0) return 0;
+    long long mtime_ns = (long long)st.ST_MTIM.tv_sec * 1000000000LL + (long long)st.ST_MTIM.tv_nsec;
+    return (unsigned long long)st.st_ino == it->ino && (long long)st.st_size == it->st_size && mtime_ns == it->mtime_ns;
+}
+
+static int hold(Item *it, PyObject *path, PyObject *data, PyObject *link) {
+    it->given = Py_NewRef(path);
+    if (!PyUnicode_FSConverter(path, &it->encoded)) return -1;
+    if (PyBytes_Check(data)) {
+        it->bytes = PyBytes_AS_STRING(data);
+        it->size = PyBytes_GET_SIZE(data);
+    } else if (PyUnicode_Check(data)) {
+        it->bytes = PyUnicode_AsUTF8AndSize(data, &it->size);  /* kept inside the str */
+        if (!it->bytes) return -1;
+    } else {
+        PyErr_Format(PyExc_TypeError, "write_files: data must be bytes or str, not %.100s", Py_TYPE(data)->tp_name);
+        return -1;
+    }
+    it->data = Py_NewRef(data);
+    if (link == NULL || link == Py_None) return 0;
+    PyObject *source;
+    if (!PyTuple_Check(link) || PyTuple_GET_SIZE(link) != 4) {
+        PyErr_SetString(PyExc_TypeError, "write_files: a link is None or (source, st_ino, st_size, st_mtime_ns)");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(link, "OKLL:write_files link", &source, &it->ino, &it->st_size, &it->mtime_ns)) return -1;
+    return PyUnicode_FSConverter(source, &it->source) ? 0 : -1;
+}
+
 static PyObject *write_files(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *paths, *datas;
-    if (!PyArg_ParseTuple(args, "O!O!:write_files", &PyList_Type, &paths, &PyList_Type, &datas)) return NULL;
+    PyObject *paths, *datas, *links = Py_None;
+    if (!PyArg_ParseTuple(args, "O!O!|O:write_files", &PyList_Type, &paths, &PyList_Type, &datas, &links))
+        return NULL;
     Py_ssize_t n = PyList_GET_SIZE(paths);
-    if (PyList_GET_SIZE(datas) != n) {
-        PyErr_SetString(PyExc_ValueError, "write_files: one data per path");
+    if (PyList_GET_SIZE(datas) != n || (links != Py_None && (!PyList_Check(links) || PyList_GET_SIZE(links) != n))) {
+        PyErr_SetString(PyExc_ValueError, "write_files: one data (and one link, when links are given) per path");
         return NULL;
     }
-    /* held for the batch: the paths, as given and encoded, and the data (the lists could
-     * change while the GIL is released) */
-    size_t slots = (size_t)(n ? n : 1);
-    PyObject **given = PyMem_Calloc(slots, sizeof(PyObject *));
-    PyObject **encoded = PyMem_Calloc(slots, sizeof(PyObject *));
-    PyObject **held = PyMem_Calloc(slots, sizeof(PyObject *));
-    if (!given || !encoded || !held) {
-        PyMem_Free(given);
-        PyMem_Free(encoded);
-        PyMem_Free(held);
-        return PyErr_NoMemory();
-    }
+    Item *items = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Item));
+    if (!items) return PyErr_NoMemory();
     PyObject *result = NULL;
     Py_ssize_t i;
     for (i = 0; i < n; i++) {
-        given[i] = Py_NewRef(PyList_GET_ITEM(paths, i));
-        if (!PyUnicode_FSConverter(given[i], &encoded[i])) goto done;
-        PyObject *d = PyList_GET_ITEM(datas, i);
-        if (!PyBytes_Check(d)) {
-            PyErr_Format(PyExc_TypeError, "write_files: data must be bytes, not %.100s", Py_TYPE(d)->tp_name);
-            goto done;
-        }
-        Py_INCREF(d);
-        held[i] = d;
+        PyObject *link = links == Py_None ? NULL : PyList_GET_ITEM(links, i);
+        if (hold(&items[i], PyList_GET_ITEM(paths, i), PyList_GET_ITEM(datas, i), link) < 0) goto done;
     }
     int err = 0;
     Py_ssize_t failed = -1;
     Py_BEGIN_ALLOW_THREADS
     for (i = 0; i < n && !err; i++) {
-        err = write_one(PyBytes_AS_STRING(encoded[i]), PyBytes_AS_STRING(held[i]), PyBytes_GET_SIZE(held[i]));
+        Item *it = &items[i];
+        const char *path = PyBytes_AS_STRING(it->encoded);
+        if (it->source && same_file(it) && link(PyBytes_AS_STRING(it->source), path) == 0) {
+            it->linked = 1;
+            continue;
+        }
+        err = write_one(path, it->bytes, it->size);
         if (err) failed = i;
     }
     Py_END_ALLOW_THREADS
     if (err) {
         errno = err;
-        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, given[failed]);
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, items[failed].given);
         goto done;
     }
-    result = Py_NewRef(Py_None);
+    if (!(result = PyList_New(n))) goto done;
+    for (i = 0; i < n; i++) PyList_SET_ITEM(result, i, PyBool_FromLong(items[i].linked));
 done:
     for (i = 0; i < n; i++) {
-        Py_XDECREF(given[i]);
-        Py_XDECREF(encoded[i]);
-        Py_XDECREF(held[i]);
+        Py_XDECREF(items[i].given);
+        Py_XDECREF(items[i].encoded);
+        Py_XDECREF(items[i].data);
+        Py_XDECREF(items[i].source);
     }
-    PyMem_Free(given);
-    PyMem_Free(encoded);
-    PyMem_Free(held);
+    PyMem_Free(items);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"write_files", write_files, METH_VARARGS,
-     "write_files(paths, datas) -> None: create each file with its bytes, without holding the GIL"},
+     "write_files(paths, datas, links=None) -> list of bool: create each file with its data, or link it to its "
+     "unchanged source, without holding the GIL"},
     {NULL, NULL, 0, NULL},
 };
 

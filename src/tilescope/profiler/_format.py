@@ -8,9 +8,10 @@ fsync can cost more than the rest of an export): a write torn by a power loss --
 manifest's included -- shows as a missing file, an unreadable manifest, or a size or checksum
 mismatch, which readers also report as incomplete.
 
-Files added with ``later=True`` (instruction traces, new executables) are written by one call
-of the ``_filebatch`` extension on a background thread, the GIL released throughout, while the
-exporter goes on: on some file systems (network ones, busy virtual disks) creating a file
+Files added with ``later=True`` (instruction traces) and executables -- hard links to the
+copy this process wrote last while that file is unchanged, else new files -- are made by one
+call of the ``_filebatch`` extension on a background thread, the GIL released throughout,
+while the exporter goes on: on some file systems (network ones, busy virtual disks) creating a file
 costs hundreds of microseconds, and a profile is dozens of files. :meth:`ProfileWriter.finish`
 waits for them and fails -- leaving nothing -- if one could not be written.
 
@@ -172,7 +173,7 @@ class ProfileWriter:
         self.final_manifest: dict | None = None  # the manifest as written, once finished
         self.redacted = redacted
         self._files: dict[str, tuple[int, str]] = {}
-        self._later: list[tuple[str, bytes]] = []  # (path, data) not written yet
+        self._later: list[tuple] = []  # (path, data, link source or None) not written yet
         self._written_later: list[tuple["_Executable", str, str]] = []  # executables among them
         self._writers: list[_BatchWriter] = []
         self._executables: set[str] = set()
@@ -201,7 +202,7 @@ class ProfileWriter:
         ``later``: in the next batch (:meth:`start_writes`), off the calling thread."""
         target = self._target(relpath)
         if later:
-            self._later.append((target, data))
+            self._later.append((target, data, None))
         else:
             _write_file(target, data)
         self._files[relpath] = (len(data), sha256 or hashlib.sha256(data).hexdigest())
@@ -223,8 +224,12 @@ class ProfileWriter:
         for err in errors:
             if err is not None:
                 raise err
+        linked = {path for w in writers for path in w.linked}
         for exe, target, final in self._written_later:
-            exe.written(target, final)
+            if target in linked:
+                exe.path = final  # the same file (a link keeps inode, size and mtime)
+            else:
+                exe.written(target, final)
         self._written_later = []
 
     def write_json(self, relpath: str, obj) -> str:
@@ -241,12 +246,9 @@ class ProfileWriter:
         if program.hash not in self._executables:
             exe = _Executable.of(program)
             target = self._target(rel)
-            final = os.path.join(self._final, rel)
-            if exe.link_to(target):
-                exe.path = final  # the same file (a link keeps inode, size and mtime)
-            else:
-                self._later.append((target, exe.text.encode()))
-                self._written_later.append((exe, target, final))
+            # in the batch: a link to the file this process wrote last, while it is unchanged
+            self._later.append((target, exe.text, exe.link_source()))
+            self._written_later.append((exe, target, os.path.join(self._final, rel)))
             self._files[rel] = (exe.size, exe.sha256)
             self._executables.add(program.hash)
         return rel
@@ -310,27 +312,34 @@ class ProfileWriter:
 
 
 class _BatchWriter:
-    """Writes a batch of files: on the writer thread through ``_filebatch`` (one call, the GIL
-    released throughout), else -- no extension, or no thread to be had at interpreter exit,
-    where zero-code capture exports -- right here."""
+    """Writes a batch of ``(path, data, link source or None)``: on the writer thread through
+    ``_filebatch`` (one call, the GIL released throughout), else -- no extension, or no thread
+    to be had at interpreter exit, where zero-code capture exports -- right here. ``linked``:
+    the paths that were linked rather than written, once done."""
 
-    def __init__(self, batch: list[tuple[str, bytes]]):
+    def __init__(self, batch: list[tuple]):
         self._error: BaseException | None = None
         self._done: threading.Event | None = None
+        self.linked: set[str] = set()
         if _filebatch is not None:
             done = threading.Event()
-            if _writer_thread.submit(self._run, [p for p, _ in batch], [d for _, d in batch], done):
+            if _writer_thread.submit(self._run, batch, done):
                 self._done = done
                 return
         try:
-            for path, data in batch:
-                _write_file(path, data)
+            for path, data, link in batch:
+                if link is not None and _link_if_unchanged(link, path):
+                    self.linked.add(path)
+                else:
+                    _write_file(path, data.encode() if isinstance(data, str) else data)
         except OSError as e:
             self._error = e
 
-    def _run(self, paths: list[str], datas: list[bytes]) -> None:
+    def _run(self, batch: list[tuple]) -> None:
         try:
-            _filebatch.write_files(paths, datas)
+            paths = [p for p, _, _ in batch]
+            linked = _filebatch.write_files(paths, [d for _, d, _ in batch], [link for _, _, link in batch])
+            self.linked = {p for p, was in zip(paths, linked) if was}
         except BaseException as e:  # raised again by the writer's finish
             self._error = e
 
@@ -338,6 +347,20 @@ class _BatchWriter:
         if self._done is not None:
             self._done.wait()
         return self._error
+
+
+def _link_if_unchanged(link: tuple, target: str) -> bool:
+    """Hard-link ``target`` to ``link[0]`` if that file still has ``link[1:]`` (inode, size,
+    mtime in ns); False when it changed or cannot be linked (gone, another file system)."""
+    source, *expected = link
+    try:
+        st = os.stat(source)
+        if [st.st_ino, st.st_size, st.st_mtime_ns] != expected:
+            return False  # deleted, replaced or edited since
+        os.link(source, target)
+    except OSError:
+        return False
+    return True
 
 
 class _WriterThread:
@@ -350,8 +373,8 @@ class _WriterThread:
         self._pid = None
         self._lock = threading.Lock()
 
-    def submit(self, fn, paths, datas, done: threading.Event) -> bool:
-        """Queue ``fn(paths, datas)``, then ``done.set()``; False if no thread can be started."""
+    def submit(self, fn, batch, done: threading.Event) -> bool:
+        """Queue ``fn(batch)``, then ``done.set()``; False if no thread can be started."""
         with self._lock:
             if self._pid != os.getpid():
                 q = queue.SimpleQueue()
@@ -361,15 +384,15 @@ class _WriterThread:
                 except RuntimeError:  # "can't create new thread at interpreter shutdown"
                     return False
                 self._queue, self._pid = q, os.getpid()
-            self._queue.put((fn, paths, datas, done))
+            self._queue.put((fn, batch, done))
         return True
 
     @staticmethod
     def _serve(q) -> None:
         while True:
-            fn, paths, datas, done = q.get()
+            fn, batch, done = q.get()
             try:
-                fn(paths, datas)
+                fn(batch)
             finally:
                 done.set()
 
@@ -447,17 +470,10 @@ class _Executable:
                 cls._known.pop(next(iter(cls._known)))
         return exe
 
-    def link_to(self, target: str) -> bool:
-        if self.path is None:
-            return False
-        try:
-            st = os.stat(self.path)
-            if (st.st_ino, st.st_size, st.st_mtime_ns) != self.stat:
-                return False  # deleted, replaced or edited since
-            os.link(self.path, target)
-        except OSError:  # gone, another file system, no hard links here
-            return False
-        return True
+    def link_source(self) -> tuple | None:
+        """``(path, inode, size, mtime in ns)`` of the file last written with this text, for
+        a later profile to link while it is unchanged; None before one is written."""
+        return None if self.path is None else (self.path, *self.stat)
 
     def written(self, target: str, final: str) -> None:
         st = os.stat(target)
