@@ -11,9 +11,10 @@ mismatch, which readers also report as incomplete.
 Files added with ``later=True`` (instruction traces) and executables -- hard links to the
 copy this process wrote last while that file is unchanged, else new files -- are made by one
 call of the ``_filebatch`` extension on a background thread, the GIL released throughout,
-while the exporter goes on: on some file systems (network ones, busy virtual disks) creating a file
-costs hundreds of microseconds, and a profile is dozens of files. :meth:`ProfileWriter.finish`
-waits for them and fails -- leaving nothing -- if one could not be written.
+while the exporter goes on: on some file systems (network ones, busy virtual disks) creating
+a file costs hundreds of microseconds, and a profile is dozens of files.
+:meth:`ProfileWriter.finish` waits for them and fails -- leaving nothing -- if one could not
+be written.
 
 >>> import tempfile
 >>> from tilescope.profiler import ProfileWriter
