@@ -101,13 +101,21 @@ static PyObject *write_files(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "write_files: one data (and one link, when links are given) per path");
         return NULL;
     }
+    /* owned copies: a path's __fspath__ could change the lists while they are read */
+    PyObject *own_paths = PyList_AsTuple(paths), *own_datas = PyList_AsTuple(datas);
+    PyObject *own_links = links == Py_None ? NULL : PyList_AsTuple(links);
     Item *items = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Item));
-    if (!items) return PyErr_NoMemory();
     PyObject *result = NULL;
     Py_ssize_t i;
+    if (!items) {
+        PyErr_NoMemory();
+        n = 0;  /* nothing to release below */
+        goto done;
+    }
+    if (!own_paths || !own_datas || (links != Py_None && !own_links)) goto done;
     for (i = 0; i < n; i++) {
-        PyObject *link = links == Py_None ? NULL : PyList_GET_ITEM(links, i);
-        if (hold(&items[i], PyList_GET_ITEM(paths, i), PyList_GET_ITEM(datas, i), link) < 0) goto done;
+        PyObject *link = own_links ? PyTuple_GET_ITEM(own_links, i) : NULL;
+        if (hold(&items[i], PyTuple_GET_ITEM(own_paths, i), PyTuple_GET_ITEM(own_datas, i), link) < 0) goto done;
     }
     int err = 0;
     Py_ssize_t failed = -1;
@@ -138,6 +146,9 @@ done:
         Py_XDECREF(items[i].source);
     }
     PyMem_Free(items);
+    Py_XDECREF(own_paths);
+    Py_XDECREF(own_datas);
+    Py_XDECREF(own_links);
     return result;
 }
 

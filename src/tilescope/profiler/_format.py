@@ -63,7 +63,8 @@ def itrace_name(program_hash: str, run: int) -> str:
     return f"itraces/exec_{program_hash}.{run}.itrace.json"
 
 
-_COLUMNS_CACHE: dict = {}
+_COLUMNS_CACHE: dict = {}  # id(result) -> (result, body text, summary), the latest 256
+_COLUMNS_LOCK = threading.Lock()  # filled by the exporter and by launching threads (prepare_files)
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
@@ -82,9 +83,10 @@ def _itrace_body(program, result) -> tuple[str, dict]:
         doc = _itrace_doc(program, result, None, _numpy_column)
         doc.pop("execution")
         cached = (result, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode(), doc["summary"])
-        _COLUMNS_CACHE[key] = cached
-        if len(_COLUMNS_CACHE) > 256:
-            _COLUMNS_CACHE.pop(next(iter(_COLUMNS_CACHE)))
+        with _COLUMNS_LOCK:
+            _COLUMNS_CACHE[key] = cached
+            while len(_COLUMNS_CACHE) > 256:
+                del _COLUMNS_CACHE[next(iter(_COLUMNS_CACHE))]
     return cached[1], cached[2]
 
 
@@ -175,7 +177,7 @@ class ProfileWriter:
         self.redacted = redacted
         self._files: dict[str, tuple[int, str]] = {}
         self._later: list[tuple] = []  # (path, data, link source or None) not written yet
-        self._written_later: list[tuple["_Executable", str, str]] = []  # executables among them
+        self._written_later: list[tuple] = []  # (executable, path, final path, link source) among them
         self._writers: list[_BatchWriter] = []
         self._executables: set[str] = set()
         self._partial, self._final = str(self.partial), str(self.path)  # hundreds of joins: strings
@@ -226,11 +228,11 @@ class ProfileWriter:
             if err is not None:
                 raise err
         linked = {path for w in writers for path in w.linked}
-        for exe, target, final in self._written_later:
-            if target in linked:
-                exe.path = final  # the same file (a link keeps inode, size and mtime)
-            else:
+        for exe, target, final, source in self._written_later:
+            if target not in linked:
                 exe.written(target, final)
+            elif exe.link_source() == source:  # the same file (a link keeps inode, size and mtime)
+                exe.path = final
         self._written_later = []
 
     def write_json(self, relpath: str, obj) -> str:
@@ -248,8 +250,9 @@ class ProfileWriter:
             exe = _Executable.of(program)
             target = self._target(rel)
             # in the batch: a link to the file this process wrote last, while it is unchanged
-            self._later.append((target, exe.text, exe.link_source()))
-            self._written_later.append((exe, target, os.path.join(self._final, rel)))
+            source = exe.link_source()
+            self._later.append((target, exe.text, source))
+            self._written_later.append((exe, target, os.path.join(self._final, rel), source))
             self._files[rel] = (exe.size, exe.sha256)
             self._executables.add(program.hash)
         return rel
@@ -321,10 +324,12 @@ class _BatchWriter:
     def __init__(self, batch: list[tuple]):
         self._error: BaseException | None = None
         self._done: threading.Event | None = None
+        self._thread: threading.Thread | None = None
         self.linked: set[str] = set()
         if _filebatch is not None:
             done = threading.Event()
-            if _writer_thread.submit(self._run, batch, done):
+            self._thread = _writer_thread.submit(self._run, batch, done)
+            if self._thread is not None:
                 self._done = done
                 return
         try:
@@ -333,7 +338,7 @@ class _BatchWriter:
                     self.linked.add(path)
                 else:
                     _write_file(path, data.encode() if isinstance(data, str) else data)
-        except OSError as e:
+        except Exception as e:  # raised again by the writer's finish, as from the thread
             self._error = e
 
     def _run(self, batch: list[tuple]) -> None:
@@ -346,7 +351,9 @@ class _BatchWriter:
 
     def wait(self) -> BaseException | None:
         if self._done is not None:
-            self._done.wait()
+            while not self._done.wait(0.5):
+                if not self._thread.is_alive():  # gone (a fork, interpreter exit): never waits forever
+                    return RuntimeError("the profile writer thread stopped before writing its batch")
         return self._error
 
 
@@ -371,22 +378,24 @@ class _WriterThread:
 
     def __init__(self) -> None:
         self._queue = None
+        self._thread: threading.Thread | None = None
         self._pid = None
         self._lock = threading.Lock()
 
-    def submit(self, fn, batch, done: threading.Event) -> bool:
-        """Queue ``fn(batch)``, then ``done.set()``; False if no thread can be started."""
+    def submit(self, fn, batch, done: threading.Event) -> threading.Thread | None:
+        """Queue ``fn(batch)``, then ``done.set()``; returns the thread that runs it, or None
+        if no thread can be started."""
         with self._lock:
-            if self._pid != os.getpid():
+            if self._pid != os.getpid() or not self._thread.is_alive():
                 q = queue.SimpleQueue()
+                thread = threading.Thread(target=self._serve, args=(q,), name="tilescope-profile-writer", daemon=True)
                 try:
-                    threading.Thread(target=self._serve, args=(q,), name="tilescope-profile-writer",
-                                     daemon=True).start()
+                    thread.start()
                 except RuntimeError:  # "can't create new thread at interpreter shutdown"
-                    return False
-                self._queue, self._pid = q, os.getpid()
+                    return None
+                self._queue, self._thread, self._pid = q, thread, os.getpid()
             self._queue.put((fn, batch, done))
-        return True
+            return self._thread
 
     @staticmethod
     def _serve(q) -> None:

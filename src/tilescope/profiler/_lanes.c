@@ -12,15 +12,15 @@
  * format_ms(x) -> str
  *   f"{x:.3f}", as both write every time.
  *
- * Times are written as Python's f"{x:.3f}" writes them (see fmt_ms), so that the text is the
+ * Times are written as Python's f"{x:.3f}" writes them (see ms_make), so that the text is the
  * same as the Python implementation's, which stays the reference (and the fallback
  * when this extension is not built). The Python-side callables make the JSON string literals:
  * every text they return and every name they escape is ASCII.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 typedef struct {
@@ -29,9 +29,13 @@ typedef struct {
 } Buf;
 
 static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (n > PY_SSIZE_T_MAX / 2 - b->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
     if (b->len + n > b->cap) {
         Py_ssize_t cap = b->cap ? b->cap : 1 << 16;
-        while (cap < b->len + n) cap *= 2;
+        while (cap < b->len + n) cap *= 2;  /* < PY_SSIZE_T_MAX: len + n < PY_SSIZE_T_MAX / 2 */
         char *grown = PyMem_Realloc(b->data, (size_t)cap);
         if (!grown) {
             PyErr_NoMemory();
@@ -45,7 +49,6 @@ static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
     return 0;
 }
 
-#define FMT_MS_SIZE 48
 #define PUT_LIT(b, s) buf_put((b), (s), (Py_ssize_t)(sizeof(s) - 1))
 
 /* a str (ASCII: see the file comment) */
@@ -55,50 +58,64 @@ static int buf_put_str(Buf *b, PyObject *s) {
     return u ? buf_put(b, u, n) : -1;
 }
 
-/* f"{x:.3f}" into out; returns the length, or -1 on error.
- *
- * Python rounds the exact binary value to 3 decimals, ties to even. Where long double has a
- * 64-bit significand or more (x86-64, aarch64 Linux), x * 1000 is exact in it (53 + 7 bits)
- * and rintl rounds it exactly that way, so the digits are those of an integer: ~20x faster
- * than the general conversion, which stays for the rest (NaN, infinities, |x| >= 2^53 / 1000,
- * platforms whose long double is a double). */
-static int fmt_ms(char *out, double x) {  /* out: FMT_MS_SIZE bytes */
-#if LDBL_MANT_DIG >= 64
+/* f"{x:.3f}": Python rounds the exact binary value to 3 decimals, ties to even. For
+ * |x| < 2^53 / 1000 that is done here in integers, exactly and whatever the FP environment:
+ * |x| = m * 2^(e - 53) with a 53-bit integer m, so |x| * 1000 = m * 1000 / 2^s (s = 53 - e,
+ * m * 1000 < 2^63), rounded by the shifted-out bits. Other values (NaN, infinities, huge
+ * times) take Python's own conversion. ~20x faster than that conversion. */
+typedef struct {
+    char fixed[32];
+    char *heap;  /* from PyOS_double_to_string, or NULL */
+    const char *text;
+    Py_ssize_t len;
+} Ms;
+
+static int ms_make(Ms *ms, double x) {
+    ms->heap = NULL;
     if (isfinite(x) && fabs(x) < 9007199254740.0) {
-        long double r = rintl((long double)x * 1000.0L);
-        unsigned long long n = (unsigned long long)fabsl(r);
+        int e;
+        double f = frexp(fabs(x), &e);  /* exact; f == 0 for x == 0 */
+        uint64_t p = (uint64_t)ldexp(f, 53) * 1000u, n;
+        int s = 53 - e;  /* >= 9 here */
+        if (s >= 64) {
+            n = 0;  /* p / 2^s < 2^63 / 2^64 */
+        } else {
+            uint64_t rest = p & ((UINT64_C(1) << s) - 1), half = UINT64_C(1) << (s - 1);
+            n = p >> s;
+            if (rest > half || (rest == half && (n & 1))) n++;
+        }
         char digits[24];
-        int k = 0;
+        int k = 0, len = 0;
         do {
             digits[k++] = (char)('0' + n % 10);
             n /= 10;
         } while (n || k < 4);  /* at least "0.xyz" */
-        int len = 0;
-        if (signbit(r)) out[len++] = '-';
-        while (k > 3) out[len++] = digits[--k];
-        out[len++] = '.';
-        while (k > 0) out[len++] = digits[--k];
-        return len;
+        if (signbit(x)) ms->fixed[len++] = '-';  /* "-0.000" too, as Python writes it */
+        while (k > 3) ms->fixed[len++] = digits[--k];
+        ms->fixed[len++] = '.';
+        while (k > 0) ms->fixed[len++] = digits[--k];
+        ms->text = ms->fixed;
+        ms->len = len;
+        return 0;
     }
-#endif
-    char *s = PyOS_double_to_string(x, 'f', 3, 0, NULL);
-    if (!s) return -1;
-    size_t len = strlen(s);
-    if (len >= FMT_MS_SIZE) {  /* |x| >= 1e42: not a time in microseconds */
-        PyMem_Free(s);
-        PyErr_SetString(PyExc_ValueError, "_lanes: a time of 1e42 us or more is out of range");
-        return -1;
-    }
-    memcpy(out, s, len);
-    PyMem_Free(s);
-    return (int)len;
+    ms->heap = PyOS_double_to_string(x, 'f', 3, 0, NULL);
+    if (!ms->heap) return -1;
+    ms->text = ms->heap;
+    ms->len = (Py_ssize_t)strlen(ms->heap);
+    return 0;
 }
 
-/* f"{x:.3f}" */
+static void ms_free(Ms *ms) {
+    PyMem_Free(ms->heap);
+    ms->heap = NULL;
+}
+
 static int buf_put_ms(Buf *b, double x) {
-    char s[FMT_MS_SIZE];
-    int n = fmt_ms(s, x);
-    return n < 0 ? -1 : buf_put(b, s, n);
+    Ms ms;
+    if (ms_make(&ms, x) < 0) return -1;
+    int rc = buf_put(b, ms.text, ms.len);
+    ms_free(&ms);
+    return rc;
 }
 
 /* str(obj) */
@@ -143,7 +160,7 @@ static int framework_event(PyObject *evt, long cpu, PyObject *head_fn, PyObject 
                            PyObject *heads, PyObject *threads, PyObject *ranges, Buf *b, int first, double *end) {
     int rc = -1, err = 0;
     PyObject *dt = NULL, *dv = NULL, *thread = NULL, *tid = NULL, *name = NULL, *key = NULL, *span = NULL;
-    PyObject *cat, *id = NULL, *extra = NULL;
+    PyObject *cat, *head = NULL, *id = NULL, *extra = NULL;
     if (!(dt = PyObject_GetAttr(evt, s_device_type)) || !(dv = PyObject_GetAttr(dt, s_value))) goto done;
     long v = PyLong_AsLong(dv);
     if (v == -1 && PyErr_Occurred()) goto done;
@@ -164,22 +181,20 @@ static int framework_event(PyObject *evt, long cpu, PyObject *head_fn, PyObject 
     if (ua < 0) goto done;
     cat = ua ? s_user_annotation : s_cpu_op;
     if (!(key = PyTuple_Pack(3, cat, name, tid))) goto done;
-    PyObject *head = PyDict_GetItemWithError(heads, key);  /* borrowed */
-    if (!head) {
-        if (PyErr_Occurred()) goto done;
-        head = PyObject_CallFunctionObjArgs(head_fn, cat, name, tid, NULL);
-        if (!head) goto done;
+    head = PyDict_GetItemWithError(heads, key);
+    if (head) {
+        Py_INCREF(head);
+    } else {
+        if (PyErr_Occurred() || !(head = PyObject_CallFunctionObjArgs(head_fn, cat, name, tid, NULL))) goto done;
         if (!PyUnicode_Check(head)) {
             PyErr_SetString(PyExc_TypeError, "framework_lanes: head() must return str");
-            Py_DECREF(head);
             goto done;
         }
-        int set = PyDict_SetItem(heads, key, head);
-        Py_DECREF(head);  /* the dict holds it */
-        if (set < 0) goto done;
+        if (PyDict_SetItem(heads, key, head) < 0) goto done;
     }
     if (!(span = PyObject_GetAttr(evt, s_time_range))) goto done;
     double start = attr_double(span, s_start, &err);
+    if (err) goto done;
     double stop = attr_double(span, s_end, &err);
     if (err) goto done;
     double dur = stop - start;
@@ -220,6 +235,7 @@ done:
     Py_XDECREF(tid);
     Py_XDECREF(name);
     Py_XDECREF(key);
+    Py_XDECREF(head);
     Py_XDECREF(span);
     Py_XDECREF(id);
     Py_XDECREF(extra);
@@ -232,16 +248,16 @@ static PyObject *framework_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!PyArg_ParseTuple(args, "OlOOO!:framework_lanes", &events, &cpu, &head_fn, &extra_fn, &PyTuple_Type,
                           &prefixes))
         return NULL;
-    PyObject *seq = PySequence_Fast(events, "framework_lanes: events must be a sequence");
+    PyObject *seq = PySequence_Tuple(events);  /* owned: callbacks cannot change what is read */
     if (!seq) return NULL;
     PyObject *heads = PyDict_New(), *threads = PyDict_New(), *ranges = PyList_New(0), *result = NULL;
     Buf b = {NULL, 0, 0};
     double end = 0.0;
     Py_ssize_t count = 0;
     if (!heads || !threads || !ranges) goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-        int w = framework_event(PySequence_Fast_GET_ITEM(seq, i), cpu, head_fn, extra_fn, prefixes, heads, threads,
+        int w = framework_event(PyTuple_GET_ITEM(seq, i), cpu, head_fn, extra_fn, prefixes, heads, threads,
                                 ranges, &b, count == 0, &end);
         if (w < 0) goto done;
         count += w;
@@ -264,32 +280,49 @@ static int device_row(Buf *b, PyObject *row, PyObject *tid, PyObject *core, doub
         PyErr_SetString(PyExc_TypeError, "device_lanes: each row is a placement tuple of 11 items");
         return -1;
     }
-    double rt = PyFloat_AsDouble(PyTuple_GET_ITEM(row, 1));
-    double hw = PyFloat_AsDouble(PyTuple_GET_ITEM(row, 3));
-    double fw = PyFloat_AsDouble(PyTuple_GET_ITEM(row, 5));
-    if (PyErr_Occurred()) return -1;
-    char rts[FMT_MS_SIZE], hws[FMT_MS_SIZE], num[64];
-    int rtn = fmt_ms(rts, rt + shift), hwn = fmt_ms(hws, hw + shift);
-    if (rtn < 0 || hwn < 0) return -1;
+    for (int k = 6; k <= 10; k++) {
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(row, k))) {
+            PyErr_SetString(PyExc_TypeError, "device_lanes: a row's texts (items 6-10) must be str");
+            return -1;
+        }
+    }
+    double t[3];
+    const int at[3] = {1, 3, 5};  /* runtime, hardware, framework op start */
+    for (int k = 0; k < 3; k++) {
+        t[k] = PyFloat_AsDouble(PyTuple_GET_ITEM(row, at[k]));
+        if (t[k] == -1.0 && PyErr_Occurred()) return -1;
+    }
+    Ms rt, hw;
+    if (ms_make(&rt, t[0] + shift) < 0) return -1;
+    if (ms_make(&hw, t[1] + shift) < 0) {
+        ms_free(&rt);
+        return -1;
+    }
+    char num[64];
+    int rc = -1;
     PyObject *flow = PyTuple_GET_ITEM(row, 10);
     if ((!first && PUT_LIT(b, ",")) || buf_put_str(b, PyTuple_GET_ITEM(row, 6)) || PUT_LIT(b, ",\"ts\":") ||
-        buf_put(b, rts, rtn) || buf_put_str(b, PyTuple_GET_ITEM(row, 7)) || PUT_LIT(b, ",") ||
-        buf_put_str(b, PyTuple_GET_ITEM(row, 8)) || PUT_LIT(b, ",\"ts\":") || buf_put(b, hws, hwn) ||
+        buf_put(b, rt.text, rt.len) || buf_put_str(b, PyTuple_GET_ITEM(row, 7)) || PUT_LIT(b, ",") ||
+        buf_put_str(b, PyTuple_GET_ITEM(row, 8)) || PUT_LIT(b, ",\"ts\":") || buf_put(b, hw.text, hw.len) ||
         buf_put_str(b, PyTuple_GET_ITEM(row, 9)) || PUT_LIT(b, ","))
-        return -1;
+        goto done;
     snprintf(num, sizeof num, ",\"ph\":\"s\",\"pid\":%ld,\"tid\":", fw_pid);
     if (buf_put_str(b, flow) || buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, tid) ||
-        PUT_LIT(b, ",\"ts\":") || buf_put_ms(b, fw + shift) || PUT_LIT(b, "},"))
-        return -1;
+        PUT_LIT(b, ",\"ts\":") || buf_put_ms(b, t[2] + shift) || PUT_LIT(b, "},"))
+        goto done;
     snprintf(num, sizeof num, ",\"ph\":\"t\",\"pid\":%ld,\"tid\":", rt_pid);
     if (buf_put_str(b, flow) || buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, core) ||
-        PUT_LIT(b, ",\"ts\":") || buf_put(b, rts, rtn) || PUT_LIT(b, "},"))
-        return -1;
+        PUT_LIT(b, ",\"ts\":") || buf_put(b, rt.text, rt.len) || PUT_LIT(b, "},"))
+        goto done;
     snprintf(num, sizeof num, ",\"ph\":\"f\",\"bp\":\"e\",\"pid\":%ld,\"tid\":", hw_pid);
     if (buf_put_str(b, flow) || buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, core) ||
-        PUT_LIT(b, ",\"ts\":") || buf_put(b, hws, hwn) || PUT_LIT(b, "}"))
-        return -1;
-    return 0;
+        PUT_LIT(b, ",\"ts\":") || buf_put(b, hw.text, hw.len) || PUT_LIT(b, "}"))
+        goto done;
+    rc = 0;
+done:
+    ms_free(&rt);
+    ms_free(&hw);
+    return rc;
 }
 
 static PyObject *device_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
@@ -304,30 +337,33 @@ static PyObject *device_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "device_lanes: one tid and one core per row");
         return NULL;
     }
+    /* owned copies: a float's or a str's conversion could run code that changes the lists */
+    PyObject *own_rows = PyList_AsTuple(rows), *own_tids = PyList_AsTuple(tids), *own_cores = PyList_AsTuple(cores);
     Buf b = {NULL, 0, 0};
     PyObject *result = NULL;
+    if (!own_rows || !own_tids || !own_cores) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
-        /* the lists could change under a callback-free loop only through another thread: hold the items */
-        PyObject *row = Py_NewRef(PyList_GET_ITEM(rows, i)), *tid = Py_NewRef(PyList_GET_ITEM(tids, i));
-        PyObject *core = Py_NewRef(PyList_GET_ITEM(cores, i));
-        int rc = device_row(&b, row, tid, core, shift, fw_pid, rt_pid, hw_pid, i == 0);
-        Py_DECREF(row);
-        Py_DECREF(tid);
-        Py_DECREF(core);
-        if (rc < 0) goto done;
+        if (device_row(&b, PyTuple_GET_ITEM(own_rows, i), PyTuple_GET_ITEM(own_tids, i), PyTuple_GET_ITEM(own_cores, i),
+                       shift, fw_pid, rt_pid, hw_pid, i == 0) < 0)
+            goto done;
     }
     result = buf_text(&b);
 done:
     PyMem_Free(b.data);
+    Py_XDECREF(own_rows);
+    Py_XDECREF(own_tids);
+    Py_XDECREF(own_cores);
     return result;
 }
 
 static PyObject *format_ms(PyObject *Py_UNUSED(self), PyObject *arg) {
     double x = PyFloat_AsDouble(arg);
     if (x == -1.0 && PyErr_Occurred()) return NULL;
-    char s[FMT_MS_SIZE];
-    int n = fmt_ms(s, x);
-    return n < 0 ? NULL : PyUnicode_FromStringAndSize(s, n);
+    Ms ms;
+    if (ms_make(&ms, x) < 0) return NULL;
+    PyObject *text = PyUnicode_FromStringAndSize(ms.text, ms.len);
+    ms_free(&ms);
+    return text;
 }
 
 static PyMethodDef methods[] = {
