@@ -93,14 +93,20 @@ def test_a_failed_background_write_leaves_nothing(tmp_path):
     assert find_profiles(tmp_path) == [] and not any(tmp_path.rglob("*.json"))
 
 
-@pytest.mark.parametrize("extension", [True, False], ids=["batch-thread", "no-extension"])
-def test_files_written_later_are_in_the_finished_profile(tmp_path, monkeypatch, extension):
+@pytest.fixture(params=["batch-thread", "no-extension"])
+def writer_path(request, monkeypatch):
+    """Both ways the writer makes its batched files: the ``_filebatch`` extension on the writer
+    thread, and the Python loop used where it is not built."""
     from tilescope.profiler import _format
 
-    if not extension:
+    if request.param == "no-extension":
         monkeypatch.setattr(_format, "_filebatch", None)
     elif _format._filebatch is None:
         pytest.skip("the _filebatch extension is not built")
+    return request.param
+
+
+def test_files_written_later_are_in_the_finished_profile(tmp_path, writer_path):
     prog = _program()
     with ProfileWriter(tmp_path) as w:
         w.add_itrace(prog, simulate(prog), 0)
@@ -161,14 +167,7 @@ def test_paths_outside_the_profile_are_refused(tmp_path):
             w.write_json("../escape.json", {})
 
 
-@pytest.mark.parametrize("extension", [True, False], ids=["batch-thread", "no-extension"])
-def test_a_later_profile_links_the_executable_written_before_unless_it_changed(tmp_path, monkeypatch, extension):
-    from tilescope.profiler import _format
-
-    if not extension:
-        monkeypatch.setattr(_format, "_filebatch", None)
-    elif _format._filebatch is None:
-        pytest.skip("the _filebatch extension is not built")
+def test_a_later_profile_links_the_executable_written_before_unless_it_changed(tmp_path, writer_path):
     prog = _program()
     name = f"executables/exec_{prog.hash}.json"
     first = write_kernel_profile(tmp_path / "a", prog, simulate(prog))
