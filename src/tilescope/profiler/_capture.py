@@ -39,9 +39,9 @@ class Capture:
     doctor; the profiled gaps are read from the markers at export (:func:`launch_intervals_us`).
 
     A Program's first run outside a profiled window (the wait and warmup steps of a schedule)
-    also prepares its executable's text and digest: that run already pays for lowering and
-    modeling the Program, a few percent more there spares the export of the profiled step
-    from serialising every executable.
+    also prepares its executable's text and digest and its instruction trace's text: that run
+    already pays for lowering and modeling the Program, a few percent more there spares the
+    export of the profiled step from serialising every file.
     """
 
     def __init__(self) -> None:
