@@ -5,7 +5,7 @@ as dicts and encoded: each one is a single f-string (times as ``%.3f`` µs). The
 device placement is rendered twice -- into the system trace and, shifted onto torch's
 clock, into torch's ``trace.json`` -- and computed once. The doctor gets, as dicts, only
 the events its rules read (see :func:`doctor_events`). The loops over torch's events and over
-the executions run in the ``_lanes`` extension when it is built (~2x faster, the same text:
+the executions run in the ``_lanes`` extension when it is built (1.2-2x faster, the same text:
 the Python loops here are its reference).
 
 >>> js("a\\"b"), js(None)
