@@ -13,8 +13,8 @@ Three workloads: loops of naive RMSNorm of 20 and 200 iterations (small ops, ~0.
 time each: the export's fixed cost dominates the first, its cost per device execution the
 second) and one training step of a 2-layer transformer encoder (a realistic profiled step).
 Two situations (the second not for the 200-iteration loop):
-  * steady: the same workload profiled again and again in one process (REPEATS alternating
-    runs; a training loop with a repeating schedule). Prints the median wall time of each
+  * steady: the same workload profiled again and again in one process (REPEATS pairs of
+    runs, one per side; a training loop with a repeating schedule). Prints the median wall time of each
     side, the overhead (target <= 10%), the overhead per device execution, the median and
     quartiles of the ratios of adjacent pairs (less sensitive to the machine's load drifting
     during the run; the quartiles show how far one pair's figure can be trusted) with a 95%
@@ -28,8 +28,13 @@ Two situations (the second not for the 200-iteration loop):
     (the usual "profile one step of my model"). As in the documented loop, the tilescope
     Profiler exists before the warm-up: each Program's first run prepares the text of its
     executable and instruction trace there; the export writes every file for the first
-    time. COLD_PAIRS alternating pairs of fresh processes; the same figures, and the warm-up's
+    time. COLD_PAIRS pairs of fresh processes; the same figures, and the warm-up's
     wall time on each side (where that preparation went).
+
+Each pair runs in the opposite order of the one before (torch first, then tilescope first, ...):
+a run's figures depend on what ran just before it (what the previous export left in the
+allocator and caches, the machine's load pattern), and on this VM that position alone moved one
+side's median by ~10 ms when every pair ran torch first.
 
 Every run starts after a full garbage collection, outside its timing: torch's parse of a
 profile allocates ~10^5 objects, and without it a collection triggered by one run's garbage
@@ -164,10 +169,19 @@ def first_profile(name: str, with_tilescope: bool, out: str) -> None:
     print(json.dumps({"times": t | {"warm-up": warmup}, "executions": n}))
 
 
+def pair_order(k: int) -> tuple[bool, bool]:
+    """The sides of pair ``k`` in the order they run (False: torch alone), alternating.
+
+    >>> [pair_order(k) for k in range(2)]
+    [(False, True), (True, False)]
+    """
+    return (False, True) if k % 2 == 0 else (True, False)
+
+
 def cold_runs(name: str, out: str) -> dict[bool, list[dict]]:
     times: dict[bool, list[dict]] = {True: [], False: []}
     for k in range(COLD_PAIRS):
-        for flag in (False, True):
+        for flag in pair_order(k):
             res = subprocess.run(
                 [sys.executable, __file__, "--first-profile", name, *(["--tilescope"] if flag else []),
                  "--out", f"{out}/cold{k}{flag}"], capture_output=True, text=True, check=True)
@@ -243,7 +257,7 @@ def main() -> None:
             times = {True: [], False: []}
             execs = 0
             for k in range(REPEATS):
-                for flag in (False, True):
+                for flag in pair_order(k):
                     t, n = run(workload, flag, f"{tmp}/{k}{flag}")
                     times[flag].append(t)
                     execs = n
