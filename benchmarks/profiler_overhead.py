@@ -70,8 +70,8 @@ import tilescope.device
 from tilescope.profiler import ProfileConfig, Profiler
 from tilescope.profiler._capture import capture
 
-REPEATS = 21
-COLD_PAIRS = 15
+REPEATS = 31
+COLD_PAIRS = 21
 
 
 def naive_rmsnorm_loop(x, w, iterations):
