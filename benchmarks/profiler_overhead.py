@@ -3,11 +3,13 @@
 Both sides run the same workload on the simulated device (virtual clock) under
 torch.profiler with CPU + PrivateUse1 activities, export, and read the op table
 (``key_averages``), as the documented workflow does:
-  * torch:     torch.profiler alone, exporting its Chrome trace (once a tilescope Profiler
-               exists, tilescope's capture listens to every device execution and marks it in
-               any torch.profiler session; it is taken off for these runs);
-  * tilescope: the same plus ProfileConfig and Profiler(cfg).export_trace (device-time
-               correlation, system trace, executables and instruction traces, manifest).
+  * torch:     torch.profiler alone, exporting its Chrome trace. It records the device
+               executions itself -- device time in its tables and trace -- through the device's
+               activity profiler for Kineto, as it records CUDA kernels through CUPTI (once a
+               tilescope Profiler exists, tilescope's capture also keeps every execution's
+               record while torch's profiler records; it is taken off for these runs);
+  * tilescope: the same plus ProfileConfig and Profiler(cfg).export_trace (each execution's
+               launching op, system trace, executables and instruction traces, doctor, manifest).
 
 Three workloads: loops of naive RMSNorm of 20 and 200 iterations (small ops, ~0.2 ms of host
 time each: the export's fixed cost dominates the first, its cost per device execution the

@@ -25,6 +25,27 @@ def _sim_clock(clock: str):
         tilescope.device.configure(clock=old)
 
 
+@contextlib.contextmanager
+def device_profiler(on: bool):
+    """torch.profiler records device activities through the device's Kineto profiler (``on``),
+    or tilescope's profiler marks each launch instead (torch without Kineto, CPU-only sessions)."""
+    from tilescope.device import _runtime
+
+    was = _runtime._S.device_profiler is not None
+    _runtime.use_device_profiler(_runtime._S.native, on)
+    try:
+        yield
+    finally:
+        _runtime.use_device_profiler(_runtime._S.native, was)
+
+
+@pytest.fixture(params=["torch", "markers"])
+def device_recorder(request, sim_virtual):
+    """Each test runs twice: with device activities recorded by torch itself, and with markers."""
+    with device_profiler(request.param == "torch"):
+        yield request.param
+
+
 @pytest.fixture(scope="module")
 def sim_virtual():
     """The sim device on the virtual clock (deterministic modeled times) for one test module."""

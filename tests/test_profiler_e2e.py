@@ -39,7 +39,7 @@ def _flows_reach_every_device_event(trace):
         assert inside(hops["f"], ("hardware", "memcpy"))
 
 
-def test_documented_loop_on_naive_rmsnorm(sim, tmp_path):
+def test_documented_loop_on_naive_rmsnorm(sim, device_recorder, tmp_path):
     x = torch.randn(512, 1024, device="sim")
     w = torch.randn(1024, device="sim")
     prof, path = run_documented_loop(tmp_path, x, w)
@@ -72,11 +72,23 @@ def test_documented_loop_on_naive_rmsnorm(sim, tmp_path):
     _flows_reach_every_device_event(trace)
     # torch's own trace.json carries the device executions too, on its clock
     framework = json.loads((path / "trace.json").read_text())
-    hw = [e for e in framework["traceEvents"] if e.get("cat") == "hardware"]
-    assert len(hw) == 6
-    ops = [e for e in framework["traceEvents"] if e.get("ph") == "X" and e.get("name") == "aten::mean"]
-    assert ops and any(ops[0]["ts"] <= f["ts"] <= ops[0]["ts"] + ops[0]["dur"] for f in framework["traceEvents"]
-                       if f.get("cat") == "tilescope.flow" and f.get("ph") == "s")
+    if device_recorder == "torch":  # recorded by torch itself, each linked to its op
+        kernels = [e for e in framework["traceEvents"] if e.get("cat") == "kernel"]
+        assert len(kernels) == 6 and all(e["name"].startswith("exec_running aten::") for e in kernels)
+        ops = {e["args"]["External id"]: e for e in framework["traceEvents"] if e.get("cat") == "cpu_op"}
+        launching = [ops[k["args"]["External id"]] for k in kernels]
+        assert sorted(op["name"] for op in launching) == sorted(
+            ["aten::mul"] * 3 + ["aten::mean", "aten::add", "aten::rsqrt"])
+        assert all(op["ts"] <= k["ts"] for op, k in zip(launching, kernels))
+        assert not any(e.get("cat") == "hardware" for e in framework["traceEvents"])  # not twice
+    else:  # added by the export, with the runtime lane and the flows
+        hw = [e for e in framework["traceEvents"] if e.get("cat") == "hardware"]
+        assert len(hw) == 6
+        ops = [e for e in framework["traceEvents"] if e.get("ph") == "X" and e.get("name") == "aten::mean"]
+        assert ops and any(ops[0]["ts"] <= f["ts"] <= ops[0]["ts"] + ops[0]["dur"] for f in framework["traceEvents"]
+                           if f.get("cat") == "tilescope.flow" and f.get("ph") == "s")
+    assert not any(e.get("name", "").startswith("tilescope::exec#") for e in framework["traceEvents"]
+                   if device_recorder == "torch")
     # no mistake found; "profiler-distortion" compares wall-clock gaps between launches, which a
     # loaded machine stretches while profiling (its rule has its own test in test_doctor.py)
     assert [f for f in diagnose(path) if f.code != "profiler-distortion"] == []
@@ -119,9 +131,11 @@ def test_loop_without_synchronize_and_first_iteration_are_diagnosed(sim, tmp_pat
     assert all(e["ts"] >= step["ts"] + step["dur"] for e in syncs)
 
 
-def _training_step_profile(tmp_path, parse_first: bool):
-    """One training step profiled; the device time correlated with torch's events parsed
-    by torch first (markers among them) or not (markers taken out before the parse)."""
+def _training_step_profile(tmp_path, parse_first: bool, recorder: str = "markers"):
+    """One training step profiled; the device time correlated with torch's events parsed by
+    torch first or not, the executions recorded by torch itself (``recorder="torch"``) or
+    marked (markers among the parsed events, or taken out before the parse)."""
+    from conftest import device_profiler
     from tilescope.profiler._capture import capture
     from tilescope.profiler._correlate import correlate
 
@@ -136,16 +150,25 @@ def _training_step_profile(tmp_path, parse_first: bool):
         torch.sim.synchronize()
 
     step()  # build every Program first
-    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
-        step()
-    if parse_first:
-        assert any(e.name.startswith("tilescope::exec#") for e in prof.profiler.function_events)
-    matched, pending = correlate(prof, capture, float("inf"), into_tables=True)
+    with device_profiler(recorder == "torch"):
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+            step()
+        if parse_first:
+            marked = any(e.name.startswith("tilescope::exec#") for e in prof.profiler.function_events)
+            assert marked == (recorder == "markers")
+        matched, pending = correlate(prof, capture, float("inf"), into_tables=True)
     launches = [(m.rec.op, m.parent.name if m.parent is not None else None, m.parent is not None and
                  m.parent.time_range.start <= m.marker_us <= m.parent.time_range.end) for m in matched]
-    table = {(e.key, e.count, round(e.self_device_time_total, 3), round(e.device_time_total, 3))
-             for e in prof.key_averages()}
+    table = {e.key: (e.count, e.self_device_time_total, e.device_time_total) for e in prof.key_averages()}
     return launches, table, prof
+
+
+def _same_table(a: dict, b: dict) -> bool:
+    """The same rows and counts, device times equal to the nanosecond (torch keeps a device
+    activity's times in whole nanoseconds)."""
+    return a.keys() == b.keys() and all(
+        a[k][0] == b[k][0] and abs(a[k][1] - b[k][1]) <= 1e-3 * a[k][0] and abs(a[k][2] - b[k][2]) <= 1e-3 * a[k][0]
+        for k in a)
 
 
 def test_markers_taken_out_before_torch_parses_give_the_same_attribution(sim, tmp_path):
@@ -153,9 +176,22 @@ def test_markers_taken_out_before_torch_parses_give_the_same_attribution(sim, tm
     slow, slow_table, _ = _training_step_profile(tmp_path / "b", parse_first=True)
     assert len(fast) > 10 and all(parent is not None and inside for _, parent, inside in fast)
     assert fast == slow  # the same launching op for every execution, in launch order
-    assert fast_table == slow_table
+    assert _same_table(fast_table, slow_table)
     assert not any(e.name.startswith("tilescope::exec#") for e in prof.profiler.function_events)
     assert {p for _, p, _ in fast} >= {"aten::addmm", "aten::mm"}  # forward and backward threads
+
+
+@pytest.mark.parametrize("parse_first", [False, True])
+def test_device_activities_recorded_by_torch_give_the_markers_attribution(sim, tmp_path, parse_first):
+    """torch links each execution to the op it was launched in (the device's Kineto profiler):
+    the same op, and the same key_averages rows, as the markers give."""
+    recorded, recorded_table, prof = _training_step_profile(tmp_path / "a", parse_first, recorder="torch")
+    marked, marked_table, _ = _training_step_profile(tmp_path / "b", parse_first=False)
+    assert [(op, parent) for op, parent, _ in recorded] == [(op, parent) for op, parent, _ in marked]
+    assert len(recorded) > 10 and all(parent is not None for _, parent, _ in recorded)
+    assert _same_table(recorded_table, marked_table)
+    devices = [e for e in prof.profiler.function_events if e.device_type == torch.autograd.DeviceType.PrivateUse1]
+    assert len(devices) == len(recorded)
 
 
 def test_device_events_are_what_torch_constructor_makes():
@@ -249,3 +285,48 @@ def test_the_record_buffer_keeps_the_latest_launches_and_counts_the_drops(monkey
     assert cap.dropped == 2 and cap.get(1) is None and cap.get(2) is None
     assert [cap.get(f)[0] for f in (3, 4, 5)] == recs[2:]
     assert cap.get(5)[1] == threading.get_native_id()
+
+
+def test_a_plain_torch_profiler_session_gets_device_time_from_torch_itself(sim):
+    """No tilescope config and no exporter, after a tilescope Profiler exists in the process:
+    torch's own tables and Chrome trace have the device executions, and no marker rows."""
+    Profiler(ProfileConfig(output_dir="unused"))  # exists; its export is not used here
+    x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
+    naive_rmsnorm(x, w)
+    torch.sim.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        naive_rmsnorm(x, w)
+        torch.sim.synchronize()
+    rows = {e.key: e for e in prof.key_averages()}
+    assert rows["aten::mul"].count == 3 and rows["aten::mul"].self_device_time_total > 0
+    assert rows["exec_running aten::mul.Tensor"].count == 3
+    assert not any(k.startswith("tilescope::exec#") for k in rows)
+    assert "Self SIM time total" in prof.key_averages().table(row_limit=3)
+
+
+def _recorded_profile():
+    from tilescope.profiler._capture import capture
+
+    Profiler(ProfileConfig(output_dir="unused"))  # the capture keeps the execution records
+    x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
+    naive_rmsnorm(x, w)
+    torch.sim.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        naive_rmsnorm(x, w)
+        torch.sim.synchronize()
+    return prof, capture
+
+
+@pytest.mark.parametrize("now_ns, into_tables", [(0.0, True), (float("inf"), False)])
+def test_device_time_torch_recorded_is_taken_out_where_it_must_not_be(sim, now_ns, into_tables):
+    """Executions still running at export (every one, with the clock at 0), or every one with
+    correlate_device_time=False: out of torch's tables, though torch recorded them."""
+    from tilescope.profiler._correlate import correlate
+
+    prof, capture = _recorded_profile()
+    matched, pending = correlate(prof, capture, now_ns, into_tables=into_tables)
+    assert (len(matched), pending) == ((0, 6) if now_ns == 0.0 else (6, 0))
+    assert all(m.recorded_by_torch and m.parent is not None for m in matched)
+    ka = prof.key_averages()
+    assert sum(e.self_device_time_total for e in ka) == 0 and sum(e.device_time_total for e in ka) == 0
+    assert not any(e.key.startswith("exec_running") for e in ka)

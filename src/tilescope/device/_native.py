@@ -4,10 +4,11 @@ PyTorch needs a few pieces of a backend in C++: the memory allocator that
 ``torch.UntypedStorage(n, device="sim")``, ``copy.deepcopy`` and ``torch.load`` reach,
 a device guard that knows several cores, generators, pinned host memory, and the
 metadata-only kernels (``empty``, ``view``, ``as_strided``, ``set_``). They live in
-``_csrc/runtime.cpp`` (about 300 lines), built with ``torch.utils.cpp_extension`` the
-first time the device is registered and cached under ``$TILESCOPE_CACHE_DIR``
-(default ``~/.cache/tilescope``), keyed by the source, torch and Python versions.
-A cold build takes about 30 s; a cached load a few milliseconds.
+``_csrc/runtime.cpp`` (about 300 lines); ``_csrc/profiler.cpp`` is the device's activity
+profiler for Kineto, through which torch.profiler records device executions itself. Both are
+built with ``torch.utils.cpp_extension`` the first time the device is registered and cached
+under ``$TILESCOPE_CACHE_DIR`` (default ``~/.cache/tilescope``), keyed by the sources, torch
+and Python versions. A cold build takes about 30 s; a cached load a few milliseconds.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 __all__ = ["load", "cache_dir"]
 
-_SOURCE = Path(__file__).with_name("_csrc") / "runtime.cpp"
+_SOURCES = tuple(Path(__file__).with_name("_csrc") / name for name in ("runtime.cpp", "profiler.cpp"))
 _MODULE = None
 
 
@@ -33,7 +34,7 @@ def cache_dir() -> Path:
 
 
 def _build_dir() -> tuple[Path, str]:
-    src = _SOURCE.read_bytes()
+    src = b"".join(path.read_bytes() for path in _SOURCES)
     tag = hashlib.sha256(src + torch.__version__.encode() + sys.version.encode()).hexdigest()[:12]
     name = f"tilescope_sim_runtime_{tag}"
     return cache_dir() / "native" / name, name
@@ -82,12 +83,21 @@ def _compile(build: Path, name: str):
     print(f"tilescope: building the sim device's native runtime once (about 30 s) into {build}",
           file=sys.stderr)
     try:
-        return cpp_extension.load(name, [str(_SOURCE)], extra_cflags=["-O2"], build_directory=str(build),
-                           verbose=False)
+        return cpp_extension.load(name, [str(p) for p in _SOURCES], extra_cflags=["-O2", *_kineto_flags()],
+                                  build_directory=str(build), verbose=False)
     except Exception as e:  # the compiler's output is in the exception text
         raise RuntimeError(
-            f"could not build the sim device's native runtime ({_SOURCE.name}) with "
+            f"could not build the sim device's native runtime ({', '.join(p.name for p in _SOURCES)}) with "
             f"torch.utils.cpp_extension: {e}. It needs a C++17 compiler (g++ or clang++) and ninja; "
             f"install them (e.g. apt-get install g++ ninja-build, or pip install ninja) and retry. "
             f"Build files: {build}"
         ) from e
+
+
+def _kineto_flags() -> list[str]:
+    """The device's activity profiler is compiled in when torch has Kineto (its headers ship
+    with torch under ``include/kineto``)."""
+    kineto = Path(torch.__file__).parent / "include" / "kineto"
+    if torch.autograd.kineto_available() and (kineto / "IActivityProfiler.h").exists():
+        return ["-DUSE_KINETO", f"-I{kineto}"]
+    return []

@@ -72,6 +72,8 @@ def register(name: str | None = None) -> str:
         _apply_limits(rt, s)
         from . import _runtime
 
+        # torch.profiler records device executions itself, through the device's Kineto profiler
+        _runtime.use_device_profiler(rt, os.environ.get("TILESCOPE_DEVICE_PROFILER", "1") != "0")
         # torch.accelerator.synchronize() / stream.synchronize() reach the runtime through the guard
         rt.set_sync_callback(lambda index: _runtime.synchronize(index if index >= 0 else None))
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)

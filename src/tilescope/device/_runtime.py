@@ -16,6 +16,9 @@ worker, and in wall mode the modeled end in wall-clock time.
 
 Each execution produces one :class:`Execution` record, given to every listener
 (:func:`subscribe`) on the submitting thread, inside the aten op that launched it.
+While torch's profiler records device activities, each execution is also handed to the
+device's activity profiler for Kineto (``_csrc/profiler.cpp``): torch then records it
+itself, as it records CUDA kernels (see :func:`use_device_profiler`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 from . import _config, _worker
 
 __all__ = [
-    "Execution", "submit", "synchronize", "subscribe", "unsubscribe", "recording", "now_ns", "core_end_ns",
+    "Execution", "activity_name", "submit", "synchronize", "subscribe", "unsubscribe", "recording", "now_ns", "core_end_ns",
     "reset_clocks", "counters",
 ]
 
@@ -99,6 +102,8 @@ class _State:
         self.vhost = 0.0
         self.listeners: tuple = ()
         self.ran: set[str] = set()  # Program hashes executed in this process
+        self.native = None  # the native runtime module, once the device is registered
+        self.device_profiler = None  # its profiler_record, while torch may record device activities
         self.apply(_config.settings())
 
     def apply(self, s: _config.Settings) -> None:
@@ -130,6 +135,37 @@ def _on_settings(old: _config.Settings, new: _config.Settings) -> None:
 
 
 _config.on_change(_on_settings)
+
+
+def activity_name(kind: str, op: str) -> str:
+    """The name an execution has in torch's tables and traces: ``exec_running <op>``, or
+    ``memcpy <op>`` for a copy."""
+    return f"{'memcpy' if kind == 'memcpy' else 'exec_running'} {op}"
+
+
+def use_device_profiler(native, on: bool = True) -> bool:
+    """Hand executions to the device's activity profiler for Kineto (``on``), or not: without
+    it, torch.profiler sees no device activity and tilescope's profiler marks each launch in
+    torch's CPU events instead. Returns whether it is in use (torch built without Kineto has
+    none). ``TILESCOPE_DEVICE_PROFILER=0`` turns it off at registration."""
+    available = bool(native is not None and native.profiler_available())
+    on = bool(on and available)
+    if available:
+        native.profiler_enable(on)
+    _S.native = native
+    _S.device_profiler = native.profiler_record if on else None
+    return on
+
+
+def device_profiler_recording() -> bool:
+    """A profiling session of torch's is recording this device's activities."""
+    return _S.device_profiler is not None and _S.native.profiler_recording()
+
+
+def take_device_activities() -> list[tuple]:
+    """``(flow id, linked range's correlation id, launch wall-clock ns)`` of each execution the
+    last finished session recorded (handed over once)."""
+    return _S.native.profiler_take() if _S.native is not None else []
 
 
 def reset_clocks(*, _state_settings: _config.Settings | None = None) -> None:
@@ -216,6 +252,9 @@ def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: fl
         first = key not in s.ran
         if first:
             s.ran.add(key)
+    record = s.device_profiler
+    if record is not None and _profiler_enabled():  # torch records it (profiler.cpp)
+        record(flow, activity_name(kind, op), kind == "memcpy", core, host, start, end)
     rec = None
     if s.listeners or want_record:
         rec = Execution(flow, op, kind, lowering, program, key, core, 0, threading.get_ident(), host, queued,

@@ -2,10 +2,14 @@
 
 The runtime calls :meth:`Capture.on_execution` for every device execution, on the
 thread that launched it and inside the aten op that launched it. While torch's
-profiler is enabled, the capture records a zero-length marker there (so the
-marker nests under that op in torch's event tree) and keeps the execution
-record, keyed by its flow id. At export the markers are replaced by device time
-on their parent op (see ``_correlate``).
+profiler is enabled, the capture keeps the execution record, keyed by its flow id.
+
+torch records the execution itself when the session asked for device activities
+(``ProfilerActivity.PrivateUse1``): the device's activity profiler for Kineto links it
+to its op (``tilescope/device/_csrc/profiler.cpp``). Otherwise -- a CPU-only session,
+or torch without Kineto -- the capture records a zero-length marker there (so the
+marker nests under that op in torch's event tree), which the export replaces by
+device time on its parent op (see ``_correlate``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections import deque
 
 import torch
 
+from ..device._runtime import device_profiler_recording
 from ._format import prepare_files
 
 __all__ = ["MARKER", "Capture", "capture"]
@@ -50,6 +55,7 @@ class Capture:
         self._installed = False
         self.dropped = 0
         self._last_unprofiled_ns = 0  # wall time of the latest unprofiled launch; 0 after a profiled one
+        self.markers = 0  # markers recorded since the last export (none: the export skips looking for them)
         self._unprofiled_gaps: deque = deque(maxlen=_GAPS)  # µs, the recent ones
 
     def install(self) -> None:
@@ -69,8 +75,10 @@ class Capture:
             self._unprofiled_launch()
             return
         self._last_unprofiled_ns = 0
-        with _RecordFunctionFast(f"{MARKER}{rec.flow_id}"):
-            pass
+        if not device_profiler_recording():  # torch does not record device activities: a marker
+            with _RecordFunctionFast(f"{MARKER}{rec.flow_id}"):
+                pass
+            self.markers += 1
         self._records[rec.flow_id] = (rec, threading.get_native_id())
         if len(self._records) > _KEEP:
             self._evict()

@@ -1,12 +1,20 @@
 """Putting modeled device time into torch's own tables.
 
-torch's CPU-only build cannot record PrivateUse1 kernels by itself. Each
-``tilescope::exec#<flow>`` marker (recorded inside the op that launched an execution)
-is taken out of torch's raw events before torch parses them -- torch turns every raw
-event into a ``FunctionEvent`` at tens of µs each, and small-op loops have about one
-marker per op -- and its launching op is found as torch's own event tree would have
-found its parent (same thread, the innermost range containing it). The marker is
-replaced by:
+When the session asked for device activities (``ProfilerActivity.PrivateUse1``), torch
+records each execution itself through the device's activity profiler for Kineto
+(``tilescope/device/_csrc/profiler.cpp``): its parse adds the modeled time to the launching
+op (``Self SIM`` / ``SIM total``) and a PrivateUse1 event to its list, as it does for CUDA
+kernels. What is left here is to find, for the profile directory, each execution's launching
+op -- the event whose correlation id the activity is linked to -- and to take out of torch's
+tables what must not be there (executions still running when the trace was exported, or all
+of them with ``correlate_device_time=False``).
+
+Otherwise (a CPU-only session, torch without Kineto) each launch left a
+``tilescope::exec#<flow>`` marker inside the op that launched it. The markers are taken out
+of torch's raw events before torch parses them -- torch turns every raw event into a
+``FunctionEvent`` at tens of µs each, and small-op loops have about one marker per op -- and
+each one's launching op is found as torch's own event tree would have found its parent (same
+thread, the innermost range containing it). The marker is replaced by:
 
 * a kernel on its parent op (``FunctionEvent.append_kernel``), which fills the
   ``Self SIM`` / ``SIM total`` columns of ``key_averages()``, and
@@ -26,11 +34,13 @@ from typing import NamedTuple
 
 from torch.autograd.profiler_util import DeviceType, FunctionEvent, Interval
 
+from ..device._runtime import activity_name, take_device_activities
 from ._capture import MARKER
 
 __all__ = ["Matched", "Correlation", "correlate"]
 
 _CPU = DeviceType.CPU.value
+_DEVICE = DeviceType.PrivateUse1.value
 
 
 @dataclass(slots=True)
@@ -42,6 +52,7 @@ class Matched:
     thread: int
     parent: FunctionEvent | None
     native_tid: int = 0  # the launching thread's system id (Kineto's tid)
+    recorded_by_torch: bool = False  # a device activity in torch's own events (else a marker's)
 
     @property
     def fresh(self) -> bool:
@@ -50,7 +61,7 @@ class Matched:
 
 
 def device_event_name(rec) -> str:
-    return f"{'memcpy' if rec.kind == 'memcpy' else 'exec_running'} {rec.op}"
+    return activity_name(rec.kind, rec.op)
 
 
 class _Marker(NamedTuple):
@@ -71,24 +82,36 @@ def correlate(prof, capture, now_ns: float, *, into_tables: bool) -> tuple[list[
 class Correlation:
     """The correlation of one trace, in two steps.
 
-    Made before torch parses its events, it reads the markers from the raw result and knows
-    every execution of the trace (:attr:`launches`: record, marker time, thread) -- enough for
-    what depends only on the executions (their executables and instruction traces) to start
-    while torch parses. :meth:`complete` lets torch parse without the markers, finds each
-    execution's launching op and adds the device time to torch's tables. When torch has
-    parsed already (``acc_events=True``), :attr:`launches` is None and :meth:`complete` finds
-    the markers among the parsed events.
+    Made before torch parses its events, it knows every execution of the trace
+    (:attr:`launches`: record, launch time, thread) -- from the device activities torch
+    recorded and from the raw markers -- enough for what depends only on the executions
+    (their executables and instruction traces) to start while torch parses. :meth:`complete`
+    lets torch parse (without the markers), finds each execution's launching op and settles
+    the device time in torch's tables. When torch has parsed markers already
+    (``acc_events=True``), :attr:`launches` is None and :meth:`complete` finds them among the
+    parsed events.
     """
 
     def __init__(self, prof, capture, now_ns: float):
         self._prof, self._capture, self._now = prof, capture, now_ns
-        self._taken = _take_markers(prof.profiler)  # (markers, the other raw events) or None
+        result = getattr(prof.profiler, "kineto_results", None)
+        t0 = result.trace_start_ns() if result is not None else 0
+        self._links: dict[int, int] = {}  # flow -> correlation id of its launching range (device activities)
+        recorded = []
+        for flow, range_id, launch_ns in take_device_activities():
+            if launch_ns >= t0:  # (an earlier session's, never exported, is left out)
+                self._links[flow] = range_id
+                recorded.append((flow, 0, (launch_ns - t0) / 1000, None))
+        self._recorded = recorded
+        markers_recorded, capture.markers = capture.markers, 0
+        # (markers, the other raw events); None when torch has parsed its events already
+        self._taken = _take_markers(prof.profiler) if markers_recorded else ([], None)
         self.launches: list[Matched] | None = None
         self.pending = 0
+        self._pending_recorded: list[int] = []  # flows of pending executions torch recorded
         self._marks: dict[int, list] = {}  # torch thread -> [(start, -end, flow)], from the raw markers
         if self._taken is not None:
-            t0 = prof.profiler.kineto_results.trace_start_ns()
-            found = []
+            found = list(recorded)
             for e, name in self._taken[0]:
                 flow = _flow_of(name)
                 if flow is not None:  # times as torch computes its events' (µs from the trace start)
@@ -97,19 +120,22 @@ class Correlation:
                     found.append((flow, thread, start, None))
             self.launches, self.pending = self._match(found)
 
-    def _match(self, markers) -> tuple[list[Matched], int]:
-        """``(flow, thread, start, parent)`` of each marker -> the executions, launch order."""
+    def _match(self, launches) -> tuple[list[Matched], int]:
+        """``(flow, thread, start, parent)`` of each launch -> the executions, launch order."""
         matched, pending = [], 0
         get = self._capture.get
-        for flow, thread, start, parent in markers:
+        links = self._links
+        for flow, thread, start, parent in launches:
             entry = get(flow)
             if entry is None:
                 continue
             rec, native_tid = entry
             if rec.device_end_ns > self._now:
                 pending += 1
+                if flow in links:
+                    self._pending_recorded.append(flow)
                 continue
-            matched.append(Matched(rec, start, thread, parent, native_tid))
+            matched.append(Matched(rec, start, thread, parent, native_tid, flow in links))
         matched.sort(key=lambda x: x.rec.flow_id)
         return matched, pending
 
@@ -119,7 +145,7 @@ class Correlation:
         profiler = self._prof.profiler
         if self._taken is None:
             events = profiler.function_events
-            matched, pending = self._match(_markers_among(events))
+            matched, pending = self._match(self._recorded + _markers_among(events))
         else:
             markers, keep = self._taken
             if markers:  # torch parses now, without them
@@ -130,13 +156,90 @@ class Correlation:
                 finally:
                     profiler.kineto_results = result
             events = profiler.function_events
-            parents = _launching_ops(self._marks, events)
             matched, pending = self.launches, self.pending
-            for m in matched:
-                m.parent = parents.get(m.rec.flow_id)
+            if self._marks:
+                parents = _launching_ops(self._marks, events)
+                for m in matched:
+                    if not m.recorded_by_torch:
+                        m.parent = parents.get(m.rec.flow_id)
+        if self._links:
+            self._settle_recorded(matched, events, into_tables)
         if into_tables:
-            _add_device_time(matched, events, profiler.use_device)
+            _add_device_time([m for m in matched if not m.recorded_by_torch], events, profiler.use_device)
         return matched, pending
+
+    def _settle_recorded(self, matched: list[Matched], events, into_tables: bool) -> None:
+        """The launching ops of the executions torch recorded; their device time taken out of
+        torch's tables where it must not be (pending executions; all without ``into_tables``)."""
+        links = self._links
+        wanted = {r for r in links.values() if r > 0}
+        ranges = _ranges_by_id(events, wanted)
+        if len(ranges) < len(wanted):  # ranges torch merged into their parent
+            ranges.update(_merged_ranges(self._prof.profiler, events, wanted - ranges.keys()))
+        for m in matched:
+            if m.recorded_by_torch:
+                m.parent = ranges.get(links[m.rec.flow_id])
+                m.thread = m.parent.thread if m.parent is not None else 0
+        remove = list(self._pending_recorded)
+        if not into_tables:
+            remove += [m.rec.flow_id for m in matched if m.recorded_by_torch]
+        if remove:
+            _remove_recorded(events, {flow: ranges.get(links[flow]) for flow in remove})
+
+
+def _ranges_by_id(events, ids: set[int]) -> dict[int, FunctionEvent]:
+    """torch's CPU events (ops, record_function ranges) whose correlation id is in ``ids``."""
+    out = {}
+    if ids:
+        for evt in events:
+            if evt.id in ids and evt.device_type.value == _CPU:
+                out.setdefault(evt.id, evt)
+    return out
+
+
+def _merged_ranges(profiler, events, ids: set[int]) -> dict[int, FunctionEvent]:
+    """Ranges torch took out of its events: an op whose parent has its name and no other child
+    (``aten::mean`` calling ``aten::mean``) is merged into that parent, its kernels with it.
+    Each is found in the raw events and replaced by the innermost event of its name and thread
+    that contains it."""
+    t0 = profiler.kineto_results.trace_start_ns()
+    raw = {}
+    for e in profiler.kineto_results.events():
+        if e.correlation_id() in ids:
+            raw[e.correlation_id()] = (e.name(), e.start_thread_id(), (e.start_ns() - t0) / 1000, (e.end_ns() - t0) / 1000)
+    names = {(name, thread) for name, thread, _, _ in raw.values()}
+    by_name: dict[tuple, list] = {}
+    for evt in events:
+        key = (evt.name, evt.thread)
+        if key in names and evt.device_type.value == _CPU:
+            by_name.setdefault(key, []).append(evt)
+    out = {}
+    for cid, (name, thread, start, end) in raw.items():
+        around = [evt for evt in by_name.get((name, thread), ())
+                  if evt.time_range.start <= start and end <= evt.time_range.end]
+        if around:
+            out[cid] = min(around, key=lambda evt: evt.time_range.end - evt.time_range.start)
+    return out
+
+
+def _remove_recorded(events, parents: dict[int, FunctionEvent | None]) -> None:
+    """Device activities torch recorded (flow -> launching op) out of its event list, and their
+    time off their ops (the kernels torch's parse appended)."""
+    ids = {flow & 0x7FFFFFFF: flow for flow in parents}  # an activity's id is its flow id's low 31 bits
+    keep = []
+    for evt in events:
+        flow = ids.get(evt.id) if evt.device_type.value == _DEVICE else None
+        if flow is None:
+            keep.append(evt)
+            continue
+        parent = parents[flow]
+        if parent is not None:
+            duration = evt.time_range.elapsed_us()
+            for k, kernel in enumerate(parent.kernels):
+                if kernel.name == evt.name and kernel.duration == duration:
+                    del parent.kernels[k]
+                    break
+    events[:] = keep
 
 
 def _add_device_time(matched: list[Matched], events, use_device) -> None:

@@ -208,7 +208,9 @@ def _system_trace_bytes(chunks: list[str], device: dict) -> bytes:
 
 
 def _framework_trace_with_device(data: bytes, prof, rows) -> bytes:
-    """torch's own Chrome trace with the device executions (and their flows) added.
+    """torch's own Chrome trace with the device executions (and their flows) added -- those
+    torch did not record itself (its trace has the others, as ``kernel`` / ``gpu_memcpy``
+    events linked to their ops by ``External id``).
 
     torch's timestamps are ``(trace start - baseTimeNanoseconds) / 1000`` µs ahead of the
     event times the correlation used, and its framework lanes are (pid, system thread id): the
@@ -216,6 +218,7 @@ def _framework_trace_with_device(data: bytes, prof, rows) -> bytes:
     cost more to parse than everything else the export does)."""
     import re
 
+    rows = [row for row in rows if not row[0].recorded_by_torch]
     if not rows:
         return data
     head = data[:4096].decode("utf-8", "replace")

@@ -516,6 +516,8 @@ void set_sync_callback(py::object fn) {
   else *g_sync_callback = std::move(fn);
 }
 
+void bind_profiler(py::module& m);  // profiler.cpp: the device's activity profiler for Kineto
+
 }  // namespace tilescope_sim
 
 namespace at::native {
@@ -538,4 +540,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_sync_callback", &set_sync_callback);
   m.def("empty_cache", &empty_cache);
   m.def("cached_bytes", &cached_bytes);
+  bind_profiler(m);
 }

@@ -1,0 +1,247 @@
+// The sim device's activity profiler for Kineto, the engine behind torch.profiler: how a
+// PrivateUse1 backend puts its device work into torch's own tables and traces
+// (REGISTER_PRIVATEUSE1_PROFILER; CUDA does the same through CUPTI).
+//
+// While a session that asked for PrivateUse1 activities records, the Python runtime calls
+// profiler_record() for every execution, on the launching thread and inside the op that
+// launched it. Kineto tells the session which ranges open and close on each thread (the
+// correlation ids torch pushes for every op and every record_function); a launch is linked
+// to the innermost one -- the op that launched it. When the session stops, each execution
+// becomes a device activity ("exec_running <op>", or "memcpy <op>" for a copy) on its core,
+// timed by the device model and linked to that op: torch's parse then adds its modeled time
+// to the op (key_averages' Self SIM / SIM total columns and the totals footer) and its
+// Chrome trace shows it, with no tilescope code on torch's side.
+//
+// Times: an activity starts at its launch (the wall clock torch's events use) plus the
+// modeled queue and runtime cost (device start - host submit), never before the previous
+// activity on its core ends; its duration is the modeled one, unchanged.
+
+#include <torch/csrc/utils/pybind.h>
+
+#ifdef USE_KINETO  // set by the build when torch has Kineto (torch.autograd.kineto_available())
+#include <libkineto.h>
+#include <IActivityProfiler.h>
+#include <GenericTraceActivity.h>
+#include <output_base.h>
+#include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace tilescope_sim {
+namespace {
+
+struct Launch {
+  int64_t flow;
+  int64_t range;      // correlation id of the innermost open range on the launching thread; 0: none
+  int64_t launch_ns;  // wall clock (CLOCK_REALTIME, as torch's events)
+  double host_ns, start_ns, end_ns;  // the device model's clock
+  int32_t core;
+  bool memcpy;
+  std::string name;
+};
+
+std::mutex g_mu;
+std::vector<Launch> g_launches;  // the recording session's, launch order
+std::vector<Launch> g_last;      // the last session's, once processed (read by profiler_take)
+std::atomic<bool> g_recording{false};
+std::atomic<bool> g_enabled{true};
+std::atomic<uint64_t> g_session{0};
+
+// The ranges open on this thread, innermost last, tagged with the session that saw them open
+// (a session that stops inside a range never sees it close).
+struct Open {
+  uint64_t session;
+  uint64_t id;
+};
+thread_local std::vector<Open> t_open;
+
+void push_range(uint64_t id) {
+  const uint64_t session = g_session.load(std::memory_order_relaxed);
+  if (!t_open.empty() && t_open.back().session != session) t_open.clear();
+  t_open.push_back({session, id});
+}
+
+void pop_range() {
+  if (!t_open.empty()) t_open.pop_back();
+}
+
+const libkineto::TraceSpan& sim_span() {
+  // referenced by every copy Kineto keeps of our activities: never destroyed
+  static const auto* span = new libkineto::TraceSpan(0, 0, "sim");
+  return *span;
+}
+
+int32_t activity_id(int64_t flow) { return static_cast<int32_t>(flow & 0x7fffffff); }
+
+class Session final : public libkineto::IActivityProfilerSession {
+ public:
+  void start() override {
+    std::lock_guard<std::mutex> guard(g_mu);
+    g_launches.clear();
+    g_session.fetch_add(1);
+    g_recording = true;
+    status_ = libkineto::TraceStatus::RECORDING;
+  }
+
+  void stop() override {
+    g_recording = false;
+    status_ = libkineto::TraceStatus::PROCESSING;
+  }
+
+  std::vector<std::string> errors() override { return {}; }
+
+  void processTrace(libkineto::ActivityLogger& logger) override { process(logger, nullptr); }
+
+  void processTrace(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback linked, int64_t,
+                    int64_t) override {
+    process(logger, &linked);
+  }
+
+  std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {
+    return std::make_unique<libkineto::DeviceInfo>(libkineto::DeviceInfo{0, 0, "sim (modeled)", "sim"});
+  }
+
+  std::vector<libkineto::ResourceInfo> getResourceInfos() override {
+    std::vector<libkineto::ResourceInfo> out;
+    for (int32_t core : cores_) out.push_back({core, core, 0, "core:" + std::to_string(core)});
+    return out;
+  }
+
+  std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override { return nullptr; }
+
+  void pushCorrelationId(uint64_t id) override { push_range(id); }
+  void popCorrelationId() override { pop_range(); }
+  void pushUserCorrelationId(uint64_t id) override { push_range(id); }
+  void popUserCorrelationId() override { pop_range(); }
+
+ private:
+  void process(libkineto::ActivityLogger& logger, const libkineto::getLinkedActivityCallback* linked) {
+    std::vector<Launch> launches;
+    {
+      std::lock_guard<std::mutex> guard(g_mu);
+      launches.swap(g_launches);
+    }
+    std::unordered_map<int32_t, int64_t> core_end;
+    for (const Launch& l : launches) {
+      int64_t start = l.launch_ns + std::llround(l.start_ns - l.host_ns);
+      auto it = core_end.find(l.core);
+      if (it != core_end.end() && start < it->second) start = it->second;
+      const int64_t end = start + std::llround(l.end_ns - l.start_ns);
+      core_end[l.core] = end;
+      cores_.insert(l.core);
+      libkineto::GenericTraceActivity a(
+          sim_span(), l.memcpy ? libkineto::ActivityType::GPU_MEMCPY : libkineto::ActivityType::CONCURRENT_KERNEL,
+          l.name);
+      a.startTime = start;
+      a.endTime = end;
+      a.id = activity_id(l.flow);
+      a.device = l.core;
+      a.resource = l.core;
+      a.linked = (linked != nullptr && l.range > 0) ? (*linked)(static_cast<int32_t>(l.range)) : nullptr;
+      a.addMetadataQuoted("flow_id", std::to_string(l.flow));  // (addMetadata needs fmt's library)
+      logger.handleGenericActivity(a);  // Kineto keeps a copy
+    }
+    std::lock_guard<std::mutex> guard(g_mu);
+    g_last.swap(launches);
+  }
+
+  std::set<int32_t> cores_;
+};
+
+class SimActivityProfiler final : public libkineto::IActivityProfiler {
+ public:
+  const std::string& name() const override { return name_; }
+
+  const std::set<libkineto::ActivityType>& availableActivities() const override { return activities_; }
+
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<libkineto::ActivityType>& types,
+                                                                 const libkineto::Config&) override {
+    return session_for(types);
+  }
+
+  std::unique_ptr<libkineto::IActivityProfilerSession> configure(int64_t, int64_t,
+                                                                 const std::set<libkineto::ActivityType>& types,
+                                                                 const libkineto::Config&) override {
+    return session_for(types);
+  }
+
+ private:
+  // device work only when the session asked for device activities (ProfilerActivity.PrivateUse1)
+  static std::unique_ptr<libkineto::IActivityProfilerSession> session_for(
+      const std::set<libkineto::ActivityType>& types) {
+    if (!g_enabled || types.count(libkineto::ActivityType::CONCURRENT_KERNEL) == 0) return nullptr;
+    return std::make_unique<Session>();
+  }
+
+  std::string name_{"tilescope-sim"};
+  std::set<libkineto::ActivityType> activities_{libkineto::ActivityType::CONCURRENT_KERNEL,
+                                                libkineto::ActivityType::GPU_MEMCPY};
+};
+
+}  // namespace
+
+REGISTER_PRIVATEUSE1_PROFILER(SimActivityProfiler);
+
+bool profiler_recording() { return g_recording.load(std::memory_order_relaxed); }
+
+bool profiler_record(int64_t flow, const std::string& name, bool memcpy, int32_t core, double host_ns,
+                     double start_ns, double end_ns) {
+  if (!g_recording.load(std::memory_order_relaxed)) return false;
+  int64_t range = 0;
+  if (!t_open.empty() && t_open.back().session == g_session.load(std::memory_order_relaxed)) range = t_open.back().id;
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+  std::lock_guard<std::mutex> guard(g_mu);
+  if (!g_recording) return false;
+  g_launches.push_back({flow, range, now, host_ns, start_ns, end_ns, core, memcpy, name});
+  return true;
+}
+
+// The last processed session's launches, (flow, linked range, launch ns) each, handed over once.
+py::list profiler_take() {
+  std::vector<Launch> last;
+  {
+    std::lock_guard<std::mutex> guard(g_mu);
+    last.swap(g_last);
+  }
+  py::list out(last.size());
+  for (size_t i = 0; i < last.size(); ++i)
+    out[i] = py::make_tuple(last[i].flow, last[i].range, last[i].launch_ns);
+  return out;
+}
+
+void profiler_enable(bool on) { g_enabled = on; }
+bool profiler_available() { return true; }
+
+}  // namespace tilescope_sim
+
+#else  // no Kineto in this torch: the profiler integration is absent (tilescope's markers stand in)
+
+namespace tilescope_sim {
+bool profiler_recording() { return false; }
+bool profiler_record(int64_t, const std::string&, bool, int32_t, double, double, double) { return false; }
+py::list profiler_take() { return py::list(); }
+void profiler_enable(bool) {}
+bool profiler_available() { return false; }
+}  // namespace tilescope_sim
+
+#endif  // USE_KINETO
+
+namespace tilescope_sim {
+
+void bind_profiler(py::module& m) {
+  m.def("profiler_recording", &profiler_recording);
+  m.def("profiler_record", &profiler_record);
+  m.def("profiler_take", &profiler_take);
+  m.def("profiler_enable", &profiler_enable);
+  m.def("profiler_available", &profiler_available);
+}
+
+}  // namespace tilescope_sim
