@@ -158,7 +158,7 @@ def _training_step_profile(tmp_path, parse_first: bool, recorder: str = "markers
             assert marked == (recorder == "markers")
         matched, pending = correlate(prof, capture, float("inf"), into_tables=True)
     launches = [(m.rec.op, m.parent.name if m.parent is not None else None, m.parent is not None and
-                 m.parent.time_range.start <= m.marker_us <= m.parent.time_range.end) for m in matched]
+                 m.parent.time_range.start <= m.launch_us <= m.parent.time_range.end) for m in matched]
     table = {e.key: (e.count, e.self_device_time_total, e.device_time_total) for e in prof.key_averages()}
     return launches, table, prof
 
@@ -330,3 +330,26 @@ def test_device_time_torch_recorded_is_taken_out_where_it_must_not_be(sim, now_n
     ka = prof.key_averages()
     assert sum(e.self_device_time_total for e in ka) == 0 and sum(e.device_time_total for e in ka) == 0
     assert not any(e.key.startswith("exec_running") for e in ka)
+
+
+def test_a_cpu_only_session_marks_each_launch_and_still_gets_device_time(sim, tmp_path):
+    """Without ProfilerActivity.PrivateUse1 torch records no device activity: tilescope's
+    profiler marks each launch, and the profile has every execution; torch's table has no
+    device columns then, and the doctor says why."""
+    cfg = ProfileConfig(output_dir=str(tmp_path))
+    exporter = Profiler(cfg)
+    x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
+    naive_rmsnorm(x, w)
+    torch.sim.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU], experimental_config=cfg,
+                                on_trace_ready=exporter.export_trace) as prof:
+        naive_rmsnorm(x, w)
+        torch.sim.synchronize()
+    rows = {e.key: e for e in prof.key_averages()}
+    assert rows["aten::mul"].count == 3 and not any(k.startswith("tilescope::exec#") for k in rows)
+    p = read_profile(exporter.path).require_complete()
+    assert p.manifest["stats"]["executions"] == 6
+    framework = json.loads((exporter.path / "trace.json").read_text())
+    assert len([e for e in framework["traceEvents"] if e.get("cat") == "hardware"]) == 6  # added by the export
+    (finding,) = [f for f in diagnose(exporter.path) if f.code == "device-time-not-correlated"]
+    assert "ProfilerActivity.PrivateUse1" in finding.message

@@ -45,10 +45,10 @@ _DEVICE = DeviceType.PrivateUse1.value
 
 @dataclass(slots=True)
 class Matched:
-    """One execution found in the trace: its record, marker time and launching op."""
+    """One execution found in the trace: its record, launch time and launching op."""
 
     rec: object
-    marker_us: float  # marker time on torch's clock (us from the trace start)
+    launch_us: float  # launch time on torch's clock (us from the trace start)
     thread: int
     parent: FunctionEvent | None
     native_tid: int = 0  # the launching thread's system id (Kineto's tid)
@@ -254,7 +254,7 @@ def _add_device_time(matched: list[Matched], events, use_device) -> None:
         name = device_event_name(rec)
         if m.parent is not None:
             m.parent.append_kernel(name, DeviceType.PrivateUse1, dur_us)
-        start = m.marker_us + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
+        start = m.launch_us + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
         device_events.append(make_event(next_id, name, rec.stream, start, start + dur_us, rec.core))
         next_id += 1
     events.extend(device_events)

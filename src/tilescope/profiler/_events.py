@@ -117,10 +117,10 @@ def placement(matched) -> list[tuple]:
     """Where each execution goes on the runtime and hardware lanes (µs on torch's clock), with
     the parts of its events that do not depend on the clock, as text.
 
-    An execution's runtime ``execute`` event starts at its launch marker; its hardware
+    An execution's runtime ``execute`` event starts at its launch; its hardware
     ``exec_running`` event starts ``device_start - host_submit`` later (the modeled queue and
-    runtime cost), never before the previous execution on that core ends; durations are the
-    modeled ones, unchanged. Rows are ``(matched, runtime start, runtime dur, hardware start,
+    runtime cost), never before the previous execution on that core ends (the times torch
+    records for it, too); durations are the modeled ones, unchanged. Rows are ``(matched, runtime start, runtime dur, hardware start,
     hardware dur, framework op start, runtime event head, its text after "ts", hardware event
     head, its text after "ts", flow event head)``.
     """
@@ -130,7 +130,7 @@ def placement(matched) -> list[tuple]:
     for m in matched:
         rec = m.rec
         core = rec.core
-        t_launch = m.marker_us
+        t_launch = m.launch_us
         rt_dur = (rec.queued_ns - rec.host_submit_ns) / 1000.0
         hw_ts = t_launch + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
         hw_ts = max(hw_ts, hw_end.get(core, hw_ts), t_launch + rt_dur)

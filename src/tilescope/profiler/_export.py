@@ -95,7 +95,7 @@ class Profiler:
                 "events": n_events, "executions": len(matched), "pending_executions": pending,
                 "dropped_events": dropped, "record_buffer_drops": capture.dropped,
                 "cold_executions": len(cold), "cold_ops": sorted({m.rec.op for m in cold})[:8],
-                "launch_interval_us": capture.launch_intervals_us(m.marker_us for m in matched),
+                "launch_interval_us": capture.launch_intervals_us(m.launch_us for m in matched),
             }
         capture.forget(m.rec.flow_id for m in matched)
         self.paths.append(w.path)
@@ -288,7 +288,7 @@ def _write_device_traces(w: ProfileWriter, matched, cfg: ProfileConfig) -> dict:
         summaries.append(itrace_summary(rec.program, result))
         w.add_itrace(rec.program, result, run, execution={
             "flow_id": rec.flow_id, "core": rec.core, "op": rec.op, "lowering": rec.lowering,
-            "start_us": round(m.marker_us + (rec.device_start_ns - rec.host_submit_ns) / 1000.0, 3),
+            "start_us": round(m.launch_us + (rec.device_start_ns - rec.host_submit_ns) / 1000.0, 3),
         })
         if cfg.executable_cache_dir:
             _cache_executable(cfg.executable_cache_dir, rec.program)
