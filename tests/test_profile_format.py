@@ -68,6 +68,19 @@ def test_mismatched_pair_is_refused(tmp_path):
         prof.load_itrace(trace_path)
 
 
+def test_a_file_a_tool_wrote_at_its_target_is_listed_with_its_checksum(tmp_path):
+    """torch writes trace.json itself where the profile wants it; listed as written, it is
+    verified like every other file (and a later change to it is caught)."""
+    data = b'{"traceEvents": []}'
+    with ProfileWriter(tmp_path) as w:
+        w.target("trace.json").write_bytes(data)
+        w.add_written("trace.json", data)
+    prof = read_profile(w.path).require_complete()
+    assert [f for f in prof.manifest["files"] if f["path"] == "trace.json"][0]["bytes"] == len(data)
+    (w.path / "trace.json").write_bytes(b'{"traceEvents": [1]}')
+    assert read_profile(w.path).problems
+
+
 def test_exception_inside_writer_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError):
         with ProfileWriter(tmp_path) as w:

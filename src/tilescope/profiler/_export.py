@@ -84,7 +84,11 @@ class Profiler:
                 dropped, summaries = _write_device_traces(w, matched, cfg)
             rows = placement(matched)
             fw_data = _torch_trace(w, prof)
-            w.write_bytes("trace.json", _framework_trace_with_device(fw_data, prof, rows))
+            trace = _framework_trace_with_device(fw_data, prof, rows)
+            if trace is fw_data:  # torch's file as torch wrote it (device executions recorded by torch)
+                w.add_written("trace.json", fw_data)
+            else:
+                w.write_bytes("trace.json", trace)
             if device["kind"] == "sim":
                 chunks, n_events, checked = _system_trace(prof, rows, trace_start_ns, cfg, self._sampler)
             else:  # a real device: lanes and flows come from Kineto's own records

@@ -197,7 +197,8 @@ class ProfileWriter:
 
     def target(self, relpath: str) -> Path:
         """Where ``relpath`` goes: a tool that can only write to a path (torch's trace export)
-        writes there, and the file is then passed to :meth:`write_bytes`, which lists it."""
+        writes there; the file is then listed by :meth:`add_written`, or rewritten by
+        :meth:`write_bytes`."""
         return Path(self._target(relpath))
 
     def write_bytes(self, relpath: str, data: bytes, *, sha256: str | None = None, later: bool = False) -> str:
@@ -209,6 +210,12 @@ class ProfileWriter:
         else:
             _write_file(target, data)
         self._files[relpath] = (len(data), sha256 or hashlib.sha256(data).hexdigest())
+        return relpath
+
+    def add_written(self, relpath: str, data: bytes) -> str:
+        """List a file a tool wrote itself at :meth:`target` (``data``: its bytes, as written)."""
+        self._target(relpath)
+        self._files[relpath] = (len(data), hashlib.sha256(data).hexdigest())
         return relpath
 
     def start_writes(self) -> None:
