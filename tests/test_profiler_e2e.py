@@ -324,6 +324,8 @@ def test_device_time_torch_recorded_is_taken_out_where_it_must_not_be(sim, now_n
     from tilescope.profiler._correlate import correlate
 
     prof, capture = _recorded_profile()
+    assert capture.markers == 0 and sum(
+        e.device_type() == torch.autograd.DeviceType.PrivateUse1 for e in prof.profiler.kineto_results.events()) == 6
     matched, pending = correlate(prof, capture, now_ns, into_tables=into_tables)
     assert (len(matched), pending) == ((0, 6) if now_ns == 0.0 else (6, 0))
     assert all(m.recorded_by_torch and m.parent is not None for m in matched)
@@ -353,3 +355,80 @@ def test_a_cpu_only_session_marks_each_launch_and_still_gets_device_time(sim, tm
     assert len([e for e in framework["traceEvents"] if e.get("cat") == "hardware"]) == 6  # added by the export
     (finding,) = [f for f in diagnose(exporter.path) if f.code == "device-time-not-correlated"]
     assert "ProfilerActivity.PrivateUse1" in finding.message
+
+
+def test_each_cycle_of_a_repeating_schedule_gets_its_own_executions(sim, tmp_path):
+    """Two cycles, each exported when it ends (acc_events or not): each profile has its own six
+    executions, each linked to its op -- also the mean whose inner call torch merged."""
+    from tilescope.profiler._capture import capture
+    from tilescope.profiler._correlate import correlate
+
+    x, w = torch.randn(128, 1024, device="sim"), torch.randn(1024, device="sim")
+
+    def model():
+        (x * torch.rsqrt((x * x).mean() + 1e-6) * w).sum()  # mean() calls mean.dim: merged by torch
+
+    model()
+    torch.sim.synchronize()
+    for acc_events in (False, True):
+        found = []
+        Profiler(ProfileConfig(output_dir=str(tmp_path)))  # the capture keeps the records
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+                                    schedule=torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=2),
+                                    acc_events=acc_events,
+                                    on_trace_ready=lambda p: found.append(correlate(p, capture, float("inf"),
+                                                                                    into_tables=True))) as prof:
+            for _ in range(4):
+                model()
+                torch.sim.synchronize()
+                prof.step()
+        assert len(found) == 2
+        for matched, pending in found:
+            assert pending == 0 and len(matched) == 7 and all(m.recorded_by_torch for m in matched)
+            assert [m.parent.name for m in matched] == [
+                "aten::mul", "aten::mean", "aten::add", "aten::rsqrt", "aten::mul", "aten::mul", "aten::sum"]
+        flows = [{m.rec.flow_id for m in matched} for matched, _ in found]
+        assert not flows[0] & flows[1]
+
+
+def test_a_trace_exported_after_a_later_session_gets_its_own_executions(sim):
+    """The device keeps each finished session's record until its trace is exported."""
+    from tilescope.profiler._capture import capture
+    from tilescope.profiler._correlate import correlate
+
+    Profiler(ProfileConfig(output_dir="unused"))
+    x = torch.randn(64, 64, device="sim")
+    profs = []
+    for op in (torch.add, torch.mul):
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+            op(x, x)
+            torch.sim.synchronize()
+        profs.append(prof)
+    later, _ = correlate(profs[1], capture, float("inf"), into_tables=True)
+    earlier, _ = correlate(profs[0], capture, float("inf"), into_tables=True)
+    assert [(m.rec.op, m.parent.name) for m in earlier] == [("aten::add.Tensor", "aten::add")]
+    assert [(m.rec.op, m.parent.name) for m in later] == [("aten::mul.Tensor", "aten::mul")]
+
+
+def test_executions_running_at_export_are_left_out_of_torch_trace_too(sim, tmp_path, monkeypatch):
+    """Still running when the trace is exported (the runtime's clock before their end): out of
+    torch's tables, the profile's traces and torch's own trace.json, as a device's unfinished
+    kernels are."""
+    from tilescope.profiler import _export
+
+    monkeypatch.setattr(_export, "_runtime_now", lambda: 0.0)
+    cfg = ProfileConfig(output_dir=str(tmp_path))
+    exporter = Profiler(cfg)
+    x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
+    naive_rmsnorm(x, w)
+    torch.sim.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+                                experimental_config=cfg, on_trace_ready=exporter.export_trace) as prof:
+        naive_rmsnorm(x, w)
+        torch.sim.synchronize()
+    assert sum(e.self_device_time_total for e in prof.key_averages()) == 0
+    p = read_profile(exporter.path).require_complete()
+    assert p.manifest["stats"]["pending_executions"] == 6 and p.manifest["stats"]["executions"] == 0
+    framework = json.loads((exporter.path / "trace.json").read_text())
+    assert not [e for e in framework["traceEvents"] if e.get("cat") == "kernel"]
+    assert any(e.get("name") == "aten::mul" for e in framework["traceEvents"])

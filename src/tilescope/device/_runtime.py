@@ -162,10 +162,19 @@ def device_profiler_recording() -> bool:
     return _S.device_profiler is not None and _S.native.profiler_recording()
 
 
-def take_device_activities() -> list[tuple]:
+# Kineto starts the device's session ~0.1 ms after torch starts its trace: a session that started
+# outside this window belongs to another trace
+_SESSION_START_WINDOW_NS = (1_000_000, 20_000_000)  # before, after the trace's start
+
+
+def take_device_activities(trace_start_ns: int) -> list[tuple]:
     """``(flow id, linked range's correlation id, launch wall-clock ns)`` of each execution the
-    last finished session recorded (handed over once)."""
-    return _S.native.profiler_take() if _S.native is not None else []
+    device recorded in the profiling session whose trace started at ``trace_start_ns`` (handed
+    over once; [] when it recorded none)."""
+    if _S.native is None:
+        return []
+    taken = _S.native.profiler_take(int(trace_start_ns), *_SESSION_START_WINDOW_NS)
+    return [launch for launch in taken[1] if launch[2] >= trace_start_ns] if taken is not None else []
 
 
 def reset_clocks(*, _state_settings: _config.Settings | None = None) -> None:

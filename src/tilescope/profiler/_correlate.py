@@ -41,6 +41,7 @@ __all__ = ["Matched", "Correlation", "correlate"]
 
 _CPU = DeviceType.CPU.value
 _DEVICE = DeviceType.PrivateUse1.value
+_ACTIVITY_PREFIXES = (activity_name("kernel", ""), activity_name("memcpy", ""))  # the device's activity names
 
 
 @dataclass(slots=True)
@@ -98,17 +99,16 @@ class Correlation:
         t0 = result.trace_start_ns() if result is not None else 0
         self._links: dict[int, int] = {}  # flow -> correlation id of its launching range (device activities)
         recorded = []
-        for flow, range_id, launch_ns in take_device_activities():
-            if launch_ns >= t0:  # (an earlier session's, never exported, is left out)
-                self._links[flow] = range_id
-                recorded.append((flow, 0, (launch_ns - t0) / 1000, None))
+        for flow, range_id, launch_ns in take_device_activities(t0) if result is not None else ():
+            self._links[flow] = range_id
+            recorded.append((flow, 0, (launch_ns - t0) / 1000, None))
         self._recorded = recorded
         markers_recorded, capture.markers = capture.markers, 0
         # (markers, the other raw events); None when torch has parsed its events already
         self._taken = _take_markers(prof.profiler) if markers_recorded else ([], None)
         self.launches: list[Matched] | None = None
         self.pending = 0
-        self._pending_recorded: list[int] = []  # flows of pending executions torch recorded
+        self._pending_recorded: list[int] = []  # flows of pending executions torch recorded (in its trace too)
         self._marks: dict[int, list] = {}  # torch thread -> [(start, -end, flow)], from the raw markers
         if self._taken is not None:
             found = list(recorded)
@@ -168,6 +168,12 @@ class Correlation:
             _add_device_time([m for m in matched if not m.recorded_by_torch], events, profiler.use_device)
         return matched, pending
 
+    @property
+    def pending_recorded(self) -> list[int]:
+        """Flow ids of the executions torch recorded that were still running at export: out of
+        its tables once :meth:`complete` ran; its Chrome trace still has them."""
+        return list(self._pending_recorded)
+
     def _settle_recorded(self, matched: list[Matched], events, into_tables: bool) -> None:
         """The launching ops of the executions torch recorded; their device time taken out of
         torch's tables where it must not be (pending executions; all without ``into_tables``)."""
@@ -180,11 +186,10 @@ class Correlation:
             if m.recorded_by_torch:
                 m.parent = ranges.get(links[m.rec.flow_id])
                 m.thread = m.parent.thread if m.parent is not None else 0
-        remove = list(self._pending_recorded)
         if not into_tables:
-            remove += [m.rec.flow_id for m in matched if m.recorded_by_torch]
-        if remove:
-            _remove_recorded(events, {flow: ranges.get(links[flow]) for flow in remove})
+            _remove_all_recorded(events)
+        elif self._pending_recorded:
+            _remove_recorded(events, {flow: ranges.get(links[flow]) for flow in self._pending_recorded})
 
 
 def _ranges_by_id(events, ids: set[int]) -> dict[int, FunctionEvent]:
@@ -200,18 +205,23 @@ def _ranges_by_id(events, ids: set[int]) -> dict[int, FunctionEvent]:
 def _merged_ranges(profiler, events, ids: set[int]) -> dict[int, FunctionEvent]:
     """Ranges torch took out of its events: an op whose parent has its name and no other child
     (``aten::mean`` calling ``aten::mean``) is merged into that parent, its kernels with it.
-    Each is found in the raw events and replaced by the innermost event of its name and thread
-    that contains it."""
+    Each is found in this trace's raw events and replaced by the innermost event of this trace
+    with its name and thread that contains it (with ``acc_events=True`` torch's list also
+    holds earlier cycles', timed from their own start)."""
     t0 = profiler.kineto_results.trace_start_ns()
-    raw = {}
+    raw, current = {}, set()
     for e in profiler.kineto_results.events():
-        if e.correlation_id() in ids:
-            raw[e.correlation_id()] = (e.name(), e.start_thread_id(), (e.start_ns() - t0) / 1000, (e.end_ns() - t0) / 1000)
+        if e.device_type() != DeviceType.CPU:  # a device activity's id is a flow id, not a range's
+            continue
+        cid = e.correlation_id()
+        current.add(cid)
+        if cid in ids:
+            raw[cid] = (e.name(), e.start_thread_id(), (e.start_ns() - t0) / 1000, (e.end_ns() - t0) / 1000)
     names = {(name, thread) for name, thread, _, _ in raw.values()}
     by_name: dict[tuple, list] = {}
     for evt in events:
         key = (evt.name, evt.thread)
-        if key in names and evt.device_type.value == _CPU:
+        if key in names and evt.id in current and evt.device_type.value == _CPU:
             by_name.setdefault(key, []).append(evt)
     out = {}
     for cid, (name, thread, start, end) in raw.items():
@@ -226,20 +236,44 @@ def _remove_recorded(events, parents: dict[int, FunctionEvent | None]) -> None:
     """Device activities torch recorded (flow -> launching op) out of its event list, and their
     time off their ops (the kernels torch's parse appended)."""
     ids = {flow & 0x7FFFFFFF: flow for flow in parents}  # an activity's id is its flow id's low 31 bits
-    keep = []
+    keep, removed = [], []
     for evt in events:
         flow = ids.get(evt.id) if evt.device_type.value == _DEVICE else None
         if flow is None:
             keep.append(evt)
-            continue
-        parent = parents[flow]
-        if parent is not None:
-            duration = evt.time_range.elapsed_us()
-            for k, kernel in enumerate(parent.kernels):
-                if kernel.name == evt.name and kernel.duration == duration:
-                    del parent.kernels[k]
-                    break
+        else:
+            removed.append((evt, parents[flow]))
     events[:] = keep
+    cpu = None
+    for evt, parent in removed:
+        kernel = (evt.name, evt.time_range.elapsed_us())  # as torch's parse appended it
+        if parent is None or not _drop_kernel(parent, kernel):
+            cpu = cpu if cpu is not None else [e for e in keep if e.device_type.value == _CPU and e.kernels]
+            any(_drop_kernel(e, kernel) for e in cpu)  # its op not found: the first one that has it
+
+
+def _drop_kernel(evt: FunctionEvent, kernel: tuple) -> bool:
+    for k, (name, _, duration) in enumerate(evt.kernels):
+        if (name, duration) == kernel:
+            del evt.kernels[k]
+            return True
+    return False
+
+
+def _remove_all_recorded(events) -> None:
+    """Every device execution torch recorded out of its tables (``correlate_device_time=False``)."""
+    names = set()
+    keep = []
+    for evt in events:
+        if evt.device_type.value == _DEVICE and evt.name.startswith(_ACTIVITY_PREFIXES):
+            names.add(evt.name)
+        else:
+            keep.append(evt)
+    events[:] = keep
+    if names:
+        for evt in keep:
+            if evt.kernels:
+                evt.kernels = [k for k in evt.kernels if k.name not in names]
 
 
 def _add_device_time(matched: list[Matched], events, use_device) -> None:

@@ -84,7 +84,7 @@ class Profiler:
                 dropped, summaries = _write_device_traces(w, matched, cfg)
             rows = placement(matched)
             fw_data = _torch_trace(w, prof)
-            trace = _framework_trace_with_device(fw_data, prof, rows)
+            trace = _framework_trace_with_device(fw_data, prof, rows, correlation.pending_recorded)
             if trace is fw_data:  # torch's file as torch wrote it (device executions recorded by torch)
                 w.add_written("trace.json", fw_data)
             else:
@@ -211,10 +211,11 @@ def _system_trace_bytes(chunks: list[str], device: dict) -> bytes:
     return ('{"traceEvents":[' + ",".join(chunks) + '],"displayTimeUnit":"ns","metadata":' + tail + "}").encode()
 
 
-def _framework_trace_with_device(data: bytes, prof, rows) -> bytes:
+def _framework_trace_with_device(data: bytes, prof, rows, pending: list[int] = ()) -> bytes:
     """torch's own Chrome trace with the device executions (and their flows) added -- those
     torch did not record itself (its trace has the others, as ``kernel`` / ``gpu_memcpy``
-    events linked to their ops by ``External id``).
+    events linked to their ops by ``External id``), less the ``pending`` ones torch recorded
+    (still running at export: left out, as from its tables).
 
     torch's timestamps are ``(trace start - baseTimeNanoseconds) / 1000`` µs ahead of the
     event times the correlation used, and its framework lanes are (pid, system thread id): the
@@ -222,6 +223,12 @@ def _framework_trace_with_device(data: bytes, prof, rows) -> bytes:
     cost more to parse than everything else the export does)."""
     import re
 
+    if pending:  # rare (a missing synchronize): worth parsing the trace for
+        drop = {str(flow) for flow in pending}
+        doc = json.loads(data)
+        doc["traceEvents"] = [e for e in doc.get("traceEvents", []) if not (
+            e.get("cat") in ("kernel", "gpu_memcpy") and str((e.get("args") or {}).get("flow_id")) in drop)]
+        data = json.dumps(doc).encode()
     rows = [row for row in rows if not row[0].recorded_by_torch]
     if not rows:
         return data

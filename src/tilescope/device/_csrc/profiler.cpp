@@ -25,9 +25,11 @@
 #include <output_base.h>
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <mutex>
 #include <set>
 #include <string>
@@ -47,9 +49,23 @@ struct Launch {
   std::string name;
 };
 
+// A finished session's launches, kept until the exporter of its trace takes them.
+struct Processed {
+  int64_t start_ns;  // wall clock when the session started recording
+  std::vector<Launch> launches;
+};
+
+int64_t wall_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr size_t kKeptSessions = 8;  // sessions nobody exported are dropped, oldest first
+
 std::mutex g_mu;
 std::vector<Launch> g_launches;  // the recording session's, launch order
-std::vector<Launch> g_last;      // the last session's, once processed (read by profiler_take)
+int64_t g_start_ns = 0;          // when it started
+std::deque<Processed> g_done;    // finished sessions not taken yet, oldest first
 std::atomic<bool> g_recording{false};
 std::atomic<bool> g_enabled{true};
 std::atomic<uint64_t> g_session{0};
@@ -82,9 +98,12 @@ int32_t activity_id(int64_t flow) { return static_cast<int32_t>(flow & 0x7ffffff
 
 class Session final : public libkineto::IActivityProfilerSession {
  public:
+  ~Session() override { g_recording = false; }  // (a session dropped without stop() records no more)
+
   void start() override {
     std::lock_guard<std::mutex> guard(g_mu);
     g_launches.clear();
+    g_start_ns = wall_ns();
     g_session.fetch_add(1);
     g_recording = true;
     status_ = libkineto::TraceStatus::RECORDING;
@@ -124,10 +143,14 @@ class Session final : public libkineto::IActivityProfilerSession {
  private:
   void process(libkineto::ActivityLogger& logger, const libkineto::getLinkedActivityCallback* linked) {
     std::vector<Launch> launches;
+    int64_t start_ns;
     {
       std::lock_guard<std::mutex> guard(g_mu);
       launches.swap(g_launches);
+      start_ns = g_start_ns;
     }
+    // flow order is submission order (threads may reach profiler_record in another order)
+    std::sort(launches.begin(), launches.end(), [](const Launch& a, const Launch& b) { return a.flow < b.flow; });
     std::unordered_map<int32_t, int64_t> core_end;
     for (const Launch& l : launches) {
       int64_t start = l.launch_ns + std::llround(l.start_ns - l.host_ns);
@@ -149,7 +172,8 @@ class Session final : public libkineto::IActivityProfilerSession {
       logger.handleGenericActivity(a);  // Kineto keeps a copy
     }
     std::lock_guard<std::mutex> guard(g_mu);
-    g_last.swap(launches);
+    g_done.push_back({start_ns, std::move(launches)});
+    while (g_done.size() > kKeptSessions) g_done.pop_front();
   }
 
   std::set<int32_t> cores_;
@@ -196,25 +220,40 @@ bool profiler_record(int64_t flow, const std::string& name, bool memcpy, int32_t
   if (!g_recording.load(std::memory_order_relaxed)) return false;
   int64_t range = 0;
   if (!t_open.empty() && t_open.back().session == g_session.load(std::memory_order_relaxed)) range = t_open.back().id;
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::system_clock::now().time_since_epoch()).count();
+  const int64_t now = wall_ns();
   std::lock_guard<std::mutex> guard(g_mu);
   if (!g_recording) return false;
   g_launches.push_back({flow, range, now, host_ns, start_ns, end_ns, core, memcpy, name});
   return true;
 }
 
-// The last processed session's launches, (flow, linked range, launch ns) each, handed over once.
-py::list profiler_take() {
-  std::vector<Launch> last;
+// The finished session that started recording in [trace_start_ns - before_ns, trace_start_ns +
+// after_ns], nearest to trace_start_ns, handed over once: (its start, wall-clock ns; its launches
+// as (flow, linked range, launch ns) each), or None.
+py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t after_ns) {
+  std::vector<Launch> taken;
+  int64_t start_ns = 0;
+  bool found = false;
   {
     std::lock_guard<std::mutex> guard(g_mu);
-    last.swap(g_last);
+    auto best = g_done.end();
+    for (auto it = g_done.begin(); it != g_done.end(); ++it) {
+      const int64_t delta = it->start_ns - trace_start_ns;
+      if (delta < -before_ns || delta > after_ns) continue;
+      if (best == g_done.end() || std::llabs(delta) < std::llabs(best->start_ns - trace_start_ns)) best = it;
+    }
+    if (best != g_done.end()) {
+      taken.swap(best->launches);
+      start_ns = best->start_ns;
+      found = true;
+      g_done.erase(best);
+    }
   }
-  py::list out(last.size());
-  for (size_t i = 0; i < last.size(); ++i)
-    out[i] = py::make_tuple(last[i].flow, last[i].range, last[i].launch_ns);
-  return out;
+  if (!found) return py::none();
+  py::list out(taken.size());
+  for (size_t i = 0; i < taken.size(); ++i)
+    out[i] = py::make_tuple(taken[i].flow, taken[i].range, taken[i].launch_ns);
+  return py::make_tuple(start_ns, out);
 }
 
 void profiler_enable(bool on) { g_enabled = on; }
@@ -227,7 +266,7 @@ bool profiler_available() { return true; }
 namespace tilescope_sim {
 bool profiler_recording() { return false; }
 bool profiler_record(int64_t, const std::string&, bool, int32_t, double, double, double) { return false; }
-py::list profiler_take() { return py::list(); }
+py::object profiler_take(int64_t, int64_t, int64_t) { return py::none(); }
 void profiler_enable(bool) {}
 bool profiler_available() { return false; }
 }  // namespace tilescope_sim
