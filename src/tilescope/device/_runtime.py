@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from . import _config, _worker
 
 __all__ = [
-    "Execution", "activity_name", "submit", "synchronize", "subscribe", "unsubscribe", "recording", "now_ns", "core_end_ns",
-    "reset_clocks", "counters",
+    "Execution", "submit", "synchronize", "subscribe", "unsubscribe", "recording", "now_ns", "core_end_ns",
+    "reset_clocks", "counters", "activity_name", "use_device_profiler", "device_profiler_recording",
+    "take_device_activities",
 ]
 
 
