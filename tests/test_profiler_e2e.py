@@ -432,3 +432,18 @@ def test_executions_running_at_export_are_left_out_of_torch_trace_too(sim, tmp_p
     framework = json.loads((exporter.path / "trace.json").read_text())
     assert not [e for e in framework["traceEvents"] if e.get("cat") == "kernel"]
     assert any(e.get("name") == "aten::mul" for e in framework["traceEvents"])
+
+
+def test_a_compiled_program_is_linked_to_its_fused_range(sim):
+    """torch.compile's fused Program launches inside its own ``tilescope::fused[...]`` range:
+    torch links the execution there (Self SIM on that row)."""
+    x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
+    fused = torch.compile(naive_rmsnorm, backend="tilescope")
+    fused(x, w)
+    torch.sim.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        fused(x, w)
+        torch.sim.synchronize()
+    rows = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    assert {e.key.startswith("tilescope::fused[") for e in rows} == {True, False}  # the range and its execution
+    assert all(e.count == 1 for e in rows)
