@@ -287,9 +287,11 @@ def test_the_record_buffer_keeps_the_latest_launches_and_counts_the_drops(monkey
     assert cap.get(5)[1] == threading.get_native_id()
 
 
-def test_a_plain_torch_profiler_session_gets_device_time_from_torch_itself(sim):
-    """No tilescope config and no exporter, after a tilescope Profiler exists in the process:
-    torch's own tables and Chrome trace have the device executions, and no marker rows."""
+def _recorded_profile():
+    """Naive RMSNorm (6 executions) in a plain torch.profiler session with device activities,
+    after a tilescope Profiler exists (its capture keeps the execution records)."""
+    from tilescope.profiler._capture import capture
+
     Profiler(ProfileConfig(output_dir="unused"))  # exists; its export is not used here
     x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
     naive_rmsnorm(x, w)
@@ -297,24 +299,18 @@ def test_a_plain_torch_profiler_session_gets_device_time_from_torch_itself(sim):
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
         naive_rmsnorm(x, w)
         torch.sim.synchronize()
+    return prof, capture
+
+
+def test_a_plain_torch_profiler_session_gets_device_time_from_torch_itself(sim):
+    """No tilescope config and no exporter, after a tilescope Profiler exists in the process:
+    torch's own tables and Chrome trace have the device executions, and no marker rows."""
+    prof, _ = _recorded_profile()
     rows = {e.key: e for e in prof.key_averages()}
     assert rows["aten::mul"].count == 3 and rows["aten::mul"].self_device_time_total > 0
     assert rows["exec_running aten::mul.Tensor"].count == 3
     assert not any(k.startswith("tilescope::exec#") for k in rows)
     assert "Self SIM time total" in prof.key_averages().table(row_limit=3)
-
-
-def _recorded_profile():
-    from tilescope.profiler._capture import capture
-
-    Profiler(ProfileConfig(output_dir="unused"))  # the capture keeps the execution records
-    x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
-    naive_rmsnorm(x, w)
-    torch.sim.synchronize()
-    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
-        naive_rmsnorm(x, w)
-        torch.sim.synchronize()
-    return prof, capture
 
 
 @pytest.mark.parametrize("now_ns, into_tables", [(0.0, True), (float("inf"), False)])
