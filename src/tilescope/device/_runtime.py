@@ -33,8 +33,7 @@ from . import _config, _worker
 
 __all__ = [
     "Execution", "submit", "synchronize", "subscribe", "unsubscribe", "recording", "now_ns", "core_end_ns",
-    "reset_clocks", "counters", "activity_name", "use_device_profiler", "device_profiler_recording",
-    "take_device_activities",
+    "reset_clocks", "counters", "activity_name", "use_device_profiler", "take_device_activities",
 ]
 
 
@@ -64,6 +63,8 @@ class Execution:
         clock: ``"wall"`` or ``"virtual"``.
         first_run: the first execution of this Program in this process (its lowering and
             modeled time were built for it: a cold start).
+        recorded_by_torch: torch's profiler recorded it as a device activity (through the
+            device's activity profiler for Kineto, see :func:`use_device_profiler`).
     """
 
     flow_id: int
@@ -85,6 +86,7 @@ class Execution:
     direction: str | None
     clock: str
     first_run: bool = False
+    recorded_by_torch: bool = False
 
     @property
     def duration_ns(self) -> float:
@@ -156,11 +158,6 @@ def use_device_profiler(native, on: bool = True) -> bool:
     _S.native = native
     _S.device_profiler = native.profiler_record if on else None
     return on
-
-
-def device_profiler_recording() -> bool:
-    """A profiling session of torch's is recording this device's activities."""
-    return _S.device_profiler is not None and _S.native.profiler_recording()
 
 
 # Kineto starts the device's session ~0.1 ms after torch starts its trace: a session that started
@@ -263,12 +260,12 @@ def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: fl
         if first:
             s.ran.add(key)
     record = s.device_profiler
-    if record is not None and _profiler_enabled():  # torch records it (profiler.cpp)
-        record(flow, activity_name(kind, op), kind == "memcpy", core, host, start, end)
+    recorded = record is not None and _profiler_enabled() and record(  # torch records it (profiler.cpp)
+        flow, activity_name(kind, op), kind == "memcpy", core, host, start, end)
     rec = None
     if s.listeners or want_record:
         rec = Execution(flow, op, kind, lowering, program, key, core, 0, threading.get_ident(), host, queued,
-                        start, end, modeled_ns, s.runtime_ns, nbytes, direction, s.clock, first)
+                        start, end, modeled_ns, s.runtime_ns, nbytes, direction, s.clock, first, recorded)
         for fn in s.listeners:
             fn(rec)
     if work is not None and s.numerics:

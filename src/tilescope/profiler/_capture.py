@@ -21,7 +21,6 @@ from collections import deque
 
 import torch
 
-from ..device._runtime import device_profiler_recording
 from ._format import prepare_files
 
 __all__ = ["MARKER", "Capture", "capture"]
@@ -75,7 +74,7 @@ class Capture:
             self._unprofiled_launch()
             return
         self._last_unprofiled_ns = 0
-        if not device_profiler_recording():  # torch does not record device activities: a marker
+        if not rec.recorded_by_torch:  # torch records no device activity in this session: a marker
             with _RecordFunctionFast(f"{MARKER}{rec.flow_id}"):
                 pass
             self.markers += 1

@@ -213,8 +213,6 @@ class SimActivityProfiler final : public libkineto::IActivityProfiler {
 
 REGISTER_PRIVATEUSE1_PROFILER(SimActivityProfiler);
 
-bool profiler_recording() { return g_recording.load(std::memory_order_relaxed); }
-
 bool profiler_record(int64_t flow, const std::string& name, bool memcpy, int32_t core, double host_ns,
                      double start_ns, double end_ns) {
   if (!g_recording.load(std::memory_order_relaxed)) return false;
@@ -264,7 +262,6 @@ bool profiler_available() { return true; }
 #else  // no Kineto in this torch: the profiler integration is absent (tilescope's markers stand in)
 
 namespace tilescope_sim {
-bool profiler_recording() { return false; }
 bool profiler_record(int64_t, const std::string&, bool, int32_t, double, double, double) { return false; }
 py::object profiler_take(int64_t, int64_t, int64_t) { return py::none(); }
 void profiler_enable(bool) {}
@@ -276,7 +273,6 @@ bool profiler_available() { return false; }
 namespace tilescope_sim {
 
 void bind_profiler(py::module& m) {
-  m.def("profiler_recording", &profiler_recording);
   m.def("profiler_record", &profiler_record);
   m.def("profiler_take", &profiler_take);
   m.def("profiler_enable", &profiler_enable);
