@@ -16,7 +16,9 @@ time each: the export's fixed cost dominates the first, its cost per device exec
 second) and one training step of a 2-layer transformer encoder (a realistic profiled step).
 Two situations (the second not for the 200-iteration loop):
   * steady: the same workload profiled again and again in one process (REPEATS pairs of
-    runs, one per side; a training loop with a repeating schedule). Prints the median wall time of each
+    runs, one per side; a training loop with a repeating schedule: each side writes its
+    profiles into one directory, torch's a new trace file each time as its
+    tensorboard_trace_handler does, tilescope's a new profile directory). Prints the median wall time of each
     side, the overhead (target <= 10%), the overhead per device execution, the median and
     quartiles of the ratios of adjacent pairs (less sensitive to the machine's load drifting
     during the run; the quartiles show how far one pair's figure can be trusted) with a 95%
@@ -99,10 +101,10 @@ def make_transformer_step():
 
 
 def run(workload, with_tilescope: bool, out: str, exporter: Profiler | None = None) -> tuple[dict, int]:
-    """One profiled run; returns its wall times (total and the split: profiled region, stop +
-    export, key_averages) and how many device executions it profiled. With tilescope, the
-    ``exporter`` made before the workload's first steps, as the documented loop makes it, or a
-    new one."""
+    """One profiled run, its profile written under ``out``; returns its wall times (total and
+    the split: profiled region, stop + export, key_averages) and how many device executions it
+    profiled. With tilescope, the ``exporter`` made before the workload's first steps, as the
+    documented loop makes it, or a new one."""
     os.makedirs(out, exist_ok=True)
     gc.collect()  # each run starts with no garbage left by the previous one (either side's)
     recs = []
@@ -115,7 +117,8 @@ def run(workload, with_tilescope: bool, out: str, exporter: Profiler | None = No
         exporter = exporter or Profiler(ProfileConfig(output_dir=out))
         kwargs = dict(experimental_config=exporter.config, on_trace_ready=exporter.export_trace)
     else:
-        kwargs = dict(on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/trace.json"))
+        # a new file per profile, as torch's tensorboard_trace_handler writes them
+        kwargs = dict(on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/trace_{time.time_ns()}.json"))
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], **kwargs) as prof:
         workload()
         t1 = time.perf_counter()
@@ -259,8 +262,8 @@ def main() -> None:
             times = {True: [], False: []}
             execs = 0
             for k in range(REPEATS):
-                for flag in pair_order(k):
-                    t, n = run(workload, flag, f"{tmp}/{k}{flag}")
+                for flag in pair_order(k):  # each side into its own directory, as a training loop's profiles go
+                    t, n = run(workload, flag, f"{tmp}/{name[:24]}-{'tilescope' if flag else 'torch'}")
                     times[flag].append(t)
                     execs = n
             print(f"{name}: {execs} device executions per profile")

@@ -89,23 +89,6 @@ def test_exception_inside_writer_leaves_nothing(tmp_path):
     assert find_profiles(tmp_path) == []
 
 
-def test_a_failed_background_write_leaves_nothing(tmp_path):
-    """Instruction traces are written by a batch on another thread: a write that fails there
-    fails the profile when it finishes, and nothing of it is left."""
-    from tilescope.profiler import _format
-
-    if _format._filebatch is None:
-        pytest.skip("the _filebatch extension is not built")
-    prog = _program()
-    with pytest.raises(OSError) as err:
-        with ProfileWriter(tmp_path) as w:
-            w.add_itrace(prog, simulate(prog), 0)
-            (w.partial / "itraces").rmdir()  # the batch's directory vanishes before it runs
-            w.start_writes()
-    assert "itraces" in str(err.value.filename)
-    assert find_profiles(tmp_path) == [] and not any(tmp_path.rglob("*.json"))
-
-
 @pytest.fixture(params=["batch-thread", "no-extension"])
 def writer_path(request, monkeypatch):
     """Both ways the writer makes its batched files: the ``_filebatch`` extension on the writer
@@ -117,6 +100,21 @@ def writer_path(request, monkeypatch):
     elif _format._filebatch is None:
         pytest.skip("the _filebatch extension is not built")
     return request.param
+
+
+def test_a_failed_background_write_leaves_nothing(tmp_path, writer_path):
+    """Instruction traces are written by a batch (on another thread, with the extension),
+    which also makes their directory: a write that fails there fails the profile when it
+    finishes, and nothing of it is left."""
+    prog = _program()
+    with pytest.raises(OSError) as err:
+        with ProfileWriter(tmp_path) as w:
+            w.add_itrace(prog, simulate(prog), 0)
+            assert not (w.partial / "itraces").exists()  # made by the batch, off this thread
+            (w.partial / "itraces").write_bytes(b"")  # a file where the batch's directory goes
+            w.start_writes()
+    assert "itraces" in str(err.value.filename)
+    assert find_profiles(tmp_path) == [] and not any(tmp_path.rglob("*.json"))
 
 
 def test_files_written_later_are_in_the_finished_profile(tmp_path, writer_path):

@@ -100,7 +100,7 @@ def test_device_lanes_match_the_python_loop(profiled, monkeypatch, lanes, shift)
 
 
 def test_bad_rows_are_refused_with_the_reason(lanes):
-    with pytest.raises(TypeError, match="placement tuple of 11"):
+    with pytest.raises(TypeError, match="placement tuple of 8"):
         lanes.device_lanes([("not", "a", "row")], [0], [0], 0.0, 1, 2, 3)
     with pytest.raises(ValueError, match="one tid and one core per row"):
         lanes.device_lanes([], [0], [], 0.0, 1, 2, 3)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
@@ -63,7 +64,25 @@ class _Ctx:
         return [e for e in doc.get("traceEvents", []) if isinstance(e, dict)]
 
     def cat(self, name: str) -> list[dict]:
-        return [e for e in self.events if e.get("cat") == name and e.get("ph") == "X"]
+        """The slices (``ph`` X) of category ``name``."""
+        return self._slices[0].get(name, [])
+
+    def named(self, name: str) -> list[dict]:
+        """The slices whose name starts with ``name`` (``ProfilerStep``, ``tilescope::synchronize``)."""
+        return [e for e in self._slices[1] if e["name"].startswith(name)]
+
+    @cached_property
+    def _slices(self) -> tuple[dict, list]:
+        """One pass over the events: the slices by category, and those with a name (framework
+        ranges: device slices carry theirs in ``args``)."""
+        by_cat: dict = {}
+        named = []
+        for e in self.events:
+            if e.get("ph") == "X":
+                by_cat.setdefault(e.get("cat"), []).append(e)
+                if isinstance(e.get("name"), str):
+                    named.append(e)
+        return by_cat, named
 
 
 def _incomplete(c: _Ctx):
@@ -97,8 +116,8 @@ def _unsynchronized(c: _Ctx):
                 f"device time is missing from the profile")
     # torch synchronises the device when the trace stops, after the last step has ended: a step
     # that launched device work without synchronising inside attributes it to the wrong step
-    steps = [e for e in c.events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep")]
-    syncs = [e["ts"] for e in c.events if e.get("ph") == "X" and e.get("name") == "tilescope::synchronize"]
+    steps = c.named("ProfilerStep")
+    syncs = [e["ts"] for e in c.named("tilescope::synchronize") if e["name"] == "tilescope::synchronize"]
     launches = [e["ts"] for e in c.cat("runtime")]
     bad = []
     for step in steps:

@@ -115,14 +115,15 @@ def _framework_lanes(function_events) -> tuple[list[str], dict, list[tuple], flo
 
 def placement(matched) -> list[tuple]:
     """Where each execution goes on the runtime and hardware lanes (µs on torch's clock), with
-    the parts of its events that do not depend on the clock, as text.
+    the parts of its events that do not depend on the clock or the execution, as text.
 
     An execution's runtime ``execute`` event starts at its launch; its hardware
     ``exec_running`` event starts ``device_start - host_submit`` later (the modeled queue and
     runtime cost), never before the previous execution on that core ends (the times torch
-    records for it, too); durations are the modeled ones, unchanged. Rows are ``(matched, runtime start, runtime dur, hardware start,
-    hardware dur, framework op start, runtime event head, its text after "ts", hardware event
-    head, its text after "ts", flow event head)``.
+    records for it, too); durations are the modeled ones, unchanged. Rows are ``(matched,
+    runtime start, runtime dur, hardware start, hardware dur, framework op start, flow id,
+    texts)``, ``texts`` shared by the executions of one Program by one op on one core (see
+    :func:`_clock_free_text`).
     """
     rows = []
     hw_end: dict[int, float] = {}
@@ -131,8 +132,9 @@ def placement(matched) -> list[tuple]:
         rec = m.rec
         core = rec.core
         t_launch = m.launch_us
-        rt_dur = (rec.queued_ns - rec.host_submit_ns) / 1000.0
-        hw_ts = t_launch + (rec.device_start_ns - rec.host_submit_ns) / 1000.0
+        submit = rec.host_submit_ns
+        rt_dur = (rec.queued_ns - submit) / 1000.0
+        hw_ts = t_launch + (rec.device_start_ns - submit) / 1000.0
         hw_ts = max(hw_ts, hw_end.get(core, hw_ts), t_launch + rt_dur)
         hw_dur = (rec.device_end_ns - rec.device_start_ns) / 1000.0
         hw_end[core] = hw_ts + hw_dur
@@ -141,14 +143,7 @@ def placement(matched) -> list[tuple]:
         text = texts.get(key)
         if text is None:
             text = texts[key] = _clock_free_text(rec)
-        rt_head, rest, hw_head, hw_tail = text
-        flow_id = rec.flow_id
-        rt_rest = (f',"dur":{rt_dur:.3f},"args":{{"flow_id":{flow_id}{rest},"queued_us":{rt_dur:.3f},'
-                   f'"assumed_runtime_cost":true}}}}')
-        hw_rest = f',"dur":{hw_dur:.3f},"args":{{"flow_id":{flow_id}{rest}{hw_tail}'
-        flow = f'{{"cat":"tilescope.flow","name":"launch","id":{flow_id}'
-        rows.append((m, t_launch, rt_dur, hw_ts, hw_dur, max(fw_ts, t_launch - 1e-3),
-                     rt_head, rt_rest, hw_head, hw_rest, flow))
+        rows.append((m, t_launch, rt_dur, hw_ts, hw_dur, max(fw_ts, t_launch - 1e-3), rec.flow_id, text))
     return rows
 
 
@@ -186,11 +181,14 @@ def _device_lanes(rows, fw_tid, shift: float, fw_pid: int) -> list[str]:
     """The reference of ``_lanes.device_lanes`` (and its stand-in where it is not built): each
     row's runtime and hardware slices and flow events, as one text."""
     events = []
-    for m, rt_ts, _, hw_ts, _, fw_ts, rt_head, rt_rest, hw_head, hw_rest, flow in rows:
+    for m, rt_ts, rt_dur, hw_ts, hw_dur, fw_ts, flow_id, (rt_head, rest, hw_head, hw_tail) in rows:
         core = m.rec.core
-        rt, hw = f"{rt_ts + shift:.3f}", f"{hw_ts + shift:.3f}"  # each written twice: formatted once
+        rt, hw, queued = f"{rt_ts + shift:.3f}", f"{hw_ts + shift:.3f}", f"{rt_dur:.3f}"  # written twice each
+        flow = f'{{"cat":"tilescope.flow","name":"launch","id":{flow_id}'
         events.append(
-            f'{rt_head},"ts":{rt}{rt_rest},{hw_head},"ts":{hw}{hw_rest},'
+            f'{rt_head},"ts":{rt},"dur":{queued},"args":{{"flow_id":{flow_id}{rest},"queued_us":{queued},'
+            f'"assumed_runtime_cost":true}}}},'
+            f'{hw_head},"ts":{hw},"dur":{hw_dur:.3f},"args":{{"flow_id":{flow_id}{rest}{hw_tail},'
             f'{flow},"ph":"s","pid":{fw_pid},"tid":{fw_tid(m)},"ts":{fw_ts + shift:.3f}}},'
             f'{flow},"ph":"t","pid":{RUNTIME},"tid":{core},"ts":{rt}}},'
             f'{flow},"ph":"f","bp":"e","pid":{HARDWARE},"tid":{core},"ts":{hw}}}')

@@ -10,20 +10,36 @@
  * paths are file-system paths (str, bytes or os.PathLike); datas bytes or str (written as
  * UTF-8); links, when given, one None or (source, st_ino, st_size, st_mtime_ns) per path: the
  * path is then a hard link to source when source is still that file (same inode, size and
- * modification time), else it is written. Returns, per path, whether it was linked. The first
- * failure stops the batch and raises OSError with the errno and the path. All lists have one
- * length.
+ * modification time), else it is written. A path's missing directory is created (one level:
+ * the profile's executables/ and itraces/ are made here, off the exporter's thread). Returns,
+ * per path, whether it was linked. The first failure stops the batch and raises OSError with
+ * the errno and the path. All lists have one length.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef O_CLOEXEC
 #define O_CLOEXEC 0
 #endif
+
+/* mkdir of path's directory (an existing one is fine); 0 or an errno */
+static int make_parent(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path) return ENOENT;
+    size_t n = (size_t)(slash - path);
+    char *dir = PyMem_RawMalloc(n + 1);
+    if (!dir) return ENOMEM;
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    int err = mkdir(dir, 0777) == 0 || errno == EEXIST ? 0 : errno;
+    PyMem_RawFree(dir);
+    return err;
+}
 
 static int write_one(const char *path, const char *data, Py_ssize_t size) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -123,11 +139,15 @@ static PyObject *write_files(PyObject *Py_UNUSED(self), PyObject *args) {
     for (i = 0; i < n && !err; i++) {
         Item *it = &items[i];
         const char *path = PyBytes_AS_STRING(it->encoded);
-        if (it->source && same_file(it) && link(PyBytes_AS_STRING(it->source), path) == 0) {
-            it->linked = 1;
-            continue;
+        if (it->source && same_file(it)) {
+            const char *source = PyBytes_AS_STRING(it->source);
+            if (link(source, path) == 0 || (errno == ENOENT && make_parent(path) == 0 && link(source, path) == 0)) {
+                it->linked = 1;
+                continue;
+            }
         }
         err = write_one(path, it->bytes, it->size);
+        if (err == ENOENT && make_parent(path) == 0) err = write_one(path, it->bytes, it->size);
         if (err) failed = i;
     }
     Py_END_ALLOW_THREADS

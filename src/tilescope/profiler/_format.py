@@ -185,12 +185,14 @@ class ProfileWriter:
         self._finished = False
 
     # ---- files -------------------------------------------------------------
-    def _target(self, relpath: str) -> str:
+    def _target(self, relpath: str, *, later: bool = False) -> str:
+        """The path ``relpath`` is written to; its directory is made here, or -- ``later`` --
+        by the batch that writes it (off this thread)."""
         if os.path.isabs(relpath) or ".." in relpath.replace("\\", "/").split("/"):
             raise ValueError(f"profile file paths must be relative and inside the profile: {relpath!r}")
         target = os.path.join(self._partial, relpath)
         parent = os.path.dirname(target)
-        if parent not in self._dirs:  # one mkdir per directory, not per file
+        if not later and parent not in self._dirs:  # one mkdir per directory, not per file
             os.makedirs(parent, exist_ok=True)
             self._dirs.add(parent)
         return target
@@ -204,7 +206,7 @@ class ProfileWriter:
     def write_bytes(self, relpath: str, data: bytes, *, sha256: str | None = None, later: bool = False) -> str:
         """Write one file; ``sha256`` is its known digest (e.g. of an executable written before).
         ``later``: in the next batch (:meth:`start_writes`), off the calling thread."""
-        target = self._target(relpath)
+        target = self._target(relpath, later=later)
         if later:
             self._later.append((target, data, None))
         else:
@@ -255,7 +257,7 @@ class ProfileWriter:
         rel = executable_name(program.hash)
         if program.hash not in self._executables:
             exe = _Executable.of(program)
-            target = self._target(rel)
+            target = self._target(rel, later=True)
             # in the batch: a link to the file this process wrote last, while it is unchanged
             source = exe.link_source()
             self._later.append((target, exe.text, source))
@@ -340,6 +342,8 @@ class _BatchWriter:
                 self._done = done
                 return
         try:
+            for parent in dict.fromkeys(os.path.dirname(path) for path, _, _ in batch):
+                os.makedirs(parent, exist_ok=True)  # as the extension does: the batch makes its directories
             for path, data, link in batch:
                 if link is not None and _link_if_unchanged(link, path):
                     self.linked.add(path)

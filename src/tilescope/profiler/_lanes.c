@@ -8,7 +8,9 @@
  *   appearance; ranges: (category, name, tid, ts, dur) of the events whose name starts with one of
  *   prefixes; end: the latest ts + dur (0.0 without events).
  * device_lanes(rows, tids, cores, shift, fw_pid, runtime_pid, hardware_pid) -> text
- *   the runtime slice, hardware slice and three flow events of each placement row, joined by ",".
+ *   the runtime slice, hardware slice and three flow events of each placement row
+ *   (matched, runtime start, runtime dur, hardware start, hardware dur, framework op start, flow id,
+ *   (runtime head, args after the flow id, hardware head, end of the hardware args)), joined by ",".
  * format_ms(x) -> str
  *   f"{x:.3f}", as both write every time.
  *
@@ -273,55 +275,71 @@ done:
     return result;
 }
 
-/* row: (matched, rt_ts, rt_dur, hw_ts, hw_dur, fw_ts, rt_head, rt_rest, hw_head, hw_rest, flow) */
+/* row: (matched, rt_ts, rt_dur, hw_ts, hw_dur, fw_ts, flow_id, (rt_head, rest, hw_head, hw_tail)) */
 static int device_row(Buf *b, PyObject *row, PyObject *tid, PyObject *core, double shift, long fw_pid, long rt_pid,
                       long hw_pid, int first) {
-    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 11) {
-        PyErr_SetString(PyExc_TypeError, "device_lanes: each row is a placement tuple of 11 items");
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 8 || !PyTuple_Check(PyTuple_GET_ITEM(row, 7)) ||
+        PyTuple_GET_SIZE(PyTuple_GET_ITEM(row, 7)) != 4) {
+        PyErr_SetString(PyExc_TypeError, "device_lanes: each row is a placement tuple of 8 items, its texts a tuple of 4");
         return -1;
     }
-    for (int k = 6; k <= 10; k++) {
-        if (!PyUnicode_Check(PyTuple_GET_ITEM(row, k))) {
-            PyErr_SetString(PyExc_TypeError, "device_lanes: a row's texts (items 6-10) must be str");
+    PyObject *texts = PyTuple_GET_ITEM(row, 7);
+    for (int k = 0; k < 4; k++) {
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(texts, k))) {
+            PyErr_SetString(PyExc_TypeError, "device_lanes: a row's texts must be str");
             return -1;
         }
     }
-    double t[3];
-    const int at[3] = {1, 3, 5};  /* runtime, hardware, framework op start */
-    for (int k = 0; k < 3; k++) {
-        t[k] = PyFloat_AsDouble(PyTuple_GET_ITEM(row, at[k]));
+    PyObject *rt_head = PyTuple_GET_ITEM(texts, 0), *rest = PyTuple_GET_ITEM(texts, 1);
+    PyObject *hw_head = PyTuple_GET_ITEM(texts, 2), *hw_tail = PyTuple_GET_ITEM(texts, 3);
+    double t[5];  /* runtime start, runtime dur, hardware start, hardware dur, framework op start */
+    for (int k = 0; k < 5; k++) {
+        t[k] = PyFloat_AsDouble(PyTuple_GET_ITEM(row, k + 1));
         if (t[k] == -1.0 && PyErr_Occurred()) return -1;
     }
-    Ms rt, hw;
-    if (ms_make(&rt, t[0] + shift) < 0) return -1;
-    if (ms_make(&hw, t[1] + shift) < 0) {
-        ms_free(&rt);
-        return -1;
-    }
-    char num[64];
-    int rc = -1;
-    PyObject *flow = PyTuple_GET_ITEM(row, 10);
-    if ((!first && PUT_LIT(b, ",")) || buf_put_str(b, PyTuple_GET_ITEM(row, 6)) || PUT_LIT(b, ",\"ts\":") ||
-        buf_put(b, rt.text, rt.len) || buf_put_str(b, PyTuple_GET_ITEM(row, 7)) || PUT_LIT(b, ",") ||
-        buf_put_str(b, PyTuple_GET_ITEM(row, 8)) || PUT_LIT(b, ",\"ts\":") || buf_put(b, hw.text, hw.len) ||
-        buf_put_str(b, PyTuple_GET_ITEM(row, 9)) || PUT_LIT(b, ","))
+    PyObject *flow_id = PyObject_Str(PyTuple_GET_ITEM(row, 6));
+    if (!flow_id) return -1;
+    Ms rt, hw, queued;
+    int made = 0, rc = -1;
+    if (ms_make(&rt, t[0] + shift) < 0) goto done;
+    made = 1;
+    if (ms_make(&hw, t[2] + shift) < 0) goto done;
+    made = 2;
+    if (ms_make(&queued, t[1]) < 0) goto done;
+    made = 3;
+    /* the runtime slice, then the hardware slice */
+    if ((!first && PUT_LIT(b, ",")) || buf_put_str(b, rt_head) || PUT_LIT(b, ",\"ts\":") ||
+        buf_put(b, rt.text, rt.len) || PUT_LIT(b, ",\"dur\":") || buf_put(b, queued.text, queued.len) ||
+        PUT_LIT(b, ",\"args\":{\"flow_id\":") || buf_put_str(b, flow_id) || buf_put_str(b, rest) ||
+        PUT_LIT(b, ",\"queued_us\":") || buf_put(b, queued.text, queued.len) ||
+        PUT_LIT(b, ",\"assumed_runtime_cost\":true}},") || buf_put_str(b, hw_head) || PUT_LIT(b, ",\"ts\":") ||
+        buf_put(b, hw.text, hw.len) || PUT_LIT(b, ",\"dur\":") || buf_put_ms(b, t[3]) ||
+        PUT_LIT(b, ",\"args\":{\"flow_id\":") || buf_put_str(b, flow_id) || buf_put_str(b, rest) ||
+        buf_put_str(b, hw_tail) || PUT_LIT(b, ","))
         goto done;
+    /* the flow: framework op -> runtime slice -> hardware slice */
+    char num[64];
     snprintf(num, sizeof num, ",\"ph\":\"s\",\"pid\":%ld,\"tid\":", fw_pid);
-    if (buf_put_str(b, flow) || buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, tid) ||
-        PUT_LIT(b, ",\"ts\":") || buf_put_ms(b, t[2] + shift) || PUT_LIT(b, "},"))
+    if (PUT_LIT(b, "{\"cat\":\"tilescope.flow\",\"name\":\"launch\",\"id\":") || buf_put_str(b, flow_id) ||
+        buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, tid) || PUT_LIT(b, ",\"ts\":") ||
+        buf_put_ms(b, t[4] + shift) || PUT_LIT(b, "},"))
         goto done;
     snprintf(num, sizeof num, ",\"ph\":\"t\",\"pid\":%ld,\"tid\":", rt_pid);
-    if (buf_put_str(b, flow) || buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, core) ||
-        PUT_LIT(b, ",\"ts\":") || buf_put(b, rt.text, rt.len) || PUT_LIT(b, "},"))
+    if (PUT_LIT(b, "{\"cat\":\"tilescope.flow\",\"name\":\"launch\",\"id\":") || buf_put_str(b, flow_id) ||
+        buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, core) || PUT_LIT(b, ",\"ts\":") ||
+        buf_put(b, rt.text, rt.len) || PUT_LIT(b, "},"))
         goto done;
     snprintf(num, sizeof num, ",\"ph\":\"f\",\"bp\":\"e\",\"pid\":%ld,\"tid\":", hw_pid);
-    if (buf_put_str(b, flow) || buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, core) ||
-        PUT_LIT(b, ",\"ts\":") || buf_put(b, hw.text, hw.len) || PUT_LIT(b, "}"))
+    if (PUT_LIT(b, "{\"cat\":\"tilescope.flow\",\"name\":\"launch\",\"id\":") || buf_put_str(b, flow_id) ||
+        buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, core) || PUT_LIT(b, ",\"ts\":") ||
+        buf_put(b, hw.text, hw.len) || PUT_LIT(b, "}"))
         goto done;
     rc = 0;
 done:
-    ms_free(&rt);
-    ms_free(&hw);
+    if (made >= 1) ms_free(&rt);
+    if (made >= 2) ms_free(&hw);
+    if (made >= 3) ms_free(&queued);
+    Py_DECREF(flow_id);
     return rc;
 }
 
