@@ -73,8 +73,9 @@ class _Ctx:
 
     @cached_property
     def _slices(self) -> tuple[dict, list]:
-        """One pass over the events: the slices by category, and those with a name (framework
-        ranges: device slices carry theirs in ``args``)."""
+        """One pass over the events: the slices by category, and those with a name (from a
+        file, every slice; at export, the framework ranges -- the device slices passed then
+        have none)."""
         by_cat: dict = {}
         named = []
         for e in self.events:
