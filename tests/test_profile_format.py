@@ -110,7 +110,8 @@ def test_a_failed_background_write_leaves_nothing(tmp_path, writer_path):
     with pytest.raises(OSError) as err:
         with ProfileWriter(tmp_path) as w:
             w.add_itrace(prog, simulate(prog), 0)
-            assert not (w.partial / "itraces").exists()  # made by the batch, off this thread
+            assert not w.partial.exists()  # made by the batch, off this thread
+            w.partial.mkdir(parents=True)
             (w.partial / "itraces").write_bytes(b"")  # a file where the batch's directory goes
             w.start_writes()
     assert "itraces" in str(err.value.filename)
@@ -119,11 +120,12 @@ def test_a_failed_background_write_leaves_nothing(tmp_path, writer_path):
 
 def test_files_written_later_are_in_the_finished_profile(tmp_path, writer_path):
     prog = _program()
-    with ProfileWriter(tmp_path) as w:
+    with ProfileWriter(tmp_path / "new" / "dir") as w:  # every directory made by the batch
         w.add_itrace(prog, simulate(prog), 0)
         w.write_bytes("late.json", b"{}", later=True)  # still in the batch when the writer finishes
     p = read_profile(w.path).require_complete()  # every checksum verified
     assert (w.path / "late.json").read_bytes() == b"{}" and len(p.itraces()) == 1
+    assert [d.name for d in (tmp_path / "new" / "dir").iterdir()] == [w.path.parent.name]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

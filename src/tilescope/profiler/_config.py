@@ -84,6 +84,9 @@ class ProfileConfig(_ExperimentalConfig):
         self.capture_cores = capture_cores
         self.cores = parse_cores(capture_cores)
         self.output_dir = os.fspath(output_dir)
+        if os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
+            raise ValueError(f"output_dir {self.output_dir!r} is a file; profiles are directories written "
+                             f"under it: pass a directory (it is created if missing)")
         self.max_events_per_core = int(max_events_per_core)
         self.correlate_device_time = bool(correlate_device_time)
         self.executable_cache_dir = os.fspath(executable_cache_dir) if executable_cache_dir else None

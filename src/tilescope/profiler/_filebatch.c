@@ -10,8 +10,9 @@
  * paths are file-system paths (str, bytes or os.PathLike); datas bytes or str (written as
  * UTF-8); links, when given, one None or (source, st_ino, st_size, st_mtime_ns) per path: the
  * path is then a hard link to source when source is still that file (same inode, size and
- * modification time), else it is written. A path's missing directory is created (one level:
- * the profile's executables/ and itraces/ are made here, off the exporter's thread). Returns,
+ * modification time), else it is written. A path's missing directories are made (the
+ * profile's own directory and its executables/ and itraces/ are made here, off the exporter's
+ * thread, by the first batch). Returns,
  * per path, whether it was linked. The first failure stops the batch and raises OSError with
  * the errno and the path. All lists have one length.
  */
@@ -27,7 +28,20 @@
 #define O_CLOEXEC 0
 #endif
 
-/* mkdir of path's directory (an existing one is fine); 0 or an errno */
+/* mkdir -p of dir (modified while it runs, restored); 0 or an errno */
+static int make_dirs(char *dir) {
+    if (mkdir(dir, 0777) == 0 || errno == EEXIST) return 0;
+    if (errno != ENOENT) return errno;
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return ENOENT;
+    *slash = '\0';
+    int err = make_dirs(dir);
+    *slash = '/';
+    if (err) return err;
+    return mkdir(dir, 0777) == 0 || errno == EEXIST ? 0 : errno;
+}
+
+/* the directories of path, made (existing ones are fine); 0 or an errno */
 static int make_parent(const char *path) {
     const char *slash = strrchr(path, '/');
     if (!slash || slash == path) return ENOENT;
@@ -36,7 +50,7 @@ static int make_parent(const char *path) {
     if (!dir) return ENOMEM;
     memcpy(dir, path, n);
     dir[n] = '\0';
-    int err = mkdir(dir, 0777) == 0 || errno == EEXIST ? 0 : errno;
+    int err = make_dirs(dir);
     PyMem_RawFree(dir);
     return err;
 }

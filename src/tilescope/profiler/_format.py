@@ -159,7 +159,7 @@ class ProfileWriter:
     def __init__(self, output_dir, *, device: dict | None = None, config: dict | None = None,
                  instance: str | None = None, pid: int | None = None, timestamp: str | None = None,
                  redacted: bool = False):
-        now = _dt.datetime.now(_dt.timezone.utc)
+        now = _unique_now()
         self.created = now.isoformat().replace("+00:00", "Z")
         stamp = timestamp or now.strftime("%Y%m%d_%H%M%S_%f")
         instance = instance or socket.gethostname().split(".")[0] or "host"
@@ -168,8 +168,10 @@ class ProfileWriter:
         self.path = parent / stamp
         if self.path.exists():
             raise FileExistsError(f"profile directory {self.path} already exists; pick another timestamp")
+        # the directory itself is made by the first file written into it -- usually by the
+        # first batch, off this thread: creating directories costs hundreds of microseconds
+        # on some file systems
         self.partial = parent / f".{stamp}.partial"
-        self.partial.mkdir(parents=True, exist_ok=False)
         self.device = dict(device or {})
         self.config = dict(config or {})
         self.stats: dict = {}
@@ -181,7 +183,7 @@ class ProfileWriter:
         self._writers: list[_BatchWriter] = []
         self._executables: set[str] = set()
         self._partial, self._final = str(self.partial), str(self.path)  # hundreds of joins: strings
-        self._dirs: set[str] = {self._partial}
+        self._dirs: set[str] = set()  # the directories this thread made (or found)
         self._finished = False
 
     # ---- files -------------------------------------------------------------
@@ -302,7 +304,7 @@ class ProfileWriter:
         self.final_manifest = self.manifest()
         data = orjson.dumps(self.final_manifest, default=_json_default,  # indented: people read it
                             option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
-        _write_file(os.path.join(self._partial, "manifest.json"), data)  # inside .partial: no temporary needed
+        _write_file(self._target("manifest.json"), data)  # inside .partial: no temporary needed
         os.replace(self.partial, self.path)
         self._finished = True
         return self.path
@@ -428,6 +430,21 @@ def _writer_thread_after_fork() -> None:  # the parent's thread (and maybe its l
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_writer_thread_after_fork)
+
+
+_stamp_lock = threading.Lock()
+_last_stamp = [_dt.datetime.min.replace(tzinfo=_dt.timezone.utc)]
+
+
+def _unique_now() -> _dt.datetime:
+    """The time (UTC), one microsecond after the previous call's at least: two profiles of one
+    process never share a directory name."""
+    now = _dt.datetime.now(_dt.timezone.utc)
+    with _stamp_lock:
+        if now <= _last_stamp[0]:
+            now = _last_stamp[0] + _dt.timedelta(microseconds=1)
+        _last_stamp[0] = now
+    return now
 
 
 def _write_file(path: str, data: bytes) -> None:
