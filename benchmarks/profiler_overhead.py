@@ -189,7 +189,11 @@ def cold_runs(name: str, out: str) -> dict[bool, list[dict]]:
         for flag in pair_order(k):
             res = subprocess.run(
                 [sys.executable, __file__, "--first-profile", name, *(["--tilescope"] if flag else []),
-                 "--out", f"{out}/cold{k}{flag}"], capture_output=True, text=True, check=True)
+                 "--out", f"{out}/cold{k}{flag}"], capture_output=True, text=True)
+            if res.returncode != 0:  # say why, not just that it failed
+                errors = "\n".join(line for line in res.stderr.splitlines() if not line.startswith("USDT:"))
+                sys.exit(f"a fresh process profiling {name!r} ({'tilescope' if flag else 'torch alone'}) "
+                         f"exited with {res.returncode}:\n{errors[-4000:]}")
             times[flag].append(json.loads(res.stdout.strip().splitlines()[-1])["times"])
     return times
 

@@ -353,11 +353,23 @@ def test_a_cpu_only_session_marks_each_launch_and_still_gets_device_time(sim, tm
     assert "ProfilerActivity.PrivateUse1" in finding.message
 
 
-def test_each_cycle_of_a_repeating_schedule_gets_its_own_executions(sim, tmp_path):
+@pytest.mark.parametrize("merged_found_by", ["enclosing ranges", "raw events"])
+def test_each_cycle_of_a_repeating_schedule_gets_its_own_executions(sim, tmp_path, monkeypatch, merged_found_by):
     """Two cycles, each exported when it ends (acc_events or not): each profile has its own six
-    executions, each linked to its op -- also the mean whose inner call torch merged."""
+    executions, each linked to its op -- also the mean whose inner call torch merged, found
+    through the ranges the device saw around the launch or, where it knows none, through
+    torch's raw events."""
+    from tilescope.profiler import _correlate
     from tilescope.profiler._capture import capture
     from tilescope.profiler._correlate import correlate
+
+    if merged_found_by == "raw events":
+        take = _correlate.take_device_activities
+        monkeypatch.setattr(_correlate, "take_device_activities", lambda t0: [(*a[:3], ()) for a in take(t0)])
+    else:
+        def fail(*args):
+            raise AssertionError("the raw-event scan ran although the enclosing ranges were known")
+        monkeypatch.setattr(_correlate, "_merged_ranges", fail)
 
     x, w = torch.randn(128, 1024, device="sim"), torch.randn(1024, device="sim")
 

@@ -166,9 +166,10 @@ _SESSION_START_WINDOW_NS = (1_000_000, 20_000_000)  # before, after the trace's 
 
 
 def take_device_activities(trace_start_ns: int) -> list[tuple]:
-    """``(flow id, linked range's correlation id, launch wall-clock ns)`` of each execution the
-    device recorded in the profiling session whose trace started at ``trace_start_ns`` (handed
-    over once; [] when it recorded none)."""
+    """``(flow id, linked range's correlation id, launch wall-clock ns, enclosing ranges'
+    correlation ids, innermost first -- up to 3)`` of each execution the device recorded in the
+    profiling session whose trace started at ``trace_start_ns`` (handed over once; [] when it
+    recorded none)."""
     if _S.native is None:
         return []
     taken = _S.native.profiler_take(int(trace_start_ns), *_SESSION_START_WINDOW_NS)

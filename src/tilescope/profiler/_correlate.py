@@ -98,9 +98,11 @@ class Correlation:
         result = getattr(prof.profiler, "kineto_results", None)
         t0 = result.trace_start_ns() if result is not None else 0
         self._links: dict[int, int] = {}  # flow -> correlation id of its launching range (device activities)
+        self._enclosing: dict[int, tuple] = {}  # flow -> the ranges around that one, innermost first
         recorded = []
-        for flow, range_id, launch_ns in take_device_activities(t0) if result is not None else ():
+        for flow, range_id, launch_ns, enclosing in take_device_activities(t0) if result is not None else ():
             self._links[flow] = range_id
+            self._enclosing[flow] = enclosing
             recorded.append((flow, 0, (launch_ns - t0) / 1000, None))
         self._recorded = recorded
         markers_recorded, capture.markers = capture.markers, 0
@@ -177,19 +179,29 @@ class Correlation:
     def _settle_recorded(self, matched: list[Matched], events, into_tables: bool) -> None:
         """The launching ops of the executions torch recorded; their device time taken out of
         torch's tables where it must not be (pending executions; all without ``into_tables``)."""
-        links = self._links
-        wanted = {r for r in links.values() if r > 0}
-        ranges = _ranges_by_id(events, wanted)
-        if len(ranges) < len(wanted):  # ranges torch merged into their parent
-            ranges.update(_merged_ranges(self._prof.profiler, events, wanted - ranges.keys()))
+        links, enclosing = self._links, self._enclosing
+        ranges = _ranges_by_id(events, {r for flow, r in links.items() for r in (r, *enclosing[flow]) if r > 0})
+        parents: dict[int, FunctionEvent | None] = {}  # flow -> its launching op, as torch's events have it
+        merged: set[int] = set()  # ranges neither found nor enclosed by one found
+        for flow, range_id in links.items():
+            # a range torch merged into its parent of the same name: the parent holds its device time
+            parent = next((ranges[r] for r in (range_id, *enclosing[flow]) if r in ranges), None)
+            if parent is None and range_id > 0:
+                merged.add(range_id)
+            parents[flow] = parent
+        if merged:  # merged more than 3 levels deep: found through the raw events (slower)
+            found = _merged_ranges(self._prof.profiler, events, merged)
+            for flow, parent in parents.items():
+                if parent is None:
+                    parents[flow] = found.get(links[flow])
         for m in matched:
             if m.recorded_by_torch:
-                m.parent = ranges.get(links[m.rec.flow_id])
+                m.parent = parents[m.rec.flow_id]
                 m.thread = m.parent.thread if m.parent is not None else 0
         if not into_tables:
             _remove_all_recorded(events)
         elif self._pending_recorded:
-            _remove_recorded(events, {flow: ranges.get(links[flow]) for flow in self._pending_recorded})
+            _remove_recorded(events, {flow: parents[flow] for flow in self._pending_recorded})
 
 
 def _ranges_by_id(events, ids: set[int]) -> dict[int, FunctionEvent]:

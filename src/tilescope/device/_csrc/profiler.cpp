@@ -39,9 +39,14 @@
 namespace tilescope_sim {
 namespace {
 
+constexpr int kEnclosing = 3;  // enclosing ranges kept per launch (see Launch::enclosing)
+
 struct Launch {
   int64_t flow;
   int64_t range;      // correlation id of the innermost open range on the launching thread; 0: none
+  // the ranges around it, innermost first (0: none): torch's parse merges an op into a parent
+  // of the same name (aten::mean calling aten::mean), which then holds its device time
+  int64_t enclosing[kEnclosing];
   int64_t launch_ns;  // wall clock (CLOCK_REALTIME, as torch's events)
   double host_ns, start_ns, end_ns;  // the device model's clock
   int32_t core;
@@ -216,18 +221,21 @@ REGISTER_PRIVATEUSE1_PROFILER(SimActivityProfiler);
 bool profiler_record(int64_t flow, const std::string& name, bool memcpy, int32_t core, double host_ns,
                      double start_ns, double end_ns) {
   if (!g_recording.load(std::memory_order_relaxed)) return false;
-  int64_t range = 0;
-  if (!t_open.empty() && t_open.back().session == g_session.load(std::memory_order_relaxed)) range = t_open.back().id;
+  const uint64_t session = g_session.load(std::memory_order_relaxed);
+  int64_t ids[kEnclosing + 1] = {0};  // the innermost open range, then the ones around it
+  int n = 0;
+  for (auto it = t_open.rbegin(); it != t_open.rend() && n <= kEnclosing && it->session == session; ++it)
+    ids[n++] = static_cast<int64_t>(it->id);
   const int64_t now = wall_ns();
   std::lock_guard<std::mutex> guard(g_mu);
   if (!g_recording) return false;
-  g_launches.push_back({flow, range, now, host_ns, start_ns, end_ns, core, memcpy, name});
+  g_launches.push_back({flow, ids[0], {ids[1], ids[2], ids[3]}, now, host_ns, start_ns, end_ns, core, memcpy, name});
   return true;
 }
 
 // The finished session that started recording in [trace_start_ns - before_ns, trace_start_ns +
 // after_ns], nearest to trace_start_ns, handed over once: (its start, wall-clock ns; its launches
-// as (flow, linked range, launch ns) each), or None.
+// as (flow, linked range, launch ns, (enclosing ranges, innermost first)) each), or None.
 py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t after_ns) {
   std::vector<Launch> taken;
   int64_t start_ns = 0;
@@ -249,8 +257,14 @@ py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t afte
   }
   if (!found) return py::none();
   py::list out(taken.size());
-  for (size_t i = 0; i < taken.size(); ++i)
-    out[i] = py::make_tuple(taken[i].flow, taken[i].range, taken[i].launch_ns);
+  for (size_t i = 0; i < taken.size(); ++i) {
+    const Launch& l = taken[i];
+    int n = 0;
+    while (n < kEnclosing && l.enclosing[n] != 0) ++n;
+    py::tuple enclosing(n);
+    for (int k = 0; k < n; ++k) enclosing[k] = py::int_(l.enclosing[k]);
+    out[i] = py::make_tuple(l.flow, l.range, l.launch_ns, enclosing);
+  }
   return py::make_tuple(start_ns, out);
 }
 
