@@ -26,7 +26,7 @@ from ._capture import capture
 from ._config import ProfileConfig, ProfileMode
 from ._correlate import Correlation
 from ._events import HOST, device_events, doctor_events, event_count, framework_events, placement
-from ._format import ProfileWriter, itrace_summary
+from ._format import ProfileWriter, itrace_summary, start_writer
 
 __all__ = ["Profiler"]
 
@@ -44,6 +44,8 @@ class Profiler:
                                            or self.config.has(ProfileMode.HOST_MEMORY)) else None
         if self._device_in_use():
             capture.install()
+            if self.config.has(ProfileMode.DEVICE):
+                start_writer()  # its batches write each profile's executables and instruction traces
 
     @staticmethod
     def _device_in_use() -> bool:
