@@ -180,7 +180,8 @@ class Correlation:
         """The launching ops of the executions torch recorded; their device time taken out of
         torch's tables where it must not be (pending executions; all without ``into_tables``)."""
         links, enclosing = self._links, self._enclosing
-        ranges = _ranges_by_id(events, {r for flow, r in links.items() for r in (r, *enclosing[flow]) if r > 0})
+        ranges = _ranges_by_id(events, {rid for flow, range_id in links.items()
+                                        for rid in (range_id, *enclosing[flow]) if rid > 0})
         parents: dict[int, FunctionEvent | None] = {}  # flow -> its launching op, as torch's events have it
         merged: set[int] = set()  # ranges neither found nor enclosed by one found
         for flow, range_id in links.items():

@@ -440,9 +440,10 @@ def start_writer() -> None:
         _writer_thread.start()
 
 
-def _writer_thread_after_fork() -> None:  # the parent's thread (and maybe its lock's holder) is gone
-    global _writer_thread
+def _writer_thread_after_fork() -> None:  # the parent's thread (and maybe its locks' holders) is gone
+    global _writer_thread, _stamp_lock
     _writer_thread = _WriterThread()
+    _stamp_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
