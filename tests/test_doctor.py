@@ -138,3 +138,13 @@ def test_missing_privateuse1_activity(tmp_path):
     (f,) = diagnose(w.path)
     assert f.code == "device-time-not-correlated" and "activities were CPU" in f.message
     assert "ProfilerActivity.PrivateUse1" in f.fix
+
+
+def test_events_of_odd_shape_from_elsewhere_are_skipped(tmp_path):
+    """A trace written by another tool may put anything in an event's fields: the rules read
+    what they understand and skip the rest."""
+    odd = [{"ph": "X", "cat": ["not", "a", "name"], "name": 3, "ts": 0, "dur": 1},
+           {"ph": "X", "name": "ProfilerStep#1", "ts": 0, "dur": 100}]  # no category
+    copy = {"ph": "X", "cat": "memcpy", "name": "memcpy HtoD", "pid": 1, "tid": 1, "ts": 0, "dur": 50.0}
+    path = _sim_profile(tmp_path, [*odd, _hw(dur=10.0), copy], {"executions": 1})
+    assert _codes(path) == ["host-copies"]

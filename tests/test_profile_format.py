@@ -1,5 +1,6 @@
 """The profile directory: atomic writing, completeness, checksums, pairs."""
 
+import errno
 import json
 import os
 import signal
@@ -227,3 +228,42 @@ def test_an_exporter_starts_the_writer_thread_before_the_profiled_steps(tmp_path
     assert _format._writer_thread._thread is None  # none started yet
     Profiler(ProfileConfig(output_dir=tmp_path))
     assert _format._writer_thread._thread.is_alive() and _format._writer_thread._pid == os.getpid()
+
+
+def test_a_chosen_timestamp_is_claimed_when_the_writer_is_made(tmp_path):
+    """A writer given its timestamp (``tilescope share`` keeps the source's) owns its directory
+    from the start: a second writer of that name, or one left by a killed export, is refused."""
+    first = ProfileWriter(tmp_path, timestamp="20260101_000000_000001")
+    with pytest.raises(FileExistsError):
+        ProfileWriter(tmp_path, timestamp="20260101_000000_000001")
+    first.abort()
+    (first.partial).mkdir(parents=True)  # left by an export killed before it finished
+    with pytest.raises(FileExistsError):
+        ProfileWriter(tmp_path, timestamp="20260101_000000_000001")
+
+
+def test_generated_names_differ_within_a_process(tmp_path):
+    writers = [ProfileWriter(tmp_path) for _ in range(50)]
+    assert len({w.path.name for w in writers}) == 50 and [w.path.name for w in writers] == sorted(
+        w.path.name for w in writers)
+
+
+def test_the_batch_reports_why_a_directory_could_not_be_made(tmp_path):
+    """A missing directory the batch cannot make is reported with the reason it cannot (a
+    permission, a read-only file system), not as the file's absence."""
+    from tilescope.profiler import _format
+
+    if _format._filebatch is None:
+        pytest.skip("the _filebatch extension is not built")
+    target = "/sys/tilescope-no-such-dir/sub/f.json"  # a file system where nothing can be made
+    try:
+        os.makedirs(os.path.dirname(target))
+    except OSError as e:
+        expected = e.errno
+    else:
+        pytest.skip("this machine lets /sys take new directories")
+    if expected == errno.ENOENT:
+        pytest.skip("mkdir under /sys reports ENOENT here")
+    with pytest.raises(OSError) as err:
+        _format._filebatch.write_files([target], [b"{}"])
+    assert err.value.errno == expected

@@ -455,3 +455,29 @@ def test_a_compiled_program_is_linked_to_its_fused_range(sim):
     rows = [e for e in prof.key_averages() if e.self_device_time_total > 0]
     assert {e.key.startswith("tilescope::fused[") for e in rows} == {True, False}  # the range and its execution
     assert all(e.count == 1 for e in rows)
+
+
+def test_a_missing_launching_range_is_not_taken_for_the_range_around_it(sim, monkeypatch):
+    """Only a range torch merged into its same-named parent is replaced by that parent (which
+    then holds the execution's kernel); a launching range torch's events lack for another reason
+    leaves the execution without a launching op, not attributed to the range around it."""
+    from tilescope.profiler import _correlate
+    from tilescope.profiler._capture import capture
+    from tilescope.profiler._correlate import correlate
+
+    Profiler(ProfileConfig(output_dir="unused"))
+    x = torch.randn(64, 64, device="sim")
+
+    def profile():
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+            with torch.profiler.record_function("outer"):
+                x * x
+            torch.sim.synchronize()
+        return correlate(prof, capture, float("inf"), into_tables=True)[0]
+
+    assert [m.parent.name for m in profile()] == ["aten::mul"]
+    take = _correlate.take_device_activities
+    unknown = 10 ** 15  # a range id torch's events do not have; "outer" still encloses the launch
+    monkeypatch.setattr(_correlate, "take_device_activities", lambda t0: [(f, unknown, t, e) for f, _, t, e in take(t0)])
+    (m,) = profile()
+    assert m.parent is None

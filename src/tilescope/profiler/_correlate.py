@@ -183,14 +183,15 @@ class Correlation:
         ranges = _ranges_by_id(events, {rid for flow, range_id in links.items()
                                         for rid in (range_id, *enclosing[flow]) if rid > 0})
         parents: dict[int, FunctionEvent | None] = {}  # flow -> its launching op, as torch's events have it
-        merged: set[int] = set()  # ranges neither found nor enclosed by one found
+        merged: set[int] = set()  # ranges not found, nor the op they were merged into
         for flow, range_id in links.items():
-            # a range torch merged into its parent of the same name: the parent holds its device time
-            parent = next((ranges[r] for r in (range_id, *enclosing[flow]) if r in ranges), None)
+            parent = ranges.get(range_id)
             if parent is None and range_id > 0:
-                merged.add(range_id)
+                parent = self._merged_into(flow, enclosing[flow], ranges)
+                if parent is None:
+                    merged.add(range_id)
             parents[flow] = parent
-        if merged:  # merged more than 3 levels deep: found through the raw events (slower)
+        if merged:  # merged more than 3 levels deep (or not at all): looked for in the raw events (slower)
             found = _merged_ranges(self._prof.profiler, events, merged)
             for flow, parent in parents.items():
                 if parent is None:
@@ -203,6 +204,18 @@ class Correlation:
             _remove_all_recorded(events)
         elif self._pending_recorded:
             _remove_recorded(events, {flow: parents[flow] for flow in self._pending_recorded})
+
+
+    def _merged_into(self, flow: int, enclosing: tuple, ranges: dict) -> FunctionEvent | None:
+        """The op a range missing from torch's events was merged into: torch merges an op into a
+        parent of the same name (``aten::mean`` calling ``aten::mean``) and lifts its kernels
+        there -- the nearest enclosing range torch kept, if it holds this execution's kernel."""
+        parent = next((ranges[r] for r in enclosing if r in ranges), None)
+        entry = self._capture.get(flow)
+        if parent is None or entry is None:
+            return None
+        name = device_event_name(entry[0])
+        return parent if any(k.name == name for k in parent.kernels) else None
 
 
 def _ranges_by_id(events, ids: set[int]) -> dict[int, FunctionEvent]:

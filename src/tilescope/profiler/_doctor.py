@@ -80,7 +80,8 @@ class _Ctx:
         named = []
         for e in self.events:
             if e.get("ph") == "X":
-                by_cat.setdefault(e.get("cat"), []).append(e)
+                if isinstance(e.get("cat"), str):  # (a profile from elsewhere may have anything there)
+                    by_cat.setdefault(e["cat"], []).append(e)
                 if isinstance(e.get("name"), str):
                     named.append(e)
         return by_cat, named

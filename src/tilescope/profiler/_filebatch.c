@@ -161,7 +161,10 @@ static PyObject *write_files(PyObject *Py_UNUSED(self), PyObject *args) {
             }
         }
         err = write_one(path, it->bytes, it->size);
-        if (err == ENOENT && make_parent(path) == 0) err = write_one(path, it->bytes, it->size);
+        if (err == ENOENT) {  /* its directory is missing: made, or the reason it cannot be */
+            int made = make_parent(path);
+            err = made ? made : write_one(path, it->bytes, it->size);
+        }
         if (err) failed = i;
     }
     Py_END_ALLOW_THREADS

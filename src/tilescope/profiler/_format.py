@@ -168,10 +168,13 @@ class ProfileWriter:
         self.path = parent / stamp
         if self.path.exists():
             raise FileExistsError(f"profile directory {self.path} already exists; pick another timestamp")
-        # the directory itself is made by the first file written into it -- usually by the
-        # first batch, off this thread: creating directories costs hundreds of microseconds
-        # on some file systems
         self.partial = parent / f".{stamp}.partial"
+        if timestamp is not None:  # a name chosen by the caller: claimed now, as no other writer's
+            self.partial.mkdir(parents=True, exist_ok=False)
+        # else the name is this process's alone (its pid, a timestamp strictly increasing in it)
+        # and the directory is made by the first file written into it -- usually by the first
+        # batch, off this thread: creating directories costs hundreds of microseconds on some
+        # file systems
         self.device = dict(device or {})
         self.config = dict(config or {})
         self.stats: dict = {}
@@ -183,7 +186,7 @@ class ProfileWriter:
         self._writers: list[_BatchWriter] = []
         self._executables: set[str] = set()
         self._partial, self._final = str(self.partial), str(self.path)  # hundreds of joins: strings
-        self._dirs: set[str] = set()  # the directories this thread made (or found)
+        self._dirs: set[str] = {self._partial} if timestamp is not None else set()  # made (or found) here
         self._finished = False
 
     # ---- files -------------------------------------------------------------
