@@ -205,7 +205,6 @@ class Correlation:
         elif self._pending_recorded:
             _remove_recorded(events, {flow: parents[flow] for flow in self._pending_recorded})
 
-
     def _merged_into(self, flow: int, enclosing: tuple, ranges: dict) -> FunctionEvent | None:
         """The op a range missing from torch's events was merged into: torch merges an op into a
         parent of the same name (``aten::mean`` calling ``aten::mean``) and lifts its kernels
@@ -305,6 +304,8 @@ def _remove_all_recorded(events) -> None:
 def _add_device_time(matched: list[Matched], events, use_device) -> None:
     """Each execution as a kernel of its launching op (the ``Self SIM`` columns) and as a
     PrivateUse1 event (the totals footer)."""
+    if not matched:  # (torch recorded them all itself: nothing to add, no ids to look for)
+        return
     next_id = max((evt.id for evt in events), default=0) + 1  # the first id free for device events
     make_event = _DeviceEventFactory(use_device)
     device_events = []

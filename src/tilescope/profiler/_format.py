@@ -443,14 +443,14 @@ def start_writer() -> None:
         _writer_thread.start()
 
 
-def _writer_thread_after_fork() -> None:  # the parent's thread (and maybe its locks' holders) is gone
+def _after_fork() -> None:  # the parent's writer thread (and maybe its locks' holders) is gone
     global _writer_thread, _stamp_lock
     _writer_thread = _WriterThread()
     _stamp_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_writer_thread_after_fork)
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 _stamp_lock = threading.Lock()
