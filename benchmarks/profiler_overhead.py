@@ -259,7 +259,7 @@ def main() -> None:
           + ", ".join(f"{d} {us:.0f} us per file" for d, us in probe.items())
           + " (both sides write there; tilescope's profile is ~2 files per Program that ran + 3)")
     with tempfile.TemporaryDirectory(dir=args.out, prefix=".profiler-overhead-") as tmp:
-        for name, (make, cold) in WORKLOADS.items():
+        for index, (name, (make, cold)) in enumerate(WORKLOADS.items()):
             workload = make()
             for _ in range(2):  # build every Program first: we measure profiling, not lowering
                 workload()
@@ -267,7 +267,7 @@ def main() -> None:
             execs = 0
             for k in range(REPEATS):
                 for flag in pair_order(k):  # each side into its own directory, as a training loop's profiles go
-                    t, n = run(workload, flag, f"{tmp}/{name[:24]}-{'tilescope' if flag else 'torch'}")
+                    t, n = run(workload, flag, f"{tmp}/workload{index}-{'tilescope' if flag else 'torch'}")
                     times[flag].append(t)
                     execs = n
             print(f"{name}: {execs} device executions per profile")
