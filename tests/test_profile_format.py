@@ -242,7 +242,20 @@ def test_a_chosen_timestamp_is_claimed_when_the_writer_is_made(tmp_path):
         ProfileWriter(tmp_path, timestamp="20260101_000000_000001")
 
 
-def test_generated_names_differ_within_a_process(tmp_path):
+def test_generated_names_differ_within_a_process(tmp_path, monkeypatch):
+    """Even when the clock does not move between two profiles (or goes back)."""
+    import datetime
+
+    from tilescope.profiler import _format
+
+    stopped = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+
+    class StoppedClock(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return stopped
+
+    monkeypatch.setattr(_format._dt, "datetime", StoppedClock)
     writers = [ProfileWriter(tmp_path) for _ in range(50)]
     assert len({w.path.name for w in writers}) == 50 and [w.path.name for w in writers] == sorted(
         w.path.name for w in writers)
