@@ -27,7 +27,7 @@ import itertools
 import os
 import threading
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import _config, _worker
 
@@ -37,9 +37,12 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Execution:
-    """One device execution, as the runtime scheduled it. Times are nanoseconds.
+class Execution(NamedTuple):
+    """One device execution, as the runtime scheduled it (immutable). Times are nanoseconds.
+
+    A named tuple rather than a frozen dataclass: one is made per device execution while
+    anything listens (a profiler does), inside the user's op, and a frozen dataclass's
+    constructor costs ~8x a tuple's (3.6 vs 0.45 us, 20 fields).
 
     Attributes:
         flow_id: unique id linking the framework op, this runtime record and the
