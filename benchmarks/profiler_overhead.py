@@ -111,9 +111,9 @@ def run(workload, with_tilescope: bool, out: str, exporter: Profiler | None = No
     # executions counted from the runtime's counters: a listener would make the runtime build
     # each execution's record on the torch side too, hiding what tilescope's capture costs
     executed = sum(_runtime.counters()["executions"])
-    listening = capture.on_execution in _runtime._S.listeners
-    if listening and not with_tilescope:  # torch alone: without tilescope's capture (module doc)
-        tilescope.device.unsubscribe(capture.on_execution)
+    installed = capture.installed
+    if installed and not with_tilescope:  # torch alone: without tilescope's capture (module doc)
+        capture.uninstall()
     c0, t0 = time.thread_time(), time.perf_counter()
     if with_tilescope:
         exporter = exporter or Profiler(ProfileConfig(output_dir=out))
@@ -128,8 +128,8 @@ def run(workload, with_tilescope: bool, out: str, exporter: Profiler | None = No
     prof.key_averages()
     t3, c3 = time.perf_counter(), time.thread_time()
     executed = sum(_runtime.counters()["executions"]) - executed
-    if listening and not with_tilescope:
-        tilescope.device.subscribe(capture.on_execution)
+    if installed and not with_tilescope:
+        capture.install()
     return {"total": t3 - t0, "region": t1 - t0, "stop+export": t2 - t1, "key_averages": t3 - t2,
             "cpu": c3 - c0}, executed
 

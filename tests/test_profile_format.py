@@ -14,6 +14,7 @@ from tilescope.profiler import (
     IncompleteProfileError, ProfileFormatError, ProfileWriter, find_profiles, read_profile,
     write_kernel_profile,
 )
+from tilescope.profiler._format import itrace_name
 from tilescope.program import TileBuilder
 from tilescope.sim import simulate
 
@@ -127,6 +128,42 @@ def test_files_written_later_are_in_the_finished_profile(tmp_path, writer_path):
     p = read_profile(w.path).require_complete()  # every checksum verified
     assert (w.path / "late.json").read_bytes() == b"{}" and len(p.itraces()) == 1
     assert [d.name for d in (tmp_path / "new" / "dir").iterdir()] == [w.path.parent.name]
+
+
+def test_sealed_profile_writes_its_manifest_last_and_takes_no_more_files(tmp_path, writer_path, monkeypatch):
+    """``seal`` makes the manifest and queues it after every file still to write (the exporter
+    runs the doctor meanwhile); the directory gets its final name only once all are written."""
+    from tilescope.profiler import _format
+
+    order = []  # every path, in the order it is written
+    if writer_path == "batch-thread":
+        real = _format._filebatch
+
+        class Recording:
+            @staticmethod
+            def write_files(paths, data, links):
+                order.extend(paths)
+                return real.write_files(paths, data, links)
+
+        monkeypatch.setattr(_format, "_filebatch", Recording)
+    else:
+        write = _format._write_file
+        monkeypatch.setattr(_format, "_write_file", lambda path, data: (order.append(path), write(path, data)))
+    prog = _program()
+    with ProfileWriter(tmp_path) as w:
+        w.add_itrace(prog, simulate(prog), 0)
+        w.write_bytes("system_trace.json", b'{"traceEvents":[]}', later=True)
+        manifest = w.seal()
+        assert w.seal() is manifest and not w.path.exists()
+        with pytest.raises(RuntimeError, match="already made"):
+            w.write_bytes("late.json", b"{}")
+    written = [os.path.relpath(p, w.partial) for p in order]
+    assert written[-1] == "manifest.json" and len(written) == len(set(written))
+    listed = {f["path"] for f in manifest["files"]}  # (the executable may be linked, not written)
+    assert set(written[:-1]) <= listed and itrace_name(prog.hash, 0) in written
+    assert listed == {str(f.relative_to(w.path)) for f in w.path.rglob("*.json")} - {"manifest.json"}
+    assert json.loads((w.path / "manifest.json").read_bytes()) == manifest
+    read_profile(w.path).require_complete()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -287,6 +287,40 @@ def test_the_record_buffer_keeps_the_latest_launches_and_counts_the_drops(monkey
     assert cap.get(5)[1] == threading.get_native_id()
 
 
+def test_executions_torch_records_reach_the_capture_through_the_runtime_log(sim):
+    """While torch records device activities, the runtime appends each execution to the
+    capture's log instead of calling its listener (a listener subscribed with recorded=False
+    is skipped the same way, the others are called); the log keeps the latest ``limit`` and
+    counts the rest as drops."""
+    import threading
+
+    from tilescope.device import _runtime
+    from tilescope.profiler._capture import _KEEP, capture
+
+    Profiler(ProfileConfig(output_dir="unused"))  # installs the capture
+    x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
+    every, unrecorded = [], []
+    _runtime.subscribe(every.append)
+    _runtime.subscribe(unrecorded.append, recorded=False)
+    try:
+        naive_rmsnorm(x, w)
+        torch.sim.synchronize()
+        assert len(every) == len(unrecorded) == 6  # unprofiled: every listener
+        every.clear(), unrecorded.clear()
+        dropped = capture.dropped
+        _runtime.keep_recorded(capture._log, 4)
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]):
+            naive_rmsnorm(x, w)
+            torch.sim.synchronize()
+    finally:
+        _runtime.keep_recorded(capture._log, _KEEP)
+        _runtime.unsubscribe(every.append), _runtime.unsubscribe(unrecorded.append)
+    assert len(every) == 6 and all(r.recorded_by_torch for r in every) and unrecorded == []
+    assert [capture.get(r.flow_id) for r in every[2:]] == [(r, threading.get_native_id()) for r in every[2:]]
+    assert capture.get(every[0].flow_id) is None and capture.dropped == dropped + 2
+    capture.forget(r.flow_id for r in every)
+
+
 def _recorded_profile():
     """Naive RMSNorm (6 executions) in a plain torch.profiler session with device activities,
     after a tilescope Profiler exists (its capture keeps the execution records)."""

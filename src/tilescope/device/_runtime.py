@@ -34,6 +34,7 @@ from . import _config, _worker
 __all__ = [
     "Execution", "submit", "synchronize", "subscribe", "unsubscribe", "recording", "now_ns", "core_end_ns",
     "reset_clocks", "counters", "activity_name", "use_device_profiler", "take_device_activities",
+    "keep_recorded", "take_recorded_dropped",
 ]
 
 
@@ -96,6 +97,9 @@ class Execution(NamedTuple):
         return self.device_end_ns - self.device_start_ns
 
 
+_new_execution = tuple.__new__  # Execution from its fields, without the named tuple's Python-level __new__
+
+
 class _State:
     """Mutable runtime state; one per process."""
 
@@ -106,7 +110,11 @@ class _State:
         self.core_busy: list[float] = []
         self.core_count: list[int] = []
         self.vhost = 0.0
-        self.listeners: tuple = ()
+        self.listeners: tuple = ()  # called for every execution
+        self.recorded_listeners: tuple = ()  # those among them also called for the ones kept in recorded_log
+        self.recorded_log = None  # a deque: (execution, native thread id) of the executions torch records
+        self.recorded_limit = 0
+        self.recorded_dropped = 0  # entries the bounded log let go, oldest first
         self.ran: set[str] = set()  # Program hashes executed in this process
         self.native = None  # the native runtime module, once the device is registered
         self.device_profiler = None  # its profiler_record, while torch may record device activities
@@ -205,11 +213,37 @@ def counters() -> dict:
     return {"executions": list(_S.core_count), "busy_ns": list(_S.core_busy)}
 
 
-def subscribe(fn) -> None:
-    """Call ``fn(execution)`` for every execution, on the submitting thread."""
+def subscribe(fn, *, recorded: bool = True) -> None:
+    """Call ``fn(execution)`` for every execution, on the submitting thread.
+
+    ``recorded=False``: not for the executions torch's profiler records while a
+    :func:`keep_recorded` log keeps them (the profiler capture reads those from the log).
+    """
     with _S.lock:
         if fn not in _S.listeners:
             _S.listeners = _S.listeners + (fn,)
+            if recorded:
+                _S.recorded_listeners = _S.recorded_listeners + (fn,)
+
+
+def keep_recorded(log, limit: int = 2_000_000) -> None:
+    """Append ``(execution, native thread id)`` of each execution torch's profiler records to
+    ``log`` (a ``collections.deque``; None stops), keeping the latest ``limit``
+    (:func:`take_recorded_dropped` counts the others).
+
+    It is how the profiler capture keeps what a profiled window ran: the runtime makes the record
+    and appends it, with no listener call -- this runs inside the user's op, once per device
+    execution, and a Python call there cost more than everything else the capture did.
+    """
+    with _S.lock:
+        _S.recorded_log, _S.recorded_limit = log, limit
+
+
+def take_recorded_dropped() -> int:
+    """Entries of the :func:`keep_recorded` log dropped (over its limit) since the last call."""
+    with _S.lock:
+        n, _S.recorded_dropped = _S.recorded_dropped, 0
+        return n
 
 
 class recording:
@@ -230,6 +264,7 @@ def unsubscribe(fn) -> None:
     """Stop calling ``fn`` (bound methods compare equal, so ``unsubscribe(recs.append)`` works)."""
     with _S.lock:
         _S.listeners = tuple(f for f in _S.listeners if f != fn)
+        _S.recorded_listeners = tuple(f for f in _S.recorded_listeners if f != fn)
 
 
 def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: float,
@@ -266,11 +301,19 @@ def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: fl
     record = s.device_profiler
     recorded = record is not None and _profiler_enabled() and record(  # torch records it (profiler.cpp)
         flow, activity_name(kind, op), kind == "memcpy", core, host, start, end)
+    log = s.recorded_log if recorded else None
+    listeners = s.listeners if log is None else s.recorded_listeners
     rec = None
-    if s.listeners or want_record:
-        rec = Execution(flow, op, kind, lowering, program, key, core, 0, threading.get_ident(), host, queued,
-                        start, end, modeled_ns, s.runtime_ns, nbytes, direction, s.clock, first, recorded)
-        for fn in s.listeners:
+    if listeners or want_record or log is not None:
+        rec = _new_execution(Execution, (flow, op, kind, lowering, program, key, core, 0, threading.get_ident(), host,
+                                         queued, start, end, modeled_ns, s.runtime_ns, nbytes, direction, s.clock,
+                                         first, recorded))
+        if log is not None:
+            log.append((rec, threading.get_native_id()))
+            if len(log) > s.recorded_limit:
+                log.popleft()
+                s.recorded_dropped += 1
+        for fn in listeners:
             fn(rec)
     if work is not None and s.numerics:
         _worker.put(work)

@@ -1,15 +1,17 @@
 """Collecting device executions while torch's profiler records.
 
-The runtime calls :meth:`Capture.on_execution` for every device execution, on the
-thread that launched it and inside the aten op that launched it. While torch's
-profiler is enabled, the capture keeps the execution record, keyed by its flow id.
+While torch's profiler is enabled, the capture keeps each device execution's record,
+keyed by its flow id, for the export.
 
 torch records the execution itself when the session asked for device activities
 (``ProfilerActivity.PrivateUse1``): the device's activity profiler for Kineto links it
-to its op (``tilescope/device/_csrc/profiler.cpp``). Otherwise -- a CPU-only session,
-or torch without Kineto -- the capture records a zero-length marker there (so the
-marker nests under that op in torch's event tree), which the export replaces by
-device time on its parent op (see ``_correlate``).
+to its op (``tilescope/device/_csrc/profiler.cpp``), and the runtime appends the record
+to the capture's log (``keep_recorded``). Otherwise -- a CPU-only session, or torch
+without Kineto -- the runtime calls :meth:`Capture.on_execution`, on the thread that
+launched the execution and inside the aten op that launched it, and the capture records
+a zero-length marker there (so the marker nests under that op in torch's event tree),
+which the export replaces by device time on its parent op (see ``_correlate``). The
+listener also sees every unprofiled execution.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ class Capture:
 
     The profiled path is as short as it can be -- it runs once per device execution, inside
     the user's op, and on a machine whose cores are busy with the device's numerics every
-    microsecond of it is paid several times over: the marker, and the record stored by flow
-    id with the launching thread's system id (a plain dict: one store is atomic; the lock
+    microsecond of it is paid several times over: an append to the log when torch records the
+    execution (moved into the records at export), else the marker and the record stored by
+    flow id with the launching thread's system id (a plain dict: one store is atomic; the lock
     guards only the rare eviction). Host time between unprofiled launches is kept for the
-    doctor; the profiled gaps are read from the markers at export (:func:`launch_intervals_us`).
+    doctor; the profiled gaps are read from the launches at export (:func:`launch_intervals_us`).
 
     A Program's first run outside a profiled window (the wait and warmup steps of a schedule)
     also prepares its executable's text and digest and its instruction trace's text: that run
@@ -56,16 +59,34 @@ class Capture:
         self._last_unprofiled_ns = 0  # wall time of the latest unprofiled launch; 0 after a profiled one
         self.markers = 0  # markers recorded since the last export (none: the export skips looking for them)
         self._unprofiled_gaps: deque = deque(maxlen=_GAPS)  # µs, the recent ones
+        self._log: deque = deque()  # (execution, native thread id) the runtime appends (keep_recorded)
 
     def install(self) -> None:
         """Register the device and listen to its runtime (idempotent)."""
         if self._installed:
             return
         from .. import device
+        from ..device import _runtime
 
         device.register()
-        device.subscribe(self.on_execution)
+        # the executions torch records come through the runtime's log (no call per execution);
+        # the listener sees the others: unprofiled, or profiled without device activities
+        _runtime.keep_recorded(self._log, _KEEP)
+        device.subscribe(self.on_execution, recorded=False)
         self._installed = True
+
+    @property
+    def installed(self) -> bool:
+        return self._installed
+
+    def uninstall(self) -> None:
+        """Stop listening (what is kept stays until exported or forgotten)."""
+        from .. import device
+        from ..device import _runtime
+
+        device.unsubscribe(self.on_execution)
+        _runtime.keep_recorded(None)
+        self._installed = False
 
     def on_execution(self, rec) -> None:
         if not torch.autograd.profiler._is_profiler_enabled:
@@ -83,6 +104,8 @@ class Capture:
             self._evict()
 
     def _unprofiled_launch(self) -> None:
+        if self._log:  # profiled launches came in between: no gap to count
+            self._drain()
         now = time.time_ns()
         last, self._last_unprofiled_ns = self._last_unprofiled_ns, now
         if last and 0 <= now - last < _GAP_LIMIT_NS:  # longer: step boundaries, waits
@@ -94,8 +117,24 @@ class Capture:
                 del self._records[next(iter(self._records))]
                 self.dropped += 1
 
+    def _drain(self) -> None:
+        """The runtime's log of recorded executions into the records by flow id."""
+        from ..device import _runtime
+
+        log, records = self._log, self._records
+        with self._lock:
+            while log:
+                entry = log.popleft()
+                records[entry[0].flow_id] = entry
+            self.dropped += _runtime.take_recorded_dropped()
+            self._last_unprofiled_ns = 0
+        if len(records) > _KEEP:
+            self._evict()
+
     def get(self, flow_id: int):
         """``(execution, native thread id)`` of a profiled launch, or None."""
+        if self._log:
+            self._drain()
         return self._records.get(flow_id)
 
     def launch_intervals_us(self, profiled_launch_us=()) -> dict:
@@ -110,6 +149,8 @@ class Capture:
             "samples": {k: len(v) for k, v in by_state.items()}}
 
     def forget(self, flow_ids) -> None:
+        if self._log:
+            self._drain()
         with self._lock:
             for f in flow_ids:
                 self._records.pop(f, None)

@@ -95,7 +95,7 @@ class Profiler:
                 chunks, n_events, checked = _system_trace(prof, rows, trace_start_ns, cfg, self._sampler)
             else:  # a real device: lanes and flows come from Kineto's own records
                 chunks, n_events, checked = _kineto_system_trace(fw_data)
-            w.write_bytes("system_trace.json", _system_trace_bytes(chunks, device))
+            w.write_bytes("system_trace.json", _system_trace_bytes(chunks, device), later=True)
             cold = [m for m in matched if m.fresh]
             w.stats = {
                 "events": n_events, "executions": len(matched), "pending_executions": pending,
@@ -103,9 +103,13 @@ class Profiler:
                 "cold_executions": len(cold), "cold_ops": sorted({m.rec.op for m in cold})[:8],
                 "launch_interval_us": capture.launch_intervals_us(m.launch_us for m in matched),
             }
-        capture.forget(m.rec.flow_id for m in matched)
+            # the last files write off this thread (manifest last) while the doctor reads what
+            # is in memory; its findings are told once the profile is complete
+            findings = _findings(w.path, w.seal(), checked, summaries)
+            capture.forget(m.rec.flow_id for m in matched)
         self.paths.append(w.path)
-        _report_findings(w.path, w.final_manifest, checked, summaries)
+        for f in findings:
+            print(f"tilescope doctor: [{f.severity}] {f.code}: {f.message} (fix: {f.fix})", file=sys.stderr)
         return w.path
 
 
@@ -131,13 +135,13 @@ def _collector_paused():
             gc.enable()
 
 
-def _report_findings(path: Path, manifest: dict, events: list, summaries: list) -> None:
-    """The doctor runs at export too, on what is in memory: one line per finding on stderr."""
+def _findings(path: Path, manifest: dict, events: list, summaries: list) -> list:
+    """The doctor runs at export too, on what is in memory; its warnings and errors (one line
+    each on stderr)."""
     from ._doctor import diagnose
 
-    for f in diagnose(path, events=events, summaries=summaries, trusted=True, manifest=manifest):
-        if f.severity != "info":
-            print(f"tilescope doctor: [{f.severity}] {f.code}: {f.message} (fix: {f.fix})", file=sys.stderr)
+    return [f for f in diagnose(path, events=events, summaries=summaries, trusted=True, manifest=manifest)
+            if f.severity != "info"]
 
 
 def _runtime_now() -> float:

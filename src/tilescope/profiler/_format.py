@@ -178,7 +178,7 @@ class ProfileWriter:
         self.device = dict(device or {})
         self.config = dict(config or {})
         self.stats: dict = {}
-        self.final_manifest: dict | None = None  # the manifest as written, once finished
+        self.final_manifest: dict | None = None  # the manifest as written, once sealed
         self.redacted = redacted
         self._files: dict[str, tuple[int, str]] = {}
         self._later: list[tuple] = []  # (path, data, link source or None) not written yet
@@ -193,6 +193,8 @@ class ProfileWriter:
     def _target(self, relpath: str, *, later: bool = False) -> str:
         """The path ``relpath`` is written to; its directory is made here, or -- ``later`` --
         by the batch that writes it (off this thread)."""
+        if self.final_manifest is not None:
+            raise RuntimeError(f"cannot add {relpath!r}: the profile's manifest is already made (seal() was called)")
         if os.path.isabs(relpath) or ".." in relpath.replace("\\", "/").split("/"):
             raise ValueError(f"profile file paths must be relative and inside the profile: {relpath!r}")
         target = os.path.join(self._partial, relpath)
@@ -295,19 +297,30 @@ class ProfileWriter:
             "files": [{"path": p, "bytes": n, "sha256": h} for p, (n, h) in sorted(self._files.items())],
         }
 
+    def seal(self) -> dict:
+        """Every file is added: the manifest is made now and queued after them (the batches run
+        in order on one thread, so it is still written last), and the files still queued start
+        writing, off this thread. Returns the manifest; :meth:`finish` waits for the writes."""
+        if self.final_manifest is None:
+            manifest = self.manifest()
+            data = orjson.dumps(manifest, default=_json_default,  # indented: people read it
+                                option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+            # inside .partial: no temporary needed
+            self._later.append((self._target("manifest.json", later=True), data, None))
+            self.final_manifest = manifest
+            self.start_writes()
+        return self.final_manifest
+
     def finish(self) -> Path:
         """Write the manifest last and move the directory to its final name."""
         if self._finished:
             return self.path
         try:
+            self.seal()
             self._wait_for_writes()
         except BaseException:
             self.abort()
             raise
-        self.final_manifest = self.manifest()
-        data = orjson.dumps(self.final_manifest, default=_json_default,  # indented: people read it
-                            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
-        _write_file(self._target("manifest.json"), data)  # inside .partial: no temporary needed
         os.replace(self.partial, self.path)
         self._finished = True
         return self.path
