@@ -141,9 +141,9 @@ def test_sealed_profile_writes_its_manifest_last_and_takes_no_more_files(tmp_pat
 
         class Recording:
             @staticmethod
-            def write_files(paths, data, links):
+            def start(paths, data, links):
                 order.extend(paths)
-                return real.write_files(paths, data, links)
+                return real.start(paths, data, links)
 
         monkeypatch.setattr(_format, "_filebatch", Recording)
     else:
@@ -256,15 +256,48 @@ def test_instruction_trace_text_is_its_document():
 
 
 def test_an_exporter_starts_the_writer_thread_before_the_profiled_steps(tmp_path, monkeypatch):
-    """Starting a thread costs the exporter ~0.3 ms; it is done when the exporter is made."""
+    """Starting a thread costs the exporter a system call or two; it is done when the exporter is made."""
     from tilescope.profiler import ProfileConfig, Profiler, _format
 
     if _format._filebatch is None:
         pytest.skip("the _filebatch extension is not built")
-    monkeypatch.setattr(_format, "_writer_thread", _format._WriterThread())
-    assert _format._writer_thread._thread is None  # none started yet
+    started = []
+
+    class Recording:
+        start_worker = staticmethod(lambda: started.append(True))
+
+    monkeypatch.setattr(_format, "_filebatch", Recording)
     Profiler(ProfileConfig(output_dir=tmp_path))
-    assert _format._writer_thread._thread.is_alive() and _format._writer_thread._pid == os.getpid()
+    assert started == [True]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_batch_the_parent_was_writing_fails_in_a_forked_child_instead_of_hanging(tmp_path):
+    """The writer thread is not in a forked child: a batch it had not finished at the fork
+    is cancelled there (ECANCELED), and the child's own batches get the child's thread."""
+    from tilescope.profiler import _format
+
+    if _format._filebatch is None:
+        pytest.skip("the _filebatch extension is not built")
+    paths = [str(tmp_path / "parent" / f"f{i}") for i in range(3000)]
+    batch = _format._filebatch.start(paths, [b"x" * 64] * len(paths), None)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.alarm(60)
+            try:
+                batch.wait()  # finished before the fork, or cancelled
+            except OSError as e:
+                assert e.errno == errno.ECANCELED, e
+            child = _format._filebatch.start([str(tmp_path / "child" / "f")], [b"{}"], None)
+            assert child.wait() == [False] and (tmp_path / "child" / "f").read_bytes() == b"{}"
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert batch.wait() == [False] * len(paths) and os.path.exists(paths[-1])
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
 def test_a_chosen_timestamp_is_claimed_when_the_writer_is_made(tmp_path):

@@ -15,11 +15,22 @@
  * thread, by the first batch). Returns,
  * per path, whether it was linked. The first failure stops the batch and raises OSError with
  * the errno and the path. All lists have one length.
+ *
+ * start(paths, datas, links=None) -> Batch
+ *
+ * the same, on the module's writer thread -- a POSIX thread that never takes the GIL, so it
+ * starts writing at once, whatever the caller's thread does meanwhile (a Python thread would
+ * wait for the GIL, up to the interpreter's switch interval, before its first system call).
+ * Batches are written one after another, in the order started. Batch.wait() releases the GIL
+ * until the batch is written and returns what write_files returns (or raises its error).
+ * start_worker() starts the thread ahead of the first batch. A forked child starts its own;
+ * its parent's batches that were not written yet fail there with ECANCELED.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -122,35 +133,12 @@ static int hold(Item *it, PyObject *path, PyObject *data, PyObject *link) {
     return PyUnicode_FSConverter(source, &it->source) ? 0 : -1;
 }
 
-static PyObject *write_files(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *paths, *datas, *links = Py_None;
-    if (!PyArg_ParseTuple(args, "O!O!|O:write_files", &PyList_Type, &paths, &PyList_Type, &datas, &links))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(paths);
-    if (PyList_GET_SIZE(datas) != n || (links != Py_None && (!PyList_Check(links) || PyList_GET_SIZE(links) != n))) {
-        PyErr_SetString(PyExc_ValueError, "write_files: one data (and one link, when links are given) per path");
-        return NULL;
-    }
-    /* owned copies: a path's __fspath__ could change the lists while they are read */
-    PyObject *own_paths = PyList_AsTuple(paths), *own_datas = PyList_AsTuple(datas);
-    PyObject *own_links = links == Py_None ? NULL : PyList_AsTuple(links);
-    Item *items = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Item));
-    PyObject *result = NULL;
-    Py_ssize_t i;
-    if (!items) {
-        PyErr_NoMemory();
-        n = 0;  /* nothing to release below */
-        goto done;
-    }
-    if (!own_paths || !own_datas || (links != Py_None && !own_links)) goto done;
-    for (i = 0; i < n; i++) {
-        PyObject *link = own_links ? PyTuple_GET_ITEM(own_links, i) : NULL;
-        if (hold(&items[i], PyTuple_GET_ITEM(own_paths, i), PyTuple_GET_ITEM(own_datas, i), link) < 0) goto done;
-    }
+/* every item written (or linked) in order, without the GIL; 0, or the errno of the first
+ * failure and its index in *failed */
+static int write_items(Item *items, Py_ssize_t n, Py_ssize_t *failed) {
     int err = 0;
-    Py_ssize_t failed = -1;
-    Py_BEGIN_ALLOW_THREADS
-    for (i = 0; i < n && !err; i++) {
+    *failed = -1;
+    for (Py_ssize_t i = 0; i < n && !err; i++) {
         Item *it = &items[i];
         const char *path = PyBytes_AS_STRING(it->encoded);
         if (it->source && same_file(it)) {
@@ -165,37 +153,247 @@ static PyObject *write_files(PyObject *Py_UNUSED(self), PyObject *args) {
             int made = make_parent(path);
             err = made ? made : write_one(path, it->bytes, it->size);
         }
-        if (err) failed = i;
+        if (err) *failed = i;
     }
-    Py_END_ALLOW_THREADS
+    return err;
+}
+
+/* with the GIL: the list of linked flags, or NULL with OSError set */
+static PyObject *batch_result(const Item *items, Py_ssize_t n, int err, Py_ssize_t failed) {
     if (err) {
         errno = err;
-        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, items[failed].given);
-        goto done;
+        return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, failed >= 0 ? items[failed].given : NULL);
     }
-    if (!(result = PyList_New(n))) goto done;
-    for (i = 0; i < n; i++) PyList_SET_ITEM(result, i, PyBool_FromLong(items[i].linked));
-done:
-    for (i = 0; i < n; i++) {
+    PyObject *result = PyList_New(n);
+    if (!result) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(result, i, PyBool_FromLong(items[i].linked));
+    return result;
+}
+
+static void release_items(Item *items, Py_ssize_t n) {
+    if (!items) return;
+    for (Py_ssize_t i = 0; i < n; i++) {
         Py_XDECREF(items[i].given);
         Py_XDECREF(items[i].encoded);
         Py_XDECREF(items[i].data);
         Py_XDECREF(items[i].source);
     }
     PyMem_Free(items);
+}
+
+/* the batch's items, every object held (NULL with an error set); *count: how many */
+static Item *collect_items(PyObject *args, const char *fmt, Py_ssize_t *count) {
+    PyObject *paths, *datas, *links = Py_None;
+    if (!PyArg_ParseTuple(args, fmt, &PyList_Type, &paths, &PyList_Type, &datas, &links)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(paths);
+    if (PyList_GET_SIZE(datas) != n || (links != Py_None && (!PyList_Check(links) || PyList_GET_SIZE(links) != n))) {
+        PyErr_SetString(PyExc_ValueError, "write_files: one data (and one link, when links are given) per path");
+        return NULL;
+    }
+    /* owned copies: a path's __fspath__ could change the lists while they are read */
+    PyObject *own_paths = PyList_AsTuple(paths), *own_datas = PyList_AsTuple(datas);
+    PyObject *own_links = links == Py_None ? NULL : PyList_AsTuple(links);
+    Item *items = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Item));
+    int ok = items && own_paths && own_datas && (links == Py_None || own_links);
+    if (!items) PyErr_NoMemory();
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        PyObject *link = own_links ? PyTuple_GET_ITEM(own_links, i) : NULL;
+        ok = hold(&items[i], PyTuple_GET_ITEM(own_paths, i), PyTuple_GET_ITEM(own_datas, i), link) == 0;
+    }
     Py_XDECREF(own_paths);
     Py_XDECREF(own_datas);
     Py_XDECREF(own_links);
+    if (!ok) {
+        release_items(items, n);
+        return NULL;
+    }
+    *count = n;
+    return items;
+}
+
+static PyObject *write_files(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_ssize_t n, failed;
+    Item *items = collect_items(args, "O!O!|O:write_files", &n);
+    if (!items) return NULL;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = write_items(items, n, &failed);
+    Py_END_ALLOW_THREADS
+    PyObject *result = batch_result(items, n, err, failed);
+    release_items(items, n);
     return result;
+}
+
+/* ---- the writer thread ------------------------------------------------------------------ */
+
+typedef struct BatchObject {
+    PyObject_HEAD
+    Item *items;
+    Py_ssize_t n, failed;
+    int err;
+    int done;                  /* written (or failed); guarded by the queue's mutex */
+    int queued;                /* the queue's reference not yet given back (by wait) */
+    struct BatchObject *next;  /* the queue */
+} BatchObject;
+
+static pthread_mutex_t queue_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t queue_work = PTHREAD_COND_INITIALIZER;  /* a batch was queued */
+static pthread_cond_t queue_done = PTHREAD_COND_INITIALIZER;  /* a batch was written */
+static BatchObject *queue_head, *queue_tail, *queue_current;
+static int worker_started;
+
+/* the thread: takes no Python object but the items' immutable bytes, held by their batch */
+static void *worker(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&queue_mutex);
+    for (;;) {
+        while (!queue_head) pthread_cond_wait(&queue_work, &queue_mutex);
+        BatchObject *b = queue_head;
+        queue_head = b->next;
+        if (!queue_head) queue_tail = NULL;
+        queue_current = b;
+        pthread_mutex_unlock(&queue_mutex);
+        Py_ssize_t failed;
+        int err = write_items(b->items, b->n, &failed);
+        pthread_mutex_lock(&queue_mutex);
+        b->err = err;
+        b->failed = failed;
+        b->done = 1;
+        queue_current = NULL;
+        pthread_cond_broadcast(&queue_done);
+    }
+    return NULL;
+}
+
+/* with the queue's mutex held; 0 or an errno */
+static int ensure_worker(void) {
+    if (worker_started) return 0;
+    pthread_attr_t attr;
+    pthread_t thread;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int err = pthread_create(&thread, &attr, worker, NULL);
+    pthread_attr_destroy(&attr);
+    if (!err) worker_started = 1;
+    return err;
+}
+
+static void cancel(BatchObject *b) {
+    b->err = ECANCELED;
+    b->failed = -1;
+    b->done = 1;
+}
+
+/* in a forked child: the thread is gone, the mutex may be held by it; what it had not
+ * written is not written here */
+static void after_fork_in_child(void) {
+    pthread_mutex_init(&queue_mutex, NULL);
+    pthread_cond_init(&queue_work, NULL);
+    pthread_cond_init(&queue_done, NULL);
+    if (queue_current) cancel(queue_current);
+    for (BatchObject *b = queue_head; b; b = b->next) cancel(b);
+    queue_head = queue_tail = queue_current = NULL;
+    worker_started = 0;
+}
+
+static PyObject *batch_wait(BatchObject *self, PyObject *Py_UNUSED(ignored)) {
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&queue_mutex);
+    while (!self->done) pthread_cond_wait(&queue_done, &queue_mutex);
+    pthread_mutex_unlock(&queue_mutex);
+    Py_END_ALLOW_THREADS
+    PyObject *result = batch_result(self->items, self->n, self->err, self->failed);
+    if (self->queued) {  /* the queue is done with it */
+        self->queued = 0;
+        Py_DECREF(self);
+    }
+    return result;
+}
+
+static void batch_dealloc(BatchObject *self) {
+    release_items(self->items, self->n);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef batch_methods[] = {
+    {"wait", (PyCFunction)batch_wait, METH_NOARGS,
+     "wait() -> list of bool: block (the GIL released) until the batch is written; per path, whether it was "
+     "linked. Raises the batch's OSError."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tilescope.profiler._filebatch.Batch",
+    .tp_basicsize = sizeof(BatchObject),
+    .tp_dealloc = (destructor)batch_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A batch of files being written by the writer thread (see start).",
+    .tp_methods = batch_methods,
+};
+
+static PyObject *start(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_ssize_t n;
+    Item *items = collect_items(args, "O!O!|O:start", &n);
+    if (!items) return NULL;
+    BatchObject *b = PyObject_New(BatchObject, &BatchType);
+    if (!b) {
+        release_items(items, n);
+        return NULL;
+    }
+    b->items = items;
+    b->n = n;
+    b->failed = -1;
+    b->err = 0;
+    b->done = 0;
+    b->next = NULL;
+    b->queued = 1;
+    Py_INCREF(b);  /* the queue's reference, given back by wait() */
+    pthread_mutex_lock(&queue_mutex);
+    int err = ensure_worker();
+    if (!err) {
+        if (queue_tail) queue_tail->next = b;
+        else queue_head = b;
+        queue_tail = b;
+        pthread_cond_signal(&queue_work);
+    }
+    pthread_mutex_unlock(&queue_mutex);
+    if (err) {
+        b->queued = 0;
+        Py_DECREF(b);
+        Py_DECREF(b);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return (PyObject *)b;
+}
+
+static PyObject *start_worker(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored)) {
+    pthread_mutex_lock(&queue_mutex);
+    int err = ensure_worker();
+    pthread_mutex_unlock(&queue_mutex);
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"write_files", write_files, METH_VARARGS,
      "write_files(paths, datas, links=None) -> list of bool: create each file with its data, or link it to its "
      "unchanged source, without holding the GIL"},
+    {"start", start, METH_VARARGS,
+     "start(paths, datas, links=None) -> Batch: the same, on the writer thread (Batch.wait() for the result)"},
+    {"start_worker", start_worker, METH_NOARGS, "start_worker(): start the writer thread now (it starts with the "
+     "first batch otherwise)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_filebatch", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__filebatch(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__filebatch(void) {
+    if (PyType_Ready(&BatchType) < 0) return NULL;
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+    return PyModule_Create(&module);
+}

@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import platform
-import queue
 import shutil
 import socket
 import sys
@@ -343,24 +342,24 @@ class ProfileWriter:
 
 
 class _BatchWriter:
-    """Writes a batch of ``(path, data, link source or None)``: on the writer thread through
-    ``_filebatch`` (one call, the GIL released throughout), else -- no extension, or no thread
-    to be had at interpreter exit, where zero-code capture exports -- right here. ``linked``:
-    the paths that were linked rather than written, once done."""
+    """Writes a batch of ``(path, data, link source or None)``: on ``_filebatch``'s writer
+    thread (a POSIX thread that never takes the GIL: it starts at once, whatever the exporter
+    does meanwhile), else -- the extension not built -- right here. ``linked``: the paths that
+    were linked rather than written, once done."""
 
     def __init__(self, batch: list[tuple]):
         self._error: BaseException | None = None
-        self._done: threading.Event | None = None
-        self._thread: threading.Thread | None = None
+        self._batch = None
+        self._paths = [p for p, _, _ in batch]
         self.linked: set[str] = set()
         if _filebatch is not None:
-            done = threading.Event()
-            self._thread = _writer_thread.submit(self._run, batch, done)
-            if self._thread is not None:
-                self._done = done
-                return
+            try:
+                self._batch = _filebatch.start(self._paths, [d for _, d, _ in batch], [link for _, _, link in batch])
+            except OSError as e:  # no thread to be had: raised again by the writer's finish
+                self._error = e
+            return
         try:
-            for parent in dict.fromkeys(os.path.dirname(path) for path, _, _ in batch):
+            for parent in dict.fromkeys(os.path.dirname(path) for path in self._paths):
                 os.makedirs(parent, exist_ok=True)  # as the extension does: the batch makes its directories
             for path, data, link in batch:
                 if link is not None and _link_if_unchanged(link, path):
@@ -370,19 +369,13 @@ class _BatchWriter:
         except Exception as e:  # raised again by the writer's finish, as from the thread
             self._error = e
 
-    def _run(self, batch: list[tuple]) -> None:
-        try:
-            paths = [p for p, _, _ in batch]
-            linked = _filebatch.write_files(paths, [d for _, d, _ in batch], [link for _, _, link in batch])
-            self.linked = {p for p, was in zip(paths, linked) if was}
-        except BaseException as e:  # raised again by the writer's finish
-            self._error = e
-
     def wait(self) -> BaseException | None:
-        if self._done is not None:
-            while not self._done.wait(0.5):
-                if not self._thread.is_alive():  # gone (a fork, interpreter exit): never waits forever
-                    return RuntimeError("the profile writer thread stopped before writing its batch")
+        if self._batch is not None:
+            batch, self._batch = self._batch, None
+            try:
+                self.linked = {p for p, was in zip(self._paths, batch.wait()) if was}
+            except OSError as e:
+                self._error = e
         return self._error
 
 
@@ -400,65 +393,14 @@ def _link_if_unchanged(link: tuple, target: str) -> bool:
     return True
 
 
-class _WriterThread:
-    """One daemon thread per process that runs the batches in turn. Started once: starting a
-    thread per profile made the exporter wait until the new thread had taken the GIL; handing
-    a batch to a waiting thread costs the exporter nothing. A forked child starts its own."""
-
-    def __init__(self) -> None:
-        self._queue = None
-        self._thread: threading.Thread | None = None
-        self._pid = None
-        self._lock = threading.Lock()
-
-    def start(self) -> bool:
-        """Start the thread if it is not running (an exporter starts it when it is made, before
-        the profiled steps: starting it costs ~0.3 ms); False if no thread can be started."""
-        with self._lock:
-            return self._started()
-
-    def _started(self) -> bool:
-        if self._pid != os.getpid() or not self._thread.is_alive():
-            q = queue.SimpleQueue()
-            thread = threading.Thread(target=self._serve, args=(q,), name="tilescope-profile-writer", daemon=True)
-            try:
-                thread.start()
-            except RuntimeError:  # "can't create new thread at interpreter shutdown"
-                return False
-            self._queue, self._thread, self._pid = q, thread, os.getpid()
-        return True
-
-    def submit(self, fn, batch, done: threading.Event) -> threading.Thread | None:
-        """Queue ``fn(batch)``, then ``done.set()``; returns the thread that runs it, or None
-        if no thread can be started."""
-        with self._lock:
-            if not self._started():
-                return None
-            self._queue.put((fn, batch, done))
-            return self._thread
-
-    @staticmethod
-    def _serve(q) -> None:
-        while True:
-            fn, batch, done = q.get()
-            try:
-                fn(batch)
-            finally:
-                done.set()
-
-
-_writer_thread = _WriterThread()
-
-
 def start_writer() -> None:
     """Start the thread that writes profiles' file batches now rather than at the first export."""
     if _filebatch is not None:
-        _writer_thread.start()
+        _filebatch.start_worker()
 
 
-def _after_fork() -> None:  # the parent's writer thread (and maybe its locks' holders) is gone
-    global _writer_thread, _stamp_lock
-    _writer_thread = _WriterThread()
+def _after_fork() -> None:  # a lock the parent's threads may have held
+    global _stamp_lock
     _stamp_lock = threading.Lock()
 
 
