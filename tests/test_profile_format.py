@@ -130,6 +130,23 @@ def test_files_written_later_are_in_the_finished_profile(tmp_path, writer_path):
     assert [d.name for d in (tmp_path / "new" / "dir").iterdir()] == [w.path.parent.name]
 
 
+def test_a_reserved_file_is_created_in_the_batch_and_never_truncated(tmp_path, writer_path):
+    """The exporter reserves trace.json (written by torch on the exporter's thread, maybe
+    before the batch runs) and the last files: the batch creates a missing one empty and
+    leaves one already written as it is."""
+    with ProfileWriter(tmp_path) as w:
+        w.target("trace.json").write_bytes(b'{"traceEvents":[]}')  # torch was first
+        w.reserve("trace.json", "system_trace.json")
+        w.start_writes()
+        w._wait_for_writes()
+        assert (w.partial / "system_trace.json").read_bytes() == b""
+        w.add_written("trace.json", b'{"traceEvents":[]}')
+        w.write_bytes("system_trace.json", b'{"traceEvents":[]}', later=True)
+    p = read_profile(w.path).require_complete()
+    assert (w.path / "trace.json").read_bytes() == (w.path / "system_trace.json").read_bytes() == b'{"traceEvents":[]}'
+    assert sorted(f["path"] for f in p.manifest["files"]) == ["system_trace.json", "trace.json"]
+
+
 def test_sealed_profile_writes_its_manifest_last_and_takes_no_more_files(tmp_path, writer_path, monkeypatch):
     """``seal`` makes the manifest and queues it after every file still to write (the exporter
     runs the doctor meanwhile); the directory gets its final name only once all are written."""

@@ -68,13 +68,15 @@ class Profiler:
         correlation = Correlation(prof, capture, now)  # the executions, before torch parses
         trace_start_ns = prof.profiler.kineto_results.trace_start_ns()
         with ProfileWriter(cfg.output_dir, config=cfg.to_dict()) as w:
+            # created while torch parses (written into once it has): with the executables and
+            # instruction traces, whose contents depend on the executions alone
+            w.reserve("trace.json", "system_trace.json", "manifest.json")
             dropped, summaries = {}, []
             device_traces = cfg.has(ProfileMode.DEVICE)
             if device_traces and correlation.launches is not None:
-                # written while torch parses: what they hold depends on the executions alone
                 dropped, summaries = _write_device_traces(w, _captured(correlation.launches, cfg), cfg)
-                w.start_writes()
                 device_traces = False
+            w.start_writes()
             matched, pending = correlation.complete(into_tables=cfg.correlate_device_time)
             use_device = getattr(prof.profiler, "use_device", None)  # set by ProfilerActivity.PrivateUse1
             device = _device_info(sim=bool(matched) or (registered and use_device is not None))

@@ -8,7 +8,8 @@
  * file systems (network ones, busy virtual disks) creating one costs hundreds of microseconds.
  *
  * paths are file-system paths (str, bytes or os.PathLike); datas bytes or str (written as
- * UTF-8); links, when given, one None or (source, st_ino, st_size, st_mtime_ns) per path: the
+ * UTF-8), or None to create the file if it is missing and leave it as it is (a reservation:
+ * where creating a file is slow, its writer later only fills it); links, when given, one None or (source, st_ino, st_size, st_mtime_ns) per path: the
  * path is then a hard link to source when source is still that file (same inode, size and
  * modification time), else it is written. A path's missing directories are made (the
  * profile's own directory and its executables/ and itraces/ are made here, off the exporter's
@@ -66,8 +67,9 @@ static int make_parent(const char *path) {
     return err;
 }
 
+/* data NULL: the file is created if missing and left as it is (another writer may fill it) */
 static int write_one(const char *path, const char *data, Py_ssize_t size) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    int fd = open(path, O_WRONLY | O_CREAT | (data ? O_TRUNC : 0) | O_CLOEXEC, 0666);
     if (fd < 0) return errno;
     while (size > 0) {
         ssize_t n = write(fd, data, (size_t)size);
@@ -112,14 +114,17 @@ static int same_file(const Item *it) {
 static int hold(Item *it, PyObject *path, PyObject *data, PyObject *link) {
     it->given = Py_NewRef(path);
     if (!PyUnicode_FSConverter(path, &it->encoded)) return -1;
-    if (PyBytes_Check(data)) {
+    if (data == Py_None) {  /* a reservation: created if missing, never truncated */
+        it->bytes = NULL;
+        it->size = 0;
+    } else if (PyBytes_Check(data)) {
         it->bytes = PyBytes_AS_STRING(data);
         it->size = PyBytes_GET_SIZE(data);
     } else if (PyUnicode_Check(data)) {
         it->bytes = PyUnicode_AsUTF8AndSize(data, &it->size);  /* kept inside the str */
         if (!it->bytes) return -1;
     } else {
-        PyErr_Format(PyExc_TypeError, "write_files: data must be bytes or str, not %.100s", Py_TYPE(data)->tp_name);
+        PyErr_Format(PyExc_TypeError, "write_files: data must be bytes, str or None, not %.100s", Py_TYPE(data)->tp_name);
         return -1;
     }
     it->data = Py_NewRef(data);
