@@ -110,7 +110,7 @@ def test_short_profile_context_and_cpu_model(sim, tmp_path):
     assert any(e.get("name") == "aten::mul" for e in trace["traceEvents"])
 
 
-def test_loop_without_synchronize_and_first_iteration_are_diagnosed(sim, tmp_path):
+def test_loop_without_synchronize_and_first_iteration_are_diagnosed(sim, tmp_path, capsys):
     x = torch.randn(384, 1024, device="sim")  # a new shape: its Programs are built in the profile
     w = torch.randn(1024, device="sim")
     cfg = ProfileConfig(output_dir=str(tmp_path))
@@ -123,6 +123,8 @@ def test_loop_without_synchronize_and_first_iteration_are_diagnosed(sim, tmp_pat
     first = exporter.paths[0]  # the active step's profile (stopping the profiler exports an empty one)
     codes = {f.code for f in diagnose(first)}
     assert {"no-synchronize", "cold-start"} <= codes
+    told = capsys.readouterr().err  # the doctor at export, on what the exporter had in memory
+    assert "[warning] no-synchronize:" in told and "[warning] cold-start:" in told
     trace = json.loads((first / "system_trace.json").read_text())
     xs = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     (step,) = [e for e in xs if e["name"].startswith("ProfilerStep")]

@@ -131,6 +131,12 @@ class Capture:
         if len(records) > _KEEP:
             self._evict()
 
+    def records(self) -> dict:
+        """Every kept launch: flow id -> ``(execution, native thread id)`` (to read, not change)."""
+        if self._log:
+            self._drain()
+        return self._records
+
     def get(self, flow_id: int):
         """``(execution, native thread id)`` of a profiled launch, or None."""
         if self._log:

@@ -125,7 +125,7 @@ class Correlation:
     def _match(self, launches) -> tuple[list[Matched], int]:
         """``(flow, thread, start, parent)`` of each launch -> the executions, launch order."""
         matched, pending = [], 0
-        get = self._capture.get
+        get = self._capture.records().get
         links = self._links
         for flow, thread, start, parent in launches:
             entry = get(flow)

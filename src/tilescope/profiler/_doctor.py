@@ -43,13 +43,16 @@ class _Ctx:
     """What the rules look at, loaded once."""
 
     def __init__(self, prof: Profile, events: list | None = None, summaries: list | None = None,
-                 trusted: bool = False):
+                 trusted: bool = False, slices: tuple | None = None):
         self.prof = prof
         self.manifest = prof.manifest or {}
         self.config = self.manifest.get("config", {})
         self.device = self.manifest.get("device", {})
         self.stats = self.manifest.get("stats", {})
-        self.events = events if events is not None else self._events()
+        if slices is not None:  # indexed by the caller (the exporter knows what each event is)
+            self._slices = slices
+        else:
+            self.events = events if events is not None else self._events()
         self.summaries = summaries
         self.trusted = trusted  # just written by this process: pairs and checksums are known good
 
@@ -243,20 +246,21 @@ RULES: list[tuple[str, str, Callable[[_Ctx], str | None], str]] = [
 
 
 def diagnose(path, *, events: list | None = None, summaries: list | None = None,
-             trusted: bool = False, manifest: dict | None = None) -> list[Finding]:
+             trusted: bool = False, manifest: dict | None = None, slices: tuple | None = None) -> list[Finding]:
     """Every finding for the profile at ``path`` (an empty list means no known mistake).
 
     The exporter passes what it has in memory and ``trusted=True`` for files it just wrote,
     so the check at export re-reads nothing: the system trace's ``events`` (at least those
     the rules read: runtime, hardware and memcpy slices, ``ProfilerStep`` and
-    ``tilescope::synchronize`` ranges), the modeled ``summaries`` of the instruction traces
+    ``tilescope::synchronize`` ranges) -- or those ``slices`` already indexed, ``(slices by
+    category, slices with a name)`` --, the modeled ``summaries`` of the instruction traces
     and the ``manifest`` it wrote.
     """
     if trusted and manifest is not None:
         prof = Profile(Path(path), manifest)
     else:
         prof = read_profile(Path(path), verify=not trusted)
-    ctx = _Ctx(prof, events, summaries, trusted)
+    ctx = _Ctx(prof, events, summaries, trusted, slices)
     findings = []
     for code, severity, check, fix in RULES:
         if prof.problems and code != "incomplete-profile":

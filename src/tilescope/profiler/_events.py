@@ -200,13 +200,13 @@ def event_count(rows) -> int:
     return 0 if not rows else 2 + 2 * len({row[0].rec.core for row in rows}) + 5 * len(rows)
 
 
-def doctor_events(rows) -> list[dict]:
-    """The runtime and hardware slices of ``rows`` as the doctor's rules read them."""
-    out = []
+def doctor_events(rows) -> dict[str, list[dict]]:
+    """The runtime and hardware slices of ``rows`` as the doctor's rules read them, by category."""
+    runtime, device = [], {"hardware": [], "memcpy": []}
     for row in rows:
         rec = row[0].rec
         args = {"flow_id": rec.flow_id, "program_hash": rec.program_hash, "op": rec.op, "core": rec.core}
-        out.append({"ph": "X", "cat": "runtime", "ts": row[1], "dur": row[2], "args": args})
-        out.append({"ph": "X", "cat": "memcpy" if rec.kind == "memcpy" else "hardware", "ts": row[3],
-                    "dur": row[4], "args": args})
-    return out
+        runtime.append({"ph": "X", "cat": "runtime", "ts": row[1], "dur": row[2], "args": args})
+        cat = "memcpy" if rec.kind == "memcpy" else "hardware"
+        device[cat].append({"ph": "X", "cat": cat, "ts": row[3], "dur": row[4], "args": args})
+    return {"runtime": runtime, **device}

@@ -116,7 +116,9 @@ class Profiler:
 
 
 def _captured(matched, cfg: ProfileConfig) -> list:
-    return [m for m in matched if cfg.captures(m.rec.core)]
+    if cfg.cores is None:  # every core (the default)
+        return matched
+    return [m for m in matched if m.rec.core in cfg.cores]
 
 
 @contextlib.contextmanager
@@ -137,12 +139,14 @@ def _collector_paused():
             gc.enable()
 
 
-def _findings(path: Path, manifest: dict, events: list, summaries: list) -> list:
-    """The doctor runs at export too, on what is in memory; its warnings and errors (one line
-    each on stderr)."""
+def _findings(path: Path, manifest: dict, checked, summaries: list) -> list:
+    """The doctor runs at export too, on what is in memory (``checked``: the system trace's
+    events, or its slices as the doctor indexes them); its warnings and errors (one line each
+    on stderr)."""
     from ._doctor import diagnose
 
-    return [f for f in diagnose(path, events=events, summaries=summaries, trusted=True, manifest=manifest)
+    given = {"slices": checked} if isinstance(checked, tuple) else {"events": checked}
+    return [f for f in diagnose(path, summaries=summaries, trusted=True, manifest=manifest, **given)
             if f.severity != "info"]
 
 
@@ -192,26 +196,31 @@ def _torch_trace(w: ProfileWriter, prof) -> bytes:
 
 
 def _kineto_system_trace(fw_data: bytes) -> tuple[list[str], int, list[dict]]:
+    """The system trace's events (JSON text), how many there are, and the events themselves."""
     from ._kineto import system_trace_from_kineto
 
     events = system_trace_from_kineto(json.loads(fw_data), socket.gethostname().split(".")[0] or "host", os.getpid())
     return ([json.dumps(events, separators=(",", ":"), allow_nan=False)[1:-1]] if events else []), len(events), events
 
 
-def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler) -> tuple[list[str], int, list[dict]]:
-    """The system trace's events (JSON text), how many there are, and the ones the doctor reads."""
+def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler) -> tuple[list[str], int, tuple]:
+    """The system trace's events (JSON text), how many there are, and the slices the doctor
+    reads (by category, and those with a name: the framework ranges)."""
     prefix = _lane_prefix()
-    chunks, n_events, threads, checked, end_us = framework_events(prof, prefix)
+    chunks, n_events, threads, named, end_us = framework_events(prof, prefix)
+    by_cat: dict[str, list[dict]] = {}
     if cfg.has(ProfileMode.RUNTIME) and rows:
         chunks += device_events(rows, prefix, lambda m: threads.get(m.thread, 0))
         n_events += event_count(rows)
-        checked += doctor_events(rows)
+        by_cat = doctor_events(rows)
         end_us = max(end_us, max(r[3] + r[4] for r in rows))
+    for e in named:
+        by_cat.setdefault(e["cat"], []).append(e)
     if sampler is not None:
         host = sampler.events(trace_start_ns, cfg, end_us)
         chunks += [json.dumps(e, separators=(",", ":")) for e in host]
         n_events += len(host)
-    return chunks, n_events, checked
+    return chunks, n_events, (by_cat, named)
 
 
 def _system_trace_bytes(chunks: list[str], device: dict) -> bytes:
@@ -311,9 +320,10 @@ def _write_device_traces(w: ProfileWriter, matched, cfg: ProfileConfig) -> dict:
         })
         if cfg.executable_cache_dir:
             _cache_executable(cfg.executable_cache_dir, rec.program)
-    for m in matched:  # every Program that ran has its executable, traced or not
-        if m.rec.program is not None:
-            w.add_executable(m.rec.program)
+    programs = {m.rec.program_hash: m.rec.program for m in matched}
+    for prog in programs.values():  # every Program that ran has its executable, traced or not
+        if prog is not None:
+            w.add_executable(prog)
     return dropped, summaries
 
 
