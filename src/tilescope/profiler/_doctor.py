@@ -68,7 +68,10 @@ class _Ctx:
 
     def cat(self, name: str) -> list[dict]:
         """The slices (``ph`` X) of category ``name``."""
-        return self._slices[0].get(name, [])
+        found = self._slices[0].get(name, [])
+        if callable(found):  # made when first asked for (see diagnose's slices)
+            found = self._slices[0][name] = found()
+        return found
 
     def named(self, name: str) -> list[dict]:
         """The slices whose name starts with ``name`` (``ProfilerStep``, ``tilescope::synchronize``)."""
@@ -253,8 +256,8 @@ def diagnose(path, *, events: list | None = None, summaries: list | None = None,
     so the check at export re-reads nothing: the system trace's ``events`` (at least those
     the rules read: runtime, hardware and memcpy slices, ``ProfilerStep`` and
     ``tilescope::synchronize`` ranges) -- or those ``slices`` already indexed, ``(slices by
-    category, slices with a name)`` --, the modeled ``summaries`` of the instruction traces
-    and the ``manifest`` it wrote.
+    category, slices with a name)``, a category's list possibly a function that makes it --,
+    the modeled ``summaries`` of the instruction traces and the ``manifest`` it wrote.
     """
     if trusted and manifest is not None:
         prof = Profile(Path(path), manifest)

@@ -200,8 +200,23 @@ def event_count(rows) -> int:
     return 0 if not rows else 2 + 2 * len({row[0].rec.core for row in rows}) + 5 * len(rows)
 
 
-def doctor_events(rows) -> dict[str, list[dict]]:
-    """The runtime and hardware slices of ``rows`` as the doctor's rules read them, by category."""
+def doctor_events(rows) -> dict:
+    """The runtime, hardware and memcpy slices of ``rows`` as the doctor's rules read them, by
+    category; each category's list is made when a rule first asks for it (a function to call):
+    at export most rules need none of them."""
+    made: dict[str, list[dict]] = {}
+
+    def part(cat: str):
+        def make() -> list[dict]:
+            if not made:
+                made.update(_doctor_slices(rows))
+            return made[cat]
+        return make
+
+    return {cat: part(cat) for cat in ("runtime", "hardware", "memcpy")}
+
+
+def _doctor_slices(rows) -> dict[str, list[dict]]:
     runtime, device = [], {"hardware": [], "memcpy": []}
     for row in rows:
         rec = row[0].rec
