@@ -98,6 +98,7 @@ class Execution(NamedTuple):
 
 
 _new_execution = tuple.__new__  # Execution from its fields, without the named tuple's Python-level __new__
+_thread_ids = threading.local()  # each thread's system id, asked for once (get_native_id is a system call)
 
 
 class _State:
@@ -309,7 +310,11 @@ def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: fl
                                          queued, start, end, modeled_ns, s.runtime_ns, nbytes, direction, s.clock,
                                          first, recorded))
         if log is not None:
-            log.append((rec, threading.get_native_id()))
+            try:
+                native = _thread_ids.native
+            except AttributeError:  # this thread's first
+                native = _thread_ids.native = threading.get_native_id()
+            log.append((rec, native))
             if len(log) > s.recorded_limit:
                 log.popleft()
                 s.recorded_dropped += 1
