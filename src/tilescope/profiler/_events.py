@@ -14,6 +14,7 @@ the Python loops here are its reference).
 
 from __future__ import annotations
 
+import functools
 import json
 from json.encoder import encode_basestring_ascii as _encode_str
 
@@ -135,15 +136,21 @@ def placement(matched) -> list[tuple]:
         submit = rec.host_submit_ns
         rt_dur = (rec.queued_ns - submit) / 1000.0
         hw_ts = t_launch + (rec.device_start_ns - submit) / 1000.0
-        hw_ts = max(hw_ts, hw_end.get(core, hw_ts), t_launch + rt_dur)
+        after = hw_end.get(core, hw_ts)  # (comparisons, not max(): this loop runs once per execution)
+        if after > hw_ts:
+            hw_ts = after
+        if t_launch + rt_dur > hw_ts:
+            hw_ts = t_launch + rt_dur
         hw_dur = (rec.device_end_ns - rec.device_start_ns) / 1000.0
         hw_end[core] = hw_ts + hw_dur
         fw_ts = m.parent.time_range.start if m.parent is not None else t_launch
+        if fw_ts < t_launch - 1e-3:
+            fw_ts = t_launch - 1e-3
         key = (rec.program_hash, rec.op, core, rec.lowering, rec.kind, rec.nbytes, rec.direction)
         text = texts.get(key)
         if text is None:
             text = texts[key] = _clock_free_text(rec)
-        rows.append((m, t_launch, rt_dur, hw_ts, hw_dur, max(fw_ts, t_launch - 1e-3), rec.flow_id, text))
+        rows.append((m, t_launch, rt_dur, hw_ts, hw_dur, fw_ts, rec.flow_id, text))
     return rows
 
 
@@ -203,25 +210,21 @@ def event_count(rows) -> int:
 def doctor_events(rows) -> dict:
     """The runtime, hardware and memcpy slices of ``rows`` as the doctor's rules read them, by
     category; each category's list is made when a rule first asks for it (a function to call):
-    at export most rules need none of them."""
-    made: dict[str, list[dict]] = {}
-
-    def part(cat: str):
-        def make() -> list[dict]:
-            if not made:
-                made.update(_doctor_slices(rows))
-            return made[cat]
-        return make
-
-    return {cat: part(cat) for cat in ("runtime", "hardware", "memcpy")}
+    at export most rules need none of them, and the host-copies rule looks at the hardware
+    slices only when there are copies."""
+    return {cat: functools.partial(_doctor_slices, rows, cat) for cat in ("runtime", "hardware", "memcpy")}
 
 
-def _doctor_slices(rows) -> dict[str, list[dict]]:
-    runtime, device = [], {"hardware": [], "memcpy": []}
+def _doctor_slices(rows, cat: str) -> list[dict]:
+    out = []
     for row in rows:
         rec = row[0].rec
+        if cat == "runtime":
+            ts, dur = row[1], row[2]
+        elif (rec.kind == "memcpy") == (cat == "memcpy"):
+            ts, dur = row[3], row[4]
+        else:
+            continue
         args = {"flow_id": rec.flow_id, "program_hash": rec.program_hash, "op": rec.op, "core": rec.core}
-        runtime.append({"ph": "X", "cat": "runtime", "ts": row[1], "dur": row[2], "args": args})
-        cat = "memcpy" if rec.kind == "memcpy" else "hardware"
-        device[cat].append({"ph": "X", "cat": cat, "ts": row[3], "dur": row[4], "args": args})
-    return {"runtime": runtime, **device}
+        out.append({"ph": "X", "cat": cat, "ts": ts, "dur": dur, "args": args})
+    return out
