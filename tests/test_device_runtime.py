@@ -1,5 +1,6 @@
 """The runtime: execution records, the two clocks, synchronize, numerics off the host."""
 
+import os
 import time
 
 import pytest
@@ -170,3 +171,19 @@ def test_tile_kernels_run_on_device_tensors():
     y, rstd = rms_norm_kernel(x, w, 1e-6)
     torch.testing.assert_close(y.cpu(), torch.rms_norm(x.cpu(), (16,), w.cpu(), 1e-6), rtol=1e-5, atol=1e-5)
     assert rstd.shape == (128, 1) and rstd.device.type == "sim"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_asks_for_its_own_thread_id():
+    """The launching thread's system id is asked for once per thread and kept; a forked
+    child's thread has another one, so the child asks again (its profiles' lanes are its own)."""
+    import threading
+
+    from tilescope.device import _runtime
+
+    _runtime._thread_ids.native = threading.get_native_id()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if not hasattr(_runtime._thread_ids, "native") else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

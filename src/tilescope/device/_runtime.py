@@ -101,6 +101,15 @@ _new_execution = tuple.__new__  # Execution from its fields, without the named t
 _thread_ids = threading.local()  # each thread's system id, asked for once (get_native_id is a system call)
 
 
+def _forget_thread_ids() -> None:  # a forked child's thread has another system id
+    global _thread_ids
+    _thread_ids = threading.local()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_thread_ids)
+
+
 class _State:
     """Mutable runtime state; one per process."""
 
