@@ -139,9 +139,7 @@ class Capture:
 
     def get(self, flow_id: int):
         """``(execution, native thread id)`` of a profiled launch, or None."""
-        if self._log:
-            self._drain()
-        return self._records.get(flow_id)
+        return self.records().get(flow_id)
 
     def launch_intervals_us(self, profiled_launch_us=()) -> dict:
         """Median host time between consecutive device launches, with and without the profiler
@@ -155,11 +153,10 @@ class Capture:
             "samples": {k: len(v) for k, v in by_state.items()}}
 
     def forget(self, flow_ids) -> None:
-        if self._log:
-            self._drain()
+        records = self.records()
         with self._lock:
             for f in flow_ids:
-                self._records.pop(f, None)
+                records.pop(f, None)
 
 
 capture = Capture()

@@ -116,9 +116,9 @@ class Profiler:
 
 
 def _captured(matched, cfg: ProfileConfig) -> list:
-    if cfg.cores is None:  # every core (the default)
+    if cfg.cores is None:  # every core (the default): no copy
         return matched
-    return [m for m in matched if m.rec.core in cfg.cores]
+    return [m for m in matched if cfg.captures(m.rec.core)]
 
 
 @contextlib.contextmanager
@@ -139,14 +139,13 @@ def _collector_paused():
             gc.enable()
 
 
-def _findings(path: Path, manifest: dict, checked, summaries: list) -> list:
+def _findings(path: Path, manifest: dict, checked: dict, summaries: list) -> list:
     """The doctor runs at export too, on what is in memory (``checked``: the system trace's
-    events, or its slices as the doctor indexes them); its warnings and errors (one line each
-    on stderr)."""
+    ``events``, or its ``slices`` as the doctor indexes them); its warnings and errors (one
+    line each on stderr)."""
     from ._doctor import diagnose
 
-    given = {"slices": checked} if isinstance(checked, tuple) else {"events": checked}
-    return [f for f in diagnose(path, summaries=summaries, trusted=True, manifest=manifest, **given)
+    return [f for f in diagnose(path, summaries=summaries, trusted=True, manifest=manifest, **checked)
             if f.severity != "info"]
 
 
@@ -195,17 +194,19 @@ def _torch_trace(w: ProfileWriter, prof) -> bytes:
     return path.read_bytes()
 
 
-def _kineto_system_trace(fw_data: bytes) -> tuple[list[str], int, list[dict]]:
-    """The system trace's events (JSON text), how many there are, and the events themselves."""
+def _kineto_system_trace(fw_data: bytes) -> tuple[list[str], int, dict]:
+    """The system trace's events (JSON text), how many there are, and what the doctor reads
+    (the events themselves)."""
     from ._kineto import system_trace_from_kineto
 
     events = system_trace_from_kineto(json.loads(fw_data), socket.gethostname().split(".")[0] or "host", os.getpid())
-    return ([json.dumps(events, separators=(",", ":"), allow_nan=False)[1:-1]] if events else []), len(events), events
+    text = [json.dumps(events, separators=(",", ":"), allow_nan=False)[1:-1]] if events else []
+    return text, len(events), {"events": events}
 
 
-def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler) -> tuple[list[str], int, tuple]:
-    """The system trace's events (JSON text), how many there are, and the slices the doctor
-    reads (by category, and those with a name: the framework ranges)."""
+def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler) -> tuple[list[str], int, dict]:
+    """The system trace's events (JSON text), how many there are, and what the doctor reads:
+    the slices by category, and those with a name (the framework ranges)."""
     prefix = _lane_prefix()
     chunks, n_events, threads, named, end_us = framework_events(prof, prefix)
     by_cat: dict[str, list[dict]] = {}
@@ -220,7 +221,7 @@ def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler) 
         host = sampler.events(trace_start_ns, cfg, end_us)
         chunks += [json.dumps(e, separators=(",", ":")) for e in host]
         n_events += len(host)
-    return chunks, n_events, (by_cat, named)
+    return chunks, n_events, {"slices": (by_cat, named)}
 
 
 def _system_trace_bytes(chunks: list[str], device: dict) -> bytes:
