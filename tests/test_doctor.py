@@ -115,6 +115,27 @@ def test_step_without_synchronize(tmp_path):
     assert diagnose(_sim_profile(tmp_path / "ok", events + [sync], {"executions": 2})) == []
 
 
+def test_at_export_the_device_slices_are_made_only_for_a_rule_that_reads_them(tmp_path):
+    """The exporter hands over each device category as a function that makes its slices (one
+    dict per execution: milliseconds for a long profile); without ProfilerStep ranges or copies
+    no rule calls them, and with steps the synchronize rule gets the launches it reads."""
+    made = []
+
+    def slices(cat, events=()):
+        def make():
+            made.append(cat)
+            return list(events)
+        return make
+
+    path = _sim_profile(tmp_path, [], {"executions": 2})
+    by_cat = {"runtime": slices("runtime"), "hardware": slices("hardware"), "memcpy": slices("memcpy")}
+    assert diagnose(path, trusted=True, slices=(by_cat, [])) == [] and made == ["memcpy"]  # (no copies: stop)
+    made.clear()
+    by_cat = {"runtime": slices("runtime", [_launch(10)]), "hardware": slices("hardware"), "memcpy": slices("memcpy")}
+    (f,) = diagnose(path, trusted=True, slices=(by_cat, [_step("ProfilerStep#0", 0, 100)]))
+    assert f.code == "no-synchronize" and made == ["runtime", "memcpy"]
+
+
 def test_cold_start(tmp_path):
     (f,) = diagnose(_sim_profile(tmp_path, [_hw()], {"executions": 6, "cold_executions": 6,
                                                      "cold_ops": ["aten::mean.dim", "aten::mul.Tensor"]}))

@@ -130,6 +130,36 @@ def test_files_written_later_are_in_the_finished_profile(tmp_path, writer_path):
     assert [d.name for d in (tmp_path / "new" / "dir").iterdir()] == [w.path.parent.name]
 
 
+def test_a_file_given_in_parts_is_written_whole_with_its_checksum(tmp_path, writer_path):
+    """The exporter hands large files over as parts (never joined): now and in the batch, the
+    file is the parts one after the other, its size and sha256 those of the whole."""
+    import hashlib
+
+    parts = tuple(bytes([65 + i % 26]) * (i % 97) for i in range(2000))  # more than one writev's IOV_MAX
+    with ProfileWriter(tmp_path) as w:
+        w.write_bytes("now.json", (b"[", b"1,2", b"]"))
+        w.write_bytes("later.bin", parts, later=True)
+    p = read_profile(w.path).require_complete()  # sizes and checksums verified against the files
+    assert (w.path / "now.json").read_bytes() == b"[1,2]"
+    whole = b"".join(parts)
+    assert (w.path / "later.bin").read_bytes() == whole
+    listed = {f["path"]: f for f in p.manifest["files"]}["later.bin"]
+    assert listed == {"path": "later.bin", "bytes": len(whole), "sha256": hashlib.sha256(whole).hexdigest()}
+
+
+def test_the_extension_writes_parts_and_refuses_what_is_not_text(tmp_path):
+    from tilescope.profiler import _format
+
+    if _format._filebatch is None:
+        pytest.skip("the _filebatch extension is not built")
+    fb = _format._filebatch
+    target, empty = str(tmp_path / "d" / "f"), str(tmp_path / "e")
+    assert fb.start([target, empty], [("ab", b"", "\u00e9", b"cd"), ()], None).wait() == [False, False]
+    assert open(target, "rb").read() == "ab\u00e9cd".encode() and os.path.getsize(empty) == 0
+    with pytest.raises(TypeError, match="bytes, str, a tuple of them or None, not int"):
+        fb.write_files([target], [(b"a", 3)])
+
+
 def test_a_reserved_file_is_created_in_the_batch_and_never_truncated(tmp_path, writer_path):
     """The exporter reserves trace.json (written by torch on the exporter's thread, maybe
     before the batch runs) and the last files: the batch creates a missing one empty and
@@ -256,7 +286,9 @@ def test_instruction_trace_text_is_its_document():
     float64 values exactly -- and a float32 column keeps its float64 (tolist) value."""
     import numpy as np
 
-    from tilescope.profiler._format import _numpy_column, itrace_bytes, itrace_json
+    import hashlib
+
+    from tilescope.profiler._format import _numpy_column, itrace_bytes, itrace_json, itrace_parts
 
     prog = _program()
     result = simulate(prog)
@@ -267,6 +299,12 @@ def test_instruction_trace_text_is_its_document():
 
     written = typed(itrace_bytes(prog, result, execution=execution))
     assert written == typed(json.dumps(itrace_json(prog, result, execution=execution)))
+    # the parts an export writes, and the digest finished from the shared first part's
+    parts, digest = itrace_parts(prog, result, execution=execution)
+    assert b"".join(parts) == itrace_bytes(prog, result, execution=execution)
+    assert digest == hashlib.sha256(b"".join(parts)).hexdigest()
+    other, other_digest = itrace_parts(prog, result, execution={"flow_id": 8})
+    assert other[0] is parts[0] and other_digest == hashlib.sha256(b"".join(other)).hexdigest() != digest
     assert written["columns"]["end_ns"] and all(v[0] == "float" for v in written["columns"]["end_ns"])
     assert isinstance(_numpy_column(np.arange(3, dtype=np.int16)), np.ndarray)
     assert _numpy_column(np.array([0.1], dtype=np.float32)) == [float(np.float32(0.1))]

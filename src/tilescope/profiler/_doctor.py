@@ -125,6 +125,8 @@ def _unsynchronized(c: _Ctx):
     # torch synchronises the device when the trace stops, after the last step has ended: a step
     # that launched device work without synchronising inside attributes it to the wrong step
     steps = c.named("ProfilerStep")
+    if not steps:  # (no schedule: nothing to check, and the device slices are not needed)
+        return None
     syncs = [e["ts"] for e in c.named("tilescope::synchronize") if e["name"] == "tilescope::synchronize"]
     launches = [e["ts"] for e in c.cat("runtime")]
     bad = []
@@ -189,8 +191,10 @@ def _unpaired(c: _Ctx):
 
 def _host_copies(c: _Ctx):
     copies = c.cat("memcpy")
+    if not copies:  # (the hardware slices are made only when there are copies)
+        return None
     device = c.cat("hardware")
-    if not copies or not device:
+    if not device:
         return None
     copy_us = sum(e.get("dur", 0) for e in copies)
     dev_us = sum(e.get("dur", 0) for e in device)

@@ -8,7 +8,9 @@
  * file systems (network ones, busy virtual disks) creating one costs hundreds of microseconds.
  *
  * paths are file-system paths (str, bytes or os.PathLike); datas bytes or str (written as
- * UTF-8), or None to create the file if it is missing and leave it as it is (a reservation:
+ * UTF-8), a tuple of them (written one after the other, with writev: a large file made of
+ * parts is never joined into one buffer), or None to create the file if it is missing and
+ * leave it as it is (a reservation:
  * where creating a file is slow, its writer later only fills it); links, when given, one None or (source, st_ino, st_size, st_mtime_ns) per path: the
  * path is then a hard link to source when source is still that file (same inode, size and
  * modification time), else it is written. A path's missing directories are made (the
@@ -30,10 +32,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #ifndef O_CLOEXEC
@@ -67,20 +71,29 @@ static int make_parent(const char *path) {
     return err;
 }
 
-/* data NULL: the file is created if missing and left as it is (another writer may fill it) */
-static int write_one(const char *path, const char *data, Py_ssize_t size) {
-    int fd = open(path, O_WRONLY | O_CREAT | (data ? O_TRUNC : 0) | O_CLOEXEC, 0666);
+/* parts NULL: the file is created if missing and left as it is (another writer may fill it);
+ * else the n parts are written one after the other (writev, IOV_MAX parts at a time) */
+static int write_one(const char *path, struct iovec *parts, int n) {
+    int fd = open(path, O_WRONLY | O_CREAT | (parts ? O_TRUNC : 0) | O_CLOEXEC, 0666);
     if (fd < 0) return errno;
-    while (size > 0) {
-        ssize_t n = write(fd, data, (size_t)size);
-        if (n < 0) {
+    while (n > 0 && parts) {
+        ssize_t w = writev(fd, parts, n < IOV_MAX ? n : IOV_MAX);
+        if (w < 0) {
             if (errno == EINTR) continue;
             int err = errno;
             close(fd);
             return err;
         }
-        data += n;
-        size -= n;
+        /* past what was written: whole parts, then into the first one left */
+        while (n > 0 && (size_t)w >= parts->iov_len) {
+            w -= (ssize_t)parts->iov_len;
+            parts++;
+            n--;
+        }
+        if (n > 0) {
+            parts->iov_base = (char *)parts->iov_base + w;
+            parts->iov_len -= (size_t)w;
+        }
     }
     return close(fd) < 0 ? errno : 0;
 }
@@ -89,9 +102,10 @@ static int write_one(const char *path, const char *data, Py_ssize_t size) {
 typedef struct {
     PyObject *given;    /* the path as given (for the error) */
     PyObject *encoded;  /* bytes: the path for the system */
-    PyObject *data;     /* bytes or str: a reference that keeps bytes alive */
-    const char *bytes;
-    Py_ssize_t size;
+    PyObject *data;     /* bytes, str or a tuple of them: a reference that keeps the parts alive */
+    struct iovec *parts;  /* NULL for a reservation; else one, or PyMem-allocated for a tuple */
+    struct iovec one;
+    int nparts;
     PyObject *source;   /* bytes: the file to link, or NULL */
     unsigned long long ino;
     long long st_size, mtime_ns;
@@ -111,21 +125,49 @@ static int same_file(const Item *it) {
     return (unsigned long long)st.st_ino == it->ino && (long long)st.st_size == it->st_size && mtime_ns == it->mtime_ns;
 }
 
+/* bytes or str (its UTF-8, kept inside the str) as one part to write */
+static int part_of(PyObject *data, struct iovec *part) {
+    Py_ssize_t size;
+    const char *bytes;
+    if (PyBytes_Check(data)) {
+        bytes = PyBytes_AS_STRING(data);
+        size = PyBytes_GET_SIZE(data);
+    } else if (PyUnicode_Check(data)) {
+        if (!(bytes = PyUnicode_AsUTF8AndSize(data, &size))) return -1;
+    } else {
+        PyErr_Format(PyExc_TypeError, "write_files: data must be bytes, str, a tuple of them or None, not %.100s",
+                     Py_TYPE(data)->tp_name);
+        return -1;
+    }
+    part->iov_base = (void *)bytes;
+    part->iov_len = (size_t)size;
+    return 0;
+}
+
 static int hold(Item *it, PyObject *path, PyObject *data, PyObject *link) {
     it->given = Py_NewRef(path);
     if (!PyUnicode_FSConverter(path, &it->encoded)) return -1;
     if (data == Py_None) {  /* a reservation: created if missing, never truncated */
-        it->bytes = NULL;
-        it->size = 0;
-    } else if (PyBytes_Check(data)) {
-        it->bytes = PyBytes_AS_STRING(data);
-        it->size = PyBytes_GET_SIZE(data);
-    } else if (PyUnicode_Check(data)) {
-        it->bytes = PyUnicode_AsUTF8AndSize(data, &it->size);  /* kept inside the str */
-        if (!it->bytes) return -1;
+        it->parts = NULL;
+        it->nparts = 0;
+    } else if (PyTuple_Check(data)) {
+        Py_ssize_t n = PyTuple_GET_SIZE(data);
+        if (n > INT_MAX) {
+            PyErr_SetString(PyExc_ValueError, "write_files: too many parts in one file");
+            return -1;
+        }
+        it->parts = PyMem_Calloc((size_t)(n ? n : 1), sizeof(struct iovec));
+        if (!it->parts) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        it->nparts = (int)n;
+        for (Py_ssize_t k = 0; k < n; k++)
+            if (part_of(PyTuple_GET_ITEM(data, k), &it->parts[k]) < 0) return -1;
     } else {
-        PyErr_Format(PyExc_TypeError, "write_files: data must be bytes, str or None, not %.100s", Py_TYPE(data)->tp_name);
-        return -1;
+        if (part_of(data, &it->one) < 0) return -1;
+        it->parts = &it->one;
+        it->nparts = 1;
     }
     it->data = Py_NewRef(data);
     if (link == NULL || link == Py_None) return 0;
@@ -153,10 +195,10 @@ static int write_items(Item *items, Py_ssize_t n, Py_ssize_t *failed) {
                 continue;
             }
         }
-        err = write_one(path, it->bytes, it->size);
+        err = write_one(path, it->parts, it->nparts);
         if (err == ENOENT) {  /* its directory is missing: made, or the reason it cannot be */
             int made = make_parent(path);
-            err = made ? made : write_one(path, it->bytes, it->size);
+            err = made ? made : write_one(path, it->parts, it->nparts);
         }
         if (err) *failed = i;
     }
@@ -182,6 +224,7 @@ static void release_items(Item *items, Py_ssize_t n) {
         Py_XDECREF(items[i].encoded);
         Py_XDECREF(items[i].data);
         Py_XDECREF(items[i].source);
+        if (items[i].parts != &items[i].one) PyMem_Free(items[i].parts);
     }
     PyMem_Free(items);
 }

@@ -62,36 +62,49 @@ def itrace_name(program_hash: str, run: int) -> str:
     return f"itraces/exec_{program_hash}.{run}.itrace.json"
 
 
-_COLUMNS_CACHE: dict = {}  # id(result) -> (result, body text, summary), the latest 256
+_COLUMNS_CACHE: dict = {}  # id(result) -> (result, text up to "execution", its sha256 state, summary), the latest 256
 _COLUMNS_LOCK = threading.Lock()  # filled by the exporter and by launching threads (prepare_files)
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def itrace_bytes(program, result, *, execution: dict | None = None) -> bytes:
     """``itrace_json`` serialised; the columns (the bulk) are serialised once per result."""
-    head = _COMPACT.encode({"execution": execution or {}})[:-1]
-    return "".join((head, ",", _itrace_body(program, result)[0], "}")).encode()
+    return b"".join(itrace_parts(program, result, execution=execution)[0])
 
 
-def _itrace_body(program, result) -> tuple[str, dict]:
-    """The instruction trace's text after its ``execution`` object, and the run's summary as
-    a dict: both depend on the (immutable) Program and its modeled run alone."""
+def itrace_parts(program, result, *, execution: dict | None = None) -> tuple[tuple[bytes, bytes], str]:
+    """``itrace_bytes`` as the file's two parts and its SHA-256: the document up to its
+    ``execution`` object -- the same for every run of one modeled result, made and hashed once
+    -- and that object. An export writes the parts as they are (no join) and finishes the
+    digest from the first part's."""
+    prefix, digest, _ = _itrace_body(program, result)
+    tail = orjson.dumps(execution or {}) + b"}"
+    digest = digest.copy()
+    digest.update(tail)
+    return (prefix, tail), digest.hexdigest()
+
+
+def _itrace_body(program, result) -> tuple[bytes, "hashlib._Hash", dict]:
+    """The instruction trace's text up to its ``execution`` object (which it ends with), that
+    text's SHA-256 state and the run's summary as a dict: all depend on the (immutable)
+    Program and its modeled run alone."""
     key = id(result)
     cached = _COLUMNS_CACHE.get(key)
     if cached is None or cached[0] is not result:
         doc = _itrace_doc(program, result, None, _numpy_column)
         doc.pop("execution")
-        cached = (result, orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].decode(), doc["summary"])
+        prefix = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)[:-1] + b',"execution":'
+        cached = (result, prefix, hashlib.sha256(prefix), doc["summary"])
         with _COLUMNS_LOCK:
             _COLUMNS_CACHE[key] = cached
             while len(_COLUMNS_CACHE) > 256:
                 del _COLUMNS_CACHE[next(iter(_COLUMNS_CACHE))]
-    return cached[1], cached[2]
+    return cached[1], cached[2], cached[3]
 
 
 def itrace_summary(program, result) -> dict:
     """``result.summary.to_dict()``, made once per result (do not modify it)."""
-    return _itrace_body(program, result)[1]
+    return _itrace_body(program, result)[2]
 
 
 def _numpy_column(a: np.ndarray):
@@ -209,15 +222,27 @@ class ProfileWriter:
         :meth:`write_bytes`."""
         return Path(self._target(relpath))
 
-    def write_bytes(self, relpath: str, data: bytes, *, sha256: str | None = None, later: bool = False) -> str:
-        """Write one file; ``sha256`` is its known digest (e.g. of an executable written before).
-        ``later``: in the next batch (:meth:`start_writes`), off the calling thread."""
+    def write_bytes(self, relpath: str, data: bytes | tuple[bytes, ...], *, sha256: str | None = None,
+                    later: bool = False) -> str:
+        """Write one file: ``data`` its bytes, or a tuple of parts written one after the other (a
+        large file made in pieces is never joined); ``sha256`` is its known digest (e.g. of an
+        executable written before). ``later``: in the next batch (:meth:`start_writes`), off the
+        calling thread."""
         target = self._target(relpath, later=later)
         if later:
             self._later.append((target, data, None))
         else:
             _write_file(target, data)
-        self._files[relpath] = (len(data), sha256 or hashlib.sha256(data).hexdigest())
+        if isinstance(data, tuple):
+            size = sum(map(len, data))
+            if sha256 is None:
+                digest = hashlib.sha256()
+                for part in data:
+                    digest.update(part)
+                sha256 = digest.hexdigest()
+        else:
+            size = len(data)
+        self._files[relpath] = (size, sha256 or hashlib.sha256(data).hexdigest())
         return relpath
 
     def reserve(self, *relpaths: str) -> None:
@@ -282,8 +307,8 @@ class ProfileWriter:
     def add_itrace(self, program, result, run: int, execution: dict | None = None) -> str:
         """The instruction trace of one run, paired with its executable by hash."""
         self.add_executable(program)
-        return self.write_bytes(itrace_name(program.hash, run), itrace_bytes(program, result, execution=execution),
-                                later=True)
+        parts, sha256 = itrace_parts(program, result, execution=execution)
+        return self.write_bytes(itrace_name(program.hash, run), parts, sha256=sha256, later=True)
 
     # ---- completion -------------------------------------------------------
     def manifest(self) -> dict:
@@ -374,7 +399,7 @@ class _BatchWriter:
                 elif data is None:  # a reservation
                     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666))
                 else:
-                    _write_file(path, data.encode() if isinstance(data, str) else data)
+                    _write_file(path, data)
         except Exception as e:  # raised again by the writer's finish, as from the thread
             self._error = e
 
@@ -432,14 +457,15 @@ def _unique_now() -> _dt.datetime:
     return now
 
 
-def _write_file(path: str, data: bytes) -> None:
+def _write_file(path: str, data: bytes | str | tuple) -> None:
     """open/write/close without the buffered file object (its extra syscalls add up over
-    the hundreds of small files of a profile)."""
+    the hundreds of small files of a profile); a tuple's parts one after the other."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        for part in data if isinstance(data, tuple) else (data,):
+            view = memoryview(part.encode() if isinstance(part, str) else part)
+            while view:
+                view = view[os.write(fd, view):]
     finally:
         os.close(fd)
 
