@@ -15,8 +15,9 @@ Three workloads: loops of naive RMSNorm of 20 and 200 iterations (small ops, ~0.
 time each: the export's fixed cost dominates the first, its cost per device execution the
 second) and one training step of a 2-layer transformer encoder (a realistic profiled step).
 Two situations (the second not for the 200-iteration loop):
-  * steady: the same workload profiled again and again in one process (REPEATS pairs of
-    runs, one per side; a training loop with a repeating schedule: each side writes its
+  * steady: the same workload profiled again and again in one process (pairs of runs, one
+    per side, for about STEADY_SECONDS: from 32 pairs for the longest workload to 300 for the
+    shortest; a training loop with a repeating schedule: each side writes its
     profiles into one directory, torch's a new trace file each time as its
     tensorboard_trace_handler does, tilescope's a new profile directory). Prints the median wall time of each
     side, the overhead (target <= 10%), the overhead per device execution, the median and
@@ -75,7 +76,8 @@ from tilescope.device import _runtime
 from tilescope.profiler import ProfileConfig, Profiler
 from tilescope.profiler._capture import capture
 
-REPEATS = 31
+STEADY_SECONDS = 30.0  # each workload's steady pairs run for about this long ...
+STEADY_PAIRS = (32, 300)  # ... and at least / at most this many pairs (an even count: as many of each order)
 COLD_PAIRS = 21
 
 
@@ -185,6 +187,20 @@ def pair_order(k: int) -> tuple[bool, bool]:
     return (False, True) if k % 2 == 0 else (True, False)
 
 
+def steady_pairs_wanted(done: int, elapsed_s: float) -> bool:
+    """Whether to run another steady pair: for about ``STEADY_SECONDS`` per workload, within
+    ``STEADY_PAIRS``, stopping after an even count (as many pairs of each order). A short workload
+    gets many pairs -- its figures are the noisiest -- and the count never depends on the results.
+
+    >>> steady_pairs_wanted(31, 100.0), steady_pairs_wanted(32, 100.0), steady_pairs_wanted(33, 1.0)
+    (True, False, True)
+    """
+    low, high = STEADY_PAIRS
+    if done < low or done % 2:
+        return True
+    return done < high and elapsed_s < STEADY_SECONDS
+
+
 def cold_runs(name: str, out: str) -> dict[bool, list[dict]]:
     times: dict[bool, list[dict]] = {True: [], False: []}
     for k in range(COLD_PAIRS):
@@ -266,12 +282,13 @@ def main() -> None:
             for _ in range(2):  # build every Program first: we measure profiling, not lowering
                 workload()
             times = {True: [], False: []}
-            execs = 0
-            for k in range(REPEATS):
+            execs, k, began = 0, 0, time.perf_counter()
+            while steady_pairs_wanted(k, time.perf_counter() - began):
                 for flag in pair_order(k):  # each side into its own directory, as a training loop's profiles go
                     t, n = run(workload, flag, f"{tmp}/workload{index}-{'tilescope' if flag else 'torch'}")
                     times[flag].append(t)
                     execs = n
+                k += 1
             print(f"{name}: {execs} device executions per profile")
             report("steady: profiled again in one process", times, execs)
             if cold:
