@@ -45,10 +45,17 @@ def profiled(sim):
 def test_framework_lanes_match_the_python_loop(profiled, lanes):
     prof, _ = profiled
     events = prof.profiler.function_events
-    text, count, threads, ranges, end = lanes.framework_lanes(
-        events, _events._CPU, _events._framework_head, _events._framework_extra, ("user", "aten::mean"))
-    expected, exp_threads, _, exp_end = _events._framework_lanes(events)
+    ids = {evt.id for evt in events[::3]} | {-5}
+    text, count, threads, ranges, end, by_id = lanes.framework_lanes(
+        events, _events._CPU, _events._framework_head, _events._framework_extra, ("user", "aten::mean"), ids)
+    expected, exp_threads, _, exp_end, exp_by_id = _events._framework_lanes(events, ids)
     assert text == ",".join(expected) and count == len(expected) > 5
+    # the CPU events with those ids, the first of each, as the exporter's launching ops are looked up
+    first = {}
+    for evt in events:
+        if evt.id in ids and evt.device_type.value == _events._CPU:
+            first.setdefault(evt.id, evt)
+    assert by_id == exp_by_id == first and len(first) > 2 and all(first[i] is by_id[i] for i in first)
     assert threads == exp_threads and len(threads) >= 2 and end == exp_end
     assert any('"Input Dims"' in e for e in expected)
     assert any('"cat":"user_annotation"' in e for e in expected)
@@ -68,9 +75,12 @@ def test_framework_lanes_on_unusual_events(lanes):
     events = [evt(1, "a\n\"b\" \u00e9\u4e2d", 0.0005, 0.0015), evt(2, "k", 1.0, 2.0, device=other),
               evt(3, "aten::mm", 2.0004999, 1e9 + 0.0005, stack=["x.py(3): f", "y.py(9): g"], shapes=[[2, 3], []]),
               evt(2 ** 62, "aten::mm", -0.0, 3.25, thread=8, ua=True), evt(5, "aten::mm", 7, 9)]
-    text, count, threads, ranges, end = lanes.framework_lanes(
-        events, _events._CPU, _events._framework_head, _events._framework_extra, ("aten::",))
-    expected, exp_threads, _, exp_end = _events._framework_lanes(events)
+    text, count, threads, ranges, end, by_id = lanes.framework_lanes(
+        events, _events._CPU, _events._framework_head, _events._framework_extra, ("aten::",), frozenset({2, 5}))
+    expected, exp_threads, _, exp_end, exp_by_id = _events._framework_lanes(events, {2, 5})
+    assert by_id == exp_by_id == {5: events[4]}  # id 2: not a CPU event
+    with pytest.raises(TypeError, match="ids must be a set"):
+        lanes.framework_lanes(events, _events._CPU, _events._framework_head, _events._framework_extra, (), [5])
     assert text == ",".join(expected) and count == 4 and threads == exp_threads == {7: 0, 8: 1}
     assert end == exp_end and [r[:3] for r in ranges] == [
         ("cpu_op", "aten::mm", 0), ("user_annotation", "aten::mm", 1), ("cpu_op", "aten::mm", 0)]
@@ -80,11 +90,12 @@ def test_framework_lanes_on_unusual_events(lanes):
 
 def test_framework_events_are_the_same_with_and_without_the_extension(profiled, monkeypatch, lanes):
     prof, _ = profiled
-    chunks, n, threads, ranges, end = _events.framework_events(prof, "host/pid:1")
+    ids = {evt.id for evt in prof.profiler.function_events}
+    chunks, n, threads, ranges, end, by_id = _events.framework_events(prof, "host/pid:1", ids)
     monkeypatch.setattr(_events, "_lanes", None)
-    py_chunks, py_n, py_threads, py_ranges, py_end = _events.framework_events(prof, "host/pid:1")
+    py_chunks, py_n, py_threads, py_ranges, py_end, py_by_id = _events.framework_events(prof, "host/pid:1", ids)
     assert ",".join(py_chunks) == ",".join(chunks) and py_n == len(py_chunks) == n
-    assert (py_threads, py_ranges, py_end) == (threads, ranges, end)
+    assert (py_threads, py_ranges, py_end, py_by_id) == (threads, ranges, end, by_id) and by_id
 
 
 @pytest.mark.parametrize("shift", [0.0, 1234.5675])
@@ -134,3 +145,23 @@ def test_times_do_not_depend_on_the_rounding_mode(lanes):
     finally:
         libm.fesetround(previous)
     assert written == [f"{v:.3f}" for v in values] == ["0.000", "1.000", "123.456", "-0.000", "0.000"]
+
+
+def test_the_framework_pass_finds_the_launching_ops_as_the_correlation_would(sim):
+    """The exporter looks up the executions' launching ops in the framework lanes' pass over
+    torch's events: the same events the correlation's own scan finds, and the same parents."""
+    from tilescope.profiler._correlate import _ranges_by_id
+
+    Profiler(ProfileConfig())
+    x = torch.randn(64, 128, device="sim")
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        (x * x).mean(-1)
+        torch.sim.synchronize()
+    correlation = Correlation(prof, capture, float("inf"))
+    ids = correlation.range_ids()
+    events = correlation.parse()
+    framework = _events.framework_events(prof, "host/pid:1", ids)
+    assert ids and framework.by_id == _ranges_by_id(events, ids)
+    matched, pending = correlation.complete(into_tables=True, ranges=framework.by_id)
+    assert pending == 0 and len(matched) == 2
+    assert [m.parent.name for m in matched] == ["aten::mul", "aten::mean"]

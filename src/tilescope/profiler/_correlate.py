@@ -141,23 +141,37 @@ class Correlation:
         matched.sort(key=lambda x: x.rec.flow_id)
         return matched, pending
 
-    def complete(self, *, into_tables: bool) -> tuple[list[Matched], int]:
+    def parse(self) -> list[FunctionEvent]:
+        """torch's parse (without the markers) -- once -- and its events."""
+        profiler = self._prof.profiler
+        if self._taken is not None and self._taken[0]:  # torch parses now, without the markers
+            markers, keep = self._taken
+            result = profiler.kineto_results
+            profiler.kineto_results = _WithoutMarkers(result, keep)
+            try:
+                profiler.function_events
+            finally:
+                profiler.kineto_results = result
+            self._taken = ([], keep)
+        return profiler.function_events
+
+    def range_ids(self) -> set[int]:
+        """The correlation ids of the ranges that launched the executions torch recorded (and
+        of the ranges around them): :meth:`complete` looks them up among torch's CPU events,
+        or takes them found by the caller's own pass over those events."""
+        enclosing = self._enclosing
+        return {rid for flow, range_id in self._links.items() for rid in (range_id, *enclosing[flow]) if rid > 0}
+
+    def complete(self, *, into_tables: bool, ranges: dict | None = None) -> tuple[list[Matched], int]:
         """torch's parse, each execution's launching op, device time in torch's tables; returns
-        the matched executions (launch order) and how many were still pending."""
+        the matched executions (launch order) and how many were still pending. ``ranges``: the
+        first CPU event of each of :meth:`range_ids`, when the caller found them already."""
         profiler = self._prof.profiler
         if self._taken is None:
             events = profiler.function_events
             matched, pending = self._match(self._recorded + _markers_among(events))
         else:
-            markers, keep = self._taken
-            if markers:  # torch parses now, without them
-                result = profiler.kineto_results
-                profiler.kineto_results = _WithoutMarkers(result, keep)
-                try:
-                    profiler.function_events
-                finally:
-                    profiler.kineto_results = result
-            events = profiler.function_events
+            events = self.parse()
             matched, pending = self.launches, self.pending
             if self._marks:
                 parents = _launching_ops(self._marks, events)
@@ -165,7 +179,8 @@ class Correlation:
                     if not m.recorded_by_torch:
                         m.parent = parents.get(m.rec.flow_id)
         if self._links:
-            self._settle_recorded(matched, events, into_tables)
+            self._settle_recorded(matched, events, into_tables,
+                                  ranges if ranges is not None else _ranges_by_id(events, self.range_ids()))
         if into_tables:
             _add_device_time([m for m in matched if not m.recorded_by_torch], events, profiler.use_device)
         return matched, pending
@@ -176,12 +191,11 @@ class Correlation:
         its tables once :meth:`complete` ran; its Chrome trace still has them."""
         return list(self._pending_recorded)
 
-    def _settle_recorded(self, matched: list[Matched], events, into_tables: bool) -> None:
-        """The launching ops of the executions torch recorded; their device time taken out of
-        torch's tables where it must not be (pending executions; all without ``into_tables``)."""
+    def _settle_recorded(self, matched: list[Matched], events, into_tables: bool, ranges: dict) -> None:
+        """The launching ops of the executions torch recorded (``ranges``: torch's CPU events by
+        correlation id); their device time taken out of torch's tables where it must not be
+        (pending executions; all without ``into_tables``)."""
         links, enclosing = self._links, self._enclosing
-        ranges = _ranges_by_id(events, {rid for flow, range_id in links.items()
-                                        for rid in (range_id, *enclosing[flow]) if rid > 0})
         parents: dict[int, FunctionEvent | None] = {}  # flow -> its launching op, as torch's events have it
         merged: set[int] = set()  # ranges not found, nor the op they were merged into
         for flow, range_id in links.items():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+from typing import NamedTuple
 from json.encoder import encode_basestring_ascii as _encode_str
 
 import torch
@@ -27,7 +28,7 @@ try:
 except ImportError:  # not built (no compiler at install time): the same text from the Python loops
     _lanes = None
 
-__all__ = ["FRAMEWORK", "RUNTIME", "HARDWARE", "HOST", "js", "meta", "framework_events", "placement",
+__all__ = ["FRAMEWORK", "RUNTIME", "HARDWARE", "HOST", "js", "meta", "Framework", "framework_events", "placement",
            "device_events", "event_count", "doctor_events"]
 
 FRAMEWORK, RUNTIME, HARDWARE, HOST = 1, 2, 3, 4
@@ -47,25 +48,34 @@ def meta(pid: int, name: str, tid: int | None = None, tname: str | None = None) 
     return out
 
 
-def framework_events(prof, prefix: str) -> tuple[list[str], int, dict, list[dict], float]:
-    """Every CPU event of torch's profile on the framework lanes.
+class Framework(NamedTuple):
+    """The framework lanes of a profile (see :func:`framework_events`)."""
 
-    Returns the events' text (chunks to join with ","), how many events they are, the
-    thread -> tid map, the ranges the doctor reads (as dicts) and the end of the last event (µs)."""
+    chunks: list[str]  # the events' text, chunks to join with ","
+    count: int  # how many events they are
+    threads: dict  # torch thread -> tid
+    ranges: list[dict]  # the ranges the doctor reads
+    end: float  # the end of the last event (µs)
+    by_id: dict  # correlation id -> the first CPU event with it, for the ids asked for
+
+
+def framework_events(prof, prefix: str, ids: set | frozenset | None = None) -> Framework:
+    """Every CPU event of torch's profile on the framework lanes -- and, in the same pass, the
+    CPU events whose correlation id is in ``ids`` (the executions' launching ops)."""
     events = prof.profiler.function_events
     if _lanes is not None:
-        text, count, threads, found, end = _lanes.framework_lanes(events, _CPU, _framework_head, _framework_extra,
-                                                                  _DOCTOR_RANGES)
+        text, count, threads, found, end, by_id = _lanes.framework_lanes(
+            events, _CPU, _framework_head, _framework_extra, _DOCTOR_RANGES, ids)
         chunks = [text] if count else []
     else:
-        chunks, threads, found, end = _framework_lanes(events)
+        chunks, threads, found, end, by_id = _framework_lanes(events, ids)
         count = len(chunks)
     ranges = [{"ph": "X", "cat": cat, "name": name, "pid": FRAMEWORK, "tid": tid, "ts": round(ts, 3),
                "dur": round(dur, 3)} for cat, name, tid, ts, dur in found]
     head = meta(FRAMEWORK, f"{prefix}/framework")
     head += [f'{{"ph":"M","name":"thread_name","pid":{FRAMEWORK},"tid":{tid},"args":{{"name":"tid:{tid}"}}}}'
              for tid in threads.values()]
-    return head + chunks, len(head) + count, threads, ranges, end
+    return Framework(head + chunks, len(head) + count, threads, ranges, end, by_id)
 
 
 def _framework_head(cat: str, name: str, tid: int) -> str:
@@ -83,12 +93,14 @@ def _framework_extra(evt) -> str:
     return extra
 
 
-def _framework_lanes(function_events) -> tuple[list[str], dict, list[tuple], float]:
+def _framework_lanes(function_events, ids=None) -> tuple[list[str], dict, list[tuple], float, dict]:
     """The reference of ``_lanes.framework_lanes`` (and its stand-in where it is not built):
-    each event's text, the thread -> tid map, the doctor's ranges as tuples, the end (µs)."""
+    each event's text, the thread -> tid map, the doctor's ranges as tuples, the end (µs), the
+    first CPU event of each id in ``ids``."""
     events: list[str] = []
     threads: dict[int, int] = {}
     ranges: list[tuple] = []
+    by_id: dict = {}
     end = 0.0
     heads: dict[tuple, str] = {}  # (category, name, tid) -> the event's text up to "ts"
     for evt in function_events:
@@ -106,12 +118,14 @@ def _framework_lanes(function_events) -> tuple[list[str], dict, list[tuple], flo
         start = span.start
         dur = span.end - start
         extra = _framework_extra(evt) if evt.input_shapes or evt.stack else ""
+        if ids is not None and evt.id in ids:
+            by_id.setdefault(evt.id, evt)
         events.append(f'{head}{start:.3f},"dur":{dur:.3f},"args":{{"External id":{evt.id}{extra}}}}}')
         if start + dur > end:
             end = start + dur
         if name.startswith(_DOCTOR_RANGES):
             ranges.append((cat, name, tid, start, dur))
-    return events, threads, ranges, end
+    return events, threads, ranges, end, by_id
 
 
 def placement(matched) -> list[tuple]:

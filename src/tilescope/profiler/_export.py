@@ -25,7 +25,7 @@ import torch
 from ._capture import capture
 from ._config import ProfileConfig, ProfileMode
 from ._correlate import Correlation
-from ._events import HOST, device_events, doctor_events, event_count, framework_events, placement
+from ._events import HOST, Framework, device_events, doctor_events, event_count, framework_events, placement
 from ._format import ProfileWriter, itrace_summary, start_writer
 
 __all__ = ["Profiler"]
@@ -77,7 +77,13 @@ class Profiler:
                 dropped, summaries = _write_device_traces(w, _captured(correlation.launches, cfg), cfg)
                 device_traces = False
             w.start_writes()
-            matched, pending = correlation.complete(into_tables=cfg.correlate_device_time)
+            framework = None
+            ids = correlation.range_ids()
+            if ids:  # the device recorded executions: the framework lanes' pass also finds their ops
+                correlation.parse()
+                framework = framework_events(prof, _lane_prefix(), ids)
+            matched, pending = correlation.complete(into_tables=cfg.correlate_device_time,
+                                                    ranges=framework.by_id if framework else None)
             use_device = getattr(prof.profiler, "use_device", None)  # set by ProfilerActivity.PrivateUse1
             device = _device_info(sim=bool(matched) or (registered and use_device is not None))
             device["activities"] = activities
@@ -94,7 +100,7 @@ class Profiler:
             else:
                 w.write_bytes("trace.json", trace)
             if device["kind"] == "sim":
-                chunks, n_events, checked = _system_trace(prof, rows, trace_start_ns, cfg, self._sampler)
+                chunks, n_events, checked = _system_trace(prof, rows, trace_start_ns, cfg, self._sampler, framework)
             else:  # a real device: lanes and flows come from Kineto's own records
                 chunks, n_events, checked = _kineto_system_trace(fw_data)
             w.write_bytes("system_trace.json", _system_trace_parts(chunks, device), later=True)
@@ -204,14 +210,16 @@ def _kineto_system_trace(fw_data: bytes) -> tuple[list[str], int, dict]:
     return text, len(events), {"events": events}
 
 
-def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler) -> tuple[list[str], int, dict]:
+def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler,
+                  framework: Framework | None = None) -> tuple[list[str], int, dict]:
     """The system trace's events (JSON text), how many there are, and what the doctor reads:
-    the slices by category, and those with a name (the framework ranges)."""
+    the slices by category, and those with a name (the framework ranges); ``framework``: the
+    framework lanes, when made already."""
     prefix = _lane_prefix()
-    chunks, n_events, threads, named, end_us = framework_events(prof, prefix)
+    chunks, n_events, threads, named, end_us, _ = framework or framework_events(prof, prefix)
     by_cat: dict[str, list[dict]] = {}
     if cfg.has(ProfileMode.RUNTIME) and rows:
-        chunks += device_events(rows, prefix, lambda m: threads.get(m.thread, 0))
+        chunks = chunks + device_events(rows, prefix, lambda m: threads.get(m.thread, 0))  # (not the framework's list)
         n_events += event_count(rows)
         by_cat = doctor_events(rows)
         end_us = max(end_us, max(r[3] + r[4] for r in rows))

@@ -1,12 +1,13 @@
 /* The system trace's lanes as JSON text, the per-event loops of tilescope/profiler/_events.py.
  *
- * framework_lanes(events, cpu, head, extra, prefixes) -> (text, count, threads, ranges, end)
+ * framework_lanes(events, cpu, head, extra, prefixes, ids=None) -> (text, count, threads, ranges, end, found)
  *   every event of torch's list whose device_type.value == cpu, each as the text
  *   head(category, name, tid) + ts + ',"dur":' + dur + ',"args":{"External id":' + id + extra(evt) + '}}'
  *   (head is called once per (category, name, tid); extra only for events with input shapes or a
  *   stack). text: the events joined by ","; threads: torch thread -> tid, in order of first
  *   appearance; ranges: (category, name, tid, ts, dur) of the events whose name starts with one of
- *   prefixes; end: the latest ts + dur (0.0 without events).
+ *   prefixes; end: the latest ts + dur (0.0 without events); found: id -> the first of those events
+ *   whose id is in the set ids (the exporter's launching ops, found in the same pass).
  * device_lanes(rows, tids, cores, shift, fw_pid, runtime_pid, hardware_pid) -> text
  *   the runtime slice, hardware slice and three flow events of each placement row
  *   (matched, runtime start, runtime dur, hardware start, hardware dur, framework op start, flow id,
@@ -159,7 +160,8 @@ static int attr_true(PyObject *obj, PyObject *name) {
 
 /* one event; 1 when it was written, 0 when it is not a CPU event, -1 on error */
 static int framework_event(PyObject *evt, long cpu, PyObject *head_fn, PyObject *extra_fn, PyObject *prefixes,
-                           PyObject *heads, PyObject *threads, PyObject *ranges, Buf *b, int first, double *end) {
+                           PyObject *heads, PyObject *threads, PyObject *ranges, PyObject *ids, PyObject *found,
+                           Buf *b, int first, double *end) {
     int rc = -1, err = 0;
     PyObject *dt = NULL, *dv = NULL, *thread = NULL, *tid = NULL, *name = NULL, *key = NULL, *span = NULL;
     PyObject *cat, *head = NULL, *id = NULL, *extra = NULL;
@@ -211,6 +213,10 @@ static int framework_event(PyObject *evt, long cpu, PyObject *head_fn, PyObject 
         }
     }
     if (!(id = PyObject_GetAttr(evt, s_id))) goto done;
+    if (ids) {
+        int wanted = PySet_Contains(ids, id);
+        if (wanted < 0 || (wanted && PyDict_SetDefault(found, id, evt) == NULL)) goto done;
+    }
     if ((!first && PUT_LIT(b, ",")) || buf_put_str(b, head) || buf_put_ms(b, start) || PUT_LIT(b, ",\"dur\":") ||
         buf_put_ms(b, dur) || PUT_LIT(b, ",\"args\":{\"External id\":") || buf_put_repr(b, id) ||
         (extra && buf_put_str(b, extra)) || PUT_LIT(b, "}}"))
@@ -245,33 +251,39 @@ done:
 }
 
 static PyObject *framework_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *events, *head_fn, *extra_fn, *prefixes;
+    PyObject *events, *head_fn, *extra_fn, *prefixes, *ids = Py_None;
     long cpu;
-    if (!PyArg_ParseTuple(args, "OlOOO!:framework_lanes", &events, &cpu, &head_fn, &extra_fn, &PyTuple_Type,
-                          &prefixes))
+    if (!PyArg_ParseTuple(args, "OlOOO!|O:framework_lanes", &events, &cpu, &head_fn, &extra_fn, &PyTuple_Type,
+                          &prefixes, &ids))
         return NULL;
+    if (ids != Py_None && !PyAnySet_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "framework_lanes: ids must be a set or frozenset (or None)");
+        return NULL;
+    }
     PyObject *seq = PySequence_Tuple(events);  /* owned: callbacks cannot change what is read */
     if (!seq) return NULL;
-    PyObject *heads = PyDict_New(), *threads = PyDict_New(), *ranges = PyList_New(0), *result = NULL;
+    PyObject *heads = PyDict_New(), *threads = PyDict_New(), *ranges = PyList_New(0), *found = PyDict_New();
+    PyObject *result = NULL;
     Buf b = {NULL, 0, 0};
     double end = 0.0;
     Py_ssize_t count = 0;
-    if (!heads || !threads || !ranges) goto done;
+    if (!heads || !threads || !ranges || !found) goto done;
     Py_ssize_t n = PyTuple_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
         int w = framework_event(PyTuple_GET_ITEM(seq, i), cpu, head_fn, extra_fn, prefixes, heads, threads,
-                                ranges, &b, count == 0, &end);
+                                ranges, ids == Py_None ? NULL : ids, found, &b, count == 0, &end);
         if (w < 0) goto done;
         count += w;
     }
     PyObject *text = buf_text(&b);
-    if (text) result = Py_BuildValue("(NnOOd)", text, count, threads, ranges, end);
+    if (text) result = Py_BuildValue("(NnOOdO)", text, count, threads, ranges, end, found);
 done:
     PyMem_Free(b.data);
     Py_DECREF(seq);
     Py_XDECREF(heads);
     Py_XDECREF(threads);
     Py_XDECREF(ranges);
+    Py_XDECREF(found);
     return result;
 }
 
@@ -387,7 +399,7 @@ static PyObject *format_ms(PyObject *Py_UNUSED(self), PyObject *arg) {
 static PyMethodDef methods[] = {
     {"format_ms", format_ms, METH_O, "format_ms(x) -> str: f\"{x:.3f}\", as the lanes write times"},
     {"framework_lanes", framework_lanes, METH_VARARGS,
-     "framework_lanes(events, cpu, head, extra, prefixes) -> (text, count, threads, ranges, end)"},
+     "framework_lanes(events, cpu, head, extra, prefixes, ids=None) -> (text, count, threads, ranges, end, found)"},
     {"device_lanes", device_lanes, METH_VARARGS,
      "device_lanes(rows, tids, cores, shift, fw_pid, runtime_pid, hardware_pid) -> text"},
     {NULL, NULL, 0, NULL},
