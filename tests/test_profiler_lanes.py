@@ -117,6 +117,28 @@ def test_bad_rows_are_refused_with_the_reason(lanes):
         lanes.device_lanes([], [0], [], 0.0, 1, 2, 3)
 
 
+def test_ids_are_written_as_python_writes_them(monkeypatch, lanes):
+    """Flow ids, tids and cores: small ints (written by the extension itself), negative ones, the
+    extremes of 64 bits and beyond, and ints of other types (through str(), as Python writes them)."""
+    import numpy as np
+
+    texts = ('{"rt":0', ',"rest":1', '{"hw":2', ',"tail":3}')
+
+    def row(flow, core):
+        matched = SimpleNamespace(rec=SimpleNamespace(core=core))
+        return (matched, 1.0, 2.0, 3.0, 4.0, 0.5, flow, texts)
+
+    cases = [(0, 0, 0), (7, -3, 1), (2 ** 63 - 1, 2 ** 62, -(2 ** 63)), (-(2 ** 63) + 1, 5, 2 ** 64),
+             (2 ** 70, np.int64(9), True), (-(2 ** 70), 12, np.int32(-4))]
+    rows = [row(flow, core) for flow, _, core in cases]
+    tids = [tid for _, tid, _ in cases]
+    fast = lanes.device_lanes(rows, tids, [core for _, _, core in cases], 0.25, 4242, 2, 3)
+    by_row = {id(r[0]): tid for r, tid in zip(rows, tids)}
+    monkeypatch.setattr(_events, "_lanes", None)
+    slow = _events._device_lanes(rows, lambda m: by_row[id(m)], 0.25, 4242)
+    assert fast == ",".join(slow) and str(2 ** 70) in fast and '"tid":True' in fast
+
+
 def test_times_are_written_as_python_writes_them(lanes):
     """The integer path (|x| < 2^53 / 1000, rounded half to even) and Python's own conversion
     (the rest) both give f"{x:.3f}": ties, negative zero, subnormals, huge and non-finite values."""

@@ -24,6 +24,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
+#include <limits.h>
 #include <string.h>
 
 typedef struct {
@@ -121,12 +122,53 @@ static int buf_put_ms(Buf *b, double x) {
     return rc;
 }
 
-/* str(obj) */
-static int buf_put_repr(Buf *b, PyObject *obj) {
-    PyObject *s = PyObject_Str(obj);
-    if (!s) return -1;
-    int rc = buf_put_str(b, s);
-    Py_DECREF(s);
+/* str(obj) of an int without making a str (a small int's digits written here); other objects
+ * through str() */
+typedef struct {
+    char digits[24];
+    const char *text;
+    Py_ssize_t len;
+    PyObject *str;  /* str(obj) when it was needed, else NULL */
+} IntText;
+
+static int int_text(IntText *it, PyObject *obj) {
+    it->str = NULL;
+    if (PyLong_CheckExact(obj)) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+        if (!overflow && !(v == -1 && PyErr_Occurred()) && v > LLONG_MIN) {
+            unsigned long long u = (unsigned long long)(v < 0 ? -v : v);
+            char *end = it->digits + sizeof it->digits, *p = end;
+            do {
+                *--p = (char)('0' + u % 10);
+                u /= 10;
+            } while (u);
+            if (v < 0) *--p = '-';
+            it->text = p;
+            it->len = end - p;
+            return 0;
+        }
+        PyErr_Clear();
+    }
+    if (!(it->str = PyObject_Str(obj))) return -1;
+    it->text = PyUnicode_AsUTF8AndSize(it->str, &it->len);
+    if (!it->text) {
+        Py_CLEAR(it->str);
+        return -1;
+    }
+    return 0;
+}
+
+static void int_text_free(IntText *it) {
+    Py_CLEAR(it->str);
+}
+
+/* str(obj) of an int (see int_text) */
+static int buf_put_int(Buf *b, PyObject *obj) {
+    IntText it;
+    if (int_text(&it, obj) < 0) return -1;
+    int rc = buf_put(b, it.text, it.len);
+    int_text_free(&it);
     return rc;
 }
 
@@ -218,7 +260,7 @@ static int framework_event(PyObject *evt, long cpu, PyObject *head_fn, PyObject 
         if (wanted < 0 || (wanted && PyDict_SetDefault(found, id, evt) == NULL)) goto done;
     }
     if ((!first && PUT_LIT(b, ",")) || buf_put_str(b, head) || buf_put_ms(b, start) || PUT_LIT(b, ",\"dur\":") ||
-        buf_put_ms(b, dur) || PUT_LIT(b, ",\"args\":{\"External id\":") || buf_put_repr(b, id) ||
+        buf_put_ms(b, dur) || PUT_LIT(b, ",\"args\":{\"External id\":") || buf_put_int(b, id) ||
         (extra && buf_put_str(b, extra)) || PUT_LIT(b, "}}"))
         goto done;
     if (start + dur > *end) *end = start + dur;
@@ -287,9 +329,17 @@ done:
     return result;
 }
 
+/* what follows a flow event's id, up to its tid: one per kind of flow event, made once per call */
+typedef struct {
+    char text[3][80];
+    Py_ssize_t len[3];
+} FlowHeads;
+
+static const char FLOW_OPEN[] = "{\"cat\":\"tilescope.flow\",\"name\":\"launch\",\"id\":";
+
 /* row: (matched, rt_ts, rt_dur, hw_ts, hw_dur, fw_ts, flow_id, (rt_head, rest, hw_head, hw_tail)) */
-static int device_row(Buf *b, PyObject *row, PyObject *tid, PyObject *core, double shift, long fw_pid, long rt_pid,
-                      long hw_pid, int first) {
+static int device_row(Buf *b, PyObject *row, PyObject *tid, PyObject *core, double shift, const FlowHeads *flows,
+                      int first) {
     if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 8 || !PyTuple_Check(PyTuple_GET_ITEM(row, 7)) ||
         PyTuple_GET_SIZE(PyTuple_GET_ITEM(row, 7)) != 4) {
         PyErr_SetString(PyExc_TypeError, "device_lanes: each row is a placement tuple of 8 items, its texts a tuple of 4");
@@ -309,10 +359,15 @@ static int device_row(Buf *b, PyObject *row, PyObject *tid, PyObject *core, doub
         t[k] = PyFloat_AsDouble(PyTuple_GET_ITEM(row, k + 1));
         if (t[k] == -1.0 && PyErr_Occurred()) return -1;
     }
-    PyObject *flow_id = PyObject_Str(PyTuple_GET_ITEM(row, 6));
-    if (!flow_id) return -1;
+    IntText flow, tid_text, core_text;
+    int ints = 0, made = 0, rc = -1;
     Ms rt, hw, queued;
-    int made = 0, rc = -1;
+    if (int_text(&flow, PyTuple_GET_ITEM(row, 6)) < 0) goto done;
+    ints = 1;
+    if (int_text(&tid_text, tid) < 0) goto done;
+    ints = 2;
+    if (int_text(&core_text, core) < 0) goto done;
+    ints = 3;
     if (ms_make(&rt, t[0] + shift) < 0) goto done;
     made = 1;
     if (ms_make(&hw, t[2] + shift) < 0) goto done;
@@ -322,36 +377,34 @@ static int device_row(Buf *b, PyObject *row, PyObject *tid, PyObject *core, doub
     /* the runtime slice, then the hardware slice */
     if ((!first && PUT_LIT(b, ",")) || buf_put_str(b, rt_head) || PUT_LIT(b, ",\"ts\":") ||
         buf_put(b, rt.text, rt.len) || PUT_LIT(b, ",\"dur\":") || buf_put(b, queued.text, queued.len) ||
-        PUT_LIT(b, ",\"args\":{\"flow_id\":") || buf_put_str(b, flow_id) || buf_put_str(b, rest) ||
+        PUT_LIT(b, ",\"args\":{\"flow_id\":") || buf_put(b, flow.text, flow.len) || buf_put_str(b, rest) ||
         PUT_LIT(b, ",\"queued_us\":") || buf_put(b, queued.text, queued.len) ||
         PUT_LIT(b, ",\"assumed_runtime_cost\":true}},") || buf_put_str(b, hw_head) || PUT_LIT(b, ",\"ts\":") ||
         buf_put(b, hw.text, hw.len) || PUT_LIT(b, ",\"dur\":") || buf_put_ms(b, t[3]) ||
-        PUT_LIT(b, ",\"args\":{\"flow_id\":") || buf_put_str(b, flow_id) || buf_put_str(b, rest) ||
+        PUT_LIT(b, ",\"args\":{\"flow_id\":") || buf_put(b, flow.text, flow.len) || buf_put_str(b, rest) ||
         buf_put_str(b, hw_tail) || PUT_LIT(b, ","))
         goto done;
     /* the flow: framework op -> runtime slice -> hardware slice */
-    char num[64];
-    snprintf(num, sizeof num, ",\"ph\":\"s\",\"pid\":%ld,\"tid\":", fw_pid);
-    if (PUT_LIT(b, "{\"cat\":\"tilescope.flow\",\"name\":\"launch\",\"id\":") || buf_put_str(b, flow_id) ||
-        buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, tid) || PUT_LIT(b, ",\"ts\":") ||
-        buf_put_ms(b, t[4] + shift) || PUT_LIT(b, "},"))
+    if (PUT_LIT(b, FLOW_OPEN) || buf_put(b, flow.text, flow.len) || buf_put(b, flows->text[0], flows->len[0]) ||
+        buf_put(b, tid_text.text, tid_text.len) || PUT_LIT(b, ",\"ts\":") || buf_put_ms(b, t[4] + shift) ||
+        PUT_LIT(b, "},"))
         goto done;
-    snprintf(num, sizeof num, ",\"ph\":\"t\",\"pid\":%ld,\"tid\":", rt_pid);
-    if (PUT_LIT(b, "{\"cat\":\"tilescope.flow\",\"name\":\"launch\",\"id\":") || buf_put_str(b, flow_id) ||
-        buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, core) || PUT_LIT(b, ",\"ts\":") ||
-        buf_put(b, rt.text, rt.len) || PUT_LIT(b, "},"))
+    if (PUT_LIT(b, FLOW_OPEN) || buf_put(b, flow.text, flow.len) || buf_put(b, flows->text[1], flows->len[1]) ||
+        buf_put(b, core_text.text, core_text.len) || PUT_LIT(b, ",\"ts\":") || buf_put(b, rt.text, rt.len) ||
+        PUT_LIT(b, "},"))
         goto done;
-    snprintf(num, sizeof num, ",\"ph\":\"f\",\"bp\":\"e\",\"pid\":%ld,\"tid\":", hw_pid);
-    if (PUT_LIT(b, "{\"cat\":\"tilescope.flow\",\"name\":\"launch\",\"id\":") || buf_put_str(b, flow_id) ||
-        buf_put(b, num, (Py_ssize_t)strlen(num)) || buf_put_repr(b, core) || PUT_LIT(b, ",\"ts\":") ||
-        buf_put(b, hw.text, hw.len) || PUT_LIT(b, "}"))
+    if (PUT_LIT(b, FLOW_OPEN) || buf_put(b, flow.text, flow.len) || buf_put(b, flows->text[2], flows->len[2]) ||
+        buf_put(b, core_text.text, core_text.len) || PUT_LIT(b, ",\"ts\":") || buf_put(b, hw.text, hw.len) ||
+        PUT_LIT(b, "}"))
         goto done;
     rc = 0;
 done:
     if (made >= 1) ms_free(&rt);
     if (made >= 2) ms_free(&hw);
     if (made >= 3) ms_free(&queued);
-    Py_DECREF(flow_id);
+    if (ints >= 1) int_text_free(&flow);
+    if (ints >= 2) int_text_free(&tid_text);
+    if (ints >= 3) int_text_free(&core_text);
     return rc;
 }
 
@@ -371,10 +424,16 @@ static PyObject *device_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *own_rows = PyList_AsTuple(rows), *own_tids = PyList_AsTuple(tids), *own_cores = PyList_AsTuple(cores);
     Buf b = {NULL, 0, 0};
     PyObject *result = NULL;
+    FlowHeads flows;
+    const char *formats[3] = {",\"ph\":\"s\",\"pid\":%ld,\"tid\":", ",\"ph\":\"t\",\"pid\":%ld,\"tid\":",
+                              ",\"ph\":\"f\",\"bp\":\"e\",\"pid\":%ld,\"tid\":"};
+    long pids[3] = {fw_pid, rt_pid, hw_pid};
+    for (int k = 0; k < 3; k++)
+        flows.len[k] = snprintf(flows.text[k], sizeof flows.text[k], formats[k], pids[k]);
     if (!own_rows || !own_tids || !own_cores) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (device_row(&b, PyTuple_GET_ITEM(own_rows, i), PyTuple_GET_ITEM(own_tids, i), PyTuple_GET_ITEM(own_cores, i),
-                       shift, fw_pid, rt_pid, hw_pid, i == 0) < 0)
+                       shift, &flows, i == 0) < 0)
             goto done;
     }
     result = buf_text(&b);
