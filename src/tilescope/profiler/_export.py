@@ -216,10 +216,11 @@ def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler,
     the slices by category, and those with a name (the framework ranges); ``framework``: the
     framework lanes, when made already."""
     prefix = _lane_prefix()
-    chunks, n_events, threads, named, end_us, _ = framework or framework_events(prof, prefix)
+    fw_chunks, n_events, threads, named, end_us, _ = framework or framework_events(prof, prefix)
+    chunks = list(fw_chunks)  # extended below; the framework's own list stays as it was made
     by_cat: dict[str, list[dict]] = {}
     if cfg.has(ProfileMode.RUNTIME) and rows:
-        chunks = chunks + device_events(rows, prefix, lambda m: threads.get(m.thread, 0))  # (not the framework's list)
+        chunks += device_events(rows, prefix, lambda m: threads.get(m.thread, 0))
         n_events += event_count(rows)
         by_cat = doctor_events(rows)
         end_us = max(end_us, max(r[3] + r[4] for r in rows))

@@ -64,7 +64,6 @@ def itrace_name(program_hash: str, run: int) -> str:
 
 _COLUMNS_CACHE: dict = {}  # id(result) -> (result, text up to "execution", its sha256 state, summary), the latest 256
 _COLUMNS_LOCK = threading.Lock()  # filled by the exporter and by launching threads (prepare_files)
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def itrace_bytes(program, result, *, execution: dict | None = None) -> bytes:
@@ -233,16 +232,13 @@ class ProfileWriter:
             self._later.append((target, data, None))
         else:
             _write_file(target, data)
-        if isinstance(data, tuple):
-            size = sum(map(len, data))
-            if sha256 is None:
-                digest = hashlib.sha256()
-                for part in data:
-                    digest.update(part)
-                sha256 = digest.hexdigest()
-        else:
-            size = len(data)
-        self._files[relpath] = (size, sha256 or hashlib.sha256(data).hexdigest())
+        parts = data if isinstance(data, tuple) else (data,)
+        if sha256 is None:
+            digest = hashlib.sha256()
+            for part in parts:
+                digest.update(part)
+            sha256 = digest.hexdigest()
+        self._files[relpath] = (sum(map(len, parts)), sha256)
         return relpath
 
     def reserve(self, *relpaths: str) -> None:
