@@ -261,8 +261,11 @@ def test_missing_manifest_is_incomplete(tmp_path):
 
 def test_paths_outside_the_profile_are_refused(tmp_path):
     with ProfileWriter(tmp_path) as w:
-        with pytest.raises(ValueError, match="relative and inside the profile"):
-            w.write_json("../escape.json", {})
+        for bad in ("../escape.json", "a/../../escape.json", "a\\..\\..\\escape.json", "/tmp/escape.json", ""):
+            with pytest.raises(ValueError, match="relative and inside the profile"):
+                w.write_json(bad, {})
+        w.write_json("names..with.dots.json", {})  # two dots inside a name are not a parent
+    assert (w.path / "names..with.dots.json").exists()
 
 
 def test_a_later_profile_links_the_executable_written_before_unless_it_changed(tmp_path, writer_path):
@@ -381,9 +384,16 @@ def test_generated_names_differ_within_a_process(tmp_path, monkeypatch):
             return stopped
 
     monkeypatch.setattr(_format._dt, "datetime", StoppedClock)
+    monkeypatch.setattr(_format, "_last_stamp", [datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)])
     writers = [ProfileWriter(tmp_path) for _ in range(50)]
     assert len({w.path.name for w in writers}) == 50 and [w.path.name for w in writers] == sorted(
         w.path.name for w in writers)
+    assert [w.path.name for w in writers[:2]] == ["20260101_000000_000000", "20260101_000000_000001"]
+    # the name is the time as strftime writes it (the explorer and people sort by it)
+    stopped = datetime.datetime(2026, 11, 30, 9, 5, 7, 4321, tzinfo=datetime.timezone.utc)
+    named = ProfileWriter(tmp_path)
+    assert named.path.name == stopped.strftime("%Y%m%d_%H%M%S_%f") and named.partial.name == f".{named.path.name}.partial"
+    assert named.created == "2026-11-30T09:05:07.004321Z"
 
 
 def test_the_batch_reports_why_a_directory_could_not_be_made(tmp_path):

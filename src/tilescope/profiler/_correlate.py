@@ -30,6 +30,7 @@ taken out of the event list and tree instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 from torch.autograd.profiler_util import DeviceType, FunctionEvent, Interval
@@ -42,6 +43,7 @@ __all__ = ["Matched", "Correlation", "correlate"]
 _CPU = DeviceType.CPU.value
 _DEVICE = DeviceType.PrivateUse1.value
 _ACTIVITY_PREFIXES = (activity_name("kernel", ""), activity_name("memcpy", ""))  # the device's activity names
+_flow_of_launch = itemgetter(0)  # of a (flow, thread, start, parent) launch
 
 
 @dataclass(slots=True)
@@ -127,7 +129,7 @@ class Correlation:
         matched, pending = [], 0
         get = self._capture.records().get
         links = self._links
-        for flow, thread, start, parent in launches:
+        for flow, thread, start, parent in sorted(launches, key=_flow_of_launch):  # launch order
             entry = get(flow)
             if entry is None:
                 continue
@@ -138,7 +140,6 @@ class Correlation:
                     self._pending_recorded.append(flow)
                 continue
             matched.append(Matched(rec, start, thread, parent, native_tid, flow in links))
-        matched.sort(key=lambda x: x.rec.flow_id)
         return matched, pending
 
     def parse(self) -> list[FunctionEvent]:

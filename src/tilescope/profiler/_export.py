@@ -104,6 +104,7 @@ class Profiler:
             else:  # a real device: lanes and flows come from Kineto's own records
                 chunks, n_events, checked = _kineto_system_trace(fw_data)
             w.write_bytes("system_trace.json", _system_trace_parts(chunks, device), later=True)
+            w.start_writes()  # written while the stats, the manifest and the doctor are made
             cold = [m for m in matched if m.fresh]
             w.stats = {
                 "events": n_events, "executions": len(matched), "pending_executions": pending,
@@ -307,14 +308,18 @@ def _write_device_traces(w: ProfileWriter, matched, cfg: ProfileConfig) -> dict:
     from ..sim import simulate
 
     runs: dict[str, int] = {}
+    programs = []  # every Program that ran, in order of first run
     chosen = []
+    every_run = cfg.device_profile != "first"
     for m in matched:
         prog = m.rec.program
         if prog is None:
             continue
         run = runs.get(prog.hash, 0)
         runs[prog.hash] = run + 1
-        if cfg.device_profile == "first" and run > 0:
+        if run == 0:
+            programs.append(prog)
+        elif not every_run:
             continue
         chosen.append((m, run))
     per_core: dict[int, int] = {}
@@ -339,10 +344,8 @@ def _write_device_traces(w: ProfileWriter, matched, cfg: ProfileConfig) -> dict:
         })
         if cfg.executable_cache_dir:
             _cache_executable(cfg.executable_cache_dir, rec.program)
-    programs = {m.rec.program_hash: m.rec.program for m in matched}
-    for prog in programs.values():  # every Program that ran has its executable, traced or not
-        if prog is not None:
-            w.add_executable(prog)
+    for prog in programs:  # every Program that ran has its executable, traced or not
+        w.add_executable(prog)
     return dropped, summaries
 
 
