@@ -2,9 +2,10 @@
 
 For one transformer training step and a loop of 200 naive RMSNorms on the simulated device
 (virtual clock), profiled once with tilescope's capture listening: the framework lanes (one
-event per torch CPU event) and the device lanes (five events per device execution) are
-formatted REPEATS times by each implementation, alternating; the script checks that both write
-the same text and prints the median time of each and their ratio.
+event per torch CPU event), the placement of the device executions on the runtime and hardware
+lanes, and the device lanes (five events per device execution) are made REPEATS times by each
+implementation, alternating; the script checks that both make the same text (or rows) and
+prints the median time of each and their ratio.
 
 Run: .venv/bin/python benchmarks/profiler_lanes.py
 """
@@ -37,7 +38,7 @@ def profiled(workload):
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
         workload()
     matched, _ = Correlation(prof, capture, float("inf")).complete(into_tables=True)
-    return prof, _events.placement(matched)
+    return prof, matched
 
 
 def timed(fn) -> tuple[dict, dict]:
@@ -63,19 +64,22 @@ def main() -> None:
     Profiler(ProfileConfig())  # the capture listens to the device
     for name, make in (("2-layer transformer training step", make_transformer_step),
                        ("naive RMSNorm x 200 iterations", lambda: make_rmsnorm_loop(200))):
-        prof, rows = profiled(make())
+        prof, matched = profiled(make())
+        rows = _events.placement(matched).rows
         n_events = len(prof.profiler.function_events)
-        cases = {  # each returns the text written, as chunks joined by ","
-            f"framework lanes ({n_events} torch events)": lambda: _events.framework_events(prof, "host/pid:1")[0],
-            f"device lanes ({len(rows)} executions)":
-                lambda: _events.device_events(rows, "host/pid:1", lambda m: m.native_tid, shift=1.5, fw_pid=1),
+        cases = {  # each returns what it makes: text (chunks to join with ","), or the placement
+            f"framework lanes ({n_events} torch events)": lambda: ",".join(
+                _events.framework_events(prof, "host/pid:1")[0]),
+            f"placement ({len(rows)} executions)": lambda: _events.placement(matched),
+            f"device lanes ({len(rows)} executions)": lambda: ",".join(
+                _events.device_events(rows, "host/pid:1", lambda m: m.native_tid, shift=1.5, fw_pid=1)),
         }
         print(f"{name}: medians of {REPEATS}")
         for case, fn in cases.items():
             med, out = timed(fn)
-            same = ",".join(out["C"]) == ",".join(out["Python"])
+            same = out["C"] == out["Python"]
             print(f"  {case}: Python {med['Python'] * 1e3:.2f} ms, C {med['C'] * 1e3:.2f} ms, "
-                  f"{med['Python'] / med['C']:.2f}x faster, same text: {same}")
+                  f"{med['Python'] / med['C']:.2f}x faster, same result: {same}")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def profiled(sim):
         torch.sim.synchronize()
         y.detach().cpu()
     matched, _ = Correlation(prof, capture, float("inf")).complete(into_tables=True)
-    return prof, _events.placement(matched)
+    return prof, _events.placement(matched).rows
 
 
 def test_framework_lanes_match_the_python_loop(profiled, lanes):
@@ -108,6 +108,63 @@ def test_device_lanes_match_the_python_loop(profiled, monkeypatch, lanes, shift)
     slow = _events.device_events(*args, shift=shift, fw_pid=4242)
     assert ",".join(fast) == ",".join(slow)
     assert len(slow) == _events.event_count(rows) - 4 * len(rows)  # one text per row in the Python loop
+
+
+def test_device_lanes_find_each_ops_lane_by_its_thread(profiled, monkeypatch, lanes):
+    """A dict of lanes by torch thread (the system trace's) writes what a function of each op gives."""
+    _, rows = profiled
+    first, *others = dict.fromkeys(row[0].thread for row in rows)
+    assert others  # the autograd thread's ops
+    threads = {first: 10}  # the others: lane 0
+    by_dict = ",".join(_events.device_events(rows, "host/pid:1", threads))
+    by_function = ",".join(_events.device_events(rows, "host/pid:1", lambda m: threads.get(m.thread, 0)))
+    monkeypatch.setattr(_events, "_lanes", None)
+    assert by_dict == by_function == ",".join(_events.device_events(rows, "host/pid:1", threads))
+    assert '"ph":"s","pid":1,"tid":10,' in by_dict and '"ph":"s","pid":1,"tid":0,' in by_dict
+
+
+def _placements(matched, monkeypatch) -> tuple:
+    fast = _events.placement(matched)
+    with monkeypatch.context() as m:
+        m.setattr(_events, "_lanes", None)
+        slow = _events.placement(matched)
+    return fast, slow
+
+
+def test_placement_matches_the_python_loop(profiled, monkeypatch, lanes):
+    _, rows = profiled
+    matched = [row[0] for row in rows]
+    fast, slow = _placements(matched, monkeypatch)
+    assert fast == slow and fast.rows == rows and fast.cores == [m.rec.core for m in matched]
+    assert fast.end == max(r[3] + r[4] for r in rows)
+    texts = {id(row[7]) for row in fast.rows}  # made once per Program, op and core: shared
+    assert len(texts) == len({(m.rec.program_hash, m.rec.op, m.rec.core) for m in matched}) < len(matched)
+    assert _placements([], monkeypatch) == (([], [], float("-inf")),) * 2
+
+
+def test_placement_queues_executions_on_their_core_as_the_python_loop_does(monkeypatch, lanes):
+    """Made-up records: one core busy past the next launch (the hardware slice waits), two cores,
+    integer times, an op with no known parent and one that started long before its launch."""
+    from tilescope.device._runtime import Execution
+    from tilescope.profiler._correlate import Matched
+
+    def rec(flow, core, submit, start, end, op="aten::mul"):
+        return Execution(flow, op, "kernel", "tile", None, f"h{core}", core, 0, 1, submit, submit + 2000,
+                         start, end, end - start, 2000, 64, None, "virtual")
+
+    parent = SimpleNamespace(time_range=Interval(-50.0, 1.0))
+    matched = [Matched(rec(1, 0, 0.0, 5000.0, 90000.0), 10.0, 1, None),
+               Matched(rec(2, 0, 6000, 9000, 12000), 16, 1, parent),  # queued behind flow 1
+               Matched(rec(3, 1, 6000.5, 9000.25, 9500.0, op="aten::add"), 16.5, 1, parent)]
+    fast, slow = _placements(matched, monkeypatch)
+    assert fast == slow
+    assert fast.rows[1][3] == fast.rows[0][3] + fast.rows[0][4] and fast.rows[2][3] < fast.rows[1][3]
+    assert fast.rows[1][5] == 16 - 1e-3 and fast.rows[0][5] == 10.0  # never long before the launch
+    with pytest.raises(TypeError, match="named tuple"):
+        lanes.placement([SimpleNamespace(rec=("short",), launch_us=0.0, parent=None)], _events._PLACEMENT_FIELDS,
+                        {}, _events._clock_free_text)
+    with pytest.raises(ValueError, match="13 field indices"):
+        lanes.placement([], (0, 1), {}, _events._clock_free_text)
 
 
 def test_bad_rows_are_refused_with_the_reason(lanes):

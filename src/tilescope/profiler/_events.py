@@ -5,8 +5,8 @@ as dicts and encoded: each one is a single f-string (times as ``%.3f`` µs). The
 device placement is rendered twice -- into the system trace and, shifted onto torch's
 clock, into torch's ``trace.json`` -- and computed once. The doctor gets, as dicts, only
 the events its rules read (see :func:`doctor_events`). The loops over torch's events and over
-the executions run in the ``_lanes`` extension when it is built (1.2-2x faster, the same text:
-the Python loops here are its reference).
+the executions run in the ``_lanes`` extension when it is built (1.7-5x faster, the same text
+and rows -- ``benchmarks/profiler_lanes.py``: the Python loops here are its reference).
 
 >>> js("a\\"b"), js(None)
 ('"a\\\\"b"', 'null')
@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from typing import NamedTuple
 from json.encoder import encode_basestring_ascii as _encode_str
 
 import torch
 
+from ..device._runtime import Execution
 from ._correlate import device_event_name
 
 try:
@@ -28,7 +30,7 @@ try:
 except ImportError:  # not built (no compiler at install time): the same text from the Python loops
     _lanes = None
 
-__all__ = ["FRAMEWORK", "RUNTIME", "HARDWARE", "HOST", "js", "meta", "Framework", "framework_events", "placement",
+__all__ = ["FRAMEWORK", "RUNTIME", "HARDWARE", "HOST", "js", "meta", "Framework", "framework_events", "Placement", "placement",
            "device_events", "event_count", "doctor_events"]
 
 FRAMEWORK, RUNTIME, HARDWARE, HOST = 1, 2, 3, 4
@@ -128,7 +130,21 @@ def _framework_lanes(function_events, ids=None) -> tuple[list[str], dict, list[t
     return events, threads, ranges, end, by_id
 
 
-def placement(matched) -> list[tuple]:
+class Placement(NamedTuple):
+    """The executions on the runtime and hardware lanes (see :func:`placement`)."""
+
+    rows: list[tuple]
+    cores: list  # each row's core
+    end: float  # the end of the latest hardware event (µs; -inf without rows)
+
+
+# where the lanes extension reads an execution record's fields (a named tuple)
+_PLACEMENT_FIELDS = tuple(Execution._fields.index(f) for f in (
+    "core", "host_submit_ns", "queued_ns", "device_start_ns", "device_end_ns", "flow_id",
+    "program_hash", "op", "core", "lowering", "kind", "nbytes", "direction"))
+
+
+def placement(matched) -> Placement:
     """Where each execution goes on the runtime and hardware lanes (µs on torch's clock), with
     the parts of its events that do not depend on the clock or the execution, as text.
 
@@ -140,9 +156,25 @@ def placement(matched) -> list[tuple]:
     texts)``, ``texts`` shared by the executions of one Program by one op on one core (see
     :func:`_clock_free_text`).
     """
+    if len(_TEXTS) > _TEXTS_KEPT:
+        _TEXTS.clear()
+    if _lanes is not None:
+        return Placement(*_lanes.placement(matched, _PLACEMENT_FIELDS, _TEXTS, _clock_free_text))
+    rows = _placement(matched, _TEXTS)
+    return Placement(rows, [row[0].rec.core for row in rows], max((r[3] + r[4] for r in rows), default=-math.inf))
+
+
+# the clock-free texts of the executions placed so far, by what they are made of: a profiled
+# loop runs the same few Programs profile after profile
+_TEXTS: dict[tuple, tuple] = {}
+_TEXTS_KEPT = 4096
+
+
+def _placement(matched, texts: dict) -> list[tuple]:
+    """The reference of ``_lanes.placement`` (and its stand-in where it is not built): the rows;
+    ``texts``: the clock-free texts made so far (added to)."""
     rows = []
     hw_end: dict[int, float] = {}
-    texts: dict[tuple, tuple] = {}  # the clock-free text of an execution, by what it is made of
     for m in matched:
         rec = m.rec
         core = rec.core
@@ -183,17 +215,27 @@ def _clock_free_text(rec) -> tuple[str, str, str, str]:
     return rt_head, rest, hw_head, f',"modeled":true,"instructions":{n}{extra}}}}}'
 
 
-def device_events(rows, prefix: str, fw_tid, *, shift: float = 0.0, fw_pid: int = FRAMEWORK) -> list[str]:
-    """The runtime and hardware lanes and the flows linking each execution to its framework op
-    (``fw_tid(matched)`` is the op's lane); ``shift`` moves them onto another trace's clock."""
+def device_events(rows, prefix: str, fw_tid, *, cores: list | None = None, shift: float = 0.0,
+                  fw_pid: int = FRAMEWORK) -> list[str]:
+    """The runtime and hardware lanes and the flows linking each execution to its framework op.
+
+    ``fw_tid``: the op's lane -- a dict (torch thread -> lane, by each matched's ``thread``; 0
+    when missing) or a function of the matched; ``cores``: each row's core (``Placement.cores``),
+    when known; ``shift`` moves the events onto another trace's clock."""
     if not rows:
         return []
+    cores = [row[0].rec.core for row in rows] if cores is None else cores
     events = meta(RUNTIME, f"{prefix}/runtime") + meta(HARDWARE, f"{prefix}/hardware")
-    for c in sorted({row[0].rec.core for row in rows}):
+    for c in sorted(set(cores)):
         events += [f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{c},"args":{{"name":"core:{c}"}}}}'
                    for pid in (RUNTIME, HARDWARE)]
+    if isinstance(fw_tid, dict):
+        if _lanes is not None:
+            return events + [_lanes.device_lanes(rows, fw_tid, cores, shift, fw_pid, RUNTIME, HARDWARE)]
+        lanes = fw_tid
+        fw_tid = lambda m: lanes.get(m.thread, 0)  # noqa: E731
     if _lanes is not None:
-        tids, cores = [fw_tid(row[0]) for row in rows], [row[0].rec.core for row in rows]
+        tids = [fw_tid(row[0]) for row in rows]
         return events + [_lanes.device_lanes(rows, tids, cores, shift, fw_pid, RUNTIME, HARDWARE)]
     return events + _device_lanes(rows, fw_tid, shift, fw_pid)
 
@@ -216,9 +258,11 @@ def _device_lanes(rows, fw_tid, shift: float, fw_pid: int) -> list[str]:
     return events
 
 
-def event_count(rows) -> int:
-    """How many events :func:`device_events` writes for ``rows``."""
-    return 0 if not rows else 2 + 2 * len({row[0].rec.core for row in rows}) + 5 * len(rows)
+def event_count(rows, cores: list | None = None) -> int:
+    """How many events :func:`device_events` writes for ``rows`` (``cores``: each one's core, when known)."""
+    if not rows:
+        return 0
+    return 2 + 2 * len(set(cores if cores is not None else [row[0].rec.core for row in rows])) + 5 * len(rows)
 
 
 def doctor_events(rows) -> dict:

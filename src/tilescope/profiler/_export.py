@@ -25,7 +25,8 @@ import torch
 from ._capture import capture
 from ._config import ProfileConfig, ProfileMode
 from ._correlate import Correlation
-from ._events import HOST, Framework, device_events, doctor_events, event_count, framework_events, placement
+from ._events import (HOST, Framework, Placement, device_events, doctor_events, event_count, framework_events,
+                      placement)
 from ._format import ProfileWriter, itrace_summary, start_writer
 
 __all__ = ["Profiler"]
@@ -92,15 +93,15 @@ class Profiler:
             matched = _captured(matched, cfg)
             if device_traces:  # torch had parsed before the export: no launches known earlier
                 dropped, summaries = _write_device_traces(w, matched, cfg)
-            rows = placement(matched)
+            placed = placement(matched)
             fw_data = _torch_trace(w, prof)
-            trace = _framework_trace_with_device(fw_data, prof, rows, correlation.pending_recorded)
+            trace = _framework_trace_with_device(fw_data, prof, placed.rows, correlation.pending_recorded)
             if trace is fw_data:  # torch's file as torch wrote it (device executions recorded by torch)
                 w.add_written("trace.json", fw_data)
             else:
                 w.write_bytes("trace.json", trace)
             if device["kind"] == "sim":
-                chunks, n_events, checked = _system_trace(prof, rows, trace_start_ns, cfg, self._sampler, framework)
+                chunks, n_events, checked = _system_trace(prof, placed, trace_start_ns, cfg, self._sampler, framework)
             else:  # a real device: lanes and flows come from Kineto's own records
                 chunks, n_events, checked = _kineto_system_trace(fw_data)
             w.write_bytes("system_trace.json", _system_trace_parts(chunks, device), later=True)
@@ -211,7 +212,7 @@ def _kineto_system_trace(fw_data: bytes) -> tuple[list[str], int, dict]:
     return text, len(events), {"events": events}
 
 
-def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler,
+def _system_trace(prof, placed: Placement, trace_start_ns: int, cfg: ProfileConfig, sampler,
                   framework: Framework | None = None) -> tuple[list[str], int, dict]:
     """The system trace's events (JSON text), how many there are, and what the doctor reads:
     the slices by category, and those with a name (the framework ranges); ``framework``: the
@@ -220,11 +221,12 @@ def _system_trace(prof, rows, trace_start_ns: int, cfg: ProfileConfig, sampler,
     fw_chunks, n_events, threads, named, end_us, _ = framework or framework_events(prof, prefix)
     chunks = list(fw_chunks)  # extended below; the framework's own list stays as it was made
     by_cat: dict[str, list[dict]] = {}
+    rows = placed.rows
     if cfg.has(ProfileMode.RUNTIME) and rows:
-        chunks += device_events(rows, prefix, lambda m: threads.get(m.thread, 0))
-        n_events += event_count(rows)
+        chunks += device_events(rows, prefix, threads, cores=placed.cores)
+        n_events += event_count(rows, placed.cores)
         by_cat = doctor_events(rows)
-        end_us = max(end_us, max(r[3] + r[4] for r in rows))
+        end_us = max(end_us, placed.end)
     for e in named:
         by_cat.setdefault(e["cat"], []).append(e)
     if sampler is not None:

@@ -8,10 +8,18 @@
  *   appearance; ranges: (category, name, tid, ts, dur) of the events whose name starts with one of
  *   prefixes; end: the latest ts + dur (0.0 without events); found: id -> the first of those events
  *   whose id is in the set ids (the exporter's launching ops, found in the same pass).
+ * placement(matched, fields, texts, clock_free_text) -> (rows, cores, end)
+ *   _events.placement's rows (see there) of the executions ``matched``; fields: the indices in an
+ *   Execution (a named tuple) of core, host_submit_ns, queued_ns, device_start_ns, device_end_ns,
+ *   flow_id, then the 7 fields that key the clock-free texts (program_hash, op, core, lowering, kind,
+ *   nbytes, direction); texts: those texts by key, made by clock_free_text(record) when missing and
+ *   added; cores: each row's core; end: the latest hardware end (-inf without rows).
  * device_lanes(rows, tids, cores, shift, fw_pid, runtime_pid, hardware_pid) -> text
  *   the runtime slice, hardware slice and three flow events of each placement row
  *   (matched, runtime start, runtime dur, hardware start, hardware dur, framework op start, flow id,
- *   (runtime head, args after the flow id, hardware head, end of the hardware args)), joined by ",".
+ *   (runtime head, args after the flow id, hardware head, end of the hardware args)), joined by ",";
+ *   tids: each row's framework lane, or a dict torch thread -> lane read with each row's
+ *   matched.thread (0 when missing).
  * format_ms(x) -> str
  *   f"{x:.3f}", as both write every time.
  *
@@ -177,7 +185,7 @@ static PyObject *buf_text(Buf *b) {
 }
 
 static PyObject *s_device_type, *s_value, *s_thread, *s_name, *s_is_user_annotation, *s_time_range, *s_start,
-    *s_end, *s_input_shapes, *s_stack, *s_id, *s_cpu_op, *s_user_annotation;
+    *s_end, *s_input_shapes, *s_stack, *s_id, *s_cpu_op, *s_user_annotation, *s_rec, *s_launch_us, *s_parent;
 
 static double attr_double(PyObject *obj, PyObject *name, int *err) {
     PyObject *v = PyObject_GetAttr(obj, name);
@@ -412,16 +420,23 @@ static PyObject *device_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *rows, *tids, *cores;
     double shift;
     long fw_pid, rt_pid, hw_pid;
-    if (!PyArg_ParseTuple(args, "O!O!O!dlll:device_lanes", &PyList_Type, &rows, &PyList_Type, &tids, &PyList_Type,
-                          &cores, &shift, &fw_pid, &rt_pid, &hw_pid))
+    if (!PyArg_ParseTuple(args, "O!OO!dlll:device_lanes", &PyList_Type, &rows, &tids, &PyList_Type, &cores, &shift,
+                          &fw_pid, &rt_pid, &hw_pid))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(rows);
-    if (PyList_GET_SIZE(tids) != n || PyList_GET_SIZE(cores) != n) {
+    int by_thread = PyDict_Check(tids);  /* torch thread -> tid, of each row's matched ``thread`` (0 if missing) */
+    if (!by_thread && !PyList_Check(tids)) {
+        PyErr_SetString(PyExc_TypeError, "device_lanes: tids is a list (one per row) or a dict (by thread)");
+        return NULL;
+    }
+    if ((!by_thread && PyList_GET_SIZE(tids) != n) || PyList_GET_SIZE(cores) != n) {
         PyErr_SetString(PyExc_ValueError, "device_lanes: one tid and one core per row");
         return NULL;
     }
     /* owned copies: a float's or a str's conversion could run code that changes the lists */
-    PyObject *own_rows = PyList_AsTuple(rows), *own_tids = PyList_AsTuple(tids), *own_cores = PyList_AsTuple(cores);
+    PyObject *own_rows = PyList_AsTuple(rows), *own_cores = PyList_AsTuple(cores);
+    PyObject *own_tids = by_thread ? PyDict_Copy(tids) : PyList_AsTuple(tids);
+    PyObject *zero = PyLong_FromLong(0);
     Buf b = {NULL, 0, 0};
     PyObject *result = NULL;
     FlowHeads flows;
@@ -430,18 +445,197 @@ static PyObject *device_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
     long pids[3] = {fw_pid, rt_pid, hw_pid};
     for (int k = 0; k < 3; k++)
         flows.len[k] = snprintf(flows.text[k], sizeof flows.text[k], formats[k], pids[k]);
-    if (!own_rows || !own_tids || !own_cores) goto done;
+    if (!own_rows || !own_tids || !own_cores || !zero) goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (device_row(&b, PyTuple_GET_ITEM(own_rows, i), PyTuple_GET_ITEM(own_tids, i), PyTuple_GET_ITEM(own_cores, i),
-                       shift, &flows, i == 0) < 0)
-            goto done;
+        PyObject *row = PyTuple_GET_ITEM(own_rows, i), *tid = NULL, *thread = NULL;
+        if (!by_thread) {
+            tid = PyTuple_GET_ITEM(own_tids, i);
+        } else {
+            if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 1) {
+                PyErr_SetString(PyExc_TypeError, "device_lanes: each row is a placement tuple of 8 items, its texts a tuple of 4");
+                goto done;
+            }
+            thread = PyObject_GetAttr(PyTuple_GET_ITEM(row, 0), s_thread);
+            if (!thread) goto done;
+            tid = PyDict_GetItemWithError(own_tids, thread);  /* borrowed: the copy is ours */
+            Py_DECREF(thread);
+            if (!tid) {
+                if (PyErr_Occurred()) goto done;
+                tid = zero;
+            }
+        }
+        if (device_row(&b, row, tid, PyTuple_GET_ITEM(own_cores, i), shift, &flows, i == 0) < 0) goto done;
     }
     result = buf_text(&b);
 done:
     PyMem_Free(b.data);
+    Py_XDECREF(zero);
     Py_XDECREF(own_rows);
     Py_XDECREF(own_tids);
     Py_XDECREF(own_cores);
+    return result;
+}
+
+/* ---- placement ------------------------------------------------------------------------ */
+
+enum { F_CORE, F_SUBMIT, F_QUEUED, F_START, F_END, F_FLOW, F_KEY0 };  /* fields: see placement() */
+#define N_KEY 7  /* the clock-free text's key: program_hash, op, core, lowering, kind, nbytes, direction */
+#define N_FIELDS (F_KEY0 + N_KEY)
+
+typedef struct {
+    PyObject *core;  /* a reference */
+    double end;
+} CoreEnd;
+
+/* a field of an Execution (a named tuple) by index, as a double (ints exactly below 2^53, as
+ * Python's arithmetic on them) */
+static int field_double(PyObject *rec, Py_ssize_t k, double *out) {
+    *out = PyFloat_AsDouble(PyTuple_GET_ITEM(rec, k));
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* one row; NULL on error */
+static PyObject *place_one(PyObject *m, const Py_ssize_t *f, PyObject *texts, PyObject *text_fn, CoreEnd **ends,
+                           Py_ssize_t *n_ends, Py_ssize_t *cap_ends, PyObject **core_out, double *hw_end_out) {
+    PyObject *rec = PyObject_GetAttr(m, s_rec), *launch = NULL, *parent = NULL, *key = NULL, *row = NULL;
+    PyObject *rt_obj = NULL, *hw_obj = NULL, *hwd_obj = NULL, *fw_obj = NULL;
+    if (!rec) return NULL;
+    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) <= f[N_FIELDS]) {
+        PyErr_SetString(PyExc_TypeError, "placement: an execution record is a named tuple of Execution's fields");
+        goto done;
+    }
+    launch = PyObject_GetAttr(m, s_launch_us);
+    if (!launch) goto done;
+    double t_launch = PyFloat_AsDouble(launch), submit, queued, start, end;
+    if (t_launch == -1.0 && PyErr_Occurred()) goto done;
+    if (field_double(rec, f[F_SUBMIT], &submit) || field_double(rec, f[F_QUEUED], &queued) ||
+        field_double(rec, f[F_START], &start) || field_double(rec, f[F_END], &end))
+        goto done;
+    PyObject *core = PyTuple_GET_ITEM(rec, f[F_CORE]);
+    double rt_dur = (queued - submit) / 1000.0;
+    double hw_ts = t_launch + (start - submit) / 1000.0;
+    CoreEnd *slot = NULL;  /* the previous execution's end on this core (a few cores: a scan) */
+    for (Py_ssize_t i = 0; i < *n_ends && !slot; i++) {
+        int same = (*ends)[i].core == core ? 1 : PyObject_RichCompareBool((*ends)[i].core, core, Py_EQ);
+        if (same < 0) goto done;
+        if (same) slot = &(*ends)[i];
+    }
+    if (slot && slot->end > hw_ts) hw_ts = slot->end;
+    if (t_launch + rt_dur > hw_ts) hw_ts = t_launch + rt_dur;
+    double hw_dur = (end - start) / 1000.0;
+    if (!slot) {
+        if (*n_ends == *cap_ends) {
+            Py_ssize_t cap = *cap_ends ? *cap_ends * 2 : 8;
+            CoreEnd *grown = PyMem_Realloc(*ends, (size_t)cap * sizeof(CoreEnd));
+            if (!grown) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            *ends = grown;
+            *cap_ends = cap;
+        }
+        slot = &(*ends)[(*n_ends)++];
+        Py_INCREF(core);
+        slot->core = core;
+    }
+    slot->end = hw_ts + hw_dur;
+    /* the framework op's start: the launch when the op is not known; never after the launch */
+    double fw_ts = t_launch;
+    parent = PyObject_GetAttr(m, s_parent);
+    if (!parent) goto done;
+    if (parent != Py_None) {
+        PyObject *span = PyObject_GetAttr(parent, s_time_range);
+        if (!span) goto done;
+        int err = 0;
+        fw_ts = attr_double(span, s_start, &err);
+        Py_DECREF(span);
+        if (err) goto done;
+    }
+    if (fw_ts < t_launch - 1e-3) fw_ts = t_launch - 1e-3;
+    key = PyTuple_New(N_KEY);
+    if (!key) goto done;
+    for (int k = 0; k < N_KEY; k++) {
+        PyObject *v = PyTuple_GET_ITEM(rec, f[F_KEY0 + k]);
+        Py_INCREF(v);
+        PyTuple_SET_ITEM(key, k, v);
+    }
+    PyObject *text = PyDict_GetItemWithError(texts, key);  /* borrowed */
+    if (!text) {
+        if (PyErr_Occurred()) goto done;
+        PyObject *made = PyObject_CallOneArg(text_fn, rec);
+        if (!made) goto done;
+        int rc = PyDict_SetItem(texts, key, made);
+        Py_DECREF(made);  /* the dict keeps it */
+        if (rc < 0) goto done;
+        text = made;
+    }
+    if (!(rt_obj = PyFloat_FromDouble(rt_dur)) || !(hw_obj = PyFloat_FromDouble(hw_ts)) ||
+        !(hwd_obj = PyFloat_FromDouble(hw_dur)) || !(fw_obj = PyFloat_FromDouble(fw_ts)))
+        goto done;
+    row = PyTuple_Pack(8, m, launch, rt_obj, hw_obj, hwd_obj, fw_obj, PyTuple_GET_ITEM(rec, f[F_FLOW]), text);
+    if (row) {
+        Py_INCREF(core);
+        *core_out = core;
+        *hw_end_out = hw_ts + hw_dur;
+    }
+done:
+    Py_XDECREF(rec);
+    Py_XDECREF(launch);
+    Py_XDECREF(parent);
+    Py_XDECREF(key);
+    Py_XDECREF(rt_obj);
+    Py_XDECREF(hw_obj);
+    Py_XDECREF(hwd_obj);
+    Py_XDECREF(fw_obj);
+    return row;
+}
+
+static PyObject *placement(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *matched, *fields, *texts, *text_fn;
+    if (!PyArg_ParseTuple(args, "O!O!O!O:placement", &PyList_Type, &matched, &PyTuple_Type, &fields, &PyDict_Type,
+                          &texts, &text_fn))
+        return NULL;
+    if (PyTuple_GET_SIZE(fields) != N_FIELDS) {
+        PyErr_Format(PyExc_ValueError, "placement: %d field indices expected, got %zd", N_FIELDS,
+                     PyTuple_GET_SIZE(fields));
+        return NULL;
+    }
+    Py_ssize_t f[N_FIELDS + 1];  /* the indices, then the largest */
+    f[N_FIELDS] = 0;
+    for (int k = 0; k < N_FIELDS; k++) {
+        f[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(fields, k));
+        if (f[k] == -1 && PyErr_Occurred()) return NULL;
+        if (f[k] < 0) {
+            PyErr_SetString(PyExc_ValueError, "placement: field indices are >= 0");
+            return NULL;
+        }
+        if (f[k] > f[N_FIELDS]) f[N_FIELDS] = f[k];
+    }
+    PyObject *own = PyList_AsTuple(matched);  /* attribute reads could run code that changes the list */
+    if (!own) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(own);
+    PyObject *rows = PyList_New(n), *cores = PyList_New(n), *result = NULL;
+    CoreEnd *ends = NULL;
+    Py_ssize_t n_ends = 0, cap_ends = 0;
+    double latest = -Py_HUGE_VAL;
+    if (!rows || !cores) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *core = NULL;
+        double hw_end = 0.0;
+        PyObject *row = place_one(PyTuple_GET_ITEM(own, i), f, texts, text_fn, &ends, &n_ends, &cap_ends, &core,
+                                  &hw_end);
+        if (!row) goto done;
+        PyList_SET_ITEM(rows, i, row);
+        PyList_SET_ITEM(cores, i, core);
+        if (hw_end > latest) latest = hw_end;
+    }
+    result = Py_BuildValue("(OOd)", rows, cores, latest);
+done:
+    for (Py_ssize_t i = 0; i < n_ends; i++) Py_DECREF(ends[i].core);
+    PyMem_Free(ends);
+    Py_DECREF(own);
+    Py_XDECREF(rows);
+    Py_XDECREF(cores);
     return result;
 }
 
@@ -459,6 +653,8 @@ static PyMethodDef methods[] = {
     {"format_ms", format_ms, METH_O, "format_ms(x) -> str: f\"{x:.3f}\", as the lanes write times"},
     {"framework_lanes", framework_lanes, METH_VARARGS,
      "framework_lanes(events, cpu, head, extra, prefixes, ids=None) -> (text, count, threads, ranges, end, found)"},
+    {"placement", placement, METH_VARARGS,
+     "placement(matched, fields, texts, clock_free_text) -> (rows, cores, end)"},
     {"device_lanes", device_lanes, METH_VARARGS,
      "device_lanes(rows, tids, cores, shift, fw_pid, runtime_pid, hardware_pid) -> text"},
     {NULL, NULL, 0, NULL},
@@ -483,5 +679,8 @@ PyMODINIT_FUNC PyInit__lanes(void) {
     INTERN(s_id, "id");
     INTERN(s_cpu_op, "cpu_op");
     INTERN(s_user_annotation, "user_annotation");
+    INTERN(s_rec, "rec");
+    INTERN(s_launch_us, "launch_us");
+    INTERN(s_parent, "parent");
     return PyModule_Create(&module);
 }
