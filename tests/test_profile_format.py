@@ -415,3 +415,12 @@ def test_the_batch_reports_why_a_directory_could_not_be_made(tmp_path):
     with pytest.raises(OSError) as err:
         _format._filebatch.write_files([target], [b"{}"])
     assert err.value.errno == expected
+
+
+@pytest.mark.parametrize("size", [0, 1, 70_000, 3 << 20])
+def test_read_file_reads_the_whole_file(tmp_path, size):
+    from tilescope.profiler._format import read_file
+
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    assert read_file(str(tmp_path / "f")) == data

@@ -27,7 +27,7 @@ from ._config import ProfileConfig, ProfileMode
 from ._correlate import Correlation
 from ._events import (HOST, Framework, Placement, device_events, doctor_events, event_count, framework_events,
                       placement)
-from ._format import ProfileWriter, itrace_summary, start_writer
+from ._format import ProfileWriter, itrace_summary, read_file, start_writer
 
 __all__ = ["Profiler"]
 
@@ -197,9 +197,9 @@ def _lane_prefix() -> str:
 
 def _torch_trace(w: ProfileWriter, prof) -> bytes:
     """torch's Chrome trace, exported where the profile's trace.json goes (and rewritten there)."""
-    path = w.target("trace.json")
-    prof.export_chrome_trace(str(path))
-    return path.read_bytes()
+    path = str(w.target("trace.json"))
+    prof.export_chrome_trace(path)
+    return read_file(path)
 
 
 def _kineto_system_trace(fw_data: bytes) -> tuple[list[str], int, dict]:
