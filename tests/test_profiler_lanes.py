@@ -86,6 +86,20 @@ def test_framework_lanes_on_unusual_events(lanes):
         ("cpu_op", "aten::mm", 0), ("user_annotation", "aten::mm", 1), ("cpu_op", "aten::mm", 0)]
     assert ranges[1][3:] == (-0.0, 3.25)
     assert '"Call stack":"x.py(3): f;y.py(9): g"' in text and text.isascii()
+    # heads kept across calls: made once per (category, name, lane), whichever implementation
+    made = []
+
+    def head(cat, name, tid):
+        made.append((cat, name, tid))
+        return _events._framework_head(cat, name, tid)
+
+    heads = {}
+    first = lanes.framework_lanes(events, _events._CPU, head, _events._framework_extra, (), None, heads)[0]
+    assert len(made) == len(heads) == 3 and first == text
+    assert lanes.framework_lanes(events, _events._CPU, head, _events._framework_extra, (), None, heads)[0] == text
+    assert _events._framework_lanes(events, None, heads)[0] == expected and len(made) == 3
+    with pytest.raises(TypeError, match="heads must be a dict"):
+        lanes.framework_lanes(events, _events._CPU, head, _events._framework_extra, (), None, [])
 
 
 def test_framework_events_are_the_same_with_and_without_the_extension(profiled, monkeypatch, lanes):

@@ -99,13 +99,11 @@ class Correlation:
         self._prof, self._capture, self._now = prof, capture, now_ns
         result = getattr(prof.profiler, "kineto_results", None)
         t0 = result.trace_start_ns() if result is not None else 0
-        self._links: dict[int, int] = {}  # flow -> correlation id of its launching range (device activities)
-        self._enclosing: dict[int, tuple] = {}  # flow -> the ranges around that one, innermost first
-        recorded = []
-        for flow, range_id, launch_ns, enclosing in take_device_activities(t0) if result is not None else ():
-            self._links[flow] = range_id
-            self._enclosing[flow] = enclosing
-            recorded.append((flow, 0, (launch_ns - t0) / 1000, None))
+        activities = take_device_activities(t0) if result is not None else []
+        # (comprehensions: this runs once per device execution)
+        self._links: dict[int, int] = {a[0]: a[1] for a in activities}  # flow -> its launching range's correlation id
+        self._enclosing: dict[int, tuple] = {a[0]: a[3] for a in activities}  # flow -> the ranges around that one
+        recorded = [(flow, 0, (launch_ns - t0) / 1000, None) for flow, _, launch_ns, _ in activities]
         self._recorded = recorded
         markers_recorded, capture.markers = capture.markers, 0
         # (markers, the other raw events); None when torch has parsed its events already
@@ -128,13 +126,13 @@ class Correlation:
         """``(flow, thread, start, parent)`` of each launch -> the executions, launch order."""
         matched, pending = [], 0
         get = self._capture.records().get
-        links = self._links
+        links, now = self._links, self._now
         for flow, thread, start, parent in sorted(launches, key=_flow_of_launch):  # launch order
             entry = get(flow)
             if entry is None:
                 continue
             rec, native_tid = entry
-            if rec.device_end_ns > self._now:
+            if rec.device_end_ns > now:
                 pending += 1
                 if flow in links:
                     self._pending_recorded.append(flow)

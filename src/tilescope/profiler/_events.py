@@ -65,12 +65,14 @@ def framework_events(prof, prefix: str, ids: set | frozenset | None = None) -> F
     """Every CPU event of torch's profile on the framework lanes -- and, in the same pass, the
     CPU events whose correlation id is in ``ids`` (the executions' launching ops)."""
     events = prof.profiler.function_events
+    if len(_HEADS) > _HEADS_KEPT:
+        _HEADS.clear()
     if _lanes is not None:
         text, count, threads, found, end, by_id = _lanes.framework_lanes(
-            events, _CPU, _framework_head, _framework_extra, _DOCTOR_RANGES, ids)
+            events, _CPU, _framework_head, _framework_extra, _DOCTOR_RANGES, ids, _HEADS)
         chunks = [text] if count else []
     else:
-        chunks, threads, found, end, by_id = _framework_lanes(events, ids)
+        chunks, threads, found, end, by_id = _framework_lanes(events, ids, _HEADS)
         count = len(chunks)
     ranges = [{"ph": "X", "cat": cat, "name": name, "pid": FRAMEWORK, "tid": tid, "ts": round(ts, 3),
                "dur": round(dur, 3)} for cat, name, tid, ts, dur in found]
@@ -78,6 +80,12 @@ def framework_events(prof, prefix: str, ids: set | frozenset | None = None) -> F
     head += [f'{{"ph":"M","name":"thread_name","pid":{FRAMEWORK},"tid":{tid},"args":{{"name":"tid:{tid}"}}}}'
              for tid in threads.values()]
     return Framework(head + chunks, len(head) + count, threads, ranges, end, by_id)
+
+
+# the text of events up to their "ts", by (category, name, lane), made so far: a profiled loop
+# runs the same ops profile after profile
+_HEADS: dict[tuple, str] = {}
+_HEADS_KEPT = 16384
 
 
 def _framework_head(cat: str, name: str, tid: int) -> str:
@@ -95,16 +103,18 @@ def _framework_extra(evt) -> str:
     return extra
 
 
-def _framework_lanes(function_events, ids=None) -> tuple[list[str], dict, list[tuple], float, dict]:
+def _framework_lanes(function_events, ids=None, heads: dict | None = None) -> tuple[list[str], dict, list[tuple],
+                                                                                  float, dict]:
     """The reference of ``_lanes.framework_lanes`` (and its stand-in where it is not built):
     each event's text, the thread -> tid map, the doctor's ranges as tuples, the end (µs), the
-    first CPU event of each id in ``ids``."""
+    first CPU event of each id in ``ids``; ``heads``: (category, name, tid) -> the event's text
+    up to "ts", made so far (added to)."""
     events: list[str] = []
     threads: dict[int, int] = {}
     ranges: list[tuple] = []
     by_id: dict = {}
     end = 0.0
-    heads: dict[tuple, str] = {}  # (category, name, tid) -> the event's text up to "ts"
+    heads = {} if heads is None else heads
     for evt in function_events:
         if evt.device_type.value != _CPU:  # the enum's int: comparing the enums costs more
             continue

@@ -1,10 +1,10 @@
 /* The system trace's lanes as JSON text, the per-event loops of tilescope/profiler/_events.py.
  *
- * framework_lanes(events, cpu, head, extra, prefixes, ids=None) -> (text, count, threads, ranges, end, found)
+ * framework_lanes(events, cpu, head, extra, prefixes, ids=None, heads=None) -> (text, count, threads, ranges, end, found)
  *   every event of torch's list whose device_type.value == cpu, each as the text
  *   head(category, name, tid) + ts + ',"dur":' + dur + ',"args":{"External id":' + id + extra(evt) + '}}'
- *   (head is called once per (category, name, tid); extra only for events with input shapes or a
- *   stack). text: the events joined by ","; threads: torch thread -> tid, in order of first
+ *   (head is called once per (category, name, tid) missing from the dict heads, which keeps what it
+ *   returns; extra only for events with input shapes or a stack). text: the events joined by ","; threads: torch thread -> tid, in order of first
  *   appearance; ranges: (category, name, tid, ts, dur) of the events whose name starts with one of
  *   prefixes; end: the latest ts + dur (0.0 without events); found: id -> the first of those events
  *   whose id is in the set ids (the exporter's launching ops, found in the same pass).
@@ -301,18 +301,23 @@ done:
 }
 
 static PyObject *framework_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
-    PyObject *events, *head_fn, *extra_fn, *prefixes, *ids = Py_None;
+    PyObject *events, *head_fn, *extra_fn, *prefixes, *ids = Py_None, *heads = Py_None;
     long cpu;
-    if (!PyArg_ParseTuple(args, "OlOOO!|O:framework_lanes", &events, &cpu, &head_fn, &extra_fn, &PyTuple_Type,
-                          &prefixes, &ids))
+    if (!PyArg_ParseTuple(args, "OlOOO!|OO:framework_lanes", &events, &cpu, &head_fn, &extra_fn, &PyTuple_Type,
+                          &prefixes, &ids, &heads))
         return NULL;
     if (ids != Py_None && !PyAnySet_Check(ids)) {
         PyErr_SetString(PyExc_TypeError, "framework_lanes: ids must be a set or frozenset (or None)");
         return NULL;
     }
+    if (heads != Py_None && !PyDict_Check(heads)) {
+        PyErr_SetString(PyExc_TypeError, "framework_lanes: heads must be a dict (or None)");
+        return NULL;
+    }
     PyObject *seq = PySequence_Tuple(events);  /* owned: callbacks cannot change what is read */
     if (!seq) return NULL;
-    PyObject *heads = PyDict_New(), *threads = PyDict_New(), *ranges = PyList_New(0), *found = PyDict_New();
+    heads = heads == Py_None ? PyDict_New() : Py_NewRef(heads);
+    PyObject *threads = PyDict_New(), *ranges = PyList_New(0), *found = PyDict_New();
     PyObject *result = NULL;
     Buf b = {NULL, 0, 0};
     double end = 0.0;
@@ -652,7 +657,7 @@ static PyObject *format_ms(PyObject *Py_UNUSED(self), PyObject *arg) {
 static PyMethodDef methods[] = {
     {"format_ms", format_ms, METH_O, "format_ms(x) -> str: f\"{x:.3f}\", as the lanes write times"},
     {"framework_lanes", framework_lanes, METH_VARARGS,
-     "framework_lanes(events, cpu, head, extra, prefixes, ids=None) -> (text, count, threads, ranges, end, found)"},
+     "framework_lanes(events, cpu, head, extra, prefixes, ids=None, heads=None) -> (text, count, threads, ranges, end, found)"},
     {"placement", placement, METH_VARARGS,
      "placement(matched, fields, texts, clock_free_text) -> (rows, cores, end)"},
     {"device_lanes", device_lanes, METH_VARARGS,
