@@ -502,7 +502,7 @@ static int field_double(PyObject *rec, Py_ssize_t k, double *out) {
 /* one row; NULL on error */
 static PyObject *place_one(PyObject *m, const Py_ssize_t *f, PyObject *texts, PyObject *text_fn, CoreEnd **ends,
                            Py_ssize_t *n_ends, Py_ssize_t *cap_ends, PyObject **core_out, double *hw_end_out) {
-    PyObject *rec = PyObject_GetAttr(m, s_rec), *launch = NULL, *parent = NULL, *key = NULL, *row = NULL;
+    PyObject *rec = PyObject_GetAttr(m, s_rec), *launch = NULL, *parent = NULL, *key = NULL, *text = NULL, *row = NULL;
     PyObject *rt_obj = NULL, *hw_obj = NULL, *hwd_obj = NULL, *fw_obj = NULL;
     if (!rec) return NULL;
     if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) <= f[N_FIELDS]) {
@@ -564,15 +564,12 @@ static PyObject *place_one(PyObject *m, const Py_ssize_t *f, PyObject *texts, Py
         Py_INCREF(v);
         PyTuple_SET_ITEM(key, k, v);
     }
-    PyObject *text = PyDict_GetItemWithError(texts, key);  /* borrowed */
-    if (!text) {
-        if (PyErr_Occurred()) goto done;
-        PyObject *made = PyObject_CallOneArg(text_fn, rec);
-        if (!made) goto done;
-        int rc = PyDict_SetItem(texts, key, made);
-        Py_DECREF(made);  /* the dict keeps it */
-        if (rc < 0) goto done;
-        text = made;
+    text = PyDict_GetItemWithError(texts, key);
+    if (text) {
+        Py_INCREF(text);  /* held: allocating the row could run a collection, and code that clears the dict */
+    } else {
+        if (PyErr_Occurred() || !(text = PyObject_CallOneArg(text_fn, rec))) goto done;
+        if (PyDict_SetItem(texts, key, text) < 0) goto done;
     }
     if (!(rt_obj = PyFloat_FromDouble(rt_dur)) || !(hw_obj = PyFloat_FromDouble(hw_ts)) ||
         !(hwd_obj = PyFloat_FromDouble(hw_dur)) || !(fw_obj = PyFloat_FromDouble(fw_ts)))
@@ -588,6 +585,7 @@ done:
     Py_XDECREF(launch);
     Py_XDECREF(parent);
     Py_XDECREF(key);
+    Py_XDECREF(text);
     Py_XDECREF(rt_obj);
     Py_XDECREF(hw_obj);
     Py_XDECREF(hwd_obj);
