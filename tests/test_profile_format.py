@@ -392,7 +392,8 @@ def test_generated_names_differ_within_a_process(tmp_path, monkeypatch):
     # the name is the time as strftime writes it (the explorer and people sort by it)
     stopped = datetime.datetime(2026, 11, 30, 9, 5, 7, 4321, tzinfo=datetime.timezone.utc)
     named = ProfileWriter(tmp_path)
-    assert named.path.name == stopped.strftime("%Y%m%d_%H%M%S_%f") and named.partial.name == f".{named.path.name}.partial"
+    assert named.path.name == stopped.strftime("%Y%m%d_%H%M%S_%f")
+    assert named.partial.name == f".{named.path.name}.partial"
     assert named.created == "2026-11-30T09:05:07.004321Z"
 
 

@@ -30,8 +30,8 @@ try:
 except ImportError:  # not built (no compiler at install time): the same text from the Python loops
     _lanes = None
 
-__all__ = ["FRAMEWORK", "RUNTIME", "HARDWARE", "HOST", "js", "meta", "Framework", "framework_events", "Placement", "placement",
-           "device_events", "event_count", "doctor_events"]
+__all__ = ["FRAMEWORK", "RUNTIME", "HARDWARE", "HOST", "js", "meta", "Framework", "framework_events", "Placement",
+           "placement", "device_events", "event_count", "doctor_events"]
 
 FRAMEWORK, RUNTIME, HARDWARE, HOST = 1, 2, 3, 4
 _CPU = torch.autograd.DeviceType.CPU.value

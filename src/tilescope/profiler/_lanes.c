@@ -1,13 +1,15 @@
 /* The system trace's lanes as JSON text, the per-event loops of tilescope/profiler/_events.py.
  *
- * framework_lanes(events, cpu, head, extra, prefixes, ids=None, heads=None) -> (text, count, threads, ranges, end, found)
+ * framework_lanes(events, cpu, head, extra, prefixes, ids=None, heads=None)
+ *     -> (text, count, threads, ranges, end, found)
  *   every event of torch's list whose device_type.value == cpu, each as the text
  *   head(category, name, tid) + ts + ',"dur":' + dur + ',"args":{"External id":' + id + extra(evt) + '}}'
  *   (head is called once per (category, name, tid) missing from the dict heads, which keeps what it
- *   returns; extra only for events with input shapes or a stack). text: the events joined by ","; threads: torch thread -> tid, in order of first
- *   appearance; ranges: (category, name, tid, ts, dur) of the events whose name starts with one of
- *   prefixes; end: the latest ts + dur (0.0 without events); found: id -> the first of those events
- *   whose id is in the set ids (the exporter's launching ops, found in the same pass).
+ *   returns; extra only for events with input shapes or a stack). text: the events joined by ",";
+ *   threads: torch thread -> tid, in order of first appearance; ranges: (category, name, tid, ts,
+ *   dur) of the events whose name starts with one of prefixes; end: the latest ts + dur (0.0
+ *   without events); found: id -> the first of those events whose id is in the set ids (the
+ *   exporter's launching ops, found in the same pass).
  * placement(matched, fields, texts, clock_free_text) -> (rows, cores, end)
  *   _events.placement's rows (see there) of the executions ``matched``; fields: the indices in an
  *   Execution (a named tuple) of core, host_submit_ns, queued_ns, device_start_ns, device_end_ns,
@@ -457,7 +459,8 @@ static PyObject *device_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
             tid = PyTuple_GET_ITEM(own_tids, i);
         } else {
             if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 1) {
-                PyErr_SetString(PyExc_TypeError, "device_lanes: each row is a placement tuple of 8 items, its texts a tuple of 4");
+                PyErr_SetString(PyExc_TypeError,
+                                "device_lanes: each row is a placement tuple of 8 items, its texts a tuple of 4");
                 goto done;
             }
             thread = PyObject_GetAttr(PyTuple_GET_ITEM(row, 0), s_thread);
@@ -655,7 +658,8 @@ static PyObject *format_ms(PyObject *Py_UNUSED(self), PyObject *arg) {
 static PyMethodDef methods[] = {
     {"format_ms", format_ms, METH_O, "format_ms(x) -> str: f\"{x:.3f}\", as the lanes write times"},
     {"framework_lanes", framework_lanes, METH_VARARGS,
-     "framework_lanes(events, cpu, head, extra, prefixes, ids=None, heads=None) -> (text, count, threads, ranges, end, found)"},
+     "framework_lanes(events, cpu, head, extra, prefixes, ids=None, heads=None) -> "
+     "(text, count, threads, ranges, end, found)"},
     {"placement", placement, METH_VARARGS,
      "placement(matched, fields, texts, clock_free_text) -> (rows, cores, end)"},
     {"device_lanes", device_lanes, METH_VARARGS,
