@@ -182,8 +182,11 @@ def test_placement_queues_executions_on_their_core_as_the_python_loop_does(monke
 
 
 def test_bad_rows_are_refused_with_the_reason(lanes):
-    with pytest.raises(TypeError, match="placement tuple of 8"):
-        lanes.device_lanes([("not", "a", "row")], [0], [0], 0.0, 1, 2, 3)
+    for tids in ([0], {0: 1}):  # a tid per row, or the lanes by thread
+        with pytest.raises(TypeError, match="placement tuple of 8"):
+            lanes.device_lanes([("not", "a", "row")], tids, [0], 0.0, 1, 2, 3)
+    with pytest.raises(TypeError, match="a list .one per row. or a dict"):
+        lanes.device_lanes([], "tids", [], 0.0, 1, 2, 3)
     with pytest.raises(ValueError, match="one tid and one core per row"):
         lanes.device_lanes([], [0], [], 0.0, 1, 2, 3)
 

@@ -458,7 +458,7 @@ static PyObject *device_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
         if (!by_thread) {
             tid = PyTuple_GET_ITEM(own_tids, i);
         } else {
-            if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 1) {
+            if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 8) {  /* (the rest is checked by device_row) */
                 PyErr_SetString(PyExc_TypeError,
                                 "device_lanes: each row is a placement tuple of 8 items, its texts a tuple of 4");
                 goto done;
