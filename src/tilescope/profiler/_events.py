@@ -164,7 +164,7 @@ def placement(matched) -> Placement:
     records for it, too); durations are the modeled ones, unchanged. Rows are ``(matched,
     runtime start, runtime dur, hardware start, hardware dur, framework op start, flow id,
     texts)``, ``texts`` shared by the executions of one Program by one op on one core (see
-    :func:`_clock_free_text`).
+    :func:`_clock_free_text`); with them, each row's core and the latest hardware end.
     """
     if len(_TEXTS) > _TEXTS_KEPT:
         _TEXTS.clear()
