@@ -174,7 +174,7 @@ def test_placement_queues_executions_on_their_core_as_the_python_loop_does(monke
     assert fast == slow
     assert fast.rows[1][3] == fast.rows[0][3] + fast.rows[0][4] and fast.rows[2][3] < fast.rows[1][3]
     assert fast.rows[1][5] == 16 - 1e-3 and fast.rows[0][5] == 10.0  # never long before the launch
-    with pytest.raises(TypeError, match="named tuple"):
+    with pytest.raises(TypeError, match="named tuple of Execution's fields .at least 17., not tuple"):
         lanes.placement([SimpleNamespace(rec=("short",), launch_us=0.0, parent=None)], _events._PLACEMENT_FIELDS,
                         {}, _events._clock_free_text)
     with pytest.raises(ValueError, match="13 field indices"):
@@ -185,7 +185,7 @@ def test_bad_rows_are_refused_with_the_reason(lanes):
     for tids in ([0], {0: 1}):  # a tid per row, or the lanes by thread
         with pytest.raises(TypeError, match="placement tuple of 8"):
             lanes.device_lanes([("not", "a", "row")], tids, [0], 0.0, 1, 2, 3)
-    with pytest.raises(TypeError, match="a list .one per row. or a dict"):
+    with pytest.raises(TypeError, match="a list .one per row. or a dict .by thread., not str"):
         lanes.device_lanes([], "tids", [], 0.0, 1, 2, 3)
     with pytest.raises(ValueError, match="one tid and one core per row"):
         lanes.device_lanes([], [0], [], 0.0, 1, 2, 3)

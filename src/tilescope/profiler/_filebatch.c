@@ -10,14 +10,13 @@
  * paths are file-system paths (str, bytes or os.PathLike); datas bytes or str (written as
  * UTF-8), a tuple of them (written one after the other, with writev: a large file made of
  * parts is never joined into one buffer), or None to create the file if it is missing and
- * leave it as it is (a reservation:
- * where creating a file is slow, its writer later only fills it); links, when given, one None or (source, st_ino, st_size, st_mtime_ns) per path: the
- * path is then a hard link to source when source is still that file (same inode, size and
+ * leave it as it is (a reservation: where creating a file is slow, its writer later only fills
+ * it); links, when given, one None or (source, st_ino, st_size, st_mtime_ns) per path: the path
+ * is then a hard link to source when source is still that file (same inode, size and
  * modification time), else it is written. A path's missing directories are made (the
  * profile's own directory and its executables/ and itraces/ are made here, off the exporter's
- * thread, by the first batch). Returns,
- * per path, whether it was linked. The first failure stops the batch and raises OSError with
- * the errno and the path. All lists have one length.
+ * thread, by the first batch). Returns, per path, whether it was linked. The first failure
+ * stops the batch and raises OSError with the errno and the path. All lists have one length.
  *
  * start(paths, datas, links=None) -> Batch
  *

@@ -433,7 +433,8 @@ static PyObject *device_lanes(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n = PyList_GET_SIZE(rows);
     int by_thread = PyDict_Check(tids);  /* torch thread -> tid, of each row's matched ``thread`` (0 if missing) */
     if (!by_thread && !PyList_Check(tids)) {
-        PyErr_SetString(PyExc_TypeError, "device_lanes: tids is a list (one per row) or a dict (by thread)");
+        PyErr_Format(PyExc_TypeError, "device_lanes: tids is a list (one per row) or a dict (by thread), not %.100s",
+                     Py_TYPE(tids)->tp_name);
         return NULL;
     }
     if ((!by_thread && PyList_GET_SIZE(tids) != n) || PyList_GET_SIZE(cores) != n) {
@@ -509,7 +510,9 @@ static PyObject *place_one(PyObject *m, const Py_ssize_t *f, PyObject *texts, Py
     PyObject *rt_obj = NULL, *hw_obj = NULL, *hwd_obj = NULL, *fw_obj = NULL;
     if (!rec) return NULL;
     if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) <= f[N_FIELDS]) {
-        PyErr_SetString(PyExc_TypeError, "placement: an execution record is a named tuple of Execution's fields");
+        PyErr_Format(PyExc_TypeError,
+                     "placement: an execution record is a named tuple of Execution's fields (at least %zd), not %.100s",
+                     f[N_FIELDS] + 1, Py_TYPE(rec)->tp_name);
         goto done;
     }
     launch = PyObject_GetAttr(m, s_launch_us);
