@@ -160,6 +160,58 @@ def test_the_extension_writes_parts_and_refuses_what_is_not_text(tmp_path):
         fb.write_files([target], [(b"a", 3)])
 
 
+def test_the_extension_hashes_what_it_writes_and_files_others_wrote(tmp_path):
+    """With ``hashed`` flags the batch also makes the SHA-256 of those files: of the parts it
+    writes, or -- for a None data -- of the file as another writer left it (read, never made)."""
+    import hashlib
+
+    from tilescope.profiler import _format
+
+    if _format._filebatch is None:
+        pytest.skip("the _filebatch extension is not built")
+    fb = _format._filebatch
+    theirs = tmp_path / "theirs.json"
+    theirs.write_bytes(b"x" * 300_000)  # more than one read's buffer
+    written, plain = str(tmp_path / "d" / "parts"), str(tmp_path / "plain")
+    parts = (b"ab", "\u00e9", b"")
+    for run in (lambda *a: fb.start(*a).wait(), fb.write_files):
+        result = run([written, str(theirs), plain], [parts, None, b"{}"], None, [True, True, False])
+        assert result == [(False, 4, hashlib.sha256("ab\u00e9".encode()).hexdigest()),
+                          (False, 300_000, hashlib.sha256(theirs.read_bytes()).hexdigest()),
+                          (False, None, None)]
+        assert open(written, "rb").read() == "ab\u00e9".encode() and open(plain, "rb").read() == b"{}"
+    with pytest.raises(FileNotFoundError) as err:  # a file to hash that nobody wrote: never created
+        fb.start([str(tmp_path / "none.json")], [None], None, [True]).wait()
+    assert err.value.filename == str(tmp_path / "none.json") and not (tmp_path / "none.json").exists()
+    with pytest.raises(ValueError, match="linked to a source and hashed"):
+        fb.write_files([plain], [b"{}"], [(str(theirs), 1, 2, 3)], [True])
+    with pytest.raises(ValueError, match="one hashed flag.*: 1 paths"):
+        fb.write_files([plain], [b"{}"], None, [True, False])
+
+
+def test_a_file_a_tool_wrote_is_listed_with_the_digest_the_batch_made(tmp_path, writer_path):
+    """``add_written`` without the bytes: the file torch wrote itself is read and hashed in the
+    batch, off the exporter's thread; the manifest lists its size and digest as written. The
+    manifest without its file list is there at once (the doctor reads it meanwhile)."""
+    import hashlib
+
+    data = b'{"traceEvents":[' + b'{"ph":"X"},' * 20_000 + b'{}]}'
+    with ProfileWriter(tmp_path) as w:
+        w.reserve("trace.json")
+        w.start_writes()
+        w.target("trace.json").write_bytes(data)  # torch writes it
+        w.add_written("trace.json")
+        w.write_bytes("system_trace.json", (b'{"traceEvents":', b"[]}"), later=True)
+        w.stats = {"events": 3}
+        early = w.manifest(files=False)
+        assert "files" not in early and early["stats"] == {"events": 3}
+        manifest = w.seal()
+    listed = {f["path"]: (f["bytes"], f["sha256"]) for f in manifest["files"]}
+    assert listed == {"trace.json": (len(data), hashlib.sha256(data).hexdigest()),
+                      "system_trace.json": (18, hashlib.sha256(b'{"traceEvents":[]}').hexdigest())}
+    read_profile(w.path).require_complete()  # every checksum verified against the files
+
+
 def test_a_reserved_file_is_created_in_the_batch_and_never_truncated(tmp_path, writer_path):
     """The exporter reserves trace.json (written by torch on the exporter's thread, maybe
     before the batch runs) and the last files: the batch creates a missing one empty and
@@ -188,9 +240,9 @@ def test_sealed_profile_writes_its_manifest_last_and_takes_no_more_files(tmp_pat
 
         class Recording:
             @staticmethod
-            def start(paths, data, links):
+            def start(paths, data, links, hashed=None):
                 order.extend(paths)
-                return real.start(paths, data, links)
+                return real.start(paths, data, links, hashed)
 
         monkeypatch.setattr(_format, "_filebatch", Recording)
     else:

@@ -27,7 +27,7 @@ from ._config import ProfileConfig, ProfileMode
 from ._correlate import Correlation
 from ._events import (HOST, Framework, Placement, device_events, doctor_events, event_count, framework_events,
                       placement)
-from ._format import ProfileWriter, itrace_summary, read_file, start_writer
+from ._format import ProfileWriter, itrace_summary, read_file, sha256_of, start_writer
 
 __all__ = ["Profiler"]
 
@@ -94,18 +94,31 @@ class Profiler:
             if device_traces:  # torch had parsed before the export: no launches known earlier
                 dropped, summaries = _write_device_traces(w, matched, cfg)
             placed = placement(matched)
-            fw_data = _torch_trace(w, prof)
-            trace = _framework_trace_with_device(fw_data, prof, placed.rows, correlation.pending_recorded)
-            if trace is fw_data:  # torch's file as torch wrote it (device executions recorded by torch)
-                w.add_written("trace.json", fw_data)
+            trace_path = _torch_trace(w, prof)
+            sim = device["kind"] == "sim"
+            unrecorded = [row for row in placed.rows if not row[0].recorded_by_torch]
+            if sim and not unrecorded and not correlation.pending_recorded:
+                # torch's file as torch wrote it (it recorded the device executions itself):
+                # read and hashed off this thread, while the system trace is made
+                w.add_written("trace.json")
+                w.start_writes()
             else:
-                w.write_bytes("trace.json", trace)
-            if device["kind"] == "sim":
+                fw_data = read_file(trace_path)
+                trace = _framework_trace_with_device(fw_data, prof, unrecorded, correlation.pending_recorded)
+                if trace is fw_data:
+                    w.add_written("trace.json", fw_data)
+                else:
+                    w.write_bytes("trace.json", trace)
+            if sim:
                 chunks, n_events, checked = _system_trace(prof, placed, trace_start_ns, cfg, self._sampler, framework)
             else:  # a real device: lanes and flows come from Kineto's own records
                 chunks, n_events, checked = _kineto_system_trace(fw_data)
-            w.write_bytes("system_trace.json", _system_trace_parts(chunks, device), later=True)
-            w.start_writes()  # written while the stats, the manifest and the doctor are made
+            # written while the stats are made (hashed here: the manifest, made next, would
+            # wait for the writer to hash it -- a wake-up of each thread, more than the hash
+            # itself costs at the sizes of most profiles)
+            parts = _system_trace_parts(chunks, device)
+            w.write_bytes("system_trace.json", parts, sha256=sha256_of(parts), later=True)
+            w.start_writes()
             cold = [m for m in matched if m.fresh]
             w.stats = {
                 "events": n_events, "executions": len(matched), "pending_executions": pending,
@@ -195,11 +208,12 @@ def _lane_prefix() -> str:
     return f"{socket.gethostname().split('.')[0] or 'host'}/pid:{os.getpid()}"
 
 
-def _torch_trace(w: ProfileWriter, prof) -> bytes:
-    """torch's Chrome trace, exported where the profile's trace.json goes (and rewritten there)."""
+def _torch_trace(w: ProfileWriter, prof) -> str:
+    """torch's Chrome trace, exported where the profile's trace.json goes (and rewritten there
+    when device events are added); its path."""
     path = str(w.target("trace.json"))
     prof.export_chrome_trace(path)
-    return read_file(path)
+    return path
 
 
 def _kineto_system_trace(fw_data: bytes) -> tuple[list[str], int, dict]:
@@ -268,7 +282,7 @@ def _framework_trace_with_device(data: bytes, prof, rows, pending: list[int] = (
         doc["traceEvents"] = [e for e in doc.get("traceEvents", []) if not (
             e.get("cat") in ("kernel", "gpu_memcpy") and str((e.get("args") or {}).get("flow_id")) in drop)]
         data = json.dumps(doc).encode()
-    rows = [row for row in rows if not row[0].recorded_by_torch]
+    rows = [row for row in rows if not row[0].recorded_by_torch]  # (the caller may have done it)
     if not rows:
         return data
     head = data[:4096].decode("utf-8", "replace")

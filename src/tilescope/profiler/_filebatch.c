@@ -1,6 +1,6 @@
 /* Writing a batch of new files without holding the GIL.
  *
- * write_files(paths, datas, links=None) -> list of bool
+ * write_files(paths, datas, links=None, hashed=None) -> list
  *
  * creates (or truncates) each path and writes its data, in order, with the GIL released for
  * the whole batch, so that a thread calling it runs beside the exporter's Python work instead
@@ -18,7 +18,14 @@
  * thread, by the first batch). Returns, per path, whether it was linked. The first failure
  * stops the batch and raises OSError with the errno and the path. All lists have one length.
  *
- * start(paths, datas, links=None) -> Batch
+ * hashed, when given, one bool per path: the SHA-256 of that file is made here too, without
+ * the GIL -- of its data, or, for a None data, of the file as it is (one another writer made:
+ * read, never created). The result is then, per path, (linked, size, hex digest) -- size and
+ * digest None for a file not hashed. A
+ * profile's manifest lists every file's digest; made here, the large files' digests cost the
+ * exporter's thread nothing. A linked file cannot be hashed (its digest is known already).
+ *
+ * start(paths, datas, links=None, hashed=None) -> Batch
  *
  * the same, on the module's writer thread -- a POSIX thread that never takes the GIL, so it
  * starts writing at once, whatever the caller's thread does meanwhile (a Python thread would
@@ -38,6 +45,8 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
 
 #ifndef O_CLOEXEC
 #define O_CLOEXEC 0
@@ -109,6 +118,9 @@ typedef struct {
     unsigned long long ino;
     long long st_size, mtime_ns;
     int linked;
+    int hashed;         /* its SHA-256 is made (of its parts, or of the file for a None data) */
+    long long size;     /* bytes hashed */
+    unsigned char digest[32];
 } Item;
 
 #ifdef __APPLE__
@@ -179,6 +191,42 @@ static int hold(Item *it, PyObject *path, PyObject *data, PyObject *link) {
     return PyUnicode_FSConverter(source, &it->source) ? 0 : -1;
 }
 
+/* the SHA-256 of the parts, or of the file at path when parts is NULL; 0 or an errno */
+static int hash_item(Item *it, const char *path) {
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!ctx || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
+        EVP_MD_CTX_free(ctx);
+        return ENOMEM;
+    }
+    int err = 0;
+    it->size = 0;
+    if (it->parts) {
+        for (int k = 0; k < it->nparts && !err; k++) {
+            if (!EVP_DigestUpdate(ctx, it->parts[k].iov_base, it->parts[k].iov_len)) err = ENOMEM;
+            it->size += (long long)it->parts[k].iov_len;
+        }
+    } else {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        size_t cap = 1 << 18;
+        char *buf = fd < 0 ? NULL : PyMem_RawMalloc(cap);
+        if (fd < 0) err = errno;
+        else if (!buf) err = ENOMEM;
+        while (!err) {
+            ssize_t r = read(fd, buf, cap);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) err = errno;
+            else if (r == 0) break;
+            else if (!EVP_DigestUpdate(ctx, buf, (size_t)r)) err = ENOMEM;
+            else it->size += r;
+        }
+        PyMem_RawFree(buf);
+        if (fd >= 0) close(fd);
+    }
+    if (!err && !EVP_DigestFinal_ex(ctx, it->digest, NULL)) err = ENOMEM;
+    EVP_MD_CTX_free(ctx);
+    return err;
+}
+
 /* every item written (or linked) in order, without the GIL; 0, or the errno of the first
  * failure and its index in *failed */
 static int write_items(Item *items, Py_ssize_t n, Py_ssize_t *failed) {
@@ -187,6 +235,13 @@ static int write_items(Item *items, Py_ssize_t n, Py_ssize_t *failed) {
     for (Py_ssize_t i = 0; i < n && !err; i++) {
         Item *it = &items[i];
         const char *path = PyBytes_AS_STRING(it->encoded);
+        if (it->hashed) {  /* before writing: a partial write moves the parts */
+            if ((err = hash_item(it, path)) != 0) {
+                *failed = i;
+                break;
+            }
+            if (!it->parts) continue;  /* a file as another writer made it: read only */
+        }
         if (it->source && same_file(it)) {
             const char *source = PyBytes_AS_STRING(it->source);
             if (link(source, path) == 0 || (errno == ENOENT && make_parent(path) == 0 && link(source, path) == 0)) {
@@ -204,15 +259,35 @@ static int write_items(Item *items, Py_ssize_t n, Py_ssize_t *failed) {
     return err;
 }
 
-/* with the GIL: the list of linked flags, or NULL with OSError set */
-static PyObject *batch_result(const Item *items, Py_ssize_t n, int err, Py_ssize_t failed) {
+/* one item's result with digests: (linked, size, hex digest or None) */
+static PyObject *digest_result(const Item *it) {
+    if (!it->hashed) return Py_BuildValue("(OOO)", it->linked ? Py_True : Py_False, Py_None, Py_None);
+    static const char hex[] = "0123456789abcdef";
+    char text[64];
+    for (int k = 0; k < 32; k++) {
+        text[2 * k] = hex[it->digest[k] >> 4];
+        text[2 * k + 1] = hex[it->digest[k] & 15];
+    }
+    return Py_BuildValue("(OLs#)", it->linked ? Py_True : Py_False, it->size, text, (Py_ssize_t)64);
+}
+
+/* with the GIL: per item its linked flag -- or, with digests, digest_result -- or NULL with
+ * OSError set */
+static PyObject *batch_result(const Item *items, Py_ssize_t n, int err, Py_ssize_t failed, int digests) {
     if (err) {
         errno = err;
         return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, failed >= 0 ? items[failed].given : NULL);
     }
     PyObject *result = PyList_New(n);
     if (!result) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) PyList_SET_ITEM(result, i, PyBool_FromLong(items[i].linked));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = digests ? digest_result(&items[i]) : PyBool_FromLong(items[i].linked);
+        if (!r) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyList_SET_ITEM(result, i, r);
+    }
     return result;
 }
 
@@ -229,14 +304,17 @@ static void release_items(Item *items, Py_ssize_t n) {
 }
 
 /* the batch's items, every object held (NULL with an error set); *count: how many */
-static Item *collect_items(PyObject *args, const char *fmt, Py_ssize_t *count) {
-    PyObject *paths, *datas, *links = Py_None;
-    if (!PyArg_ParseTuple(args, fmt, &PyList_Type, &paths, &PyList_Type, &datas, &links)) return NULL;
+static Item *collect_items(PyObject *args, const char *fmt, Py_ssize_t *count, int *digests) {
+    PyObject *paths, *datas, *links = Py_None, *hashed = Py_None;
+    if (!PyArg_ParseTuple(args, fmt, &PyList_Type, &paths, &PyList_Type, &datas, &links, &hashed)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(paths);
-    if (PyList_GET_SIZE(datas) != n || (links != Py_None && (!PyList_Check(links) || PyList_GET_SIZE(links) != n))) {
-        PyErr_SetString(PyExc_ValueError, "write_files: one data (and one link, when links are given) per path");
+    if (PyList_GET_SIZE(datas) != n || (links != Py_None && (!PyList_Check(links) || PyList_GET_SIZE(links) != n)) ||
+        (hashed != Py_None && (!PyList_Check(hashed) || PyList_GET_SIZE(hashed) != n))) {
+        PyErr_Format(PyExc_ValueError, "write_files: one data (and one link, one hashed flag, when given) per path: "
+                     "%zd paths", n);
         return NULL;
     }
+    *digests = hashed != Py_None;
     /* owned copies: a path's __fspath__ could change the lists while they are read */
     PyObject *own_paths = PyList_AsTuple(paths), *own_datas = PyList_AsTuple(datas);
     PyObject *own_links = links == Py_None ? NULL : PyList_AsTuple(links);
@@ -246,6 +324,16 @@ static Item *collect_items(PyObject *args, const char *fmt, Py_ssize_t *count) {
     for (Py_ssize_t i = 0; ok && i < n; i++) {
         PyObject *link = own_links ? PyTuple_GET_ITEM(own_links, i) : NULL;
         ok = hold(&items[i], PyTuple_GET_ITEM(own_paths, i), PyTuple_GET_ITEM(own_datas, i), link) == 0;
+        if (ok && hashed != Py_None) {
+            int h = PyObject_IsTrue(PyList_GET_ITEM(hashed, i));  /* (a bool: cannot run Python code) */
+            ok = h >= 0;
+            if (h > 0 && items[i].source) {
+                PyErr_Format(PyExc_ValueError, "write_files: %R is linked to a source and hashed: give its digest "
+                             "instead of asking for it", items[i].given);
+                ok = 0;
+            }
+            items[i].hashed = h > 0;
+        }
     }
     Py_XDECREF(own_paths);
     Py_XDECREF(own_datas);
@@ -260,13 +348,14 @@ static Item *collect_items(PyObject *args, const char *fmt, Py_ssize_t *count) {
 
 static PyObject *write_files(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n, failed;
-    Item *items = collect_items(args, "O!O!|O:write_files", &n);
+    int digests = 0;
+    Item *items = collect_items(args, "O!O!|OO:write_files", &n, &digests);
     if (!items) return NULL;
     int err;
     Py_BEGIN_ALLOW_THREADS
     err = write_items(items, n, &failed);
     Py_END_ALLOW_THREADS
-    PyObject *result = batch_result(items, n, err, failed);
+    PyObject *result = batch_result(items, n, err, failed, digests);
     release_items(items, n);
     return result;
 }
@@ -278,6 +367,7 @@ typedef struct BatchObject {
     Item *items;
     Py_ssize_t n, failed;
     int err;
+    int digests;               /* its result has each item's digest */
     int done;                  /* written (or failed); guarded by the queue's mutex */
     int queued;                /* the queue's reference not yet given back (by wait) */
     struct BatchObject *next;  /* the queue */
@@ -349,7 +439,7 @@ static PyObject *batch_wait(BatchObject *self, PyObject *Py_UNUSED(ignored)) {
     while (!self->done) pthread_cond_wait(&queue_done, &queue_mutex);
     pthread_mutex_unlock(&queue_mutex);
     Py_END_ALLOW_THREADS
-    PyObject *result = batch_result(self->items, self->n, self->err, self->failed);
+    PyObject *result = batch_result(self->items, self->n, self->err, self->failed, self->digests);
     if (self->queued) {  /* the queue is done with it */
         self->queued = 0;
         Py_DECREF(self);
@@ -364,8 +454,8 @@ static void batch_dealloc(BatchObject *self) {
 
 static PyMethodDef batch_methods[] = {
     {"wait", (PyCFunction)batch_wait, METH_NOARGS,
-     "wait() -> list of bool: block (the GIL released) until the batch is written; per path, whether it was "
-     "linked. Raises the batch's OSError."},
+     "wait() -> list: block (the GIL released) until the batch is written; per path, whether it was linked "
+     "(with hashed flags: (linked, size, hex digest or None)). Raises the batch's OSError."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -381,7 +471,8 @@ static PyTypeObject BatchType = {
 
 static PyObject *start(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n;
-    Item *items = collect_items(args, "O!O!|O:start", &n);
+    int digests = 0;
+    Item *items = collect_items(args, "O!O!|OO:start", &n, &digests);
     if (!items) return NULL;
     BatchObject *b = PyObject_New(BatchObject, &BatchType);
     if (!b) {
@@ -390,6 +481,7 @@ static PyObject *start(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     b->items = items;
     b->n = n;
+    b->digests = digests;
     b->failed = -1;
     b->err = 0;
     b->done = 0;
@@ -428,10 +520,11 @@ static PyObject *start_worker(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ign
 
 static PyMethodDef methods[] = {
     {"write_files", write_files, METH_VARARGS,
-     "write_files(paths, datas, links=None) -> list of bool: create each file with its data, or link it to its "
-     "unchanged source, without holding the GIL"},
+     "write_files(paths, datas, links=None, hashed=None) -> list: create each file with its data, or link it to "
+     "its unchanged source, and make the SHA-256 of those hashed, without holding the GIL"},
     {"start", start, METH_VARARGS,
-     "start(paths, datas, links=None) -> Batch: the same, on the writer thread (Batch.wait() for the result)"},
+     "start(paths, datas, links=None, hashed=None) -> Batch: the same, on the writer thread (Batch.wait() for "
+     "the result)"},
     {"start_worker", start_worker, METH_NOARGS, "start_worker(): start the writer thread now (it starts with the "
      "first batch otherwise)"},
     {NULL, NULL, 0, NULL},

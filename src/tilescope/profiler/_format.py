@@ -192,8 +192,9 @@ class ProfileWriter:
         self.stats: dict = {}
         self.final_manifest: dict | None = None  # the manifest as written, once sealed
         self.redacted = redacted
-        self._files: dict[str, tuple[int, str]] = {}
-        self._later: list[tuple] = []  # (path, data, link source or None) not written yet
+        self._files: dict[str, tuple[int, str] | None] = {}  # relpath -> (size, sha256); None: being hashed
+        self._hashing: dict[str, str] = {}  # path -> relpath of the files a batch hashes
+        self._later: list[tuple] = []  # (path, data, link source or None, hashed) not written yet
         self._written_later: list[tuple] = []  # (executable, path, final path, link source) among them
         self._writers: list[_BatchWriter] = []
         self._executables: set[str] = set()
@@ -229,18 +230,20 @@ class ProfileWriter:
         """Write one file: ``data`` its bytes, or a tuple of parts written one after the other (a
         large file made in pieces is never joined); ``sha256`` is its known digest (e.g. of an
         executable written before). ``later``: in the next batch (:meth:`start_writes`), off the
-        calling thread."""
+        calling thread -- its digest, when not given, made there too (large files are hashed at
+        ~1 ms per 2 MB)."""
         target = self._target(relpath, later=later)
-        if later:
-            self._later.append((target, data, None))
+        if later:  # its digest, when not known, made by the batch (off this thread)
+            self._later.append((target, data, None, sha256 is None))
+            if sha256 is None:
+                self._files[relpath] = None
+                self._hashing[target] = relpath
+                return relpath
         else:
             _write_file(target, data)
         parts = data if isinstance(data, tuple) else (data,)
         if sha256 is None:
-            digest = hashlib.sha256()
-            for part in parts:
-                digest.update(part)
-            sha256 = digest.hexdigest()
+            sha256 = sha256_of(parts)
         self._files[relpath] = (sum(map(len, parts)), sha256)
         return relpath
 
@@ -249,12 +252,18 @@ class ProfileWriter:
         file costs hundreds of microseconds, writing them later only overwrites them. (Until the
         profile is finished its directory is ``.partial``: never taken for a profile.)"""
         for relpath in relpaths:  # (created if missing, never truncated: another writer may fill it first)
-            self._later.append((self._target(relpath, later=True), None, None))
+            self._later.append((self._target(relpath, later=True), None, None, False))
 
-    def add_written(self, relpath: str, data: bytes) -> str:
-        """List a file a tool wrote itself at :meth:`target` (``data``: its bytes, as written)."""
-        self._target(relpath)
-        self._files[relpath] = (len(data), hashlib.sha256(data).hexdigest())
+    def add_written(self, relpath: str, data: bytes | None = None) -> str:
+        """List a file a tool wrote itself at :meth:`target` (``data``: its bytes, as written --
+        or None: the next batch reads and hashes the file, off this thread)."""
+        target = self._target(relpath)
+        if data is None:
+            self._later.append((target, None, None, True))
+            self._files[relpath] = None
+            self._hashing[target] = relpath
+        else:
+            self._files[relpath] = (len(data), hashlib.sha256(data).hexdigest())
         return relpath
 
     def start_writes(self) -> None:
@@ -273,6 +282,7 @@ class ProfileWriter:
         for err in errors:
             if err is not None:
                 raise err
+        self._collect_digests(writers)
         linked = {path for w in writers for path in w.linked}
         for exe, target, final, source in self._written_later:
             if target not in linked:
@@ -280,6 +290,24 @@ class ProfileWriter:
             elif exe.link_source() == source:  # the same file (a link keeps inode, size and mtime)
                 exe.path = final
         self._written_later = []
+
+    def _take_digests(self) -> None:
+        """The digests the batches make, once they are made: only those batches are waited
+        for (the batches run in order: the ones started after them may still be writing)."""
+        self.start_writes()
+        hashing = [w for w in self._writers if w.hashes]
+        for w in hashing:
+            err = w.wait()  # (waiting again later returns the same)
+            if err is not None:
+                raise err
+        self._collect_digests(hashing)
+
+    def _collect_digests(self, writers: list["_BatchWriter"]) -> None:
+        for w in writers:
+            for target, size_and_digest in w.digests.items():
+                relpath = self._hashing.pop(target, None)
+                if relpath is not None:
+                    self._files[relpath] = size_and_digest
 
     def write_json(self, relpath: str, obj) -> str:
         return self.write_bytes(relpath, json.dumps(obj, separators=(",", ":"), allow_nan=False,
@@ -297,7 +325,7 @@ class ProfileWriter:
             target = self._target(rel, later=True)
             # in the batch: a link to the file this process wrote last, while it is unchanged
             source = exe.link_source()
-            self._later.append((target, exe.text, source))
+            self._later.append((target, exe.text, source, False))
             self._written_later.append((exe, target, os.path.join(self._final, rel), source))
             self._files[rel] = (exe.size, exe.sha256)
             self._executables.add(program.hash)
@@ -310,7 +338,11 @@ class ProfileWriter:
         return self.write_bytes(itrace_name(program.hash, run), parts, sha256=sha256, later=True)
 
     # ---- completion -------------------------------------------------------
-    def manifest(self) -> dict:
+    def manifest(self, *, files: bool = True) -> dict:
+        """The manifest; ``files=False``: without the file list (what is known before the
+        batches that hash files are done -- what the doctor reads at export)."""
+        if files and self._hashing:
+            self._take_digests()
         versions = _versions()
         if self.redacted:  # keep the software versions, drop what describes the machine
             versions = {k: v for k, v in versions.items() if k not in ("platform", "python")}
@@ -324,19 +356,21 @@ class ProfileWriter:
             "device": self.device,
             "config": self.config,
             "stats": self.stats,
-            "files": [{"path": p, "bytes": n, "sha256": h} for p, (n, h) in sorted(self._files.items())],
+            **({"files": [{"path": p, "bytes": n, "sha256": h} for p, (n, h) in sorted(self._files.items())]}
+               if files else {}),
         }
 
     def seal(self) -> dict:
-        """Every file is added: the manifest is made now and queued after them (the batches run
-        in order on one thread, so it is still written last), and the files still queued start
-        writing, off this thread. Returns the manifest; :meth:`finish` waits for the writes."""
+        """Every file is added: the manifest is made now (once the batches hashing files are
+        done) and queued after them (the batches run in order on one thread, so it is still
+        written last), and the files still queued start writing, off this thread. Returns the
+        manifest; :meth:`finish` waits for the writes."""
         if self.final_manifest is None:
             manifest = self.manifest()
             data = orjson.dumps(manifest, default=_json_default,  # indented: people read it
                                 option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
             # inside .partial: no temporary needed
-            self._later.append((self._target("manifest.json", later=True), data, None))
+            self._later.append((self._target("manifest.json", later=True), data, None, False))
             self.final_manifest = manifest
             self.start_writes()
         return self.final_manifest
@@ -373,26 +407,38 @@ class ProfileWriter:
 
 
 class _BatchWriter:
-    """Writes a batch of ``(path, data, link source or None)``: on ``_filebatch``'s writer
-    thread (a POSIX thread that never takes the GIL: it starts at once, whatever the exporter
-    does meanwhile), else -- the extension not built -- right here. ``linked``: the paths that
-    were linked rather than written, once done."""
+    """Writes a batch of ``(path, data, link source or None, hashed)``: on ``_filebatch``'s
+    writer thread (a POSIX thread that never takes the GIL: it starts at once, whatever the
+    exporter does meanwhile), else -- the extension not built -- right here. Once done,
+    ``linked``: the paths that were linked rather than written; ``digests``: path -> (size,
+    sha256) of those hashed (of their data, or of the file as it is for a None data)."""
 
     def __init__(self, batch: list[tuple]):
         self._error: BaseException | None = None
         self._batch = None
-        self._paths = [p for p, _, _ in batch]
+        self._paths = [p for p, _, _, _ in batch]
+        self._hashed = [h for _, _, _, h in batch]
+        self.hashes = any(self._hashed)
         self.linked: set[str] = set()
+        self.digests: dict[str, tuple[int, str]] = {}
         if _filebatch is not None:
             try:
-                self._batch = _filebatch.start(self._paths, [d for _, d, _ in batch], [link for _, _, link in batch])
+                self._batch = _filebatch.start(self._paths, [d for _, d, _, _ in batch],
+                                               [link for _, _, link, _ in batch],
+                                               self._hashed if self.hashes else None)
             except OSError as e:  # no thread to be had: raised again by the writer's finish
                 self._error = e
             return
         try:
             for parent in dict.fromkeys(os.path.dirname(path) for path in self._paths):
                 os.makedirs(parent, exist_ok=True)  # as the extension does: the batch makes its directories
-            for path, data, link in batch:
+            for path, data, link, hashed in batch:
+                if hashed:
+                    parts = (read_file(path),) if data is None else data if isinstance(data, tuple) else (data,)
+                    self.digests[path] = (sum(len(p.encode() if isinstance(p, str) else p) for p in parts),
+                                          sha256_of(parts))
+                    if data is None:  # a file another writer made: read only
+                        continue
                 if link is not None and _link_if_unchanged(link, path):
                     self.linked.add(path)
                 elif data is None:  # a reservation
@@ -406,9 +452,16 @@ class _BatchWriter:
         if self._batch is not None:
             batch, self._batch = self._batch, None
             try:
-                self.linked = {p for p, was in zip(self._paths, batch.wait()) if was}
+                result = batch.wait()
             except OSError as e:
                 self._error = e
+            else:
+                if self.hashes:
+                    self.linked = {p for p, (was, _, _) in zip(self._paths, result) if was}
+                    self.digests = {p: (size, digest) for p, hashed, (_, size, digest)
+                                    in zip(self._paths, self._hashed, result) if hashed}
+                else:
+                    self.linked = {p for p, was in zip(self._paths, result) if was}
         return self._error
 
 
@@ -467,6 +520,14 @@ def _write_file(path: str, data: bytes | str | tuple) -> None:
                 view = view[os.write(fd, view):]
     finally:
         os.close(fd)
+
+
+def sha256_of(parts) -> str:
+    """The SHA-256 (hex) of bytes or str parts (str as UTF-8), one after the other."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() if isinstance(part, str) else part)
+    return digest.hexdigest()
 
 
 def read_file(path: str) -> bytes:
