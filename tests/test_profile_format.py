@@ -3,10 +3,12 @@
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -185,7 +187,7 @@ def test_the_extension_hashes_what_it_writes_and_files_others_wrote(tmp_path):
     assert err.value.filename == str(tmp_path / "none.json") and not (tmp_path / "none.json").exists()
     with pytest.raises(ValueError, match="linked to a source and hashed"):
         fb.write_files([plain], [b"{}"], [(str(theirs), 1, 2, 3)], [True])
-    with pytest.raises(ValueError, match="one hashed flag.*: 1 paths"):
+    with pytest.raises(ValueError, match="hashed flag.*: 1 paths"):
         fb.write_files([plain], [b"{}"], None, [True, False])
 
 
@@ -210,6 +212,80 @@ def test_a_file_a_tool_wrote_is_listed_with_the_digest_the_batch_made(tmp_path, 
     assert listed == {"trace.json": (len(data), hashlib.sha256(data).hexdigest()),
                       "system_trace.json": (18, hashlib.sha256(b'{"traceEvents":[]}').hexdigest())}
     read_profile(w.path).require_complete()  # every checksum verified against the files
+
+
+def test_the_extension_makes_directories_and_takes_over_what_it_is_given(tmp_path):
+    """A path ending in "/" with a None data is a directory (parents made); a move renames a
+    file or directory to the path first, when it can -- else the path is made as without one."""
+    from tilescope.profiler import _format
+
+    if _format._filebatch is None:
+        pytest.skip("the _filebatch extension is not built")
+    fb = _format._filebatch
+    ahead = tmp_path / "ahead"
+    (ahead / "sub").mkdir(parents=True)
+    (ahead / "kept.json").write_bytes(b"")
+    inode = ahead.stat().st_ino
+    moved, made, kept = tmp_path / "moved", tmp_path / "a" / "b", tmp_path / "moved" / "kept.json"
+    fb.write_files([f"{moved}/", f"{made}/", str(kept), str(tmp_path / "other")],
+                   [None, None, b"{}", b"[]"], None, None,
+                   [str(ahead), str(tmp_path / "missing"), None, str(tmp_path / "missing")])
+    assert moved.stat().st_ino == inode and not ahead.exists() and (moved / "sub").is_dir()
+    assert made.is_dir() and kept.read_bytes() == b"{}" and (tmp_path / "other").read_bytes() == b"[]"
+    (tmp_path / "again").mkdir()
+    fb.write_files([f"{moved}/"], [None], None, None, [str(tmp_path / "again")])  # the path is there: kept
+    assert moved.stat().st_ino == inode and (tmp_path / "again").is_dir()
+    with pytest.raises(ValueError, match="is a directory: it cannot be hashed"):
+        fb.write_files([f"{made}/"], [None], None, [True])
+    with pytest.raises(ValueError, match="is a directory: it cannot be linked"):
+        fb.write_files([f"{made}/"], [None], [(str(kept), 1, 2, 3)])
+
+
+def test_the_next_profile_takes_over_the_directory_made_ahead_for_it(tmp_path):
+    """With ``prepare_next`` a finished profile leaves the next one's directory made (its
+    subdirectories and reserved files, off the exporter's thread); the next writer there takes
+    it over with one rename. Readers never take it for a profile; it is gone at exit."""
+    from tilescope.profiler import _format
+
+    if _format._filebatch is None:
+        pytest.skip("the _filebatch extension is not built")
+    prog = _program()
+    paths = []
+    for k in range(3):
+        with ProfileWriter(tmp_path, prepare_next=True, device={"kind": "sim"}) as w:
+            w.reserve("trace.json", "manifest.json")
+            w.target("trace.json").write_bytes(b'{"traceEvents":[]}') if k else None
+            w.add_itrace(prog, simulate(prog), 0)
+            if k:
+                w.add_written("trace.json")
+        paths.append(w.path)
+        spare = _format._spares[str(w.path.parent)]
+        spare.writer.wait()
+        made = os.stat(spare.path).st_ino
+        assert sorted(os.listdir(spare.path)) == ["executables", "itraces", "manifest.json", "trace.json"]
+        assert os.path.getsize(os.path.join(spare.path, "manifest.json")) == 0
+        if k == 1:
+            shutil.rmtree(spare.path)  # deleted meanwhile: the next profile makes its own
+    assert [p.path for p in find_profiles(tmp_path)] == paths  # complete ones only, the spare left out
+    assert all(p.complete for p in find_profiles(tmp_path)) and find_profiles(paths[0].parent)[-1].path == paths[-1]
+    with ProfileWriter(tmp_path) as w:  # any writer there takes it over
+        w.write_json("late.json", {})
+    assert w.path.stat().st_ino == made and str(w.path.parent) not in _format._spares
+    assert (w.path / "trace.json").read_bytes() == b""  # as reserved (listed by no manifest, as any extra)
+    with ProfileWriter(tmp_path, prepare_next=True) as w:
+        w.write_json("x.json", {})
+    _format._remove_spares()
+    assert not (w.path.parent / _format.SPARE_DIR).exists() and w.path.exists()
+
+
+def test_a_process_that_exits_leaves_no_spare_directory(tmp_path):
+    code = ("from tilescope.profiler._format import ProfileWriter\n"
+            f"with ProfileWriter({str(tmp_path)!r}, prepare_next=True) as w:\n"
+            "    w.reserve('trace.json'); w.write_json('itraces/a.json', {})\n"
+            "print(w.path)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    written = Path(out.strip())
+    assert written.is_dir() and sorted(p.name for p in written.parent.iterdir()) == [written.name]
 
 
 def test_a_reserved_file_is_created_in_the_batch_and_never_truncated(tmp_path, writer_path):
@@ -240,9 +316,9 @@ def test_sealed_profile_writes_its_manifest_last_and_takes_no_more_files(tmp_pat
 
         class Recording:
             @staticmethod
-            def start(paths, data, links, hashed=None):
+            def start(paths, data, *rest):
                 order.extend(paths)
-                return real.start(paths, data, links, hashed)
+                return real.start(paths, data, *rest)
 
         monkeypatch.setattr(_format, "_filebatch", Recording)
     else:

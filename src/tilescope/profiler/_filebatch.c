@@ -1,6 +1,6 @@
 /* Writing a batch of new files without holding the GIL.
  *
- * write_files(paths, datas, links=None, hashed=None) -> list
+ * write_files(paths, datas, links=None, hashed=None, moves=None) -> list
  *
  * creates (or truncates) each path and writes its data, in order, with the GIL released for
  * the whole batch, so that a thread calling it runs beside the exporter's Python work instead
@@ -18,6 +18,14 @@
  * thread, by the first batch). Returns, per path, whether it was linked. The first failure
  * stops the batch and raises OSError with the errno and the path. All lists have one length.
  *
+ * A path ending in "/" with a None data is a directory, made with its missing parents.
+ *
+ * moves, when given, one None or path per path: that file or directory, when it is there, is
+ * renamed to the path first (a file is then written over); when it cannot be (missing, the
+ * path taken already), the path is made as if there were no move. A directory made ahead of
+ * time, files reserved in it, becomes a profile's with one rename where making it costs a
+ * creation per directory and file.
+ *
  * hashed, when given, one bool per path: the SHA-256 of that file is made here too, without
  * the GIL -- of its data, or, for a None data, of the file as it is (one another writer made:
  * read, never created). The result is then, per path, (linked, size, hex digest) -- size and
@@ -25,7 +33,7 @@
  * profile's manifest lists every file's digest; made here, the large files' digests cost the
  * exporter's thread nothing. A linked file cannot be hashed (its digest is known already).
  *
- * start(paths, datas, links=None, hashed=None) -> Batch
+ * start(paths, datas, links=None, hashed=None, moves=None) -> Batch
  *
  * the same, on the module's writer thread -- a POSIX thread that never takes the GIL, so it
  * starts writing at once, whatever the caller's thread does meanwhile (a Python thread would
@@ -79,6 +87,17 @@ static int make_parent(const char *path) {
     return err;
 }
 
+/* the directory path and its missing parents; 0 or an errno */
+static int make_dir(const char *path) {
+    size_t n = strlen(path);
+    char *dir = PyMem_RawMalloc(n + 1);
+    if (!dir) return ENOMEM;
+    memcpy(dir, path, n + 1);
+    int err = make_dirs(dir);
+    PyMem_RawFree(dir);
+    return err;
+}
+
 /* parts NULL: the file is created if missing and left as it is (another writer may fill it);
  * else the n parts are written one after the other (writev, IOV_MAX parts at a time) */
 static int write_one(const char *path, struct iovec *parts, int n) {
@@ -119,6 +138,8 @@ typedef struct {
     long long st_size, mtime_ns;
     int linked;
     int hashed;         /* its SHA-256 is made (of its parts, or of the file for a None data) */
+    int directory;      /* a directory to make (its path given with a trailing "/") */
+    PyObject *moved;    /* bytes: the file or directory renamed to the path first, or NULL */
     long long size;     /* bytes hashed */
     unsigned char digest[32];
 } Item;
@@ -158,6 +179,13 @@ static int part_of(PyObject *data, struct iovec *part) {
 static int hold(Item *it, PyObject *path, PyObject *data, PyObject *link) {
     it->given = Py_NewRef(path);
     if (!PyUnicode_FSConverter(path, &it->encoded)) return -1;
+    Py_ssize_t len = PyBytes_GET_SIZE(it->encoded);
+    if (data == Py_None && len > 1 && PyBytes_AS_STRING(it->encoded)[len - 1] == '/') {  /* a directory */
+        PyObject *bare = PyBytes_FromStringAndSize(PyBytes_AS_STRING(it->encoded), len - 1);
+        if (!bare) return -1;
+        Py_SETREF(it->encoded, bare);
+        it->directory = 1;
+    }
     if (data == Py_None) {  /* a reservation: created if missing, never truncated */
         it->parts = NULL;
         it->nparts = 0;
@@ -182,6 +210,10 @@ static int hold(Item *it, PyObject *path, PyObject *data, PyObject *link) {
     }
     it->data = Py_NewRef(data);
     if (link == NULL || link == Py_None) return 0;
+    if (it->directory) {
+        PyErr_Format(PyExc_ValueError, "write_files: %R is a directory: it cannot be linked", path);
+        return -1;
+    }
     PyObject *source;
     if (!PyTuple_Check(link) || PyTuple_GET_SIZE(link) != 4) {
         PyErr_SetString(PyExc_TypeError, "write_files: a link is None or (source, st_ino, st_size, st_mtime_ns)");
@@ -235,6 +267,12 @@ static int write_items(Item *items, Py_ssize_t n, Py_ssize_t *failed) {
     for (Py_ssize_t i = 0; i < n && !err; i++) {
         Item *it = &items[i];
         const char *path = PyBytes_AS_STRING(it->encoded);
+        /* taken over when it is there; else (missing, the path there already) made below */
+        int moved = it->moved && rename(PyBytes_AS_STRING(it->moved), path) == 0;
+        if (it->directory) {
+            if (!moved && (err = make_dir(path)) != 0) *failed = i;
+            continue;
+        }
         if (it->hashed) {  /* before writing: a partial write moves the parts */
             if ((err = hash_item(it, path)) != 0) {
                 *failed = i;
@@ -298,6 +336,7 @@ static void release_items(Item *items, Py_ssize_t n) {
         Py_XDECREF(items[i].encoded);
         Py_XDECREF(items[i].data);
         Py_XDECREF(items[i].source);
+        Py_XDECREF(items[i].moved);
         if (items[i].parts != &items[i].one) PyMem_Free(items[i].parts);
     }
     PyMem_Free(items);
@@ -305,13 +344,15 @@ static void release_items(Item *items, Py_ssize_t n) {
 
 /* the batch's items, every object held (NULL with an error set); *count: how many */
 static Item *collect_items(PyObject *args, const char *fmt, Py_ssize_t *count, int *digests) {
-    PyObject *paths, *datas, *links = Py_None, *hashed = Py_None;
-    if (!PyArg_ParseTuple(args, fmt, &PyList_Type, &paths, &PyList_Type, &datas, &links, &hashed)) return NULL;
+    PyObject *paths, *datas, *links = Py_None, *hashed = Py_None, *moves = Py_None;
+    if (!PyArg_ParseTuple(args, fmt, &PyList_Type, &paths, &PyList_Type, &datas, &links, &hashed, &moves))
+        return NULL;
     Py_ssize_t n = PyList_GET_SIZE(paths);
     if (PyList_GET_SIZE(datas) != n || (links != Py_None && (!PyList_Check(links) || PyList_GET_SIZE(links) != n)) ||
-        (hashed != Py_None && (!PyList_Check(hashed) || PyList_GET_SIZE(hashed) != n))) {
-        PyErr_Format(PyExc_ValueError, "write_files: one data (and one link, one hashed flag, when given) per path: "
-                     "%zd paths", n);
+        (hashed != Py_None && (!PyList_Check(hashed) || PyList_GET_SIZE(hashed) != n)) ||
+        (moves != Py_None && (!PyList_Check(moves) || PyList_GET_SIZE(moves) != n))) {
+        PyErr_Format(PyExc_ValueError, "write_files: one data (and one link, hashed flag, move, when given) per "
+                     "path: %zd paths", n);
         return NULL;
     }
     *digests = hashed != Py_None;
@@ -334,6 +375,14 @@ static Item *collect_items(PyObject *args, const char *fmt, Py_ssize_t *count, i
             }
             items[i].hashed = h > 0;
         }
+        if (ok && moves != Py_None) {
+            PyObject *move = PyList_GET_ITEM(moves, i);
+            if (move != Py_None) ok = PyUnicode_FSConverter(move, &items[i].moved) != 0;
+        }
+        if (ok && items[i].directory && items[i].hashed) {
+            PyErr_Format(PyExc_ValueError, "write_files: %R is a directory: it cannot be hashed", items[i].given);
+            ok = 0;
+        }
     }
     Py_XDECREF(own_paths);
     Py_XDECREF(own_datas);
@@ -349,7 +398,7 @@ static Item *collect_items(PyObject *args, const char *fmt, Py_ssize_t *count, i
 static PyObject *write_files(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n, failed;
     int digests = 0;
-    Item *items = collect_items(args, "O!O!|OO:write_files", &n, &digests);
+    Item *items = collect_items(args, "O!O!|OOO:write_files", &n, &digests);
     if (!items) return NULL;
     int err;
     Py_BEGIN_ALLOW_THREADS
@@ -472,7 +521,7 @@ static PyTypeObject BatchType = {
 static PyObject *start(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n;
     int digests = 0;
-    Item *items = collect_items(args, "O!O!|OO:start", &n, &digests);
+    Item *items = collect_items(args, "O!O!|OOO:start", &n, &digests);
     if (!items) return NULL;
     BatchObject *b = PyObject_New(BatchObject, &BatchType);
     if (!b) {
@@ -520,11 +569,12 @@ static PyObject *start_worker(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ign
 
 static PyMethodDef methods[] = {
     {"write_files", write_files, METH_VARARGS,
-     "write_files(paths, datas, links=None, hashed=None) -> list: create each file with its data, or link it to "
-     "its unchanged source, and make the SHA-256 of those hashed, without holding the GIL"},
+     "write_files(paths, datas, links=None, hashed=None, moves=None) -> list: create each file with its data "
+     "(or directory), or link it to its unchanged source, or take it over from a move, and make the SHA-256 of "
+     "those hashed, without holding the GIL"},
     {"start", start, METH_VARARGS,
-     "start(paths, datas, links=None, hashed=None) -> Batch: the same, on the writer thread (Batch.wait() for "
-     "the result)"},
+     "start(paths, datas, links=None, hashed=None, moves=None) -> Batch: the same, on the writer thread "
+     "(Batch.wait() for the result)"},
     {"start_worker", start_worker, METH_NOARGS, "start_worker(): start the writer thread now (it starts with the "
      "first batch otherwise)"},
     {NULL, NULL, 0, NULL},

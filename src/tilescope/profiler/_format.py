@@ -26,6 +26,8 @@ True
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -36,6 +38,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import orjson
@@ -165,18 +168,23 @@ class ProfileWriter:
         device: the manifest's ``device`` object (kind, name, preset, clock, ...).
         config: the manifest's ``config`` object (the profile configuration).
         instance: host name used in ``<instance>_pid_<pid>`` (default: this host).
+        prepare_next: once this profile is finished, make the next one's directory ahead (off
+            this thread, as this one began: its subdirectories, its reserved files), named
+            ``.spare`` beside it -- the next writer of this process there takes it over with one
+            rename, where making a directory or a file can cost hundreds of microseconds
+            (network file systems, busy virtual disks). Removed when the process exits.
     """
 
     def __init__(self, output_dir, *, device: dict | None = None, config: dict | None = None,
                  instance: str | None = None, pid: int | None = None, timestamp: str | None = None,
-                 redacted: bool = False):
+                 redacted: bool = False, prepare_next: bool = False):
         now = _unique_now()
         self.created = now.isoformat().replace("+00:00", "Z")
         stamp = timestamp or (f"{now.year:04}{now.month:02}{now.day:02}_{now.hour:02}{now.minute:02}"
                               f"{now.second:02}_{now.microsecond:06}")  # (strftime's format, at a fraction of its cost)
         instance = instance or socket.gethostname().split(".")[0] or "host"
         pid = os.getpid() if pid is None else pid
-        parent = os.path.join(output_dir, f"{instance}_pid_{pid}")
+        parent = self._parent = os.path.join(output_dir, f"{instance}_pid_{pid}")
         self._partial, self._final = f"{parent}/.{stamp}.partial", f"{parent}/{stamp}"  # (joined hundreds of times)
         self.path, self.partial = Path(self._final), Path(self._partial)
         if timestamp is not None:  # a name chosen by the caller: claimed now, as no other writer's
@@ -194,12 +202,18 @@ class ProfileWriter:
         self.redacted = redacted
         self._files: dict[str, tuple[int, str] | None] = {}  # relpath -> (size, sha256); None: being hashed
         self._hashing: dict[str, str] = {}  # path -> relpath of the files a batch hashes
-        self._later: list[tuple] = []  # (path, data, link source or None, hashed) not written yet
+        self._later: list[_Item] = []  # not written yet
         self._written_later: list[tuple] = []  # (executable, path, final path, link source) among them
         self._writers: list[_BatchWriter] = []
         self._executables: set[str] = set()
         self._dirs: set[str] = {self._partial} if timestamp is not None else set()  # made (or found) here
         self._finished = False
+        self._prepare_next = prepare_next and timestamp is None and _filebatch is not None
+        self._reserved: list[str] = []
+        spare = _spares.pop(parent, None) if timestamp is None else None
+        self._taking = spare is not None  # until the batch that takes it over is written
+        if spare is not None:  # made after this process's previous profile here: taken over
+            self._later.append(_Item(self._partial + "/", None, move=spare.path))
 
     # ---- files -------------------------------------------------------------
     def _target(self, relpath: str, *, later: bool = False) -> str:
@@ -212,6 +226,10 @@ class ProfileWriter:
             raise ValueError(f"profile file paths must be relative and inside the profile: {relpath!r}")
         target = f"{self._partial}/{relpath}"
         if not later:
+            if self._taking:  # the directory is the one made ahead: taken over before writing here
+                self.start_writes()
+                self._writers[0].wait()
+                self._taking = False
             parent = target[:target.rfind("/")]
             if parent not in self._dirs:  # one look per directory, not per file
                 if not os.path.isdir(parent):  # (usually made already: by the first batch)
@@ -234,7 +252,7 @@ class ProfileWriter:
         ~1 ms per 2 MB)."""
         target = self._target(relpath, later=later)
         if later:  # its digest, when not known, made by the batch (off this thread)
-            self._later.append((target, data, None, sha256 is None))
+            self._later.append(_Item(target, data, hashed=sha256 is None))
             if sha256 is None:
                 self._files[relpath] = None
                 self._hashing[target] = relpath
@@ -252,14 +270,15 @@ class ProfileWriter:
         file costs hundreds of microseconds, writing them later only overwrites them. (Until the
         profile is finished its directory is ``.partial``: never taken for a profile.)"""
         for relpath in relpaths:  # (created if missing, never truncated: another writer may fill it first)
-            self._later.append((self._target(relpath, later=True), None, None, False))
+            self._later.append(_Item(self._target(relpath, later=True), None))
+            self._reserved.append(relpath)
 
     def add_written(self, relpath: str, data: bytes | None = None) -> str:
         """List a file a tool wrote itself at :meth:`target` (``data``: its bytes, as written --
         or None: the next batch reads and hashes the file, off this thread)."""
         target = self._target(relpath)
         if data is None:
-            self._later.append((target, None, None, True))
+            self._later.append(_Item(target, None, hashed=True))
             self._files[relpath] = None
             self._hashing[target] = relpath
         else:
@@ -325,7 +344,7 @@ class ProfileWriter:
             target = self._target(rel, later=True)
             # in the batch: a link to the file this process wrote last, while it is unchanged
             source = exe.link_source()
-            self._later.append((target, exe.text, source, False))
+            self._later.append(_Item(target, exe.text, link=source))
             self._written_later.append((exe, target, os.path.join(self._final, rel), source))
             self._files[rel] = (exe.size, exe.sha256)
             self._executables.add(program.hash)
@@ -370,7 +389,7 @@ class ProfileWriter:
             data = orjson.dumps(manifest, default=_json_default,  # indented: people read it
                                 option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
             # inside .partial: no temporary needed
-            self._later.append((self._target("manifest.json", later=True), data, None, False))
+            self._later.append(_Item(self._target("manifest.json", later=True), data))
             self.final_manifest = manifest
             self.start_writes()
         return self.final_manifest
@@ -385,8 +404,11 @@ class ProfileWriter:
         except BaseException:
             self.abort()
             raise
-        os.replace(self.partial, self.path)
+        os.replace(self._partial, self._final)
         self._finished = True
+        if self._prepare_next:
+            subdirs = {rel[:rel.rfind("/")] for rel in self._files if "/" in rel}
+            _spares[self._parent] = _Spare(f"{self._parent}/{SPARE_DIR}", sorted(subdirs), self._reserved)
         return self.path
 
     def abort(self) -> None:
@@ -406,33 +428,48 @@ class ProfileWriter:
             self.abort()
 
 
-class _BatchWriter:
-    """Writes a batch of ``(path, data, link source or None, hashed)``: on ``_filebatch``'s
-    writer thread (a POSIX thread that never takes the GIL: it starts at once, whatever the
-    exporter does meanwhile), else -- the extension not built -- right here. Once done,
-    ``linked``: the paths that were linked rather than written; ``digests``: path -> (size,
-    sha256) of those hashed (of their data, or of the file as it is for a None data)."""
+class _Item(NamedTuple):
+    """One file of a batch (see ``_filebatch``)."""
 
-    def __init__(self, batch: list[tuple]):
+    path: str  # ending in "/" with a None data: a directory
+    data: object  # bytes, str, a tuple of them, or None: a reservation (created if missing, kept as it is)
+    link: tuple | None = None  # (source, inode, size, mtime in ns): linked to source while unchanged
+    hashed: bool = False  # its size and SHA-256 made by the batch (of its data, or of the file for None)
+    move: str | None = None  # a file or directory renamed to path first, when it is there
+
+
+class _BatchWriter:
+    """Writes a batch of :class:`_Item`: on ``_filebatch``'s writer thread (a POSIX thread
+    that never takes the GIL: it starts at once, whatever the exporter does meanwhile), else
+    -- the extension not built -- right here. Once done, ``linked``: the paths that were linked
+    rather than written; ``digests``: path -> (size, sha256) of those hashed."""
+
+    def __init__(self, batch: list[_Item]):
         self._error: BaseException | None = None
         self._batch = None
-        self._paths = [p for p, _, _, _ in batch]
-        self._hashed = [h for _, _, _, h in batch]
+        self._paths = [it.path for it in batch]
+        self._hashed = [it.hashed for it in batch]
         self.hashes = any(self._hashed)
         self.linked: set[str] = set()
         self.digests: dict[str, tuple[int, str]] = {}
         if _filebatch is not None:
+            moves = [it.move for it in batch]
             try:
-                self._batch = _filebatch.start(self._paths, [d for _, d, _, _ in batch],
-                                               [link for _, _, link, _ in batch],
-                                               self._hashed if self.hashes else None)
+                self._batch = _filebatch.start(self._paths, [it.data for it in batch], [it.link for it in batch],
+                                               self._hashed if self.hashes else None,
+                                               moves if any(moves) else None)
             except OSError as e:  # no thread to be had: raised again by the writer's finish
                 self._error = e
             return
         try:
-            for parent in dict.fromkeys(os.path.dirname(path) for path in self._paths):
-                os.makedirs(parent, exist_ok=True)  # as the extension does: the batch makes its directories
-            for path, data, link, hashed in batch:
+            for path, data, link, hashed, move in batch:
+                if move is not None:
+                    with contextlib.suppress(OSError):  # not there (or the path is): made below
+                        os.rename(move, path.rstrip("/"))
+                if data is None and path.endswith("/"):
+                    os.makedirs(path, exist_ok=True)
+                    continue
+                os.makedirs(os.path.dirname(path), exist_ok=True)  # as the extension: the batch makes directories
                 if hashed:
                     parts = (read_file(path),) if data is None else data if isinstance(data, tuple) else (data,)
                     self.digests[path] = (sum(len(p.encode() if isinstance(p, str) else p) for p in parts),
@@ -465,6 +502,34 @@ class _BatchWriter:
         return self._error
 
 
+SPARE_DIR = ".spare"  # the next profile's directory, made ahead (see ProfileWriter's prepare_next)
+
+
+class _Spare:
+    """The next profile's directory, made now by a batch (off the exporter's thread)."""
+
+    def __init__(self, path: str, subdirs: list[str], reserved: list[str]):
+        self.path = path
+        self.writer = _BatchWriter([*(_Item(f"{path}/{d}/", None) for d in subdirs),
+                                    *(_Item(f"{path}/{rel}", None) for rel in reserved)])
+
+    def remove(self) -> None:
+        self.writer.wait()
+        shutil.rmtree(self.path, ignore_errors=True)
+        with contextlib.suppress(OSError):  # a process that wrote no profile there leaves no directory
+            os.rmdir(os.path.dirname(self.path))
+
+
+_spares: dict[str, _Spare] = {}  # profiles' parent directory -> its spare directory, not taken yet
+
+
+@atexit.register
+def _remove_spares() -> None:
+    for spare in list(_spares.values()):
+        spare.remove()
+    _spares.clear()
+
+
 def _link_if_unchanged(link: tuple, target: str) -> bool:
     """Hard-link ``target`` to ``link[0]`` if that file still has ``link[1:]`` (inode, size,
     mtime in ns); False when it changed or cannot be linked (gone, another file system)."""
@@ -488,6 +553,7 @@ def start_writer() -> None:
 def _after_fork() -> None:  # a lock the parent's threads may have held
     global _stamp_lock
     _stamp_lock = threading.Lock()
+    _spares.clear()  # the parent's (a child writes under its own pid)
 
 
 if hasattr(os, "register_at_fork"):

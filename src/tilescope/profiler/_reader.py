@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._format import FORMAT, FORMAT_VERSION
+from ._format import FORMAT, FORMAT_VERSION, SPARE_DIR
 
 __all__ = ["Profile", "IncompleteProfileError", "ProfileFormatError", "read_profile", "find_profiles"]
 
@@ -162,6 +162,8 @@ def find_profiles(root) -> list[Profile]:
         return [read_profile(root, verify=False)]
     found = []
     for d in sorted(root.rglob("*")):
+        if SPARE_DIR in d.relative_to(root).parts:  # made ahead for the next profile: not one
+            continue
         if d.is_dir() and ((d / "manifest.json").exists() or d.name.endswith(".partial")):
             found.append(read_profile(d, verify=False))
     return found
