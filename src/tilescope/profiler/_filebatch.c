@@ -239,19 +239,16 @@ static int hash_item(Item *it, const char *path) {
         }
     } else {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
-        size_t cap = 1 << 18;
-        char *buf = fd < 0 ? NULL : PyMem_RawMalloc(cap);
+        char buf[1 << 16];  /* (on the stack: a large heap block is a fresh mapping, page faults each time) */
         if (fd < 0) err = errno;
-        else if (!buf) err = ENOMEM;
         while (!err) {
-            ssize_t r = read(fd, buf, cap);
+            ssize_t r = read(fd, buf, sizeof buf);
             if (r < 0 && errno == EINTR) continue;
             if (r < 0) err = errno;
             else if (r == 0) break;
             else if (!EVP_DigestUpdate(ctx, buf, (size_t)r)) err = ENOMEM;
             else it->size += r;
         }
-        PyMem_RawFree(buf);
         if (fd >= 0) close(fd);
     }
     if (!err && !EVP_DigestFinal_ex(ctx, it->digest, NULL)) err = ENOMEM;
