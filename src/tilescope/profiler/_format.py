@@ -37,6 +37,7 @@ import shutil
 import socket
 import sys
 import threading
+from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple
 
@@ -186,7 +187,6 @@ class ProfileWriter:
         pid = os.getpid() if pid is None else pid
         parent = self._parent = os.path.join(output_dir, f"{instance}_pid_{pid}")
         self._partial, self._final = f"{parent}/.{stamp}.partial", f"{parent}/{stamp}"  # (joined hundreds of times)
-        self.path, self.partial = Path(self._final), Path(self._partial)
         if timestamp is not None:  # a name chosen by the caller: claimed now, as no other writer's
             if self.path.exists():
                 raise FileExistsError(f"profile directory {self.path} already exists; pick another timestamp")
@@ -214,6 +214,16 @@ class ProfileWriter:
         self._taking = spare is not None  # until the batch that takes it over is written
         if spare is not None:  # made after this process's previous profile here: taken over
             self._later.append(_Item(self._partial + "/", None, move=spare.path))
+
+    @cached_property
+    def path(self) -> Path:
+        """The profile's directory (its final name)."""
+        return Path(self._final)
+
+    @cached_property
+    def partial(self) -> Path:
+        """Where it is written until it is finished."""
+        return Path(self._partial)
 
     # ---- files -------------------------------------------------------------
     def _target(self, relpath: str, *, later: bool = False) -> str:
@@ -307,7 +317,7 @@ class ProfileWriter:
             if target not in linked:
                 exe.written(target, final)
             elif exe.link_source() == source:  # the same file (a link keeps inode, size and mtime)
-                exe.path = final
+                exe.moved(final)
         self._written_later = []
 
     def _take_digests(self) -> None:
@@ -637,8 +647,7 @@ class _Executable:
         self.text = text
         data = text.encode()
         self.size, self.sha256 = len(data), hashlib.sha256(data).hexdigest()
-        self.path: str | None = None  # where the file will be once its profile is finished
-        self.stat: tuple | None = None
+        self._source: tuple | None = None  # (path, inode, size, mtime in ns) of the file last written
 
     @classmethod
     def of(cls, program) -> "_Executable":
@@ -662,11 +671,16 @@ class _Executable:
     def link_source(self) -> tuple | None:
         """``(path, inode, size, mtime in ns)`` of the file last written with this text, for
         a later profile to link while it is unchanged; None before one is written."""
-        return None if self.path is None else (self.path, *self.stat)
+        return self._source
 
     def written(self, target: str, final: str) -> None:
+        """Written at ``target``, to be at ``final`` once its profile is finished."""
         st = os.stat(target)
-        self.path, self.stat = final, (st.st_ino, st.st_size, st.st_mtime_ns)
+        self._source = (final, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def moved(self, final: str) -> None:
+        """The same file (linked) is at ``final`` too: a later profile links that one."""
+        self._source = (final, *self._source[1:])
 
 
 def _json_default(o):
