@@ -236,9 +236,10 @@ class ProfileWriter:
             raise ValueError(f"profile file paths must be relative and inside the profile: {relpath!r}")
         target = f"{self._partial}/{relpath}"
         if not later:
-            if self._taking:  # the directory is the one made ahead: taken over before writing here
+            if self._taking:  # the directory made ahead is renamed first by the first batch
                 self.start_writes()
-                self._writers[0].wait()
+                if not os.path.isdir(self._partial):  # (usually taken over by now)
+                    self._writers[0].wait()
                 self._taking = False
             parent = target[:target.rfind("/")]
             if parent not in self._dirs:  # one look per directory, not per file
