@@ -241,7 +241,7 @@ def test_the_extension_makes_directories_and_takes_over_what_it_is_given(tmp_pat
         fb.write_files([f"{made}/"], [None], [(str(kept), 1, 2, 3)])
 
 
-def test_the_next_profile_takes_over_the_directory_made_ahead_for_it(tmp_path):
+def test_the_next_profile_takes_over_the_directory_made_ahead_for_it(tmp_path, monkeypatch):
     """With ``prepare_next`` a finished profile leaves the next one's directory made (its
     subdirectories and reserved files, off the exporter's thread); the next writer there takes
     it over with one rename. Readers never take it for a profile; it is gone at exit."""
@@ -249,6 +249,7 @@ def test_the_next_profile_takes_over_the_directory_made_ahead_for_it(tmp_path):
 
     if _format._filebatch is None:
         pytest.skip("the _filebatch extension is not built")
+    monkeypatch.chdir(tmp_path.parent)
     prog = _program()
     paths = []
     for k in range(3):
@@ -259,7 +260,7 @@ def test_the_next_profile_takes_over_the_directory_made_ahead_for_it(tmp_path):
             if k:
                 w.add_written("trace.json")
         paths.append(w.path)
-        spare = _format._spares[str(w.path.parent)]
+        spare = _format._spares[os.path.abspath(w.path.parent)]
         spare.writer.wait()
         made = os.stat(spare.path).st_ino
         assert sorted(os.listdir(spare.path)) == ["executables", "itraces", "manifest.json", "trace.json"]
@@ -268,14 +269,16 @@ def test_the_next_profile_takes_over_the_directory_made_ahead_for_it(tmp_path):
             shutil.rmtree(spare.path)  # deleted meanwhile: the next profile makes its own
     assert [p.path for p in find_profiles(tmp_path)] == paths  # complete ones only, the spare left out
     assert all(p.complete for p in find_profiles(tmp_path)) and find_profiles(paths[0].parent)[-1].path == paths[-1]
-    with ProfileWriter(tmp_path) as w:  # any writer there takes it over
+    assert read_profile(paths[-1], verify=True).complete  # the taken-over directory holds a whole profile
+    with ProfileWriter(tmp_path) as w:  # a writer that prepares none takes none either
         w.write_json("late.json", {})
-    assert w.path.stat().st_ino == made and str(w.path.parent) not in _format._spares
-    assert (w.path / "trace.json").read_bytes() == b""  # as reserved (listed by no manifest, as any extra)
-    with ProfileWriter(tmp_path, prepare_next=True) as w:
+    assert w.path.stat().st_ino != made and os.path.isdir(spare.path)
+    os.chdir(tmp_path)  # (the spare is found by its absolute path)
+    with ProfileWriter(".", prepare_next=True) as w:
         w.write_json("x.json", {})
+    assert os.stat(w.path).st_ino == made and not os.path.exists(spare.path)
     _format._remove_spares()
-    assert not (w.path.parent / _format.SPARE_DIR).exists() and w.path.exists()
+    assert not (tmp_path / paths[0].parent.name / _format.SPARE_DIR).exists() and os.path.isdir(w.path)
 
 
 def test_a_process_that_exits_leaves_no_spare_directory(tmp_path):

@@ -171,9 +171,11 @@ class ProfileWriter:
         instance: host name used in ``<instance>_pid_<pid>`` (default: this host).
         prepare_next: once this profile is sealed, make the next one's directory ahead (off
             this thread, as this one began: its subdirectories, its reserved files), named
-            ``.spare`` beside it -- the next writer of this process there takes it over with one
-            rename, where making a directory or a file can cost hundreds of microseconds
-            (network file systems, busy virtual disks). Removed when the process exits.
+            ``.spare`` beside it -- the next such writer of this process there takes it over
+            with one rename, where making a directory or a file can cost hundreds of
+            microseconds (network file systems, busy virtual disks); it is meant for a writer
+            that reserves and writes the same files each time (the exporter). Removed when the
+            process exits.
     """
 
     def __init__(self, output_dir, *, device: dict | None = None, config: dict | None = None,
@@ -210,7 +212,10 @@ class ProfileWriter:
         self._finished = False
         self._prepare_next = prepare_next and timestamp is None and _filebatch is not None
         self._reserved: list[str] = []
-        spare = _spares.pop(parent, None) if timestamp is None else None
+        # the spare directory is keyed by its absolute path (the working directory may change)
+        self._spare_key = os.path.abspath(parent) if self._prepare_next else None
+        # (taken over by writers that prepare them only: they reserve and write the same files)
+        spare = _spares.pop(self._spare_key, None) if self._prepare_next else None
         self._taking = spare is not None  # until the batch that takes it over is written
         if spare is not None:  # made after this process's previous profile here: taken over
             self._later.append(_Item(self._partial + "/", None, move=spare.path))
@@ -405,7 +410,7 @@ class ProfileWriter:
             self.start_writes()
             if self._prepare_next:  # queued now, while the writer is busy (waking it costs ~35 us on a VM)
                 subdirs = {rel[:rel.rfind("/")] for rel in self._files if "/" in rel}
-                _spares[self._parent] = _Spare(f"{self._parent}/{SPARE_DIR}", sorted(subdirs), self._reserved)
+                _spares[self._spare_key] = _Spare(f"{self._spare_key}/{SPARE_DIR}", sorted(subdirs), self._reserved)
         return self.final_manifest
 
     def finish(self) -> Path:
