@@ -526,8 +526,9 @@ class _Spare:
 
     def __init__(self, path: str, subdirs: list[str], reserved: list[str]):
         self.path = path
+        # never a manifest.json: tools that look for profiles look for that file
         self.writer = _BatchWriter([*(_Item(f"{path}/{d}/", None) for d in subdirs),
-                                    *(_Item(f"{path}/{rel}", None) for rel in reserved)])
+                                    *(_Item(f"{path}/{rel}", None) for rel in reserved if rel != "manifest.json")])
 
     def remove(self) -> None:
         self.writer.wait()
