@@ -280,6 +280,7 @@ def test_the_next_profile_takes_over_the_directory_made_ahead_for_it(tmp_path, m
     assert os.stat(w.path).st_ino == made and not os.path.exists(spare.path)
     _format._remove_spares()
     assert not (tmp_path / paths[0].parent.name / _format.SPARE_DIR).exists() and os.path.isdir(w.path)
+    assert not [name for name in os.listdir(tmp_path / paths[0].parent.name) if name.startswith(".")]
 
 
 def test_a_process_that_exits_leaves_no_spare_directory(tmp_path):

@@ -71,8 +71,10 @@ class Profiler:
         with ProfileWriter(cfg.output_dir, config=cfg.to_dict(), prepare_next=True) as w:
             # made while torch parses, off this thread (making files can be slow): the files
             # written once it has, and the executables and instruction traces, whose contents
-            # depend on the executions alone (one batch: waking the writer thread costs ~35 us)
-            w.reserve("trace.json", "system_trace.json", "manifest.json")
+            # depend on the executions alone (one batch: waking the writer thread costs ~35 us).
+            # Not trace.json: torch writes it through a temporary file of its own and replaces
+            # the file there, so a reserved one would only be removed again, on this thread.
+            w.reserve("system_trace.json", "manifest.json")
             dropped, summaries = {}, []
             device_traces = cfg.has(ProfileMode.DEVICE)
             if device_traces and correlation.launches is not None:

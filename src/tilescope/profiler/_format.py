@@ -171,7 +171,7 @@ class ProfileWriter:
         instance: host name used in ``<instance>_pid_<pid>`` (default: this host).
         prepare_next: once this profile is sealed, make the next one's directory ahead (off
             this thread, as this one began: its subdirectories, its reserved files), named
-            ``.spare`` beside it -- the next such writer of this process there takes it over
+            ``.spare/next`` beside it -- the next such writer of this process there takes it over
             with one rename, where making a directory or a file can cost hundreds of
             microseconds (network file systems, busy virtual disks); it is meant for a writer
             that reserves and writes the same files each time (the exporter). Removed when the
@@ -410,7 +410,7 @@ class ProfileWriter:
             self.start_writes()
             if self._prepare_next:  # queued now, while the writer is busy (waking it costs ~35 us on a VM)
                 subdirs = {rel[:rel.rfind("/")] for rel in self._files if "/" in rel}
-                _spares[self._spare_key] = _Spare(f"{self._spare_key}/{SPARE_DIR}", sorted(subdirs), self._reserved)
+                _spares[self._spare_key] = _Spare(self._spare_key, sorted(subdirs), self._reserved)
         return self.final_manifest
 
     def finish(self) -> Path:
@@ -518,23 +518,26 @@ class _BatchWriter:
         return self._error
 
 
-SPARE_DIR = ".spare"  # the next profile's directory, made ahead (see ProfileWriter's prepare_next)
+SPARE_DIR = ".spare"  # holds the next profile's directory, made ahead (see ProfileWriter's prepare_next)
 
 
 class _Spare:
-    """The next profile's directory, made now by a batch (off the exporter's thread)."""
+    """The next profile's directory, made now by a batch (off the exporter's thread), in
+    ``<parent>/.spare/next``: not in the profiles' directory itself, where making it would hold
+    that directory's lock while the exporter renames its profile there."""
 
-    def __init__(self, path: str, subdirs: list[str], reserved: list[str]):
-        self.path = path
+    def __init__(self, parent: str, subdirs: list[str], reserved: list[str]):
+        self.parent = parent
+        self.path = path = f"{parent}/{SPARE_DIR}/next"
         # never a manifest.json: tools that look for profiles look for that file
         self.writer = _BatchWriter([*(_Item(f"{path}/{d}/", None) for d in subdirs),
                                     *(_Item(f"{path}/{rel}", None) for rel in reserved if rel != "manifest.json")])
 
     def remove(self) -> None:
         self.writer.wait()
-        shutil.rmtree(self.path, ignore_errors=True)
+        shutil.rmtree(f"{self.parent}/{SPARE_DIR}", ignore_errors=True)
         with contextlib.suppress(OSError):  # a process that wrote no profile there leaves no directory
-            os.rmdir(os.path.dirname(self.path))
+            os.rmdir(self.parent)
 
 
 _spares: dict[str, _Spare] = {}  # profiles' parent directory -> its spare directory, not taken yet
