@@ -239,7 +239,7 @@ static int hash_item(Item *it, const char *path) {
         }
     } else {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
-        char buf[1 << 16];  /* (on the stack: a large heap block is a fresh mapping, page faults each time) */
+        char buf[1 << 15];  /* (on the stack, small enough for any thread: a large heap block is a fresh mapping, page faults each time) */
         if (fd < 0) err = errno;
         while (!err) {
             ssize_t r = read(fd, buf, sizeof buf);

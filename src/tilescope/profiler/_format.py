@@ -373,10 +373,9 @@ class ProfileWriter:
         return self.write_bytes(itrace_name(program.hash, run), parts, sha256=sha256, later=True)
 
     # ---- completion -------------------------------------------------------
-    def manifest(self, *, files: bool = True) -> dict:
-        """The manifest; ``files=False``: without the file list (what is known before the
-        batches that hash files are done -- what the doctor reads at export)."""
-        if files and self._hashing:
+    def manifest(self) -> dict:
+        """The manifest (once the batches that hash files have made their digests)."""
+        if self._hashing:
             self._take_digests()
         versions = _versions()
         if self.redacted:  # keep the software versions, drop what describes the machine
@@ -391,8 +390,7 @@ class ProfileWriter:
             "device": self.device,
             "config": self.config,
             "stats": self.stats,
-            **({"files": [{"path": p, "bytes": n, "sha256": h} for p, (n, h) in sorted(self._files.items())]}
-               if files else {}),
+            "files": [{"path": p, "bytes": n, "sha256": h} for p, (n, h) in sorted(self._files.items())],
         }
 
     def seal(self) -> dict:
