@@ -21,17 +21,17 @@
  * A path ending in "/" with a None data is a directory, made with its missing parents.
  *
  * moves, when given, one None or path per path: that file or directory, when it is there, is
- * renamed to the path first (a file is then written over); when it cannot be (missing, the
- * path taken already), the path is made as if there were no move. A directory made ahead of
- * time, files reserved in it, becomes a profile's with one rename where making it costs a
- * creation per directory and file.
+ * renamed to the path first, as rename(2) does (a file is then written over); when it cannot
+ * be (missing, or a directory onto a non-empty one), the path is made as if there were no
+ * move. A directory made ahead of time, files reserved in it, becomes a profile's with one
+ * rename where making it costs a creation per directory and file.
  *
  * hashed, when given, one bool per path: the SHA-256 of that file is made here too, without
  * the GIL -- of its data, or, for a None data, of the file as it is (one another writer made:
  * read, never created). The result is then, per path, (linked, size, hex digest) -- size and
- * digest None for a file not hashed. A
- * profile's manifest lists every file's digest; made here, the large files' digests cost the
- * exporter's thread nothing. A linked file cannot be hashed (its digest is known already).
+ * digest None for a file not hashed. A profile's manifest lists every file's digest; made
+ * here, the large files' digests cost the exporter's thread nothing. A linked file cannot be
+ * hashed (its digest is known already).
  *
  * start(paths, datas, links=None, hashed=None, moves=None) -> Batch
  *
@@ -239,7 +239,9 @@ static int hash_item(Item *it, const char *path) {
         }
     } else {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
-        char buf[1 << 15];  /* (on the stack, small enough for any thread: a large heap block is a fresh mapping, page faults each time) */
+        /* on the stack, small enough for any thread's: a large heap block is a fresh mapping,
+         * page faults each time */
+        char buf[1 << 15];
         if (fd < 0) err = errno;
         while (!err) {
             ssize_t r = read(fd, buf, sizeof buf);
