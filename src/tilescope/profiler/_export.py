@@ -268,10 +268,10 @@ def _system_trace_parts(chunks: list[str], device: dict) -> tuple[bytes, ...]:
 
 
 def _framework_trace_with_device(data: bytes, prof, rows, pending: list[int] = ()) -> bytes:
-    """torch's own Chrome trace with the device executions (and their flows) added -- those
-    torch did not record itself (its trace has the others, as ``kernel`` / ``gpu_memcpy``
-    events linked to their ops by ``External id``), less the ``pending`` ones torch recorded
-    (still running at export: left out, as from its tables).
+    """torch's own Chrome trace with the device executions of ``rows`` (and their flows) added
+    -- the placement rows of those torch did not record itself (its trace has the others, as
+    ``kernel`` / ``gpu_memcpy`` events linked to their ops by ``External id``) -- less the
+    ``pending`` ones torch recorded (still running at export: left out, as from its tables).
 
     torch's timestamps are ``(trace start - baseTimeNanoseconds) / 1000`` µs ahead of the
     event times the correlation used, and its framework lanes are (pid, system thread id): the
@@ -285,7 +285,6 @@ def _framework_trace_with_device(data: bytes, prof, rows, pending: list[int] = (
         doc["traceEvents"] = [e for e in doc.get("traceEvents", []) if not (
             e.get("cat") in ("kernel", "gpu_memcpy") and str((e.get("args") or {}).get("flow_id")) in drop)]
         data = json.dumps(doc).encode()
-    rows = [row for row in rows if not row[0].recorded_by_torch]  # (the caller may have done it)
     if not rows:
         return data
     head = data[:4096].decode("utf-8", "replace")

@@ -476,14 +476,18 @@ class _BatchWriter:
                 self._error = e
             return
         try:
+            made: set[str] = set()  # as the extension does: the batch makes its directories
             for path, data, link, hashed, move in batch:
                 if move is not None:
-                    with contextlib.suppress(OSError):  # not there (or the path is): made below
+                    with contextlib.suppress(OSError):  # not there (or onto a non-empty directory): made below
                         os.rename(move, path.rstrip("/"))
-                if data is None and path.endswith("/"):
-                    os.makedirs(path, exist_ok=True)
+                is_directory = data is None and path.endswith("/")
+                directory = path.rstrip("/") if is_directory else os.path.dirname(path)
+                if directory not in made:
+                    os.makedirs(directory, exist_ok=True)
+                    made.add(directory)
+                if is_directory:
                     continue
-                os.makedirs(os.path.dirname(path), exist_ok=True)  # as the extension: the batch makes directories
                 if hashed:
                     parts = (read_file(path),) if data is None else data if isinstance(data, tuple) else (data,)
                     self.digests[path] = (sum(len(p.encode() if isinstance(p, str) else p) for p in parts),
