@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity
@@ -32,19 +34,10 @@ from tilescope.device import _runtime
 from tilescope.profiler import ProfileConfig, Profiler
 from tilescope.profiler._capture import capture
 
+sys.path.insert(0, str(Path(__file__).parent))
+from profiler_overhead import make_rmsnorm_loop  # noqa: E402
+
 LOOPS = {20: 1.0, 200: 0.25}  # iterations of the loop -> share of --pairs run (the long loop is 10x longer)
-
-
-def rmsnorm_loop(iterations: int):
-    x = torch.randn(512, 1024, device="sim")
-    w = torch.randn(1024, device="sim")
-
-    def run():
-        for _ in range(iterations):
-            x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
-            torch.sim.synchronize()
-
-    return run
 
 
 def profiled_region(workload, with_capture: bool) -> tuple[float, float, int]:
@@ -75,7 +68,7 @@ def main() -> None:
     tilescope.device.configure(clock="virtual")
     Profiler(ProfileConfig(output_dir="unused"))  # installs the capture, as the documented loop does
     for iterations, share in LOOPS.items():
-        workload = rmsnorm_loop(iterations)
+        workload = make_rmsnorm_loop(iterations)  # the loops profiler_overhead.py measures
         for _ in range(2):  # every Program built before timing
             workload()
         pairs = max(2, round(args.pairs * share))
