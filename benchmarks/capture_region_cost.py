@@ -1,7 +1,7 @@
 """What tilescope's capture costs the profiled region itself (not the export).
 
-Once a tilescope ``Profiler`` exists, the device runtime keeps every execution that torch's
-profiler records (``_runtime.keep_recorded``: the capture's log), so that the export knows each
+Once a tilescope ``Profiler`` exists, the device's profiler keeps the runtime's record of every
+execution that torch's profiler records (``_runtime.keep_recorded``), so that the export knows each
 execution's Program, times and launching thread. That work happens inside the user's ops, once per
 device execution, while the profiled code runs. ``profiler_overhead.py`` prints it as the
 "region" part of its split, next to the export; this script isolates it: the same profiled naive
@@ -47,14 +47,15 @@ def profiled_region(workload, with_capture: bool) -> tuple[float, float, int]:
     gc.collect()
     executed = sum(_runtime.counters()["executions"])
     try:
-        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]):
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
             wall, cpu = time.perf_counter(), time.thread_time()
             workload()
             wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     finally:
         if not with_capture:
             capture.install()
-    capture.forget(list(capture.records()))  # nothing is exported: what was kept is let go
+    # nothing is exported: what the device's profiler kept is taken, as an export takes it, and let go
+    _runtime.take_device_activities(prof.profiler.kineto_results.trace_start_ns())
     return wall, cpu, sum(_runtime.counters()["executions"]) - executed
 
 

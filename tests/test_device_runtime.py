@@ -175,15 +175,30 @@ def test_tile_kernels_run_on_device_tensors():
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_asks_for_its_own_thread_id():
-    """The launching thread's system id is asked for once per thread and kept; a forked
-    child's thread has another one, so the child asks again (its profiles' lanes are its own)."""
+    """The device's profiler asks for the launching thread's system id once per thread and
+    keeps it; a forked child's thread has another one, so the child asks again (its profiles'
+    lanes are its own)."""
     import threading
 
-    from tilescope.device import _runtime
+    from torch.profiler import ProfilerActivity
 
-    _runtime._thread_ids.native = threading.get_native_id()
+    def launching_threads() -> set[int]:
+        kept = _runtime.keep_recorded(100)
+        try:
+            with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+                torch.ones(4, device="sim").add_(1)
+                torch.sim.synchronize()
+        finally:
+            _runtime.keep_recorded(kept)
+        taken = _runtime.take_device_activities(prof.profiler.kineto_results.trace_start_ns())
+        return {native for _, native in taken.records.values()}
+
+    assert launching_threads() == {threading.get_native_id()}
     pid = os.fork()
     if pid == 0:
-        os._exit(0 if not hasattr(_runtime._thread_ids, "native") else 1)
+        try:
+            os._exit(0 if launching_threads() == {threading.get_native_id()} else 1)
+        finally:
+            os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

@@ -289,15 +289,16 @@ def test_the_record_buffer_keeps_the_latest_launches_and_counts_the_drops(monkey
     assert cap.get(5)[1] == threading.get_native_id()
 
 
-def test_executions_torch_records_reach_the_capture_through_the_runtime_log(sim):
-    """While torch records device activities, the runtime appends each execution to the
-    capture's log instead of calling its listener (a listener subscribed with recorded=False
-    is skipped the same way, the others are called); the log keeps the latest ``limit`` and
-    counts the rest as drops."""
+def test_executions_torch_records_reach_the_capture_through_the_device_profiler(sim):
+    """While torch records device activities, the device's profiler keeps the runtime's record of
+    each execution instead of the capture's listener being called (a listener subscribed with
+    recorded=False is skipped the same way, the others are called); the export hands the records
+    over with the session's launches. It keeps the first ``limit`` per session and counts the
+    rest as drops; the launches themselves all stay (torch's tables have them)."""
     import threading
 
     from tilescope.device import _runtime
-    from tilescope.profiler._capture import _KEEP, capture
+    from tilescope.profiler._capture import capture
 
     Profiler(ProfileConfig(output_dir="unused"))  # installs the capture
     x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
@@ -309,18 +310,20 @@ def test_executions_torch_records_reach_the_capture_through_the_runtime_log(sim)
         torch.sim.synchronize()
         assert len(every) == len(unrecorded) == 6  # unprofiled: every listener
         every.clear(), unrecorded.clear()
-        dropped = capture.dropped
-        _runtime.keep_recorded(capture._log, 4)
-        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]):
+        kept = _runtime.keep_recorded(4)
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
             naive_rmsnorm(x, w)
             torch.sim.synchronize()
     finally:
-        _runtime.keep_recorded(capture._log, _KEEP)
+        _runtime.keep_recorded(kept)
         _runtime.unsubscribe(every.append), _runtime.unsubscribe(unrecorded.append)
     assert len(every) == 6 and all(r.recorded_by_torch for r in every) and unrecorded == []
-    assert [capture.get(r.flow_id) for r in every[2:]] == [(r, threading.get_native_id()) for r in every[2:]]
-    assert capture.get(every[0].flow_id) is None and capture.dropped == dropped + 2
-    capture.forget(r.flow_id for r in every)
+    assert capture.get(every[0].flow_id) is None  # kept by the device's profiler until taken
+    taken = _runtime.take_device_activities(prof.profiler.kineto_results.trace_start_ns())
+    assert [launch[0] for launch in taken.launches] == [r.flow_id for r in every]
+    assert taken.records == {r.flow_id: (r, threading.get_native_id()) for r in every[:4]}
+    assert all(type(rec) is _runtime.Execution for rec, _ in taken.records.values()) and taken.dropped == 2
+    assert _runtime.take_device_activities(prof.profiler.kineto_results.trace_start_ns()).launches == []  # once
 
 
 def _recorded_profile():
@@ -401,7 +404,8 @@ def test_each_cycle_of_a_repeating_schedule_gets_its_own_executions(sim, tmp_pat
 
     if merged_found_by == "raw events":
         take = _correlate.take_device_activities
-        monkeypatch.setattr(_correlate, "take_device_activities", lambda t0: [(*a[:3], ()) for a in take(t0)])
+        monkeypatch.setattr(_correlate, "take_device_activities",
+                            lambda t0: (t := take(t0))._replace(launches=[(*a[:3], ()) for a in t.launches]))
     else:
         def fail(*args):
             raise AssertionError("the raw-event scan ran although the enclosing ranges were known")
@@ -514,6 +518,7 @@ def test_a_missing_launching_range_is_not_taken_for_the_range_around_it(sim, mon
     assert [m.parent.name for m in profile()] == ["aten::mul"]
     take = _correlate.take_device_activities
     unknown = 10 ** 15  # a range id torch's events do not have; "outer" still encloses the launch
-    monkeypatch.setattr(_correlate, "take_device_activities", lambda t0: [(f, unknown, t, e) for f, _, t, e in take(t0)])
+    monkeypatch.setattr(_correlate, "take_device_activities", lambda t0: (a := take(t0))._replace(
+        launches=[(f, unknown, t, e) for f, _, t, e in a.launches]))
     (m,) = profile()
     assert m.parent is None

@@ -34,7 +34,7 @@ from . import _config, _worker
 __all__ = [
     "Execution", "submit", "synchronize", "subscribe", "unsubscribe", "recording", "now_ns", "core_end_ns",
     "reset_clocks", "counters", "activity_name", "use_device_profiler", "take_device_activities",
-    "keep_recorded", "take_recorded_dropped",
+    "keep_recorded", "DeviceActivities",
 ]
 
 
@@ -98,16 +98,6 @@ class Execution(NamedTuple):
 
 
 _new_execution = tuple.__new__  # Execution from its fields, without the named tuple's Python-level __new__
-_thread_ids = threading.local()  # each thread's system id, asked for once (get_native_id is a system call)
-
-
-def _forget_thread_ids() -> None:  # a forked child's thread has another system id
-    global _thread_ids
-    _thread_ids = threading.local()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_thread_ids)
 
 
 class _State:
@@ -121,10 +111,9 @@ class _State:
         self.core_count: list[int] = []
         self.vhost = 0.0
         self.listeners: tuple = ()  # called for every execution
-        self.recorded_listeners: tuple = ()  # those among them also called for the ones kept in recorded_log
-        self.recorded_log = None  # a deque: (execution, native thread id) of the executions torch records
-        self.recorded_limit = 0
-        self.recorded_dropped = 0  # entries the bounded log let go, oldest first
+        self.recorded_listeners: tuple = ()  # those among them also called for the executions torch records
+        self.keep_recorded = False  # the device's profiler keeps the records of the executions torch records
+        self.keep_limit = 0  # how many per session (keep_recorded)
         self.ran: set[str] = set()  # Program hashes executed in this process
         self.native = None  # the native runtime module, once the device is registered
         self.device_profiler = None  # its profiler_record, while torch may record device activities
@@ -176,8 +165,10 @@ def use_device_profiler(native, on: bool = True) -> bool:
     on = bool(on and available)
     if available:
         native.profiler_enable(on)
+        native.profiler_keep(_S.keep_limit)
     _S.native = native
     _S.device_profiler = native.profiler_record if on else None
+    _S.keep_recorded = _S.keep_limit > 0 and available
     return on
 
 
@@ -186,15 +177,31 @@ def use_device_profiler(native, on: bool = True) -> bool:
 _SESSION_START_WINDOW_NS = (1_000_000, 20_000_000)  # before, after the trace's start
 
 
-def take_device_activities(trace_start_ns: int) -> list[tuple]:
-    """``(flow id, linked range's correlation id, launch wall-clock ns, enclosing ranges'
-    correlation ids, innermost first -- up to 3)`` of each execution the device recorded in the
-    profiling session whose trace started at ``trace_start_ns`` (handed over once; [] when it
-    recorded none)."""
-    if _S.native is None:
-        return []
-    taken = _S.native.profiler_take(int(trace_start_ns), *_SESSION_START_WINDOW_NS)
-    return [launch for launch in taken[1] if launch[2] >= trace_start_ns] if taken is not None else []
+class DeviceActivities(NamedTuple):
+    """What the device recorded in one profiling session (:func:`take_device_activities`)."""
+
+    launches: list  # (flow id, linked range's correlation id, launch wall-clock ns, enclosing ranges)
+    records: dict  # flow id -> (Execution, launching thread's system id), where kept (keep_recorded)
+    dropped: int  # records the limit let go
+
+
+def take_device_activities(trace_start_ns: int) -> DeviceActivities:
+    """The executions the device recorded in the profiling session whose trace started at
+    ``trace_start_ns`` (handed over once; empty when it recorded none): each launch's ``(flow
+    id, linked range's correlation id, launch wall-clock ns, enclosing ranges' correlation ids,
+    innermost first -- up to 3)``, and the runtime's records of them while
+    :func:`keep_recorded` asked for them."""
+    taken = _S.native.profiler_take(int(trace_start_ns), *_SESSION_START_WINDOW_NS) if _S.native is not None else None
+    if taken is None:
+        return DeviceActivities([], {}, 0)
+    launches, records = [], {}
+    for flow, range_id, launch_ns, enclosing, fields, native_tid in taken[1]:
+        if launch_ns < trace_start_ns:  # before this trace: not its own
+            continue
+        launches.append((flow, range_id, launch_ns, enclosing))
+        if fields is not None:
+            records[flow] = (_new_execution(Execution, fields), native_tid)
+    return DeviceActivities(launches, records, taken[2])
 
 
 def reset_clocks(*, _state_settings: _config.Settings | None = None) -> None:
@@ -226,8 +233,8 @@ def counters() -> dict:
 def subscribe(fn, *, recorded: bool = True) -> None:
     """Call ``fn(execution)`` for every execution, on the submitting thread.
 
-    ``recorded=False``: not for the executions torch's profiler records while a
-    :func:`keep_recorded` log keeps them (the profiler capture reads those from the log).
+    ``recorded=False``: not for the executions torch's profiler records (the profiler capture
+    takes those from the device's profiler, see :func:`keep_recorded`).
     """
     with _S.lock:
         if fn not in _S.listeners:
@@ -236,24 +243,23 @@ def subscribe(fn, *, recorded: bool = True) -> None:
                 _S.recorded_listeners = _S.recorded_listeners + (fn,)
 
 
-def keep_recorded(log, limit: int = 2_000_000) -> None:
-    """Append ``(execution, native thread id)`` of each execution torch's profiler records to
-    ``log`` (a ``collections.deque``; None stops), keeping the latest ``limit``
-    (:func:`take_recorded_dropped` counts the others).
+def keep_recorded(limit: int = 2_000_000) -> int:
+    """Have the device's profiler keep the runtime's record of each execution torch's profiler
+    records -- up to ``limit`` per session, the others counted as dropped; 0 stops -- for
+    :func:`take_device_activities` to hand over with the session's launches.
 
-    It is how the profiler capture keeps what a profiled window ran: the runtime makes the record
-    and appends it, with no listener call -- this runs inside the user's op, once per device
-    execution, and a Python call there cost more than everything else the capture did.
+    It is how the profiler capture keeps what a profiled window ran: the records stay in the
+    device's C++ profiler, as plain values, with no Python object kept and no listener called
+    per execution -- this runs inside the user's op, once per device execution, and a Python
+    call there cost more than everything else the capture did. Returns the previous limit.
     """
+    limit = max(0, int(limit))
     with _S.lock:
-        _S.recorded_log, _S.recorded_limit = log, limit
-
-
-def take_recorded_dropped() -> int:
-    """Entries of the :func:`keep_recorded` log dropped (over its limit) since the last call."""
-    with _S.lock:
-        n, _S.recorded_dropped = _S.recorded_dropped, 0
-        return n
+        if _S.native is not None:
+            _S.native.profiler_keep(limit)
+        previous, _S.keep_limit = _S.keep_limit, limit
+        _S.keep_recorded = limit > 0 and _S.native is not None and _S.native.profiler_available()
+        return previous
 
 
 class recording:
@@ -309,24 +315,18 @@ def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: fl
         if first:
             s.ran.add(key)
     record = s.device_profiler
-    recorded = record is not None and _profiler_enabled() and record(  # torch records it (profiler.cpp)
-        flow, activity_name(kind, op), kind == "memcpy", core, host, start, end)
-    log = s.recorded_log if recorded else None
-    listeners = s.listeners if log is None else s.recorded_listeners
+    if record is not None and _profiler_enabled():  # torch records it (profiler.cpp), with our record if kept
+        recorded = (record(flow, op, kind == "memcpy", core, host, start, end, queued, modeled_ns, s.runtime_ns,
+                           nbytes, lowering, program, key, direction, s.clock, first) if s.keep_recorded
+                    else record(flow, op, kind == "memcpy", core, host, start, end))
+    else:
+        recorded = False
+    listeners = s.recorded_listeners if recorded else s.listeners
     rec = None
-    if listeners or want_record or log is not None:
+    if listeners or want_record:
         rec = _new_execution(Execution, (flow, op, kind, lowering, program, key, core, 0, threading.get_ident(), host,
                                          queued, start, end, modeled_ns, s.runtime_ns, nbytes, direction, s.clock,
                                          first, recorded))
-        if log is not None:
-            try:
-                native = _thread_ids.native
-            except AttributeError:  # this thread's first
-                native = _thread_ids.native = threading.get_native_id()
-            log.append((rec, native))
-            if len(log) > s.recorded_limit:
-                log.popleft()
-                s.recorded_dropped += 1
         for fn in listeners:
             fn(rec)
     if work is not None and s.numerics:

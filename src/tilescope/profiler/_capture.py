@@ -5,8 +5,9 @@ keyed by its flow id, for the export.
 
 torch records the execution itself when the session asked for device activities
 (``ProfilerActivity.PrivateUse1``): the device's activity profiler for Kineto links it
-to its op (``tilescope/device/_csrc/profiler.cpp``), and the runtime appends the record
-to the capture's log (``keep_recorded``). Otherwise -- a CPU-only session, or torch
+to its op (``tilescope/device/_csrc/profiler.cpp``) and keeps the runtime's record with
+it (``keep_recorded``), which the export hands to the capture (:meth:`Capture.add_recorded`)
+with the session's launches. Otherwise -- a CPU-only session, or torch
 without Kineto -- the runtime calls :meth:`Capture.on_execution`, on the thread that
 launched the execution and inside the aten op that launched it, and the capture records
 a zero-length marker there (so the marker nests under that op in torch's event tree),
@@ -39,10 +40,10 @@ class Capture:
 
     The profiled path is as short as it can be -- it runs once per device execution, inside
     the user's op, and on a machine whose cores are busy with the device's numerics every
-    microsecond of it is paid several times over: an append to the log when torch records the
-    execution (moved into the records at export), else the marker and the record stored by
-    flow id with the launching thread's system id (a plain dict: one store is atomic; the lock
-    guards only the rare eviction). Host time between unprofiled launches is kept for the
+    microsecond of it is paid several times over: nothing in Python when torch records the
+    execution (the device's profiler keeps the record; the export adds it here), else the
+    marker and the record stored by flow id with the launching thread's system id (a plain
+    dict: one store is atomic; the lock guards only the rare eviction). Host time between unprofiled launches is kept for the
     doctor; the profiled gaps are read from the launches at export (:func:`launch_intervals_us`).
 
     A Program's first run outside a profiled window (the wait and warmup steps of a schedule)
@@ -57,9 +58,9 @@ class Capture:
         self._installed = False
         self.dropped = 0
         self._last_unprofiled_ns = 0  # wall time of the latest unprofiled launch; 0 after a profiled one
+        self._last_unprofiled_flow = 0  # its flow id (a launch this listener did not see came in between if not +1)
         self.markers = 0  # markers recorded since the last export (none: the export skips looking for them)
         self._unprofiled_gaps: deque = deque(maxlen=_GAPS)  # µs, the recent ones
-        self._log: deque = deque()  # (execution, native thread id) the runtime appends (keep_recorded)
 
     def install(self) -> None:
         """Register the device and listen to its runtime (idempotent)."""
@@ -69,9 +70,9 @@ class Capture:
         from ..device import _runtime
 
         device.register()
-        # the executions torch records come through the runtime's log (no call per execution);
-        # the listener sees the others: unprofiled, or profiled without device activities
-        _runtime.keep_recorded(self._log, _KEEP)
+        # the device's profiler keeps the records of the executions torch records (no call per
+        # execution); the listener sees the others: unprofiled, or profiled without device activities
+        _runtime.keep_recorded(_KEEP)
         device.subscribe(self.on_execution, recorded=False)
         self._installed = True
 
@@ -85,14 +86,14 @@ class Capture:
         from ..device import _runtime
 
         device.unsubscribe(self.on_execution)
-        _runtime.keep_recorded(None)
+        _runtime.keep_recorded(0)
         self._installed = False
 
     def on_execution(self, rec) -> None:
         if not torch.autograd.profiler._is_profiler_enabled:
             if rec.first_run and rec.program is not None:
                 prepare_files(rec.program)
-            self._unprofiled_launch()
+            self._unprofiled_launch(rec.flow_id)
             return
         self._last_unprofiled_ns = 0
         if not rec.recorded_by_torch:  # torch records no device activity in this session: a marker
@@ -103,11 +104,12 @@ class Capture:
         if len(self._records) > _KEEP:
             self._evict()
 
-    def _unprofiled_launch(self) -> None:
-        if self._log:  # profiled launches came in between: no gap to count
-            self._drain()
+    def _unprofiled_launch(self, flow: int) -> None:
         now = time.time_ns()
         last, self._last_unprofiled_ns = self._last_unprofiled_ns, now
+        if flow != self._last_unprofiled_flow + 1:  # profiled launches torch recorded came in between
+            last = 0
+        self._last_unprofiled_flow = flow
         if last and 0 <= now - last < _GAP_LIMIT_NS:  # longer: step boundaries, waits
             self._unprofiled_gaps.append((now - last) / 1000.0)
 
@@ -117,24 +119,18 @@ class Capture:
                 del self._records[next(iter(self._records))]
                 self.dropped += 1
 
-    def _drain(self) -> None:
-        """The runtime's log of recorded executions into the records by flow id."""
-        from ..device import _runtime
-
-        log, records = self._log, self._records
+    def add_recorded(self, records: dict, dropped: int = 0) -> None:
+        """The records the device's profiler kept for a session (flow id -> ``(execution,
+        native thread id)``, :func:`~tilescope.device._runtime.take_device_activities`) and how
+        many it let go."""
         with self._lock:
-            while log:
-                entry = log.popleft()
-                records[entry[0].flow_id] = entry
-            self.dropped += _runtime.take_recorded_dropped()
-            self._last_unprofiled_ns = 0
-        if len(records) > _KEEP:
+            self._records.update(records)
+            self.dropped += dropped
+        if len(self._records) > _KEEP:
             self._evict()
 
     def records(self) -> dict:
         """Every kept launch: flow id -> ``(execution, native thread id)`` (to read, not change)."""
-        if self._log:
-            self._drain()
         return self._records
 
     def get(self, flow_id: int):

@@ -99,7 +99,10 @@ class Correlation:
         self._prof, self._capture, self._now = prof, capture, now_ns
         result = getattr(prof.profiler, "kineto_results", None)
         t0 = result.trace_start_ns() if result is not None else 0
-        activities = take_device_activities(t0) if result is not None else []
+        taken = take_device_activities(t0) if result is not None else None
+        activities = taken.launches if taken is not None else []
+        if taken is not None and (taken.records or taken.dropped):
+            capture.add_recorded(taken.records, taken.dropped)
         # (comprehensions: this runs once per device execution)
         self._links: dict[int, int] = {a[0]: a[1] for a in activities}  # flow -> its launching range's correlation id
         self._enclosing: dict[int, tuple] = {a[0]: a[3] for a in activities}  # flow -> the ranges around that one

@@ -12,6 +12,13 @@
 // to the op (key_averages' Self SIM / SIM total columns and the totals footer) and its
 // Chrome trace shows it, with no tilescope code on torch's side.
 //
+// The launch also keeps the rest of the runtime's record of the execution (its Program, modeled
+// times, bytes, launching thread) while a tilescope capture asks for it (profiler_keep): the
+// exporter takes those records with the session's launches, so nothing per execution is kept in
+// Python objects while the user's code runs. Python references are taken and released with the
+// GIL held only: launches dropped where the GIL may not be held (a new session, a session nobody
+// exported) wait in a graveyard released on the next call from Python.
+//
 // Times: an activity starts at its launch (the wall clock torch's events use) plus the
 // modeled queue and runtime cost (device start - host submit), never before the previous
 // activity on its core ends; its duration is the modeled one, unchanged.
@@ -31,6 +38,7 @@
 #include <cmath>
 #include <deque>
 #include <mutex>
+#include <pthread.h>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -40,6 +48,22 @@ namespace tilescope_sim {
 namespace {
 
 constexpr int kEnclosing = 3;  // enclosing ranges kept per launch (see Launch::enclosing)
+
+// What the runtime's record of an execution adds to a launch (tilescope.device._runtime.Execution);
+// the references are strong ones (see release()).
+struct Detail {
+  PyObject* op = nullptr;  // nullptr: not kept (no capture asked, or over its limit)
+  PyObject* lowering = nullptr;
+  PyObject* program = nullptr;
+  PyObject* program_hash = nullptr;
+  PyObject* direction = nullptr;
+  PyObject* clock = nullptr;
+  double queued_ns = 0, modeled_ns = 0, runtime_ns = 0;
+  int64_t nbytes = 0;
+  uint64_t thread_ident = 0;  // threading.get_ident()
+  int64_t native_tid = 0;     // threading.get_native_id()
+  bool first_run = false;
+};
 
 struct Launch {
   int64_t flow;
@@ -52,12 +76,14 @@ struct Launch {
   int32_t core;
   bool memcpy;
   std::string name;
+  Detail detail;
 };
 
 // A finished session's launches, kept until the exporter of its trace takes them.
 struct Processed {
   int64_t start_ns;  // wall clock when the session started recording
   std::vector<Launch> launches;
+  int64_t dropped;  // launches whose details the limit let go
 };
 
 int64_t wall_ns() {
@@ -74,6 +100,55 @@ std::deque<Processed> g_done;    // finished sessions not taken yet, oldest firs
 std::atomic<bool> g_recording{false};
 std::atomic<bool> g_enabled{true};
 std::atomic<uint64_t> g_session{0};
+int64_t g_keep = 0;        // details kept per session (profiler_keep); 0: none
+int64_t g_kept = 0;        // kept in the recording session so far
+int64_t g_dropped = 0;     // and let go over the limit
+std::vector<Launch> g_graveyard;  // dropped launches whose references wait for the GIL
+std::atomic<bool> g_graveyard_full{false};
+
+// Launches no longer needed, where the GIL may not be held: their references are released by the
+// next call from Python (release_graveyard). Call with g_mu held.
+void bury(std::vector<Launch>& launches) {
+  for (Launch& l : launches)
+    if (l.detail.op != nullptr) g_graveyard.push_back(std::move(l));
+  launches.clear();
+  if (!g_graveyard.empty()) g_graveyard_full = true;
+}
+
+void release(Detail& d) {  // with the GIL held
+  Py_CLEAR(d.op);
+  Py_CLEAR(d.lowering);
+  Py_CLEAR(d.program);
+  Py_CLEAR(d.program_hash);
+  Py_CLEAR(d.direction);
+  Py_CLEAR(d.clock);
+}
+
+void release_graveyard() {  // with the GIL held, g_mu not
+  std::vector<Launch> dead;
+  {
+    std::lock_guard<std::mutex> guard(g_mu);
+    dead.swap(g_graveyard);
+    g_graveyard_full = false;
+  }
+  for (Launch& l : dead) release(l.detail);
+}
+
+// Thread ids, asked for once per thread (the system's is a system call); a forked child's thread
+// has another system id, so a fork starts a new generation.
+std::atomic<uint64_t> g_fork_generation{1};
+thread_local uint64_t t_ids_generation = 0;
+thread_local int64_t t_native_tid = 0;
+[[maybe_unused]] const int kForkHook = pthread_atfork(nullptr, nullptr, [] { g_fork_generation.fetch_add(1); });
+
+int64_t native_tid() {
+  const uint64_t generation = g_fork_generation.load(std::memory_order_relaxed);
+  if (t_ids_generation != generation) {
+    t_native_tid = static_cast<int64_t>(PyThread_get_thread_native_id());
+    t_ids_generation = generation;
+  }
+  return t_native_tid;
+}
 
 // The ranges open on this thread, innermost last, tagged with the session that saw them open
 // (a session that stops inside a range never sees it close).
@@ -107,7 +182,8 @@ class Session final : public libkineto::IActivityProfilerSession {
 
   void start() override {
     std::lock_guard<std::mutex> guard(g_mu);
-    g_launches.clear();
+    bury(g_launches);  // a session dropped without stop() left its launches
+    g_kept = g_dropped = 0;
     g_start_ns = wall_ns();
     g_session.fetch_add(1);
     g_recording = true;
@@ -148,11 +224,12 @@ class Session final : public libkineto::IActivityProfilerSession {
  private:
   void process(libkineto::ActivityLogger& logger, const libkineto::getLinkedActivityCallback* linked) {
     std::vector<Launch> launches;
-    int64_t start_ns;
+    int64_t start_ns, dropped;
     {
       std::lock_guard<std::mutex> guard(g_mu);
       launches.swap(g_launches);
       start_ns = g_start_ns;
+      dropped = g_dropped;
     }
     // flow order is submission order (threads may reach profiler_record in another order)
     std::sort(launches.begin(), launches.end(), [](const Launch& a, const Launch& b) { return a.flow < b.flow; });
@@ -177,8 +254,11 @@ class Session final : public libkineto::IActivityProfilerSession {
       logger.handleGenericActivity(a);  // Kineto keeps a copy
     }
     std::lock_guard<std::mutex> guard(g_mu);
-    g_done.push_back({start_ns, std::move(launches)});
-    while (g_done.size() > kKeptSessions) g_done.pop_front();
+    g_done.push_back({start_ns, std::move(launches), dropped});
+    while (g_done.size() > kKeptSessions) {
+      bury(g_done.front().launches);
+      g_done.pop_front();
+    }
   }
 
   std::set<int32_t> cores_;
@@ -218,27 +298,100 @@ class SimActivityProfiler final : public libkineto::IActivityProfiler {
 
 REGISTER_PRIVATEUSE1_PROFILER(SimActivityProfiler);
 
-bool profiler_record(int64_t flow, const std::string& name, bool memcpy, int32_t core, double host_ns,
-                     double start_ns, double end_ns) {
-  if (!g_recording.load(std::memory_order_relaxed)) return false;
+// profiler_record(flow, op, memcpy, core, host_ns, start_ns, end_ns[, queued_ns, modeled_ns,
+// runtime_ns, nbytes, lowering, program, program_hash, direction, clock, first_run]) -> bool: keep
+// this launch for the recording session (False: no session records device activities). With
+// the runtime's record (the optional arguments, while profiler_keep asks for them) the launch
+// keeps it too. A C-level call (METH_FASTCALL): it runs once per device execution, inside the
+// user's op.
+constexpr Py_ssize_t kLaunchArgs = 7, kRecordArgs = 17;
+
+bool as_double(PyObject* o, double* out) {
+  *out = PyFloat_CheckExact(o) ? PyFloat_AS_DOUBLE(o) : PyFloat_AsDouble(o);
+  return !(*out == -1.0 && PyErr_Occurred());
+}
+
+bool as_int64(PyObject* o, int64_t* out) {
+  *out = PyLong_AsLongLong(o);
+  return !(*out == -1 && PyErr_Occurred());
+}
+
+PyObject* profiler_record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (g_graveyard_full.load(std::memory_order_relaxed)) release_graveyard();
+  if (nargs != kLaunchArgs && nargs != kRecordArgs) {
+    PyErr_Format(PyExc_TypeError, "profiler_record takes %zd or %zd arguments, not %zd", kLaunchArgs, kRecordArgs,
+                 nargs);
+    return nullptr;
+  }
+  if (!g_recording.load(std::memory_order_relaxed)) Py_RETURN_FALSE;
+  int64_t flow, core;
+  double host_ns, start_ns, end_ns;
+  Py_ssize_t op_size = 0;
+  const char* op = PyUnicode_AsUTF8AndSize(args[1], &op_size);
+  if (op == nullptr || !as_int64(args[0], &flow) || !as_int64(args[3], &core) || !as_double(args[4], &host_ns) ||
+      !as_double(args[5], &start_ns) || !as_double(args[6], &end_ns))
+    return nullptr;
+  const bool memcpy = PyObject_IsTrue(args[2]) == 1;
+  Detail detail;
+  if (nargs == kRecordArgs) {
+    if (!as_double(args[7], &detail.queued_ns) || !as_double(args[8], &detail.modeled_ns) ||
+        !as_double(args[9], &detail.runtime_ns) || !as_int64(args[10], &detail.nbytes))
+      return nullptr;
+    detail.first_run = PyObject_IsTrue(args[16]) == 1;
+    detail.thread_ident = PyThread_get_thread_ident();
+    detail.native_tid = native_tid();
+  }
   const uint64_t session = g_session.load(std::memory_order_relaxed);
   int64_t ids[kEnclosing + 1] = {0};  // the innermost open range, then the ones around it
   int n = 0;
   for (auto it = t_open.rbegin(); it != t_open.rend() && n <= kEnclosing && it->session == session; ++it)
     ids[n++] = static_cast<int64_t>(it->id);
+  std::string name(memcpy ? "memcpy " : "exec_running ");
+  name.append(op, static_cast<size_t>(op_size));
   const int64_t now = wall_ns();
   std::lock_guard<std::mutex> guard(g_mu);
-  if (!g_recording) return false;
-  g_launches.push_back({flow, ids[0], {ids[1], ids[2], ids[3]}, now, host_ns, start_ns, end_ns, core, memcpy, name});
-  return true;
+  if (!g_recording) Py_RETURN_FALSE;
+  if (nargs == kRecordArgs) {
+    if (g_kept < g_keep) {  // the references (the GIL is held: a call from Python)
+      PyObject** refs[] = {&detail.op, &detail.lowering, &detail.program, &detail.program_hash, &detail.direction,
+                           &detail.clock};
+      PyObject* values[] = {args[1], args[11], args[12], args[13], args[14], args[15]};
+      for (size_t k = 0; k < 6; ++k) {
+        Py_INCREF(values[k]);
+        *refs[k] = values[k];
+      }
+      ++g_kept;
+    } else if (g_keep > 0) {
+      ++g_dropped;
+    }
+  }
+  g_launches.push_back({flow, ids[0], {ids[1], ids[2], ids[3]}, now, host_ns, start_ns, end_ns,
+                        static_cast<int32_t>(core), memcpy, std::move(name), detail});
+  Py_RETURN_TRUE;
+}
+
+PyMethodDef kRecordMethod = {"profiler_record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&profiler_record)),
+                             METH_FASTCALL, "Keep one device execution for the recording session (see profiler.cpp)."};
+
+// The runtime's record of a launch, as the fields of tilescope.device._runtime.Execution.
+py::tuple execution_fields(const Launch& l) {
+  const Detail& d = l.detail;
+  auto ref = [](PyObject* o) { return py::reinterpret_borrow<py::object>(o); };
+  return py::make_tuple(l.flow, ref(d.op), l.memcpy ? "memcpy" : "kernel", ref(d.lowering), ref(d.program),
+                        ref(d.program_hash), l.core, 0, d.thread_ident, l.host_ns, d.queued_ns, l.start_ns,
+                        l.end_ns, d.modeled_ns, d.runtime_ns, d.nbytes, ref(d.direction), ref(d.clock),
+                        d.first_run, true);
 }
 
 // The finished session that started recording in [trace_start_ns - before_ns, trace_start_ns +
-// after_ns], nearest to trace_start_ns, handed over once: (its start, wall-clock ns; its launches
-// as (flow, linked range, launch ns, (enclosing ranges, innermost first)) each), or None.
+// after_ns], nearest to trace_start_ns, handed over once, or None: (its start, wall-clock ns;
+// its launches, each (flow, linked range, launch ns, (enclosing ranges, innermost first),
+// the runtime's record as Execution's fields or None, the launching thread's system id);
+// how many records the limit let go).
 py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t after_ns) {
+  release_graveyard();
   std::vector<Launch> taken;
-  int64_t start_ns = 0;
+  int64_t start_ns = 0, dropped = 0;
   bool found = false;
   {
     std::lock_guard<std::mutex> guard(g_mu);
@@ -251,6 +404,7 @@ py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t afte
     if (best != g_done.end()) {
       taken.swap(best->launches);
       start_ns = best->start_ns;
+      dropped = best->dropped;
       found = true;
       g_done.erase(best);
     }
@@ -258,14 +412,23 @@ py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t afte
   if (!found) return py::none();
   py::list out(taken.size());
   for (size_t i = 0; i < taken.size(); ++i) {
-    const Launch& l = taken[i];
+    Launch& l = taken[i];
     int n = 0;
     while (n < kEnclosing && l.enclosing[n] != 0) ++n;
     py::tuple enclosing(n);
     for (int k = 0; k < n; ++k) enclosing[k] = py::int_(l.enclosing[k]);
-    out[i] = py::make_tuple(l.flow, l.range, l.launch_ns, enclosing);
+    const bool kept = l.detail.op != nullptr;
+    out[i] = py::make_tuple(l.flow, l.range, l.launch_ns, enclosing, kept ? py::object(execution_fields(l)) : py::none(),
+                            l.detail.native_tid);
+    release(l.detail);
   }
-  return py::make_tuple(start_ns, out);
+  return py::make_tuple(start_ns, out, dropped);
+}
+
+// Keep the runtime's records of up to `limit` launches per session (0: none).
+void profiler_keep(int64_t limit) {
+  std::lock_guard<std::mutex> guard(g_mu);
+  g_keep = limit < 0 ? 0 : limit;
 }
 
 void profiler_enable(bool on) { g_enabled = on; }
@@ -276,8 +439,11 @@ bool profiler_available() { return true; }
 #else  // no Kineto in this torch: the profiler integration is absent (tilescope's markers stand in)
 
 namespace tilescope_sim {
-bool profiler_record(int64_t, const std::string&, bool, int32_t, double, double, double) { return false; }
+PyObject* profiler_record(PyObject*, PyObject* const*, Py_ssize_t) { Py_RETURN_FALSE; }
+PyMethodDef kRecordMethod = {"profiler_record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&profiler_record)),
+                             METH_FASTCALL, "No Kineto in this torch: records nothing."};
 py::object profiler_take(int64_t, int64_t, int64_t) { return py::none(); }
+void profiler_keep(int64_t) {}
 void profiler_enable(bool) {}
 bool profiler_available() { return false; }
 }  // namespace tilescope_sim
@@ -287,8 +453,10 @@ bool profiler_available() { return false; }
 namespace tilescope_sim {
 
 void bind_profiler(py::module& m) {
-  m.def("profiler_record", &profiler_record);
+  m.add_object("profiler_record",
+               py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kRecordMethod, nullptr, m.ptr())));
   m.def("profiler_take", &profiler_take);
+  m.def("profiler_keep", &profiler_keep);
   m.def("profiler_enable", &profiler_enable);
   m.def("profiler_available", &profiler_available);
 }
