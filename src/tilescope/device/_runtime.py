@@ -191,17 +191,9 @@ def take_device_activities(trace_start_ns: int) -> DeviceActivities:
     id, linked range's correlation id, launch wall-clock ns, enclosing ranges' correlation ids,
     innermost first -- up to 3)``, and the runtime's records of them while
     :func:`keep_recorded` asked for them."""
-    taken = _S.native.profiler_take(int(trace_start_ns), *_SESSION_START_WINDOW_NS) if _S.native is not None else None
-    if taken is None:
-        return DeviceActivities([], {}, 0)
-    launches, records = [], {}
-    for flow, range_id, launch_ns, enclosing, fields, native_tid in taken[1]:
-        if launch_ns < trace_start_ns:  # before this trace: not its own
-            continue
-        launches.append((flow, range_id, launch_ns, enclosing))
-        if fields is not None:
-            records[flow] = (_new_execution(Execution, fields), native_tid)
-    return DeviceActivities(launches, records, taken[2])
+    taken = (_S.native.profiler_take(int(trace_start_ns), *_SESSION_START_WINDOW_NS, Execution)
+             if _S.native is not None else None)
+    return DeviceActivities(*taken[1:]) if taken is not None else DeviceActivities([], {}, 0)
 
 
 def reset_clocks(*, _state_settings: _config.Settings | None = None) -> None:

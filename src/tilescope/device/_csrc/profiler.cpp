@@ -37,6 +37,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <initializer_list>
 #include <mutex>
 #include <pthread.h>
 #include <set>
@@ -373,22 +374,58 @@ PyObject* profiler_record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef kRecordMethod = {"profiler_record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&profiler_record)),
                              METH_FASTCALL, "Keep one device execution for the recording session (see profiler.cpp)."};
 
-// The runtime's record of a launch, as the fields of tilescope.device._runtime.Execution.
-py::tuple execution_fields(const Launch& l) {
+// Python objects made with the C API (py::make_tuple casts each item, ~1 us per launch: this runs
+// once per execution at export); `steal` owns a new reference or raises the pending error.
+py::object steal(PyObject* o) {
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(o);
+}
+
+// A tuple (or an instance of a tuple subclass such as a named tuple, made as tuple.__new__ makes
+// one) of new references; on failure, the ones made are released.
+py::object make_tuple_of(PyTypeObject* type, std::initializer_list<PyObject*> items) {
+  PyObject* t = type == &PyTuple_Type ? PyTuple_New(static_cast<Py_ssize_t>(items.size()))
+                                      : type->tp_alloc(type, static_cast<Py_ssize_t>(items.size()));
+  bool ok = t != nullptr;
+  for (PyObject* item : items) ok = ok && item != nullptr;
+  if (!ok) {
+    for (PyObject* item : items) Py_XDECREF(item);
+    Py_XDECREF(t);
+    throw py::error_already_set();
+  }
+  Py_ssize_t k = 0;
+  for (PyObject* item : items) PyTuple_SET_ITEM(t, k++, item);
+  return py::reinterpret_steal<py::object>(t);
+}
+
+PyObject* new_ref(PyObject* o) {
+  Py_INCREF(o);
+  return o;
+}
+
+// The runtime's record of a launch: an `execution_type` (tilescope.device._runtime.Execution).
+py::object execution(PyTypeObject* execution_type, const Launch& l) {
+  static PyObject* const kinds[2] = {PyUnicode_InternFromString("kernel"), PyUnicode_InternFromString("memcpy")};
   const Detail& d = l.detail;
-  auto ref = [](PyObject* o) { return py::reinterpret_borrow<py::object>(o); };
-  return py::make_tuple(l.flow, ref(d.op), l.memcpy ? "memcpy" : "kernel", ref(d.lowering), ref(d.program),
-                        ref(d.program_hash), l.core, 0, d.thread_ident, l.host_ns, d.queued_ns, l.start_ns,
-                        l.end_ns, d.modeled_ns, d.runtime_ns, d.nbytes, ref(d.direction), ref(d.clock),
-                        d.first_run, true);
+  return make_tuple_of(
+      execution_type,
+      {PyLong_FromLongLong(l.flow), new_ref(d.op), new_ref(kinds[l.memcpy ? 1 : 0]), new_ref(d.lowering),
+       new_ref(d.program), new_ref(d.program_hash), PyLong_FromLong(l.core), PyLong_FromLong(0),
+       PyLong_FromUnsignedLongLong(d.thread_ident), PyFloat_FromDouble(l.host_ns), PyFloat_FromDouble(d.queued_ns),
+       PyFloat_FromDouble(l.start_ns), PyFloat_FromDouble(l.end_ns), PyFloat_FromDouble(d.modeled_ns),
+       PyFloat_FromDouble(d.runtime_ns), PyLong_FromLongLong(d.nbytes), new_ref(d.direction), new_ref(d.clock),
+       PyBool_FromLong(d.first_run), new_ref(Py_True)});
 }
 
 // The finished session that started recording in [trace_start_ns - before_ns, trace_start_ns +
 // after_ns], nearest to trace_start_ns, handed over once, or None: (its start, wall-clock ns;
-// its launches, each (flow, linked range, launch ns, (enclosing ranges, innermost first),
-// the runtime's record as Execution's fields or None, the launching thread's system id);
-// how many records the limit let go).
-py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t after_ns) {
+// its launches from trace_start_ns on, each (flow, linked range, launch ns, (enclosing ranges,
+// innermost first)); {flow: (the runtime's record as an `execution_type`, the launching thread's
+// system id)} of those whose records were kept; how many records the limit let go).
+py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t after_ns, py::type execution_type) {
+  auto* type = reinterpret_cast<PyTypeObject*>(execution_type.ptr());
+  if (!PyType_IsSubtype(type, &PyTuple_Type) || type->tp_itemsize != PyTuple_Type.tp_itemsize)
+    throw py::type_error("profiler_take: execution_type must be a named tuple (tilescope.device._runtime.Execution)");
   release_graveyard();
   std::vector<Launch> taken;
   int64_t start_ns = 0, dropped = 0;
@@ -410,19 +447,27 @@ py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t afte
     }
   }
   if (!found) return py::none();
-  py::list out(taken.size());
-  for (size_t i = 0; i < taken.size(); ++i) {
-    Launch& l = taken[i];
+  struct Release {  // every taken launch's references, also when making the Python objects fails
+    std::vector<Launch>& launches;
+    ~Release() {
+      for (Launch& l : launches) release(l.detail);
+    }
+  } releasing{taken};
+  py::list launches;
+  py::dict records;
+  for (const Launch& l : taken) {
+    if (l.launch_ns < trace_start_ns) continue;  // before this trace: not its own
     int n = 0;
     while (n < kEnclosing && l.enclosing[n] != 0) ++n;
-    py::tuple enclosing(n);
-    for (int k = 0; k < n; ++k) enclosing[k] = py::int_(l.enclosing[k]);
-    const bool kept = l.detail.op != nullptr;
-    out[i] = py::make_tuple(l.flow, l.range, l.launch_ns, enclosing, kept ? py::object(execution_fields(l)) : py::none(),
-                            l.detail.native_tid);
-    release(l.detail);
+    py::object enclosing = steal(PyTuple_New(n));
+    for (int k = 0; k < n; ++k) PyTuple_SET_ITEM(enclosing.ptr(), k, steal(PyLong_FromLongLong(l.enclosing[k])).release().ptr());
+    py::object flow = steal(PyLong_FromLongLong(l.flow));
+    launches.append(make_tuple_of(&PyTuple_Type, {new_ref(flow.ptr()), PyLong_FromLongLong(l.range),
+                                                  PyLong_FromLongLong(l.launch_ns), new_ref(enclosing.ptr())}));
+    if (l.detail.op != nullptr)
+      records[flow] = make_tuple_of(&PyTuple_Type, {execution(type, l).release().ptr(), PyLong_FromLongLong(l.detail.native_tid)});
   }
-  return py::make_tuple(start_ns, out, dropped);
+  return py::make_tuple(start_ns, launches, records, dropped);
 }
 
 // Keep the runtime's records of up to `limit` launches per session (0: none).
@@ -442,7 +487,7 @@ namespace tilescope_sim {
 PyObject* profiler_record(PyObject*, PyObject* const*, Py_ssize_t) { Py_RETURN_FALSE; }
 PyMethodDef kRecordMethod = {"profiler_record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&profiler_record)),
                              METH_FASTCALL, "No Kineto in this torch: records nothing."};
-py::object profiler_take(int64_t, int64_t, int64_t) { return py::none(); }
+py::object profiler_take(int64_t, int64_t, int64_t, py::type) { return py::none(); }
 void profiler_keep(int64_t) {}
 void profiler_enable(bool) {}
 bool profiler_available() { return false; }
