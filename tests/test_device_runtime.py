@@ -202,3 +202,36 @@ def test_a_forked_child_asks_for_its_own_thread_id():
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_the_device_profiler_lets_go_of_the_records_nobody_takes():
+    """The device's profiler keeps a strong reference to each recorded execution's Program until
+    the export takes the record; the sessions nobody exported are let go (the latest 8 are kept),
+    their references released with the GIL held -- nothing leaks, nothing is released twice."""
+    import sys
+
+    from torch.profiler import ProfilerActivity
+
+    x = torch.ones(64, device="sim")
+    with _runtime.recording() as execs:
+        x.add_(1)
+        torch.sim.synchronize()
+    program = execs[0].program
+    unreferenced = sys.getrefcount(program)
+    kept = _runtime.keep_recorded(100)
+    starts = []
+    try:
+        for _ in range(10):
+            with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+                x.add_(1)
+                torch.sim.synchronize()
+            starts.append(prof.profiler.kineto_results.trace_start_ns())
+    finally:
+        _runtime.keep_recorded(kept)
+    _runtime.take_device_activities(0)  # no such session; releases what was let go meanwhile
+    assert sys.getrefcount(program) == unreferenced + 8  # the 8 latest sessions' records
+    taken = [_runtime.take_device_activities(t0) for t0 in starts[2:]]  # each finds its own (nearest start)
+    assert [len(t.records) for t in taken] == [1] * 8
+    assert all(rec.program is program for t in taken for rec, _ in t.records.values())
+    del taken
+    assert sys.getrefcount(program) == unreferenced
