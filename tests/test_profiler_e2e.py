@@ -15,7 +15,7 @@ def sim(sim_virtual):
     """The sim device, virtual clock (tests/conftest.py)."""
 
 
-def _flows_reach_every_device_event(trace):
+def _flows_reach_every_device_event(trace, starts=("cpu_op", "user_annotation")):
     events = trace["traceEvents"]
     names = {(e["pid"], e["args"]["name"]) for e in events if e.get("name") == "process_name"}
     fw_pids = {pid for pid, n in names if n.endswith("/framework")}
@@ -34,7 +34,7 @@ def _flows_reach_every_device_event(trace):
     for e in device:
         hops = flows[e["args"]["flow_id"]]
         assert set(hops) == {"s", "t", "f"}
-        assert hops["s"]["pid"] in fw_pids and inside(hops["s"], ("cpu_op", "user_annotation"))
+        assert hops["s"]["pid"] in fw_pids and inside(hops["s"], starts)
         assert inside(hops["t"], ("runtime",))
         assert inside(hops["f"], ("hardware", "memcpy"))
 
@@ -522,3 +522,44 @@ def test_a_missing_launching_range_is_not_taken_for_the_range_around_it(sim, mon
         launches=[(f, unknown, t, e) for f, _, t, e in a.launches]))
     (m,) = profile()
     assert m.parent is None
+
+
+def test_executions_launched_from_a_thread_torch_does_not_profile_get_their_own_lane(sim, tmp_path):
+    """torch records the ops of the thread that started its profiler only (profile_all_threads
+    is off by default) and the device every execution, as CUPTI does kernels: work a second
+    thread launches is in the profile with no launching op -- its flows start on a lane of that
+    thread (named by its system id), at a zero-length launch slice, not at whatever op the
+    profiling thread ran meanwhile."""
+    import threading
+
+    cfg = ProfileConfig(output_dir=str(tmp_path))
+    exporter = Profiler(cfg)
+    x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
+    naive_rmsnorm(x, w)
+    torch.sim.synchronize()
+    other_id = []
+
+    def other():
+        other_id.append(threading.get_native_id())
+        naive_rmsnorm(x, w)
+
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+                                experimental_config=cfg, on_trace_ready=exporter.export_trace):
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        naive_rmsnorm(x, w)
+        torch.sim.synchronize()
+    p = read_profile(exporter.path).require_complete()
+    assert p.manifest["stats"]["executions"] == 12
+    trace = json.loads((exporter.path / "system_trace.json").read_text())
+    events = trace["traceEvents"]
+    _flows_reach_every_device_event(trace, starts=("cpu_op", "user_annotation", "launch"))
+    (lane,) = [e["tid"] for e in events if e.get("name") == "thread_name" and e["pid"] == 1
+               and e["args"]["name"] == f"thread {other_id[0]} (no recorded ops)"]
+    launches = [e for e in events if e.get("cat") == "launch"]
+    assert len(launches) == 6 and {e["tid"] for e in launches} == {lane}
+    assert [e["name"] for e in launches][:2] == ["launch aten::mul.Tensor", "launch aten::mean.dim"]
+    starts = [e for e in events if e.get("cat") == "tilescope.flow" and e["ph"] == "s"]
+    assert sorted(e["tid"] for e in starts) == sorted([0] * 6 + [lane] * 6)
+    assert not any(e.get("cat") == "cpu_op" and e["tid"] == lane for e in events)

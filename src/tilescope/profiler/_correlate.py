@@ -46,13 +46,16 @@ _ACTIVITY_PREFIXES = (activity_name("kernel", ""), activity_name("memcpy", "")) 
 _flow_of_launch = itemgetter(0)  # of a (flow, thread, start, parent) launch
 
 
+UNRECORDED_THREAD = "launching thread"  # Matched.thread of an execution with no launching op: (this, system id)
+
+
 @dataclass(slots=True)
 class Matched:
     """One execution found in the trace: its record, launch time and launching op."""
 
     rec: object
     launch_us: float  # launch time on torch's clock (us from the trace start)
-    thread: int
+    thread: object  # torch's thread of the launching op; (UNRECORDED_THREAD, system id) without one
     parent: FunctionEvent | None
     native_tid: int = 0  # the launching thread's system id (Kineto's tid)
     recorded_by_torch: bool = False  # a device activity in torch's own events (else a marker's)
@@ -215,7 +218,9 @@ class Correlation:
         for m in matched:
             if m.recorded_by_torch:
                 m.parent = parents[m.rec.flow_id]
-                m.thread = m.parent.thread if m.parent is not None else 0
+                # no launching op among torch's events (a thread torch does not profile, or
+                # outside any op): the launching thread, by its system id (see unrecorded_launch_lanes)
+                m.thread = m.parent.thread if m.parent is not None else (UNRECORDED_THREAD, m.native_tid)
         if not into_tables:
             _remove_all_recorded(events)
         elif self._pending_recorded:

@@ -31,7 +31,7 @@ except ImportError:  # not built (no compiler at install time): the same text fr
     _lanes = None
 
 __all__ = ["FRAMEWORK", "RUNTIME", "HARDWARE", "HOST", "js", "meta", "Framework", "framework_events", "Placement",
-           "placement", "device_events", "event_count", "doctor_events"]
+           "placement", "device_events", "event_count", "doctor_events", "unrecorded_launch_lanes"]
 
 FRAMEWORK, RUNTIME, HARDWARE, HOST = 1, 2, 3, 4
 _CPU = torch.autograd.DeviceType.CPU.value
@@ -266,6 +266,37 @@ def _device_lanes(rows, fw_tid, shift: float, fw_pid: int) -> list[str]:
             f'{flow},"ph":"t","pid":{RUNTIME},"tid":{core},"ts":{rt}}},'
             f'{flow},"ph":"f","bp":"e","pid":{HARDWARE},"tid":{core},"ts":{hw}}}')
     return events
+
+
+def unrecorded_launch_lanes(rows, threads: dict) -> tuple[dict, list[str]]:
+    """Framework lanes for the executions with no launching op among torch's events.
+
+    torch records the ops of the thread that started its profiler only (its
+    ``profile_all_threads`` is off by default), while the device records every execution, as
+    CUPTI records every kernel: work launched from another thread -- or outside any op -- has no
+    op to start its flow from. Each such launching thread gets a lane of its own, named by its
+    system id, with a zero-length ``launch <op>`` slice where each execution was launched (its
+    flow starts there), rather than a flow from whatever op thread 0 ran at that time.
+
+    ``rows``: :func:`placement`'s; ``threads``: the framework lanes (torch thread -> tid).
+    Returns the lanes with those threads added (``threads`` itself when there are none) and
+    their events.
+    """
+    lanes, events = threads, []
+    for row in rows:
+        m = row[0]
+        if m.parent is not None or not m.recorded_by_torch:
+            continue
+        if lanes is threads:
+            lanes = dict(threads)
+        tid = lanes.get(m.thread)
+        if tid is None:
+            tid = lanes[m.thread] = len(lanes)
+            events.append(f'{{"ph":"M","name":"thread_name","pid":{FRAMEWORK},"tid":{tid},'
+                          f'"args":{{"name":"thread {m.native_tid} (no recorded ops)"}}}}')
+        events.append(f'{{"ph":"X","cat":"launch","name":{js("launch " + m.rec.op)},"pid":{FRAMEWORK},'
+                      f'"tid":{tid},"ts":{row[5]:.3f},"dur":0,"args":{{"flow_id":{m.rec.flow_id}}}}}')
+    return lanes, events
 
 
 def event_count(rows, cores: list | None = None) -> int:

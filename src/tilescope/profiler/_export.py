@@ -26,7 +26,7 @@ from ._capture import capture
 from ._config import ProfileConfig, ProfileMode
 from ._correlate import Correlation
 from ._events import (HOST, Framework, Placement, device_events, doctor_events, event_count, framework_events,
-                      placement)
+                      placement, unrecorded_launch_lanes)
 from ._format import ProfileWriter, itrace_summary, read_file, sha256_of, start_writer
 
 __all__ = ["Profiler"]
@@ -240,6 +240,9 @@ def _system_trace(prof, placed: Placement, trace_start_ns: int, cfg: ProfileConf
     by_cat: dict[str, list[dict]] = {}
     rows = placed.rows
     if cfg.has(ProfileMode.RUNTIME) and rows:
+        threads, launch_lanes = unrecorded_launch_lanes(rows, threads)
+        chunks += launch_lanes
+        n_events += len(launch_lanes)
         chunks += device_events(rows, prefix, threads, cores=placed.cores)
         n_events += event_count(rows, placed.cores)
         by_cat = doctor_events(rows)
