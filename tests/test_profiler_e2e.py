@@ -563,3 +563,30 @@ def test_executions_launched_from_a_thread_torch_does_not_profile_get_their_own_
     starts = [e for e in events if e.get("cat") == "tilescope.flow" and e["ph"] == "s"]
     assert sorted(e["tid"] for e in starts) == sorted([0] * 6 + [lane] * 6)
     assert not any(e.get("cat") == "cpu_op" and e["tid"] == lane for e in events)
+
+
+def test_profile_all_threads_links_another_threads_launches_to_its_ops(sim, tmp_path):
+    """ProfileConfig(profile_all_threads=True) passes torch's option on: the second thread's ops
+    are recorded, and its executions are linked to them on its own lane (no launch slices)."""
+    import threading
+
+    cfg = ProfileConfig(output_dir=str(tmp_path), profile_all_threads=True)
+    exporter = Profiler(cfg)
+    x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
+    naive_rmsnorm(x, w)
+    torch.sim.synchronize()
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+                                experimental_config=cfg, on_trace_ready=exporter.export_trace) as prof:
+        thread = threading.Thread(target=naive_rmsnorm, args=(x, w))
+        thread.start()
+        thread.join()
+        naive_rmsnorm(x, w)
+        torch.sim.synchronize()
+    assert {e.key: e.count for e in prof.key_averages()}["aten::mul"] == 6
+    p = read_profile(exporter.path).require_complete()
+    assert p.manifest["stats"]["executions"] == 12 and p.manifest["config"]["profile_all_threads"] is True
+    trace = json.loads((exporter.path / "system_trace.json").read_text())
+    _flows_reach_every_device_event(trace)
+    events = trace["traceEvents"]
+    starts = [e for e in events if e.get("cat") == "tilescope.flow" and e["ph"] == "s"]
+    assert len({e["tid"] for e in starts}) == 2 and not any(e.get("cat") == "launch" for e in events)

@@ -65,13 +65,17 @@ class ProfileConfig(_ExperimentalConfig):
         executable_cache_dir: also keep every executable here (shared across profiles).
         device_profile: ``"first"`` -- instruction traces for the first run of each Program;
             ``"session"`` -- for every run.
+        profile_all_threads: torch records the ops of every thread, not only of the one that
+            started the profiler (torch's own option, off by default): device work launched
+            from other threads is then linked to its ops. Without it, that work is still in the
+            profile, on a lane of its launching thread with no ops.
     """
 
     def __init__(self, *, modes=(ProfileMode.DEVICE, ProfileMode.RUNTIME), capture_cores: str | None = None,
                  output_dir: str | os.PathLike = "profile_out", max_events_per_core: int = 1_000_000,
                  correlate_device_time: bool = True, executable_cache_dir: str | os.PathLike | None = None,
-                 device_profile: str = "first"):
-        super().__init__()
+                 device_profile: str = "first", profile_all_threads: bool = False):
+        super().__init__(profile_all_threads=bool(profile_all_threads))
         modes = tuple(ProfileMode(m) if not isinstance(m, ProfileMode) else m for m in (
             [modes] if isinstance(modes, (str, ProfileMode)) else modes))
         if not modes:
@@ -91,6 +95,7 @@ class ProfileConfig(_ExperimentalConfig):
         self.correlate_device_time = bool(correlate_device_time)
         self.executable_cache_dir = os.fspath(executable_cache_dir) if executable_cache_dir else None
         self.device_profile = device_profile
+        self.profile_all_threads = bool(profile_all_threads)
 
     def has(self, mode: ProfileMode) -> bool:
         return mode in self.modes
@@ -107,6 +112,7 @@ class ProfileConfig(_ExperimentalConfig):
             "correlate_device_time": self.correlate_device_time,
             "executable_cache_dir": self.executable_cache_dir,
             "device_profile": self.device_profile,
+            "profile_all_threads": self.profile_all_threads,
         }
 
     def __repr__(self) -> str:
