@@ -53,6 +53,13 @@ def test_dropped_events(tmp_path):
     assert f.code == "dropped-events" and "120 instruction events" in f.message and "core 0: 120" in f.message
 
 
+def test_launches_without_op(tmp_path):
+    path = _sim_profile(tmp_path, [_hw()], {"executions": 7, "executions_without_op": 6, "threads_without_ops": 1})
+    (f,) = diagnose(path)
+    assert f.code == "launches-without-op" and "6 device execution(s) launched from 1 thread(s)" in f.message
+    assert "ProfileConfig(profile_all_threads=True)" in f.fix
+
+
 def test_unpaired_executable(tmp_path):
     path = _sim_profile(tmp_path, [_hw("feedfacefeedface")], {"executions": 1})
     (f,) = diagnose(path)

@@ -563,6 +563,8 @@ def test_executions_launched_from_a_thread_torch_does_not_profile_get_their_own_
     starts = [e for e in events if e.get("cat") == "tilescope.flow" and e["ph"] == "s"]
     assert sorted(e["tid"] for e in starts) == sorted([0] * 6 + [lane] * 6)
     assert not any(e.get("cat") == "cpu_op" and e["tid"] == lane for e in events)
+    (finding,) = [f for f in diagnose(exporter.path) if f.code == "launches-without-op"]
+    assert "6 device execution(s) launched from 1 thread(s)" in finding.message
 
 
 def test_profile_all_threads_links_another_threads_launches_to_its_ops(sim, tmp_path):
@@ -590,3 +592,4 @@ def test_profile_all_threads_links_another_threads_launches_to_its_ops(sim, tmp_
     events = trace["traceEvents"]
     starts = [e for e in events if e.get("cat") == "tilescope.flow" and e["ph"] == "s"]
     assert len({e["tid"] for e in starts}) == 2 and not any(e.get("cat") == "launch" for e in events)
+    assert not [f for f in diagnose(exporter.path) if f.code == "launches-without-op"]

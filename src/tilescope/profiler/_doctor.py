@@ -161,6 +161,14 @@ def _distortion(c: _Ctx):
                 f"the profiler's as much as the model's")
 
 
+def _without_op(c: _Ctx):
+    n, threads = c.stats.get("executions_without_op", 0), c.stats.get("threads_without_ops", 0)
+    if n:
+        return (f"{n} device execution(s) launched from {threads} thread(s) have no launching op in torch's "
+                f"events: torch records the ops of the thread that started the profiler only, so their device "
+                f"time is under no op in key_averages() (the system trace shows them on a lane of their thread)")
+
+
 def _dropped(c: _Ctx):
     dropped = {k: v for k, v in (c.stats.get("dropped_events") or {}).items() if v}
     if dropped:
@@ -241,6 +249,9 @@ RULES: list[tuple[str, str, Callable[[_Ctx], str | None], str]] = [
      "profile warm iterations: schedule(wait=..., warmup=1, active=...), or run the model once first"),
     ("profiler-distortion", "info", _distortion,
      "profile fewer steps, turn record_shapes / with_stack off; device time (modeled) is not affected"),
+    ("launches-without-op", "warning", _without_op,
+     "pass ProfileConfig(profile_all_threads=True) to record every thread's ops, or launch the device work "
+     "from the thread that runs the profiler"),
     ("dropped-events", "warning", _dropped,
      "raise ProfileConfig(max_events_per_core=...) or capture fewer cores/steps"),
     ("unpaired-trace", "error", _unpaired,

@@ -123,10 +123,12 @@ class Profiler:
             w.write_bytes("system_trace.json", parts, sha256=sha256_of(parts), later=True)
             w.start_writes()
             cold = [m for m in matched if m.fresh]
+            unlinked = [m for m in matched if m.recorded_by_torch and m.parent is None]
             w.stats = {
                 "events": n_events, "executions": len(matched), "pending_executions": pending,
                 "dropped_events": dropped, "record_buffer_drops": capture.dropped,
                 "cold_executions": len(cold), "cold_ops": sorted({m.rec.op for m in cold})[:8],
+                "executions_without_op": len(unlinked), "threads_without_ops": len({m.native_tid for m in unlinked}),
                 "launch_interval_us": capture.launch_intervals_us(m.launch_us for m in matched),
             }
             # the last files write off this thread (manifest last) while the doctor reads what
