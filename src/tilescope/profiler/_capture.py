@@ -43,8 +43,9 @@ class Capture:
     microsecond of it is paid several times over: nothing in Python when torch records the
     execution (the device's profiler keeps the record; the export adds it here), else the
     marker and the record stored by flow id with the launching thread's system id (a plain
-    dict: one store is atomic; the lock guards only the rare eviction). Host time between unprofiled launches is kept for the
-    doctor; the profiled gaps are read from the launches at export (:func:`launch_intervals_us`).
+    dict: one store is atomic; the lock guards only the rare eviction). Host time between
+    unprofiled launches is kept for the doctor; the profiled gaps are read from the launches at
+    export (:func:`launch_intervals_us`).
 
     A Program's first run outside a profiled window (the wait and warmup steps of a schedule)
     also prepares its executable's text and digest and its instruction trace's text: that run
