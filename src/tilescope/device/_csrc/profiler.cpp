@@ -140,7 +140,12 @@ void release_graveyard() {  // with the GIL held, g_mu not
 std::atomic<uint64_t> g_fork_generation{1};
 thread_local uint64_t t_ids_generation = 0;
 thread_local int64_t t_native_tid = 0;
-[[maybe_unused]] const int kForkHook = pthread_atfork(nullptr, nullptr, [] { g_fork_generation.fetch_add(1); });
+// (the lock is held across fork, so that a child never starts with it held by a thread it lacks)
+[[maybe_unused]] const int kForkHook = pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); },
+                                                      [] {
+                                                        g_mu.unlock();
+                                                        g_fork_generation.fetch_add(1);
+                                                      });
 
 int64_t native_tid() {
   const uint64_t generation = g_fork_generation.load(std::memory_order_relaxed);
@@ -232,7 +237,25 @@ class Session final : public libkineto::IActivityProfilerSession {
       start_ns = g_start_ns;
       dropped = g_dropped;
     }
-    // flow order is submission order (threads may reach profiler_record in another order)
+    try {
+      emit(logger, linked, launches);
+    } catch (...) {  // the launches' references must still be released (with the GIL, later)
+      std::lock_guard<std::mutex> guard(g_mu);
+      bury(launches);
+      throw;
+    }
+    std::lock_guard<std::mutex> guard(g_mu);
+    g_done.push_back({start_ns, std::move(launches), dropped});
+    while (g_done.size() > kKeptSessions) {
+      bury(g_done.front().launches);
+      g_done.pop_front();
+    }
+  }
+
+  // Each launch as a device activity for Kineto, in flow order (submission order: threads may
+  // reach profiler_record in another order).
+  void emit(libkineto::ActivityLogger& logger, const libkineto::getLinkedActivityCallback* linked,
+            std::vector<Launch>& launches) {
     std::sort(launches.begin(), launches.end(), [](const Launch& a, const Launch& b) { return a.flow < b.flow; });
     std::unordered_map<int32_t, int64_t> core_end;
     for (const Launch& l : launches) {
@@ -253,12 +276,6 @@ class Session final : public libkineto::IActivityProfilerSession {
       a.linked = (linked != nullptr && l.range > 0) ? (*linked)(static_cast<int32_t>(l.range)) : nullptr;
       a.addMetadataQuoted("flow_id", std::to_string(l.flow));  // (addMetadata needs fmt's library)
       logger.handleGenericActivity(a);  // Kineto keeps a copy
-    }
-    std::lock_guard<std::mutex> guard(g_mu);
-    g_done.push_back({start_ns, std::move(launches), dropped});
-    while (g_done.size() > kKeptSessions) {
-      bury(g_done.front().launches);
-      g_done.pop_front();
     }
   }
 
@@ -317,6 +334,34 @@ bool as_int64(PyObject* o, int64_t* out) {
   return !(*out == -1 && PyErr_Occurred());
 }
 
+bool as_bool(PyObject* o, bool* out) {
+  const int truth = PyObject_IsTrue(o);
+  *out = truth == 1;
+  return truth >= 0;
+}
+
+// The launch kept for the recording session; false when no session records any more. The
+// references (with 17 arguments, under the limit) are taken once the launch is stored: nothing
+// to release if storing it throws.
+bool keep_launch(Launch&& launch, PyObject* const* args, Py_ssize_t nargs) {
+  std::lock_guard<std::mutex> guard(g_mu);
+  if (!g_recording) return false;
+  const bool keep = nargs == kRecordArgs && g_kept < g_keep;
+  if (nargs == kRecordArgs && !keep && g_keep > 0) ++g_dropped;
+  g_launches.push_back(std::move(launch));
+  if (keep) {  // (the GIL is held: a call from Python)
+    Detail& d = g_launches.back().detail;
+    PyObject** refs[] = {&d.op, &d.lowering, &d.program, &d.program_hash, &d.direction, &d.clock};
+    PyObject* values[] = {args[1], args[11], args[12], args[13], args[14], args[15]};
+    for (size_t k = 0; k < 6; ++k) {
+      Py_INCREF(values[k]);
+      *refs[k] = values[k];
+    }
+    ++g_kept;
+  }
+  return true;
+}
+
 PyObject* profiler_record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (g_graveyard_full.load(std::memory_order_relaxed)) release_graveyard();
   if (nargs != kLaunchArgs && nargs != kRecordArgs) {
@@ -327,18 +372,18 @@ PyObject* profiler_record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!g_recording.load(std::memory_order_relaxed)) Py_RETURN_FALSE;
   int64_t flow, core;
   double host_ns, start_ns, end_ns;
+  bool memcpy;
   Py_ssize_t op_size = 0;
   const char* op = PyUnicode_AsUTF8AndSize(args[1], &op_size);
-  if (op == nullptr || !as_int64(args[0], &flow) || !as_int64(args[3], &core) || !as_double(args[4], &host_ns) ||
-      !as_double(args[5], &start_ns) || !as_double(args[6], &end_ns))
+  if (op == nullptr || !as_int64(args[0], &flow) || !as_bool(args[2], &memcpy) || !as_int64(args[3], &core) ||
+      !as_double(args[4], &host_ns) || !as_double(args[5], &start_ns) || !as_double(args[6], &end_ns))
     return nullptr;
-  const bool memcpy = PyObject_IsTrue(args[2]) == 1;
   Detail detail;
   if (nargs == kRecordArgs) {
     if (!as_double(args[7], &detail.queued_ns) || !as_double(args[8], &detail.modeled_ns) ||
-        !as_double(args[9], &detail.runtime_ns) || !as_int64(args[10], &detail.nbytes))
+        !as_double(args[9], &detail.runtime_ns) || !as_int64(args[10], &detail.nbytes) ||
+        !as_bool(args[16], &detail.first_run))
       return nullptr;
-    detail.first_run = PyObject_IsTrue(args[16]) == 1;
     detail.thread_ident = PyThread_get_thread_ident();
     detail.native_tid = native_tid();
   }
@@ -347,28 +392,18 @@ PyObject* profiler_record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   int n = 0;
   for (auto it = t_open.rbegin(); it != t_open.rend() && n <= kEnclosing && it->session == session; ++it)
     ids[n++] = static_cast<int64_t>(it->id);
-  std::string name(memcpy ? "memcpy " : "exec_running ");
-  name.append(op, static_cast<size_t>(op_size));
-  const int64_t now = wall_ns();
-  std::lock_guard<std::mutex> guard(g_mu);
-  if (!g_recording) Py_RETURN_FALSE;
-  if (nargs == kRecordArgs) {
-    if (g_kept < g_keep) {  // the references (the GIL is held: a call from Python)
-      PyObject** refs[] = {&detail.op, &detail.lowering, &detail.program, &detail.program_hash, &detail.direction,
-                           &detail.clock};
-      PyObject* values[] = {args[1], args[11], args[12], args[13], args[14], args[15]};
-      for (size_t k = 0; k < 6; ++k) {
-        Py_INCREF(values[k]);
-        *refs[k] = values[k];
-      }
-      ++g_kept;
-    } else if (g_keep > 0) {
-      ++g_dropped;
-    }
+  try {  // a C function: no C++ exception may cross into the interpreter
+    std::string name(memcpy ? "memcpy " : "exec_running ");
+    name.append(op, static_cast<size_t>(op_size));
+    if (keep_launch({flow, ids[0], {ids[1], ids[2], ids[3]}, wall_ns(), host_ns, start_ns, end_ns,
+                     static_cast<int32_t>(core), memcpy, std::move(name), detail},
+                    args, nargs))
+      Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_RuntimeError, "the sim device's profiler could not keep a launch: %s", e.what());
+    return nullptr;
   }
-  g_launches.push_back({flow, ids[0], {ids[1], ids[2], ids[3]}, now, host_ns, start_ns, end_ns,
-                        static_cast<int32_t>(core), memcpy, std::move(name), detail});
-  Py_RETURN_TRUE;
 }
 
 PyMethodDef kRecordMethod = {"profiler_record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&profiler_record)),
@@ -381,11 +416,10 @@ py::object steal(PyObject* o) {
   return py::reinterpret_steal<py::object>(o);
 }
 
-// A tuple (or an instance of a tuple subclass such as a named tuple, made as tuple.__new__ makes
-// one) of new references; on failure, the ones made are released.
+// A tuple of new references (on failure, the ones made are released), or an instance of the
+// tuple subclass `type` (a named tuple) made from it as tuple.__new__(type, t) makes one.
 py::object make_tuple_of(PyTypeObject* type, std::initializer_list<PyObject*> items) {
-  PyObject* t = type == &PyTuple_Type ? PyTuple_New(static_cast<Py_ssize_t>(items.size()))
-                                      : type->tp_alloc(type, static_cast<Py_ssize_t>(items.size()));
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
   bool ok = t != nullptr;
   for (PyObject* item : items) ok = ok && item != nullptr;
   if (!ok) {
@@ -395,7 +429,10 @@ py::object make_tuple_of(PyTypeObject* type, std::initializer_list<PyObject*> it
   }
   Py_ssize_t k = 0;
   for (PyObject* item : items) PyTuple_SET_ITEM(t, k++, item);
-  return py::reinterpret_steal<py::object>(t);
+  py::object tuple = py::reinterpret_steal<py::object>(t);
+  if (type == &PyTuple_Type) return tuple;
+  py::object args = steal(PyTuple_Pack(1, t));
+  return steal(PyTuple_Type.tp_new(type, args.ptr(), nullptr));
 }
 
 PyObject* new_ref(PyObject* o) {
@@ -405,7 +442,8 @@ PyObject* new_ref(PyObject* o) {
 
 // The runtime's record of a launch: an `execution_type` (tilescope.device._runtime.Execution).
 py::object execution(PyTypeObject* execution_type, const Launch& l) {
-  static PyObject* const kinds[2] = {PyUnicode_InternFromString("kernel"), PyUnicode_InternFromString("memcpy")};
+  static PyObject* const kinds[2] = {steal(PyUnicode_InternFromString("kernel")).release().ptr(),
+                                     steal(PyUnicode_InternFromString("memcpy")).release().ptr()};
   const Detail& d = l.detail;
   return make_tuple_of(
       execution_type,
@@ -498,8 +536,10 @@ bool profiler_available() { return false; }
 namespace tilescope_sim {
 
 void bind_profiler(py::module& m) {
-  m.add_object("profiler_record",
-               py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kRecordMethod, nullptr, m.ptr())));
+  py::object module_name = m.attr("__name__");
+  py::object record = py::reinterpret_steal<py::object>(PyCFunction_NewEx(&kRecordMethod, nullptr, module_name.ptr()));
+  if (!record) throw py::error_already_set();
+  m.add_object("profiler_record", record);
   m.def("profiler_take", &profiler_take);
   m.def("profiler_keep", &profiler_keep);
   m.def("profiler_enable", &profiler_enable);
