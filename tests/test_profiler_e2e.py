@@ -524,15 +524,13 @@ def test_a_missing_launching_range_is_not_taken_for_the_range_around_it(sim, mon
     assert m.parent is None
 
 
-def test_executions_launched_from_a_thread_torch_does_not_profile_get_their_own_lane(sim, tmp_path):
-    """torch records the ops of the thread that started its profiler only (profile_all_threads
-    is off by default) and the device every execution, as CUPTI does kernels: work a second
-    thread launches is in the profile with no launching op -- its flows start on a lane of that
-    thread (named by its system id), at a zero-length launch slice, not at whatever op the
-    profiling thread ran meanwhile."""
+def _profile_with_a_second_thread(tmp_path, **config):
+    """Naive RMSNorm run once by a second thread, then once by the profiling thread, in one
+    profiled window exported by tilescope: (torch's profile, the profile directory, its system
+    trace, the second thread's system id)."""
     import threading
 
-    cfg = ProfileConfig(output_dir=str(tmp_path))
+    cfg = ProfileConfig(output_dir=str(tmp_path), **config)
     exporter = Profiler(cfg)
     x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
     naive_rmsnorm(x, w)
@@ -544,52 +542,45 @@ def test_executions_launched_from_a_thread_torch_does_not_profile_get_their_own_
         naive_rmsnorm(x, w)
 
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
-                                experimental_config=cfg, on_trace_ready=exporter.export_trace):
+                                experimental_config=cfg, on_trace_ready=exporter.export_trace) as prof:
         thread = threading.Thread(target=other)
         thread.start()
         thread.join()
         naive_rmsnorm(x, w)
         torch.sim.synchronize()
-    p = read_profile(exporter.path).require_complete()
-    assert p.manifest["stats"]["executions"] == 12
-    trace = json.loads((exporter.path / "system_trace.json").read_text())
+    assert read_profile(exporter.path).require_complete().manifest["stats"]["executions"] == 12
+    return prof, exporter.path, json.loads((exporter.path / "system_trace.json").read_text()), other_id[0]
+
+
+def test_executions_launched_from_a_thread_torch_does_not_profile_get_their_own_lane(sim, tmp_path):
+    """torch records the ops of the thread that started its profiler only (profile_all_threads
+    is off by default) and the device every execution, as CUPTI does kernels: work a second
+    thread launches is in the profile with no launching op -- its flows start on a lane of that
+    thread (named by its system id), at a zero-length launch slice, not at whatever op the
+    profiling thread ran meanwhile."""
+    _, path, trace, other_id = _profile_with_a_second_thread(tmp_path)
     events = trace["traceEvents"]
     _flows_reach_every_device_event(trace, starts=("cpu_op", "user_annotation", "launch"))
     (lane,) = [e["tid"] for e in events if e.get("name") == "thread_name" and e["pid"] == 1
-               and e["args"]["name"] == f"thread {other_id[0]} (no recorded ops)"]
+               and e["args"]["name"] == f"thread {other_id} (no recorded ops)"]
     launches = [e for e in events if e.get("cat") == "launch"]
     assert len(launches) == 6 and {e["tid"] for e in launches} == {lane}
     assert [e["name"] for e in launches][:2] == ["launch aten::mul.Tensor", "launch aten::mean.dim"]
     starts = [e for e in events if e.get("cat") == "tilescope.flow" and e["ph"] == "s"]
     assert sorted(e["tid"] for e in starts) == sorted([0] * 6 + [lane] * 6)
     assert not any(e.get("cat") == "cpu_op" and e["tid"] == lane for e in events)
-    (finding,) = [f for f in diagnose(exporter.path) if f.code == "launches-without-op"]
+    (finding,) = [f for f in diagnose(path) if f.code == "launches-without-op"]
     assert "6 device execution(s) launched from 1 thread(s)" in finding.message
 
 
 def test_profile_all_threads_links_another_threads_launches_to_its_ops(sim, tmp_path):
     """ProfileConfig(profile_all_threads=True) passes torch's option on: the second thread's ops
     are recorded, and its executions are linked to them on its own lane (no launch slices)."""
-    import threading
-
-    cfg = ProfileConfig(output_dir=str(tmp_path), profile_all_threads=True)
-    exporter = Profiler(cfg)
-    x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
-    naive_rmsnorm(x, w)
-    torch.sim.synchronize()
-    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
-                                experimental_config=cfg, on_trace_ready=exporter.export_trace) as prof:
-        thread = threading.Thread(target=naive_rmsnorm, args=(x, w))
-        thread.start()
-        thread.join()
-        naive_rmsnorm(x, w)
-        torch.sim.synchronize()
+    prof, path, trace, _ = _profile_with_a_second_thread(tmp_path, profile_all_threads=True)
     assert {e.key: e.count for e in prof.key_averages()}["aten::mul"] == 6
-    p = read_profile(exporter.path).require_complete()
-    assert p.manifest["stats"]["executions"] == 12 and p.manifest["config"]["profile_all_threads"] is True
-    trace = json.loads((exporter.path / "system_trace.json").read_text())
+    assert read_profile(path).manifest["config"]["profile_all_threads"] is True
     _flows_reach_every_device_event(trace)
     events = trace["traceEvents"]
     starts = [e for e in events if e.get("cat") == "tilescope.flow" and e["ph"] == "s"]
     assert len({e["tid"] for e in starts}) == 2 and not any(e.get("cat") == "launch" for e in events)
-    assert not [f for f in diagnose(exporter.path) if f.code == "launches-without-op"]
+    assert not [f for f in diagnose(path) if f.code == "launches-without-op"]
