@@ -1,13 +1,13 @@
 """Collecting device executions while torch's profiler records.
 
-While torch's profiler is enabled, the capture keeps each device execution's record,
-keyed by its flow id, for the export.
+While torch's profiler is enabled, each device execution's record is kept, keyed by its
+flow id, for the export.
 
 torch records the execution itself when the session asked for device activities
 (``ProfilerActivity.PrivateUse1``): the device's activity profiler for Kineto links it
 to its op (``tilescope/device/_csrc/profiler.cpp``) and keeps the runtime's record with
-it (``keep_recorded``), which the export hands to the capture (:meth:`Capture.add_recorded`)
-with the session's launches. Otherwise -- a CPU-only session, or torch
+it (``keep_recorded``), which the export takes with the session's launches
+(``take_device_activities``; the capture only counts the records that limit let go). Otherwise -- a CPU-only session, or torch
 without Kineto -- the runtime calls :meth:`Capture.on_execution`, on the thread that
 launched the execution and inside the aten op that launched it, and the capture records
 a zero-length marker there (so the marker nests under that op in torch's event tree),
@@ -41,7 +41,7 @@ class Capture:
     The profiled path is as short as it can be -- it runs once per device execution, inside
     the user's op, and on a machine whose cores are busy with the device's numerics every
     microsecond of it is paid several times over: nothing in Python when torch records the
-    execution (the device's profiler keeps the record; the export adds it here), else the
+    execution (the device's profiler keeps the record; the export takes it there), else the
     marker and the record stored by flow id with the launching thread's system id (a plain
     dict: one store is atomic; the lock guards only the rare eviction). Host time between
     unprofiled launches is kept for the doctor; the profiled gaps are read from the launches at
@@ -120,15 +120,11 @@ class Capture:
                 del self._records[next(iter(self._records))]
                 self.dropped += 1
 
-    def add_recorded(self, records: dict, dropped: int = 0) -> None:
-        """The records the device's profiler kept for a session (flow id -> ``(execution,
-        native thread id)``, :func:`~tilescope.device._runtime.take_device_activities`) and how
-        many it let go."""
+    def count_dropped(self, dropped: int) -> None:
+        """Records the device's profiler let go in a session (over its limit, see
+        :func:`~tilescope.device._runtime.take_device_activities`)."""
         with self._lock:
-            self._records.update(records)
             self.dropped += dropped
-        if len(self._records) > _KEEP:
-            self._evict()
 
     def records(self) -> dict:
         """Every kept launch: flow id -> ``(execution, native thread id)`` (to read, not change)."""
@@ -151,6 +147,8 @@ class Capture:
 
     def forget(self, flow_ids) -> None:
         records = self.records()
+        if not records:  # (the usual case: the device's profiler kept every record of the trace)
+            return
         with self._lock:
             for f in flow_ids:
                 records.pop(f, None)

@@ -104,8 +104,11 @@ class Correlation:
         t0 = result.trace_start_ns() if result is not None else 0
         taken = take_device_activities(t0) if result is not None else None
         activities = taken.launches if taken is not None else []
-        if taken is not None and (taken.records or taken.dropped):
-            capture.add_recorded(taken.records, taken.dropped)
+        # the records of the executions torch recorded are this export's alone (the capture
+        # holds only the listener's: unprofiled launches, markers)
+        self._records: dict[int, tuple] = taken.records if taken is not None else {}
+        if taken is not None and taken.dropped:
+            capture.count_dropped(taken.dropped)
         # (comprehensions: this runs once per device execution)
         self._links: dict[int, int] = {a[0]: a[1] for a in activities}  # flow -> its launching range's correlation id
         self._enclosing: dict[int, tuple] = {a[0]: a[3] for a in activities}  # flow -> the ranges around that one
@@ -116,6 +119,8 @@ class Correlation:
         self._taken = _take_markers(prof.profiler) if markers_recorded else ([], None)
         self.launches: list[Matched] | None = None
         self.pending = 0
+        self.marked = 0  # matched executions found by their markers (not recorded by torch)
+        self.without_op: list[Matched] = []  # executions torch recorded with no launching op among its events
         self._pending_recorded: list[int] = []  # flows of pending executions torch recorded (in its trace too)
         self._marks: dict[int, list] = {}  # torch thread -> [(start, -end, flow)], from the raw markers
         if self._taken is not None:
@@ -130,21 +135,32 @@ class Correlation:
 
     def _match(self, launches) -> tuple[list[Matched], int]:
         """``(flow, thread, start, parent)`` of each launch -> the executions, launch order."""
-        matched, pending = [], 0
-        get = self._capture.records().get
+        matched, pending, marked = [], 0, 0
+        get = self._lookup()
         links, now = self._links, self._now
         for flow, thread, start, parent in sorted(launches, key=_flow_of_launch):  # launch order
             entry = get(flow)
             if entry is None:
                 continue
             rec, native_tid = entry
+            recorded = flow in links
             if rec.device_end_ns > now:
                 pending += 1
-                if flow in links:
+                if recorded:
                     self._pending_recorded.append(flow)
                 continue
-            matched.append(Matched(rec, start, thread, parent, native_tid, flow in links))
+            marked += not recorded
+            matched.append(Matched(rec, start, thread, parent, native_tid, recorded))
+        self.marked = marked
         return matched, pending
+
+    def _lookup(self):
+        """``flow -> (execution, native thread id)`` or None: the records taken with the trace,
+        then the capture's (the markers')."""
+        own, kept = self._records.get, self._capture.records()
+        if not kept:  # (the usual case: torch recorded every execution)
+            return own
+        return lambda flow: own(flow) or kept.get(flow)
 
     def parse(self) -> list[FunctionEvent]:
         """torch's parse (without the markers) -- once -- and its events."""
@@ -215,12 +231,16 @@ class Correlation:
             for flow, parent in parents.items():
                 if parent is None:
                     parents[flow] = found.get(links[flow])
+        without_op = self.without_op = []
         for m in matched:
             if m.recorded_by_torch:
-                m.parent = parents[m.rec.flow_id]
-                # no launching op among torch's events (a thread torch does not profile, or
-                # outside any op): the launching thread, by its system id (see unrecorded_launch_lanes)
-                m.thread = m.parent.thread if m.parent is not None else (UNRECORDED_THREAD, m.native_tid)
+                parent = m.parent = parents[m.rec.flow_id]
+                if parent is not None:
+                    m.thread = parent.thread
+                else:  # no launching op among torch's events (a thread torch does not profile, or
+                    # outside any op): the launching thread, by its system id (see unrecorded_launch_lanes)
+                    m.thread = (UNRECORDED_THREAD, m.native_tid)
+                    without_op.append(m)
         if not into_tables:
             _remove_all_recorded(events)
         elif self._pending_recorded:
@@ -231,7 +251,7 @@ class Correlation:
         parent of the same name (``aten::mean`` calling ``aten::mean``) and lifts its kernels
         there -- the nearest enclosing range torch kept, if it holds this execution's kernel."""
         parent = next((ranges[r] for r in enclosing if r in ranges), None)
-        entry = self._capture.get(flow)
+        entry = self._lookup()(flow)
         if parent is None or entry is None:
             return None
         name = device_event_name(entry[0])

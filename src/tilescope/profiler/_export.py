@@ -24,7 +24,7 @@ import torch
 
 from ._capture import capture
 from ._config import ProfileConfig, ProfileMode
-from ._correlate import Correlation
+from ._correlate import Correlation, Matched
 from ._events import (HOST, Framework, Placement, device_events, doctor_events, event_count, framework_events,
                       placement, unrecorded_launch_lanes)
 from ._format import ProfileWriter, itrace_summary, read_file, sha256_of, start_writer
@@ -99,7 +99,7 @@ class Profiler:
             placed = placement(matched)
             trace_path = _torch_trace(w, prof)
             sim = device["kind"] == "sim"
-            unrecorded = [row for row in placed.rows if not row[0].recorded_by_torch]
+            unrecorded = [row for row in placed.rows if not row[0].recorded_by_torch] if correlation.marked else []
             if sim and not unrecorded and not correlation.pending_recorded:
                 # torch's file as torch wrote it (it recorded the device executions itself):
                 # read and hashed off this thread, while the system trace is made
@@ -122,8 +122,8 @@ class Profiler:
             parts = _system_trace_parts(chunks, device)
             w.write_bytes("system_trace.json", parts, sha256=sha256_of(parts), later=True)
             w.start_writes()
-            cold = [m for m in matched if m.fresh]
-            unlinked = [m for m in matched if m.recorded_by_torch and m.parent is None]
+            cold = [m for m in matched if m.rec.first_run]  # (the record's field: this runs once per execution)
+            unlinked = _captured(correlation.without_op, cfg)
             w.stats = {
                 "events": n_events, "executions": len(matched), "pending_executions": pending,
                 "dropped_events": dropped, "record_buffer_drops": capture.dropped,
@@ -134,7 +134,8 @@ class Profiler:
             # the last files write off this thread (manifest last) while the doctor reads what
             # is in memory; its findings are told once the profile is complete
             findings = _findings(w.path, w.seal(), checked, summaries)
-            capture.forget(m.rec.flow_id for m in matched)
+            if correlation.marked:  # the markers' records, kept by the capture
+                capture.forget(m.rec.flow_id for m in matched if not m.recorded_by_torch)
         self.paths.append(w.path)
         for f in findings:
             print(f"tilescope doctor: [{f.severity}] {f.code}: {f.message} (fix: {f.fix})", file=sys.stderr)
@@ -330,21 +331,27 @@ def _write_device_traces(w: ProfileWriter, matched, cfg: ProfileConfig) -> dict:
     dropping the oldest runs first (a ring buffer), and returns the drops per core."""
     from ..sim import simulate
 
-    runs: dict[str, int] = {}
-    programs = []  # every Program that ran, in order of first run
-    chosen = []
-    every_run = cfg.device_profile != "first"
-    for m in matched:
-        prog = m.rec.program
-        if prog is None:
-            continue
-        run = runs.get(prog.hash, 0)
-        runs[prog.hash] = run + 1
-        if run == 0:
-            programs.append(prog)
-        elif not every_run:
-            continue
-        chosen.append((m, run))
+    if cfg.device_profile == "first":  # each Program's first run in the trace
+        firsts: dict[str, Matched] = {}
+        for m in matched:  # (once per execution: as little as it can be)
+            prog = m.rec.program
+            if prog is not None and prog.hash not in firsts:
+                firsts[prog.hash] = m
+        chosen = [(m, 0) for m in firsts.values()]
+        programs = [m.rec.program for m in firsts.values()]
+    else:
+        runs: dict[str, int] = {}
+        programs = []  # every Program that ran, in order of first run
+        chosen = []
+        for m in matched:
+            prog = m.rec.program
+            if prog is None:
+                continue
+            run = runs.get(prog.hash, 0)
+            runs[prog.hash] = run + 1
+            if run == 0:
+                programs.append(prog)
+            chosen.append((m, run))
     per_core: dict[int, int] = {}
     dropped: dict[str, int] = {}
     keep = []
