@@ -77,7 +77,7 @@ def test_a_file_a_tool_wrote_at_its_target_is_listed_with_its_checksum(tmp_path)
     verified like every other file (and a later change to it is caught)."""
     data = b'{"traceEvents": []}'
     with ProfileWriter(tmp_path) as w:
-        w.target("trace.json").write_bytes(data)
+        Path(w.target("trace.json")).write_bytes(data)
         w.add_written("trace.json", data)
     prof = read_profile(w.path).require_complete()
     assert [f for f in prof.manifest["files"] if f["path"] == "trace.json"][0]["bytes"] == len(data)
@@ -200,7 +200,7 @@ def test_a_file_a_tool_wrote_is_listed_with_the_digest_the_batch_made(tmp_path, 
     with ProfileWriter(tmp_path) as w:
         w.reserve("trace.json")
         w.start_writes()
-        w.target("trace.json").write_bytes(data)  # torch writes it
+        Path(w.target("trace.json")).write_bytes(data)  # torch writes it
         w.add_written("trace.json")
         w.write_bytes("system_trace.json", (b'{"traceEvents":', b"[]}"), later=True)
         manifest = w.seal()
@@ -251,7 +251,7 @@ def test_the_next_profile_takes_over_the_directory_made_ahead_for_it(tmp_path, m
     for k in range(3):
         with ProfileWriter(tmp_path, prepare_next=True, device={"kind": "sim"}) as w:
             w.reserve("trace.json", "manifest.json")
-            w.target("trace.json").write_bytes(b'{"traceEvents":[]}') if k else None
+            Path(w.target("trace.json")).write_bytes(b'{"traceEvents":[]}') if k else None
             w.add_itrace(prog, simulate(prog), 0)
             if k:
                 w.add_written("trace.json")
@@ -294,7 +294,7 @@ def test_a_reserved_file_is_created_in_the_batch_and_never_truncated(tmp_path, w
     before the batch runs) and the last files: the batch creates a missing one empty and
     leaves one already written as it is."""
     with ProfileWriter(tmp_path) as w:
-        w.target("trace.json").write_bytes(b'{"traceEvents":[]}')  # torch was first
+        Path(w.target("trace.json")).write_bytes(b'{"traceEvents":[]}')  # torch was first
         w.reserve("trace.json", "system_trace.json")
         w.start_writes()
         w._wait_for_writes()

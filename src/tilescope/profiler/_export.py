@@ -27,7 +27,7 @@ from ._config import ProfileConfig, ProfileMode
 from ._correlate import Correlation, Matched
 from ._events import (HOST, Framework, Placement, device_events, doctor_events, event_count, framework_events,
                       placement, unrecorded_launch_lanes)
-from ._format import ProfileWriter, itrace_summary, read_file, sha256_of, start_writer
+from ._format import ProfileWriter, itrace_summary, read_file, start_writer
 
 __all__ = ["Profiler"]
 
@@ -116,11 +116,9 @@ class Profiler:
                 chunks, n_events, checked = _system_trace(prof, placed, trace_start_ns, cfg, self._sampler, framework)
             else:  # a real device: lanes and flows come from Kineto's own records
                 chunks, n_events, checked = _kineto_system_trace(fw_data)
-            # written while the stats are made (hashed here: the manifest, made next, would
-            # wait for the writer to hash it -- a wake-up of each thread, more than the hash
-            # itself costs at the sizes of most profiles)
-            parts = _system_trace_parts(chunks, device)
-            w.write_bytes("system_trace.json", parts, sha256=sha256_of(parts), later=True)
+            # written and hashed off this thread while the stats are made and the doctor reads
+            # what is in memory (the manifest waits for its digest after that)
+            w.write_bytes("system_trace.json", _system_trace_parts(chunks, device), later=True)
             w.start_writes()
             cold = [m for m in matched if m.rec.first_run]  # (the record's field: this runs once per execution)
             unlinked = _captured(correlation.without_op, cfg)
@@ -131,9 +129,9 @@ class Profiler:
                 "executions_without_op": len(unlinked), "threads_without_ops": len({m.native_tid for m in unlinked}),
                 "launch_interval_us": capture.launch_intervals_us(m.launch_us for m in matched),
             }
-            # the last files write off this thread (manifest last) while the doctor reads what
-            # is in memory; its findings are told once the profile is complete
-            findings = _findings(w.path, w.seal(), checked, summaries)
+            # its findings are told once the profile is complete
+            findings = _findings(w.path, w.manifest(files=False), checked, summaries)
+            w.seal()  # the manifest, written last
             if correlation.marked:  # the markers' records, kept by the capture
                 capture.forget(m.rec.flow_id for m in matched if not m.recorded_by_torch)
         self.paths.append(w.path)
@@ -217,7 +215,7 @@ def _lane_prefix() -> str:
 def _torch_trace(w: ProfileWriter, prof) -> str:
     """torch's Chrome trace, exported where the profile's trace.json goes (and rewritten there
     when device events are added); its path."""
-    path = str(w.target("trace.json"))
+    path = w.target("trace.json")
     prof.export_chrome_trace(path)
     return path
 

@@ -253,11 +253,11 @@ class ProfileWriter:
                 self._dirs.add(parent)
         return target
 
-    def target(self, relpath: str) -> Path:
+    def target(self, relpath: str) -> str:
         """Where ``relpath`` goes: a tool that can only write to a path (torch's trace export)
         writes there; the file is then listed by :meth:`add_written`, or rewritten by
-        :meth:`write_bytes`."""
-        return Path(self._target(relpath))
+        :meth:`write_bytes`. (A string: making a ``Path`` costs more than the rest of this.)"""
+        return self._target(relpath)
 
     def write_bytes(self, relpath: str, data: bytes | tuple[bytes, ...], *, sha256: str | None = None,
                     later: bool = False) -> str:
@@ -373,9 +373,10 @@ class ProfileWriter:
         return self.write_bytes(itrace_name(program.hash, run), parts, sha256=sha256, later=True)
 
     # ---- completion -------------------------------------------------------
-    def manifest(self) -> dict:
-        """The manifest (once the batches that hash files have made their digests)."""
-        if self._hashing:
+    def manifest(self, *, files: bool = True) -> dict:
+        """The manifest (once the batches that hash files have made their digests); without
+        ``files``: all of it but the file list, at once (what the doctor reads at export)."""
+        if files and self._hashing:
             self._take_digests()
         versions = _versions()
         if self.redacted:  # keep the software versions, drop what describes the machine
@@ -390,7 +391,8 @@ class ProfileWriter:
             "device": self.device,
             "config": self.config,
             "stats": self.stats,
-            "files": [{"path": p, "bytes": n, "sha256": h} for p, (n, h) in sorted(self._files.items())],
+            **({"files": [{"path": p, "bytes": n, "sha256": h} for p, (n, h) in sorted(self._files.items())]}
+               if files else {}),
         }
 
     def seal(self) -> dict:
