@@ -3,9 +3,9 @@
 It reads the device executions from torch's raw events and -- in DEVICE mode -- starts
 writing one executable plus instruction traces per Program that ran (a background batch),
 lets torch parse while that runs, correlates device time into torch's tables, then writes
-torch's own framework trace (``trace.json``, device executions added) and the system trace
-with framework / runtime / hardware lanes linked by flows; all through the atomic writer
-(docs/profile-format.md).
+the system trace with framework / runtime / hardware lanes linked by flows and torch's own
+framework trace (``trace.json``, device executions added); all through the atomic writer
+(docs/profile-format.md), whose thread writes and hashes each file while this one goes on.
 """
 
 from __future__ import annotations
@@ -97,12 +97,17 @@ class Profiler:
             if device_traces:  # torch had parsed before the export: no launches known earlier
                 dropped, summaries = _write_device_traces(w, matched, cfg)
             placed = placement(matched)
-            trace_path = _torch_trace(w, prof)
             sim = device["kind"] == "sim"
+            if sim:  # written and hashed off this thread while torch exports its own trace
+                chunks, n_events, checked = _system_trace(prof, placed, trace_start_ns, cfg, self._sampler, framework)
+                w.write_bytes("system_trace.json", _system_trace_parts(chunks, device), later=True)
+                w.start_writes()
+            trace_path = _torch_trace(w, prof)
             unrecorded = [row for row in placed.rows if not row[0].recorded_by_torch] if correlation.marked else []
             if sim and not unrecorded and not correlation.pending_recorded:
                 # torch's file as torch wrote it (it recorded the device executions itself):
-                # read and hashed off this thread, while the system trace is made
+                # read and hashed off this thread while the stats are made and the doctor reads
+                # what is in memory (the manifest waits for its digest after that)
                 w.add_written("trace.json")
                 w.start_writes()
             else:
@@ -112,14 +117,10 @@ class Profiler:
                     w.add_written("trace.json", fw_data)
                 else:
                     w.write_bytes("trace.json", trace)
-            if sim:
-                chunks, n_events, checked = _system_trace(prof, placed, trace_start_ns, cfg, self._sampler, framework)
-            else:  # a real device: lanes and flows come from Kineto's own records
+            if not sim:  # a real device: lanes and flows come from Kineto's own records
                 chunks, n_events, checked = _kineto_system_trace(fw_data)
-            # written and hashed off this thread while the stats are made and the doctor reads
-            # what is in memory (the manifest waits for its digest after that)
-            w.write_bytes("system_trace.json", _system_trace_parts(chunks, device), later=True)
-            w.start_writes()
+                w.write_bytes("system_trace.json", _system_trace_parts(chunks, device), later=True)
+                w.start_writes()
             cold = [m for m in matched if m.rec.first_run]  # (the record's field: this runs once per execution)
             unlinked = _captured(correlation.without_op, cfg)
             w.stats = {
