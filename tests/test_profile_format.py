@@ -307,28 +307,45 @@ def test_a_reserved_file_is_created_in_the_batch_and_never_truncated(tmp_path, w
 
 
 def test_sealed_profile_writes_its_manifest_last_and_takes_no_more_files(tmp_path, writer_path, monkeypatch):
-    """``seal`` makes the manifest and queues it after every file still to write (the exporter
-    runs the doctor meanwhile); the directory gets its final name only once all are written."""
+    """``seal`` makes the manifest and writes it once every file still to write is written; the
+    directory gets its final name only after that."""
     from tilescope.profiler import _format
 
-    order = []  # every path, in the order it is written
+    order = []  # every path, in the order it is written (a batch's: when it starts)
+    unfinished = set()  # the batches not waited for yet
     if writer_path == "batch-thread":
         real = _format._filebatch
+
+        class Waited:
+            def __init__(self, batch):
+                self.batch = batch
+                unfinished.add(self)
+
+            def wait(self):
+                result = self.batch.wait()
+                unfinished.discard(self)
+                return result
 
         class Recording:
             @staticmethod
             def start(paths, data, *rest):
                 order.extend(paths)
-                return real.start(paths, data, *rest)
+                return Waited(real.start(paths, data, *rest))
 
         monkeypatch.setattr(_format, "_filebatch", Recording)
-    else:
-        write = _format._write_file
-        monkeypatch.setattr(_format, "_write_file", lambda path, data: (order.append(path), write(path, data)))
+    write = _format._write_file
+
+    def recording_write(path, data):
+        assert not unfinished  # every batch written before the manifest (the only file written here)
+        order.append(path)
+        write(path, data)
+
+    monkeypatch.setattr(_format, "_write_file", recording_write)
     prog = _program()
     with ProfileWriter(tmp_path) as w:
-        w.add_itrace(prog, simulate(prog), 0)
-        w.write_bytes("system_trace.json", b'{"traceEvents":[]}', later=True)
+        w.write_bytes("system_trace.json", b'{"traceEvents":[]}', later=True)  # hashed by its batch
+        w.start_writes()
+        w.add_itrace(prog, simulate(prog), 0)  # a batch after it, which the manifest does not wait for
         manifest = w.seal()
         assert w.seal() is manifest and not w.path.exists()
         with pytest.raises(RuntimeError, match="already made"):

@@ -397,18 +397,18 @@ class ProfileWriter:
 
     def seal(self) -> dict:
         """Every file is added: the manifest is made now (once the batches hashing files are
-        done) and queued after them (the batches run in order on one thread, so it is still
-        written last), and the files still queued start writing, off this thread. Returns the
-        manifest; :meth:`finish` waits for the writes."""
+        done) and written last, once every other file is. Returns the manifest; :meth:`finish`
+        moves the directory to its final name."""
         if self.final_manifest is None:
             manifest = self.manifest()
             data = orjson.dumps(manifest, default=_json_default,  # indented: people read it
                                 option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
-            # inside .partial: no temporary needed
-            self._later.append(_Item(self._target("manifest.json", later=True), data))
+            # written here, not by a batch of its own (a wake-up of each thread): the writer is
+            # usually done by now, the digests the manifest waited for were its last work
+            self._wait_for_writes()
+            _write_file(self._target("manifest.json"), data)  # inside .partial: no temporary needed
             self.final_manifest = manifest
-            self.start_writes()
-            if self._prepare_next:  # queued now, while the writer is busy (waking it costs ~35 us on a VM)
+            if self._prepare_next:  # (made off this thread; nothing waits for it)
                 subdirs = {rel[:rel.rfind("/")] for rel in self._files if "/" in rel}
                 _spares[self._spare_key] = _Spare(self._spare_key, sorted(subdirs), self._reserved)
         return self.final_manifest
