@@ -78,7 +78,7 @@ from tilescope.profiler._capture import capture
 
 STEADY_SECONDS = 30.0  # each workload's steady pairs run for about this long ...
 STEADY_PAIRS = (32, 300)  # ... and at least / at most this many pairs (an even count: as many of each order)
-COLD_PAIRS = 21
+COLD_PAIRS = 31  # a fresh process per run: its median of pair ratios is pinned to about +-10 points
 
 
 def naive_rmsnorm_loop(x, w, iterations):
