@@ -76,7 +76,7 @@ from tilescope.device import _runtime
 from tilescope.profiler import ProfileConfig, Profiler
 from tilescope.profiler._capture import capture
 
-STEADY_SECONDS = 30.0  # each workload's steady pairs run for about this long ...
+STEADY_SECONDS = 45.0  # each workload's steady pairs run for about this long ...
 STEADY_PAIRS = (32, 300)  # ... and at least / at most this many pairs (an even count: as many of each order)
 COLD_PAIRS = 31  # a fresh process per run: its median of pair ratios is pinned to about +-10 points
 
