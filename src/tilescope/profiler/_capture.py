@@ -7,12 +7,12 @@ torch records the execution itself when the session asked for device activities
 (``ProfilerActivity.PrivateUse1``): the device's activity profiler for Kineto links it
 to its op (``tilescope/device/_csrc/profiler.cpp``) and keeps the runtime's record with
 it (``keep_recorded``), which the export takes with the session's launches
-(``take_device_activities``; the capture only counts the records that limit let go). Otherwise -- a CPU-only session, or torch
-without Kineto -- the runtime calls :meth:`Capture.on_execution`, on the thread that
-launched the execution and inside the aten op that launched it, and the capture records
-a zero-length marker there (so the marker nests under that op in torch's event tree),
-which the export replaces by device time on its parent op (see ``_correlate``). The
-listener also sees every unprofiled execution.
+(``take_device_activities``; the capture only counts the records over that limit).
+Otherwise -- a CPU-only session, or torch without Kineto -- the runtime calls
+:meth:`Capture.on_execution`, on the thread that launched the execution and inside the aten
+op that launched it, and the capture records a zero-length marker there (so the marker nests
+under that op in torch's event tree), which the export replaces by device time on its parent
+op (see ``_correlate``). The listener also sees every unprofiled execution.
 """
 
 from __future__ import annotations

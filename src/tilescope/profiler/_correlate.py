@@ -60,11 +60,6 @@ class Matched:
     native_tid: int = 0  # the launching thread's system id (Kineto's tid)
     recorded_by_torch: bool = False  # a device activity in torch's own events (else a marker's)
 
-    @property
-    def fresh(self) -> bool:
-        """The first execution of its Program in this process (its cost includes building it)."""
-        return self.rec.first_run
-
 
 def device_event_name(rec) -> str:
     return activity_name(rec.kind, rec.op)

@@ -121,7 +121,8 @@ class Profiler:
                 chunks, n_events, checked = _kineto_system_trace(fw_data)
                 w.write_bytes("system_trace.json", _system_trace_parts(chunks, device), later=True)
                 w.start_writes()
-            cold = [m for m in matched if m.rec.first_run]  # (the record's field: this runs once per execution)
+            # the first execution of its Program in this process: its cost includes building it
+            cold = [m for m in matched if m.rec.first_run]
             unlinked = _captured(correlation.without_op, cfg)
             w.stats = {
                 "events": n_events, "executions": len(matched), "pending_executions": pending,
