@@ -21,6 +21,7 @@ MODULES = [
     "tilescope.profiler._doctor",
     "tilescope.profiler._events",
     "tilescope.profiler._kineto",
+    "tilescope.profiler._auto",
     "tilescope.compile._explain",
     # device and lowerings
     "tilescope.device",

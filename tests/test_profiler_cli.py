@@ -65,3 +65,33 @@ def test_cli_profile_doctor_and_redacted_share(tmp_path):
     for h, _, trace in copy.itraces():  # pairs renamed consistently
         assert copy.load_itrace(trace)["program_hash"] == h
     assert "platform" not in json.loads((copy.path / "manifest.json").read_text())
+
+
+def test_zero_code_capture_can_record_every_threads_ops(monkeypatch):
+    """``TILESCOPE_PROFILE_ALL_THREADS`` and ``tilescope profile --all-threads`` reach
+    ``ProfileConfig(profile_all_threads=...)``; a value that is neither on nor off is named."""
+    import argparse
+
+    import pytest
+
+    from tilescope.profiler import _auto, _cli
+
+    on = {"TILESCOPE_PROFILE": "1"}
+    assert _auto.config_from_env(on).profile_all_threads is False
+    assert _auto.config_from_env({**on, "TILESCOPE_PROFILE_ALL_THREADS": "1"}).profile_all_threads is True
+    assert _auto.config_from_env({**on, "TILESCOPE_PROFILE_ALL_THREADS": "off"}).profile_all_threads is False
+    with pytest.raises(ValueError, match="TILESCOPE_PROFILE_ALL_THREADS='sometimes'"):
+        _auto.config_from_env({**on, "TILESCOPE_PROFILE_ALL_THREADS": "sometimes"})
+
+    seen = []
+
+    class Ran:
+        path = "profile"
+
+    monkeypatch.setattr(_auto, "run_script", lambda script, args, cfg: (seen.append(cfg), Ran())[1])
+    parser = argparse.ArgumentParser()
+    _cli.register(parser.add_subparsers())
+    for argv, expected in ((["profile", "--all-threads", "x.py"], True), (["profile", "x.py"], False)):
+        args = parser.parse_args(argv)
+        assert args.func(args) == 0
+        assert seen[-1].profile_all_threads is expected and seen[-1].to_dict()["profile_all_threads"] is expected

@@ -3,9 +3,13 @@
 Environment: ``TILESCOPE_PROFILE=1`` turns it on; ``TILESCOPE_PROFILE_DIR`` (output dir,
 default ``profile_out``), ``TILESCOPE_PROFILE_CORES`` (e.g. ``0,2-3``),
 ``TILESCOPE_PROFILE_MODE`` (comma-separated ``DEVICE,RUNTIME,HOST_CPU,HOST_MEMORY``),
-``TILESCOPE_PROFILE_MAX_EVENTS`` (per-core ring buffer) and
-``TILESCOPE_PROFILE_DEVICE_PROFILE`` (``first`` or ``session``). The profile covers the whole
-run and is exported when the interpreter exits.
+``TILESCOPE_PROFILE_MAX_EVENTS`` (per-core ring buffer),
+``TILESCOPE_PROFILE_DEVICE_PROFILE`` (``first`` or ``session``) and
+``TILESCOPE_PROFILE_ALL_THREADS`` (``1``: torch records the ops of every thread, not only the
+main one's). The profile covers the whole run and is exported when the interpreter exits.
+
+>>> config_from_env({"TILESCOPE_PROFILE": "1", "TILESCOPE_PROFILE_ALL_THREADS": "yes"}).profile_all_threads
+True
 """
 
 from __future__ import annotations
@@ -24,10 +28,21 @@ from ._export import Profiler
 __all__ = ["config_from_env", "start_from_env", "run_script"]
 
 _active = None
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def _flag(environ, name: str) -> bool:
+    """An on/off environment variable (off when unset)."""
+    value = environ.get(name, "")
+    if value.strip().lower() in _TRUE:
+        return True
+    if value.strip().lower() in _FALSE:
+        return False
+    raise ValueError(f"{name}={value!r} is neither on nor off; use 1 or 0")
 
 
 def config_from_env(environ=os.environ) -> ProfileConfig | None:
-    if environ.get("TILESCOPE_PROFILE", "").strip().lower() not in ("1", "true", "yes", "on"):
+    if environ.get("TILESCOPE_PROFILE", "").strip().lower() not in _TRUE:
         return None
     kwargs = {}
     modes = environ.get("TILESCOPE_PROFILE_MODE")
@@ -47,6 +62,7 @@ def config_from_env(environ=os.environ) -> ProfileConfig | None:
         output_dir=environ.get("TILESCOPE_PROFILE_DIR", "profile_out"),
         capture_cores=environ.get("TILESCOPE_PROFILE_CORES"),
         device_profile=environ.get("TILESCOPE_PROFILE_DEVICE_PROFILE", "first"),
+        profile_all_threads=_flag(environ, "TILESCOPE_PROFILE_ALL_THREADS"),
         **kwargs,
     )
 

@@ -13,7 +13,8 @@ def _cmd_profile(args) -> int:
 
     modes = tuple(ProfileMode[m.strip().upper()] for m in args.mode.split(",")) if args.mode else None
     cfg = ProfileConfig(output_dir=args.out, capture_cores=args.cores, max_events_per_core=args.max_events,
-                        device_profile=args.device_profile, **({"modes": modes} if modes else {}))
+                        device_profile=args.device_profile, profile_all_threads=args.all_threads,
+                        **({"modes": modes} if modes else {}))
     exporter = run_script(args.script, args.args, cfg)
     print(f"tilescope: profile written to {exporter.path}", file=sys.stderr)
     print(f"open it with: tilescope explore {exporter.path}", file=sys.stderr)
@@ -47,6 +48,9 @@ def register(sub) -> None:
     p.add_argument("--mode", default=None, help="comma-separated modes: DEVICE,RUNTIME,HOST_CPU,HOST_MEMORY")
     p.add_argument("--max-events", type=int, default=1_000_000, help="instruction events kept per core")
     p.add_argument("--device-profile", choices=("first", "session"), default="first")
+    p.add_argument("--all-threads", action="store_true",
+                   help="record the ops of every thread (default: the main thread's; device work launched "
+                        "from other threads then has no op)")
     p.add_argument("script", help="the Python script to run")
     p.add_argument("args", nargs="...", help="arguments for the script")
     p.set_defaults(func=_cmd_profile)

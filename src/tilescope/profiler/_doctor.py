@@ -250,7 +250,8 @@ RULES: list[tuple[str, str, Callable[[_Ctx], str | None], str]] = [
     ("profiler-distortion", "info", _distortion,
      "profile fewer steps, turn record_shapes / with_stack off; device time (modeled) is not affected"),
     ("launches-without-op", "warning", _without_op,
-     "pass ProfileConfig(profile_all_threads=True) to record every thread's ops, or launch the device work "
+     "pass ProfileConfig(profile_all_threads=True) (zero-code capture: TILESCOPE_PROFILE_ALL_THREADS=1, "
+     "tilescope profile --all-threads) to record every thread's ops, or launch the device work "
      "from the thread that runs the profiler"),
     ("dropped-events", "warning", _dropped,
      "raise ProfileConfig(max_events_per_core=...) or capture fewer cores/steps"),
