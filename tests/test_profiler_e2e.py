@@ -321,6 +321,12 @@ def test_executions_torch_records_reach_the_capture_through_the_device_profiler(
     assert capture.get(every[0].flow_id) is None  # kept by the device's profiler until taken
     taken = _runtime.take_device_activities(prof.profiler.kineto_results.trace_start_ns())
     assert [launch[0] for launch in taken.launches] == [r.flow_id for r in every]
+    # (flow, 0, launch µs from the trace start, None), as the correlation matches launches: one
+    # thread launched them one after the other
+    times = [us for _, _, us, _ in taken.launches]
+    assert all(t == 0 and p is None for _, t, _, p in taken.launches) and 0 <= times[0] and times == sorted(times)
+    assert taken.ranges.keys() == {r.flow_id for r in every} and taken.range_ids == {
+        rid for ids in taken.ranges.values() for rid in ids if rid > 0} != set()
     assert taken.records == {r.flow_id: (r, threading.get_native_id()) for r in every[:4]}
     assert all(type(rec) is _runtime.Execution for rec, _ in taken.records.values()) and taken.dropped == 2
     assert _runtime.take_device_activities(prof.profiler.kineto_results.trace_start_ns()).launches == []  # once
@@ -404,8 +410,9 @@ def test_each_cycle_of_a_repeating_schedule_gets_its_own_executions(sim, tmp_pat
 
     if merged_found_by == "raw events":
         take = _correlate.take_device_activities
-        monkeypatch.setattr(_correlate, "take_device_activities",
-                            lambda t0: (t := take(t0))._replace(launches=[(*a[:3], ()) for a in t.launches]))
+        monkeypatch.setattr(_correlate, "take_device_activities", lambda t0: (t := take(t0))._replace(
+            ranges={f: ids[:1] for f, ids in t.ranges.items()},  # the enclosing ranges unknown
+            range_ids={ids[0] for ids in t.ranges.values() if ids[0] > 0}))
     else:
         def fail(*args):
             raise AssertionError("the raw-event scan ran although the enclosing ranges were known")
@@ -519,7 +526,7 @@ def test_a_missing_launching_range_is_not_taken_for_the_range_around_it(sim, mon
     take = _correlate.take_device_activities
     unknown = 10 ** 15  # a range id torch's events do not have; "outer" still encloses the launch
     monkeypatch.setattr(_correlate, "take_device_activities", lambda t0: (a := take(t0))._replace(
-        launches=[(f, unknown, t, e) for f, _, t, e in a.launches]))
+        ranges={f: (unknown, *ids[1:]) for f, ids in a.ranges.items()}, range_ids={unknown} | a.range_ids))
     (m,) = profile()
     assert m.parent is None
 

@@ -178,9 +178,13 @@ _SESSION_START_WINDOW_NS = (1_000_000, 20_000_000)  # before, after the trace's 
 
 
 class DeviceActivities(NamedTuple):
-    """What the device recorded in one profiling session (:func:`take_device_activities`)."""
+    """What the device recorded in one profiling session (:func:`take_device_activities`), in the
+    forms the profiler's correlation reads (made by the device's profiler: the export would
+    otherwise make them in Python, once per execution)."""
 
-    launches: list  # (flow id, linked range's correlation id, launch wall-clock ns, enclosing ranges)
+    launches: list  # (flow id, 0, launch time in us from the trace start, None), by flow id
+    ranges: dict  # flow id -> correlation ids of its linked range (0: none), then of those around it
+    range_ids: set  # every such id but 0
     records: dict  # flow id -> (Execution, launching thread's system id), where kept (keep_recorded)
     dropped: int  # records the limit let go
 
@@ -188,12 +192,13 @@ class DeviceActivities(NamedTuple):
 def take_device_activities(trace_start_ns: int) -> DeviceActivities:
     """The executions the device recorded in the profiling session whose trace started at
     ``trace_start_ns`` (handed over once; empty when it recorded none): each launch's ``(flow
-    id, linked range's correlation id, launch wall-clock ns, enclosing ranges' correlation ids,
-    innermost first -- up to 3)``, and the runtime's records of them while
-    :func:`keep_recorded` asked for them."""
+    id, 0, launch time in us from trace_start_ns, None)`` -- the 0 and None stand for torch's
+    thread and launching op, found once torch has parsed --, the correlation ids of the range
+    it is linked to and of the ranges around that one (innermost first, up to 3), and the
+    runtime's records of them while :func:`keep_recorded` asked for them."""
     taken = (_S.native.profiler_take(int(trace_start_ns), *_SESSION_START_WINDOW_NS, Execution)
              if _S.native is not None else None)
-    return DeviceActivities(*taken[1:]) if taken is not None else DeviceActivities([], {}, 0)
+    return DeviceActivities(*taken[1:]) if taken is not None else DeviceActivities([], {}, set(), {}, 0)
 
 
 def reset_clocks(*, _state_settings: _config.Settings | None = None) -> None:

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 from torch.autograd.profiler_util import DeviceType, FunctionEvent, Interval
 
-from ..device._runtime import activity_name, take_device_activities
+from ..device._runtime import DeviceActivities, activity_name, take_device_activities
 from ._capture import MARKER
 
 __all__ = ["Matched", "Correlation", "correlate"]
@@ -97,18 +97,16 @@ class Correlation:
         self._prof, self._capture, self._now = prof, capture, now_ns
         result = getattr(prof.profiler, "kineto_results", None)
         t0 = result.trace_start_ns() if result is not None else 0
-        taken = take_device_activities(t0) if result is not None else None
-        activities = taken.launches if taken is not None else []
+        taken = take_device_activities(t0) if result is not None else DeviceActivities([], {}, set(), {}, 0)
+        # (the device's profiler made them in the forms read here: no pass per execution)
+        recorded = self._recorded = taken.launches  # (flow, 0, launch µs, None), launch order
+        self._ranges: dict[int, tuple] = taken.ranges  # flow -> its linked range's correlation id, then the enclosing ones'
+        self._range_ids: set[int] = taken.range_ids
         # the records of the executions torch recorded are this export's alone (the capture
         # holds only the listener's: unprofiled launches, markers)
-        self._records: dict[int, tuple] = taken.records if taken is not None else {}
-        if taken is not None and taken.dropped:
+        self._records: dict[int, tuple] = taken.records
+        if taken.dropped:
             capture.count_dropped(taken.dropped)
-        # (comprehensions: this runs once per device execution)
-        self._links: dict[int, int] = {a[0]: a[1] for a in activities}  # flow -> its launching range's correlation id
-        self._enclosing: dict[int, tuple] = {a[0]: a[3] for a in activities}  # flow -> the ranges around that one
-        recorded = [(flow, 0, (launch_ns - t0) / 1000, None) for flow, _, launch_ns, _ in activities]
-        self._recorded = recorded
         markers_recorded, capture.markers = capture.markers, 0
         # (markers, the other raw events); None when torch has parsed its events already
         self._taken = _take_markers(prof.profiler) if markers_recorded else ([], None)
@@ -119,21 +117,23 @@ class Correlation:
         self._pending_recorded: list[int] = []  # flows of pending executions torch recorded (in its trace too)
         self._marks: dict[int, list] = {}  # torch thread -> [(start, -end, flow)], from the raw markers
         if self._taken is not None:
-            found = list(recorded)
+            marked = []
             for e, name in self._taken[0]:
                 flow = _flow_of(name)
                 if flow is not None:  # times as torch computes its events' (µs from the trace start)
                     start, end, thread = (e.start_ns() - t0) / 1000, (e.end_ns() - t0) / 1000, e.start_thread_id()
                     self._marks.setdefault(thread, []).append((start, -end, flow))
-                    found.append((flow, thread, start, None))
-            self.launches, self.pending = self._match(found)
+                    marked.append((flow, thread, start, None))
+            self.launches, self.pending = self._match(recorded + marked if marked else recorded)
 
     def _match(self, launches) -> tuple[list[Matched], int]:
         """``(flow, thread, start, parent)`` of each launch -> the executions, launch order."""
         matched, pending, marked = [], 0, 0
         get = self._lookup()
-        links, now = self._links, self._now
-        for flow, thread, start, parent in sorted(launches, key=_flow_of_launch):  # launch order
+        links, now = self._ranges, self._now
+        if launches is not self._recorded:  # markers too (the device's launches come in launch order)
+            launches = sorted(launches, key=_flow_of_launch)
+        for flow, thread, start, parent in launches:
             entry = get(flow)
             if entry is None:
                 continue
@@ -175,8 +175,7 @@ class Correlation:
         """The correlation ids of the ranges that launched the executions torch recorded (and
         of the ranges around them): :meth:`complete` looks them up among torch's CPU events,
         or takes them found by the caller's own pass over those events."""
-        enclosing = self._enclosing
-        return {rid for flow, range_id in self._links.items() for rid in (range_id, *enclosing[flow]) if rid > 0}
+        return self._range_ids
 
     def complete(self, *, into_tables: bool, ranges: dict | None = None) -> tuple[list[Matched], int]:
         """torch's parse, each execution's launching op, device time in torch's tables; returns
@@ -185,7 +184,8 @@ class Correlation:
         profiler = self._prof.profiler
         if self._taken is None:
             events = profiler.function_events
-            matched, pending = self._match(self._recorded + _markers_among(events))
+            marked = _markers_among(events)
+            matched, pending = self._match(self._recorded + marked if marked else self._recorded)
         else:
             events = self.parse()
             matched, pending = self.launches, self.pending
@@ -194,7 +194,7 @@ class Correlation:
                 for m in matched:
                     if not m.recorded_by_torch:
                         m.parent = parents.get(m.rec.flow_id)
-        if self._links:
+        if self._ranges:
             self._settle_recorded(matched, events, into_tables,
                                   ranges if ranges is not None else _ranges_by_id(events, self.range_ids()))
         if into_tables:
@@ -211,13 +211,13 @@ class Correlation:
         """The launching ops of the executions torch recorded (``ranges``: torch's CPU events by
         correlation id); their device time taken out of torch's tables where it must not be
         (pending executions; all without ``into_tables``)."""
-        links, enclosing = self._links, self._enclosing
         parents: dict[int, FunctionEvent | None] = {}  # flow -> its launching op, as torch's events have it
         merged: set[int] = set()  # ranges not found, nor the op they were merged into
-        for flow, range_id in links.items():
+        for flow, ids in self._ranges.items():
+            range_id = ids[0]
             parent = ranges.get(range_id)
             if parent is None and range_id > 0:
-                parent = self._merged_into(flow, enclosing[flow], ranges)
+                parent = self._merged_into(flow, ids[1:], ranges)
                 if parent is None:
                     merged.add(range_id)
             parents[flow] = parent
@@ -225,7 +225,7 @@ class Correlation:
             found = _merged_ranges(self._prof.profiler, events, merged)
             for flow, parent in parents.items():
                 if parent is None:
-                    parents[flow] = found.get(links[flow])
+                    parents[flow] = found.get(self._ranges[flow][0])
         without_op = self.without_op = []
         for m in matched:
             if m.recorded_by_torch:

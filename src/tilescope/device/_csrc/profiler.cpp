@@ -456,10 +456,14 @@ py::object execution(PyTypeObject* execution_type, const Launch& l) {
 }
 
 // The finished session that started recording in [trace_start_ns - before_ns, trace_start_ns +
-// after_ns], nearest to trace_start_ns, handed over once, or None: (its start, wall-clock ns;
-// its launches from trace_start_ns on, each (flow, linked range, launch ns, (enclosing ranges,
-// innermost first)); {flow: (the runtime's record as an `execution_type`, the launching thread's
-// system id)} of those whose records were kept; how many records the limit let go).
+// after_ns], nearest to trace_start_ns, handed over once, or None. Otherwise (its start, wall-clock
+// ns; its launches from trace_start_ns on, by flow id, each (flow, 0, launch time in us from
+// trace_start_ns, None) -- the form in which tilescope's correlation matches launches to ops, the
+// 0 and None standing for torch's thread and op, found later; {flow: (the correlation id of its
+// linked range, then of the ranges around that one, innermost first)}; the set of those ids that
+// are not 0; {flow: (the runtime's record as an `execution_type`, the launching thread's system
+// id)} of those whose records were kept; how many records the limit let go). Everything the
+// export would otherwise make in Python, once per execution.
 py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t after_ns, py::type execution_type) {
   auto* type = reinterpret_cast<PyTypeObject*>(execution_type.ptr());
   if (!PyType_IsSubtype(type, &PyTuple_Type) || type->tp_itemsize != PyTuple_Type.tp_itemsize)
@@ -491,21 +495,36 @@ py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t afte
       for (Launch& l : launches) release(l.detail);
     }
   } releasing{taken};
+  // by flow id (launch order): threads may record their launches a little out of it
+  std::vector<const Launch*> order;
+  order.reserve(taken.size());
+  for (const Launch& l : taken)
+    if (l.launch_ns >= trace_start_ns) order.push_back(&l);  // before this trace: not its own
+  auto by_flow = [](const Launch* a, const Launch* b) { return a->flow < b->flow; };
+  if (!std::is_sorted(order.begin(), order.end(), by_flow)) std::stable_sort(order.begin(), order.end(), by_flow);
   py::list launches;
-  py::dict records;
-  for (const Launch& l : taken) {
-    if (l.launch_ns < trace_start_ns) continue;  // before this trace: not its own
+  py::dict ranges, records;
+  py::set range_ids;
+  for (const Launch* l : order) {
     int n = 0;
-    while (n < kEnclosing && l.enclosing[n] != 0) ++n;
-    py::object enclosing = steal(PyTuple_New(n));
-    for (int k = 0; k < n; ++k) PyTuple_SET_ITEM(enclosing.ptr(), k, steal(PyLong_FromLongLong(l.enclosing[k])).release().ptr());
-    py::object flow = steal(PyLong_FromLongLong(l.flow));
-    launches.append(make_tuple_of(&PyTuple_Type, {new_ref(flow.ptr()), PyLong_FromLongLong(l.range),
-                                                  PyLong_FromLongLong(l.launch_ns), new_ref(enclosing.ptr())}));
-    if (l.detail.op != nullptr)
-      records[flow] = make_tuple_of(&PyTuple_Type, {execution(type, l).release().ptr(), PyLong_FromLongLong(l.detail.native_tid)});
+    while (n < kEnclosing && l->enclosing[n] != 0) ++n;
+    py::object ids = steal(PyTuple_New(n + 1));
+    for (int k = 0; k <= n; ++k) {
+      const int64_t id = k == 0 ? l->range : l->enclosing[k - 1];
+      PyObject* item = PyLong_FromLongLong(id);
+      if (item == nullptr) throw py::error_already_set();
+      PyTuple_SET_ITEM(ids.ptr(), k, item);
+      if (id > 0 && PySet_Add(range_ids.ptr(), item) < 0) throw py::error_already_set();
+    }
+    py::object flow = steal(PyLong_FromLongLong(l->flow));
+    const double launch_us = static_cast<double>(l->launch_ns - trace_start_ns) / 1000.0;
+    launches.append(make_tuple_of(&PyTuple_Type, {new_ref(flow.ptr()), PyLong_FromLong(0), PyFloat_FromDouble(launch_us),
+                                                  new_ref(Py_None)}));
+    if (PyDict_SetItem(ranges.ptr(), flow.ptr(), ids.ptr()) < 0) throw py::error_already_set();
+    if (l->detail.op != nullptr)
+      records[flow] = make_tuple_of(&PyTuple_Type, {execution(type, *l).release().ptr(), PyLong_FromLongLong(l->detail.native_tid)});
   }
-  return py::make_tuple(start_ns, launches, records, dropped);
+  return py::make_tuple(start_ns, launches, ranges, range_ids, records, dropped);
 }
 
 // Keep the runtime's records of up to `limit` launches per session (0: none).
