@@ -268,7 +268,7 @@ def _device_lanes(rows, fw_tid, shift: float, fw_pid: int) -> list[str]:
     return events
 
 
-def unrecorded_launch_lanes(rows, threads: dict) -> tuple[dict, list[str]]:
+def unrecorded_launch_lanes(without_op, threads: dict) -> tuple[dict, list[str]]:
     """Framework lanes for the executions with no launching op among torch's events.
 
     torch records the ops of the thread that started its profiler only (its
@@ -276,17 +276,15 @@ def unrecorded_launch_lanes(rows, threads: dict) -> tuple[dict, list[str]]:
     CUPTI records every kernel: work launched from another thread -- or outside any op -- has no
     op to start its flow from. Each such launching thread gets a lane of its own, named by its
     system id, with a zero-length ``launch <op>`` slice where each execution was launched (its
-    flow starts there), rather than a flow from whatever op thread 0 ran at that time.
+    flow starts there, as :func:`placement` places it), rather than a flow from whatever op
+    thread 0 ran at that time.
 
-    ``rows``: :func:`placement`'s; ``threads``: the framework lanes (torch thread -> tid).
-    Returns the lanes with those threads added (``threads`` itself when there are none) and
-    their events.
+    ``without_op``: those executions (matched, their ``thread`` the launching thread's); ``threads``:
+    the framework lanes (torch thread -> tid). Returns the lanes with those threads added
+    (``threads`` itself when there are none) and their events.
     """
     lanes, events = threads, []
-    for row in rows:
-        m = row[0]
-        if m.parent is not None or not m.recorded_by_torch:
-            continue
+    for m in without_op:
         if lanes is threads:
             lanes = dict(threads)
         tid = lanes.get(m.thread)
@@ -295,7 +293,7 @@ def unrecorded_launch_lanes(rows, threads: dict) -> tuple[dict, list[str]]:
             events.append(f'{{"ph":"M","name":"thread_name","pid":{FRAMEWORK},"tid":{tid},'
                           f'"args":{{"name":"thread {m.native_tid} (no recorded ops)"}}}}')
         events.append(f'{{"ph":"X","cat":"launch","name":{js("launch " + m.rec.op)},"pid":{FRAMEWORK},'
-                      f'"tid":{tid},"ts":{row[5]:.3f},"dur":0,"args":{{"flow_id":{m.rec.flow_id}}}}}')
+                      f'"tid":{tid},"ts":{m.launch_us:.3f},"dur":0,"args":{{"flow_id":{m.rec.flow_id}}}}}')
     return lanes, events
 
 

@@ -98,8 +98,10 @@ class Profiler:
                 dropped, summaries = _write_device_traces(w, matched, cfg)
             placed = placement(matched)
             sim = device["kind"] == "sim"
+            unlinked = _captured(correlation.without_op, cfg)  # executions with no launching op
             if sim:  # written and hashed off this thread while torch exports its own trace
-                chunks, n_events, checked = _system_trace(prof, placed, trace_start_ns, cfg, self._sampler, framework)
+                chunks, n_events, checked = _system_trace(prof, placed, trace_start_ns, cfg, self._sampler, framework,
+                                                          unlinked)
                 w.write_bytes("system_trace.json", _system_trace_parts(chunks, device), later=True)
                 w.start_writes()
             trace_path = _torch_trace(w, prof)
@@ -123,7 +125,6 @@ class Profiler:
                 w.start_writes()
             # the first execution of its Program in this process: its cost includes building it
             cold = [m for m in matched if m.rec.first_run]
-            unlinked = _captured(correlation.without_op, cfg)
             w.stats = {
                 "events": n_events, "executions": len(matched), "pending_executions": pending,
                 "dropped_events": dropped, "record_buffer_drops": capture.dropped,
@@ -233,17 +234,18 @@ def _kineto_system_trace(fw_data: bytes) -> tuple[list[str], int, dict]:
 
 
 def _system_trace(prof, placed: Placement, trace_start_ns: int, cfg: ProfileConfig, sampler,
-                  framework: Framework | None = None) -> tuple[list[str], int, dict]:
+                  framework: Framework | None = None, without_op=()) -> tuple[list[str], int, dict]:
     """The system trace's events (JSON text), how many there are, and what the doctor reads:
     the slices by category, and those with a name (the framework ranges); ``framework``: the
-    framework lanes, when made already."""
+    framework lanes, when made already; ``without_op``: the executions with no launching op
+    (:attr:`Correlation.without_op`), on lanes of their launching threads."""
     prefix = _lane_prefix()
     fw_chunks, n_events, threads, named, end_us, _ = framework or framework_events(prof, prefix)
     chunks = list(fw_chunks)  # extended below; the framework's own list stays as it was made
     by_cat: dict[str, list[dict]] = {}
     rows = placed.rows
     if cfg.has(ProfileMode.RUNTIME) and rows:
-        threads, launch_lanes = unrecorded_launch_lanes(rows, threads)
+        threads, launch_lanes = unrecorded_launch_lanes(without_op, threads)
         chunks += launch_lanes
         n_events += len(launch_lanes)
         chunks += device_events(rows, prefix, threads, cores=placed.cores)
