@@ -495,34 +495,28 @@ py::object profiler_take(int64_t trace_start_ns, int64_t before_ns, int64_t afte
       for (Launch& l : launches) release(l.detail);
     }
   } releasing{taken};
-  // by flow id (launch order): threads may record their launches a little out of it
-  std::vector<const Launch*> order;
-  order.reserve(taken.size());
-  for (const Launch& l : taken)
-    if (l.launch_ns >= trace_start_ns) order.push_back(&l);  // before this trace: not its own
-  auto by_flow = [](const Launch* a, const Launch* b) { return a->flow < b->flow; };
-  if (!std::is_sorted(order.begin(), order.end(), by_flow)) std::stable_sort(order.begin(), order.end(), by_flow);
   py::list launches;
   py::dict ranges, records;
   py::set range_ids;
-  for (const Launch* l : order) {
+  for (const Launch& l : taken) {  // by flow id: emit() sorted them
+    if (l.launch_ns < trace_start_ns) continue;  // before this trace: not its own
     int n = 0;
-    while (n < kEnclosing && l->enclosing[n] != 0) ++n;
+    while (n < kEnclosing && l.enclosing[n] != 0) ++n;
     py::object ids = steal(PyTuple_New(n + 1));
     for (int k = 0; k <= n; ++k) {
-      const int64_t id = k == 0 ? l->range : l->enclosing[k - 1];
+      const int64_t id = k == 0 ? l.range : l.enclosing[k - 1];
       PyObject* item = PyLong_FromLongLong(id);
       if (item == nullptr) throw py::error_already_set();
       PyTuple_SET_ITEM(ids.ptr(), k, item);
       if (id > 0 && PySet_Add(range_ids.ptr(), item) < 0) throw py::error_already_set();
     }
-    py::object flow = steal(PyLong_FromLongLong(l->flow));
-    const double launch_us = static_cast<double>(l->launch_ns - trace_start_ns) / 1000.0;
+    py::object flow = steal(PyLong_FromLongLong(l.flow));
+    const double launch_us = static_cast<double>(l.launch_ns - trace_start_ns) / 1000.0;
     launches.append(make_tuple_of(&PyTuple_Type, {new_ref(flow.ptr()), PyLong_FromLong(0), PyFloat_FromDouble(launch_us),
                                                   new_ref(Py_None)}));
     if (PyDict_SetItem(ranges.ptr(), flow.ptr(), ids.ptr()) < 0) throw py::error_already_set();
-    if (l->detail.op != nullptr)
-      records[flow] = make_tuple_of(&PyTuple_Type, {execution(type, *l).release().ptr(), PyLong_FromLongLong(l->detail.native_tid)});
+    if (l.detail.op != nullptr)
+      records[flow] = make_tuple_of(&PyTuple_Type, {execution(type, l).release().ptr(), PyLong_FromLongLong(l.detail.native_tid)});
   }
   return py::make_tuple(start_ns, launches, ranges, range_ids, records, dropped);
 }
