@@ -22,14 +22,22 @@ from pathlib import Path
 
 import torch
 
+from ..device import _runtime, settings
+from ..device._registration import device_name, is_registered
+from ..sim import simulate
 from ._capture import capture
 from ._config import ProfileConfig, ProfileMode
 from ._correlate import Correlation, Matched
+from ._doctor import diagnose
 from ._events import (HOST, Framework, Placement, device_events, doctor_events, event_count, framework_events,
                       placement, unrecorded_launch_lanes)
 from ._format import ProfileWriter, itrace_summary, read_file, start_writer
 
 __all__ = ["Profiler"]
+
+# torch's profiler activities by name: ``.name`` of a pybind11 enum compares the value with
+# each member's in turn, a hash lookup is a third of that
+_ACTIVITY_NAMES = {activity: name for name, activity in torch.profiler.ProfilerActivity.__members__.items()}
 
 
 class Profiler:
@@ -63,8 +71,8 @@ class Profiler:
 
     def _export(self, prof) -> Path:
         cfg = self.config
-        activities = sorted(a.name for a in getattr(prof, "activities", ()))
-        registered = _sim_registered()
+        activities = sorted(_ACTIVITY_NAMES.get(a) or a.name for a in getattr(prof, "activities", ()))
+        registered = is_registered()
         now = _runtime_now() if registered else float("inf")
         correlation = Correlation(prof, capture, now)  # the executions, before torch parses
         trace_start_ns = prof.profiler.kineto_results.trace_start_ns()
@@ -171,22 +179,12 @@ def _findings(path: Path, manifest: dict, checked: dict, summaries: list) -> lis
     """The doctor runs at export too, on what is in memory (``checked``: the system trace's
     ``events``, or its ``slices`` as the doctor indexes them); its warnings and errors (one
     line each on stderr)."""
-    from ._doctor import diagnose
-
     return [f for f in diagnose(path, summaries=summaries, trusted=True, manifest=manifest, **checked)
             if f.severity != "info"]
 
 
 def _runtime_now() -> float:
-    from ..device import _runtime
-
     return _runtime.now_ns()
-
-
-def _sim_registered() -> bool:
-    from ..device._registration import is_registered
-
-    return is_registered()
 
 
 def _device_info(sim: bool) -> dict:
@@ -198,9 +196,6 @@ def _device_info(sim: bool) -> dict:
         import platform
 
         return {"kind": "cpu", "name": "cpu", "measured_on": platform.processor() or platform.machine()}
-    from ..device import settings
-    from ..device._registration import device_name
-
     s = settings()
     return {"kind": "sim", "name": device_name(), "preset": s.preset.name,
             "preset_fingerprint": s.preset.fingerprint, "clock": s.clock, "numerics": s.numerics,
@@ -331,8 +326,6 @@ def _framework_trace_parsed(data: bytes, prof, rows) -> bytes:
 def _write_device_traces(w: ProfileWriter, matched, cfg: ProfileConfig) -> dict:
     """Executables and instruction traces; keeps at most ``max_events_per_core`` rows per core,
     dropping the oldest runs first (a ring buffer), and returns the drops per core."""
-    from ..sim import simulate
-
     if cfg.device_profile == "first":  # each Program's first run in the trace
         firsts: dict[str, Matched] = {}
         for m in matched:  # (once per execution: as little as it can be)

@@ -149,6 +149,10 @@ def _itrace_doc(program, result, execution: dict | None, column) -> dict:
 
 
 def _versions() -> dict:
+    """The software's versions and the platform (the same for the whole process: made once,
+    once torch is imported; a copy each time)."""
+    if _VERSIONS:
+        return dict(_VERSIONS)
     from .. import __version__
 
     # not platform.platform(): it also runs `uname -p` in a subprocess (a fork of a process
@@ -158,7 +162,11 @@ def _versions() -> dict:
     torch = sys.modules.get("torch")
     if torch is not None:
         out["torch"] = torch.__version__
+        _VERSIONS.update(out)
     return out
+
+
+_VERSIONS: dict = {}  # made by the first _versions() call after torch is imported
 
 
 class ProfileWriter:
