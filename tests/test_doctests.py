@@ -2,6 +2,8 @@
 
 import doctest
 import importlib
+import importlib.util
+import pathlib
 
 import pytest
 
@@ -57,4 +59,18 @@ def test_docstring_examples(name):
     module = importlib.import_module(name)
     failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert tried > 0, f"{name} has no examples"
+    assert failures == 0
+
+
+BENCHMARKS = ["profiler_overhead"]  # benchmark scripts whose helpers carry examples
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_benchmark_docstring_examples(name):
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # (a script: its main() runs only under __main__)
+    failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert tried > 0, f"benchmarks/{name}.py has no examples"
     assert failures == 0
