@@ -188,6 +188,11 @@ class DeviceActivities(NamedTuple):
     records: dict  # flow id -> (Execution, launching thread's system id), where kept (keep_recorded)
     dropped: int  # records the limit let go
 
+    @classmethod
+    def none(cls) -> "DeviceActivities":
+        """A session in which the device recorded nothing."""
+        return cls([], {}, set(), {}, 0)
+
 
 def take_device_activities(trace_start_ns: int) -> DeviceActivities:
     """The executions the device recorded in the profiling session whose trace started at
@@ -198,7 +203,7 @@ def take_device_activities(trace_start_ns: int) -> DeviceActivities:
     runtime's records of them while :func:`keep_recorded` asked for them."""
     taken = (_S.native.profiler_take(int(trace_start_ns), *_SESSION_START_WINDOW_NS, Execution)
              if _S.native is not None else None)
-    return DeviceActivities(*taken[1:]) if taken is not None else DeviceActivities([], {}, set(), {}, 0)
+    return DeviceActivities(*taken[1:]) if taken is not None else DeviceActivities.none()
 
 
 def reset_clocks(*, _state_settings: _config.Settings | None = None) -> None:

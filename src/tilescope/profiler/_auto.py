@@ -34,9 +34,10 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 def _flag(environ, name: str) -> bool:
     """An on/off environment variable (off when unset)."""
     value = environ.get(name, "")
-    if value.strip().lower() in _TRUE:
+    word = value.strip().lower()
+    if word in _TRUE:
         return True
-    if value.strip().lower() in _FALSE:
+    if word in _FALSE:
         return False
     raise ValueError(f"{name}={value!r} is neither on nor off; use 1 or 0")
 

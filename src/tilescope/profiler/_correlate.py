@@ -97,7 +97,7 @@ class Correlation:
         self._prof, self._capture, self._now = prof, capture, now_ns
         result = getattr(prof.profiler, "kineto_results", None)
         t0 = result.trace_start_ns() if result is not None else 0
-        taken = take_device_activities(t0) if result is not None else DeviceActivities([], {}, set(), {}, 0)
+        taken = take_device_activities(t0) if result is not None else DeviceActivities.none()
         # (the device's profiler made them in the forms read here: no pass per execution)
         recorded = self._recorded = taken.launches  # (flow, 0, launch µs, None), launch order
         self._ranges: dict[int, tuple] = taken.ranges  # flow -> its linked range's correlation id, then the enclosing ones'
