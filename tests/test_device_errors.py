@@ -1,5 +1,7 @@
 """Errors users see on the device read like PyTorch's own: the values, the limit, the fix."""
 
+import re
+
 import pytest
 import torch
 
@@ -63,3 +65,25 @@ def test_errors_of_bad_calls_come_from_pytorch_at_the_call():
         a + torch.ones(4, device="sim")
     with pytest.raises(RuntimeError, match="output with shape"):
         torch.ones(3, device="sim").add_(a)
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("TILESCOPE_NUMERICS", "fasle", "TILESCOPE_NUMERICS='fasle' is neither on nor off; use 1"),
+    ("TILESCOPE_LAUNCH_BLOCKING", "2", "TILESCOPE_LAUNCH_BLOCKING='2' is neither on nor off; use 1"),
+    ("TILESCOPE_WORKER_THREADS", "two", "TILESCOPE_WORKER_THREADS='two' is not an integer; use an integer of at least 1"),
+    ("TILESCOPE_WORKER_THREADS", "0", "TILESCOPE_WORKER_THREADS='0' is below its minimum of 1"),
+])
+def test_bad_settings_in_the_environment_are_named(monkeypatch, name, value, says):
+    """The device's settings from the environment: a misspelt switch is an error, never read
+    as on (or off)."""
+    from tilescope.device import _config
+
+    monkeypatch.setattr(_config, "_SETTINGS", None)  # read afresh (restored after the test)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(says)):
+        _config.settings()
+    monkeypatch.setenv(name, "off" if name != "TILESCOPE_WORKER_THREADS" else "3")
+    monkeypatch.setattr(_config, "_SETTINGS", None)
+    s = _config.settings()
+    assert (s.worker_threads == 3) if name == "TILESCOPE_WORKER_THREADS" else (
+        getattr(s, name.removeprefix("TILESCOPE_").removeprefix("LAUNCH_").lower()) is False)

@@ -10,6 +10,7 @@ import pytest
 MODULES = [
     # core, profiler, compile
     "tilescope.dtypes",
+    "tilescope._env",
     "tilescope._lru",
     "tilescope.spec",
     "tilescope.spec._model",

@@ -82,6 +82,11 @@ def test_zero_code_capture_can_record_every_threads_ops(monkeypatch):
     assert _auto.config_from_env({**on, "TILESCOPE_PROFILE_ALL_THREADS": "off"}).profile_all_threads is False
     with pytest.raises(ValueError, match="TILESCOPE_PROFILE_ALL_THREADS='sometimes'"):
         _auto.config_from_env({**on, "TILESCOPE_PROFILE_ALL_THREADS": "sometimes"})
+    with pytest.raises(ValueError, match="TILESCOPE_PROFILE='yse' is neither on nor off"):
+        _auto.config_from_env({"TILESCOPE_PROFILE": "yse"})  # never silently off
+    assert _auto.config_from_env({**on, "TILESCOPE_PROFILE_MAX_EVENTS": "64"}).max_events_per_core == 64
+    with pytest.raises(ValueError, match="TILESCOPE_PROFILE_MAX_EVENTS='0' is below its minimum of 1"):
+        _auto.config_from_env({**on, "TILESCOPE_PROFILE_MAX_EVENTS": "0"})
 
     seen = []
 

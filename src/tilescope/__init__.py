@@ -27,9 +27,9 @@ def __dir__():
 
 def _start_profile_from_env() -> None:
     """``TILESCOPE_PROFILE=1 python script.py``: profile the whole run, no code change."""
-    import os
+    from ._env import flag
 
-    if os.environ.get("TILESCOPE_PROFILE", "").strip().lower() in ("1", "true", "yes", "on"):
+    if flag("TILESCOPE_PROFILE", False):
         from .profiler._auto import start_from_env
 
         start_from_env()

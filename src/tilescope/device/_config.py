@@ -13,18 +13,12 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from .._env import count, flag
 from ..spec import CoreSpec, preset
 
 __all__ = ["Settings", "settings", "configure"]
 
 _CLOCKS = ("wall", "virtual")
-
-
-def _env_flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return value.strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -80,10 +74,9 @@ def settings() -> Settings:
         _SETTINGS = Settings(
             preset=preset(None),
             clock=os.environ.get("TILESCOPE_CLOCK", "wall") or "wall",
-            numerics=_env_flag("TILESCOPE_NUMERICS", True),
-            blocking=_env_flag("TILESCOPE_LAUNCH_BLOCKING", False),
-            **({"worker_threads": int(os.environ["TILESCOPE_WORKER_THREADS"])}
-               if os.environ.get("TILESCOPE_WORKER_THREADS") else {}),
+            numerics=flag("TILESCOPE_NUMERICS", True),
+            blocking=flag("TILESCOPE_LAUNCH_BLOCKING", False),
+            **({"worker_threads": threads} if (threads := count("TILESCOPE_WORKER_THREADS", None, minimum=1)) else {}),
         )
     return _SETTINGS
 

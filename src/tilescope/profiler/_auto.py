@@ -22,28 +22,17 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity
 
+from .._env import count, flag
 from ._config import ProfileConfig, ProfileMode
 from ._export import Profiler
 
 __all__ = ["config_from_env", "start_from_env", "run_script"]
 
 _active = None
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
-
-
-def _flag(environ, name: str) -> bool:
-    """An on/off environment variable (off when unset)."""
-    value = environ.get(name, "")
-    word = value.strip().lower()
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
-        return False
-    raise ValueError(f"{name}={value!r} is neither on nor off; use 1 or 0")
 
 
 def config_from_env(environ=os.environ) -> ProfileConfig | None:
-    if environ.get("TILESCOPE_PROFILE", "").strip().lower() not in _TRUE:
+    if not flag("TILESCOPE_PROFILE", False, environ):
         return None
     kwargs = {}
     modes = environ.get("TILESCOPE_PROFILE_MODE")
@@ -53,17 +42,14 @@ def config_from_env(environ=os.environ) -> ProfileConfig | None:
         except KeyError as e:
             raise ValueError(f"TILESCOPE_PROFILE_MODE={modes!r}: unknown mode {e.args[0]}; use "
                              + ", ".join(m.name for m in ProfileMode)) from None
-    max_events = environ.get("TILESCOPE_PROFILE_MAX_EVENTS")
-    if max_events:
-        try:
-            kwargs["max_events_per_core"] = int(max_events)
-        except ValueError:
-            raise ValueError(f"TILESCOPE_PROFILE_MAX_EVENTS={max_events!r} is not an integer") from None
+    max_events = count("TILESCOPE_PROFILE_MAX_EVENTS", None, environ, minimum=1)
+    if max_events is not None:
+        kwargs["max_events_per_core"] = max_events
     return ProfileConfig(
         output_dir=environ.get("TILESCOPE_PROFILE_DIR", "profile_out"),
         capture_cores=environ.get("TILESCOPE_PROFILE_CORES"),
         device_profile=environ.get("TILESCOPE_PROFILE_DEVICE_PROFILE", "first"),
-        profile_all_threads=_flag(environ, "TILESCOPE_PROFILE_ALL_THREADS"),
+        profile_all_threads=flag("TILESCOPE_PROFILE_ALL_THREADS", False, environ),
         **kwargs,
     )
 
