@@ -250,3 +250,26 @@ def test_the_device_profiler_lets_go_of_the_records_nobody_takes():
     assert all(rec.program is program for t in taken for rec, _ in t.records.values())
     del taken
     assert sys.getrefcount(program) == unreferenced
+
+
+def test_configure_worker_threads_reaches_the_worker_thread():
+    """``configure(worker_threads=N)`` sets the OpenMP threads of the worker's own CPU kernels
+    (a per-thread setting: the host's stay as they were)."""
+    from tilescope.device import _worker
+
+    def on_worker() -> int:
+        seen = []
+        _worker.put((lambda: seen.append(torch.get_num_threads()), (), {}, "probe"))
+        _worker.wait()
+        return seen[0]
+
+    old, host = dev.settings().worker_threads, torch.get_num_threads()
+    (torch.ones(2, device="sim") + 1).cpu()  # the worker is running
+    try:
+        for n in (1, 3):
+            assert dev.configure(worker_threads=n).worker_threads == n
+            assert on_worker() == n
+        assert torch.get_num_threads() == host
+    finally:
+        dev.configure(worker_threads=old)
+    assert on_worker() == old

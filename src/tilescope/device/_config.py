@@ -83,7 +83,7 @@ def settings() -> Settings:
 
 def configure(*, preset: str | CoreSpec | None = None, clock: str | None = None,
               numerics: bool | None = None, blocking: bool | None = None,
-              gil_switch_interval_s: float | None = ...) -> Settings:
+              gil_switch_interval_s: float | None = ..., worker_threads: int | None = None) -> Settings:
     """Change settings; unspecified ones keep their value. Returns the new settings.
 
     Changing the preset or the clock first waits for pending device work (so no
@@ -102,6 +102,8 @@ def configure(*, preset: str | CoreSpec | None = None, clock: str | None = None,
         changes["blocking"] = bool(blocking)
     if gil_switch_interval_s is not ...:
         changes["gil_switch_interval_s"] = gil_switch_interval_s
+    if worker_threads is not None:
+        changes["worker_threads"] = worker_threads
     new = dataclasses.replace(old, **changes)
     if new == old:
         return old

@@ -21,6 +21,8 @@ import threading
 
 import torch
 
+from . import _config
+
 __all__ = ["put", "wait", "pending_error", "DeviceExecutionError"]
 
 
@@ -51,18 +53,24 @@ class _Worker:
                 errors.append((label, e))
 
 
-def _limit_threads() -> None:
-    """Give this thread's OpenMP regions ``worker_threads`` threads (a per-thread setting in
-    OpenMP; ``torch.set_num_threads`` would change the host's too)."""
+def _limit_threads(threads: int | None = None) -> None:
+    """Give this thread's OpenMP regions ``threads`` threads (default: the settings'
+    ``worker_threads``) -- a per-thread setting in OpenMP; ``torch.set_num_threads`` would
+    change the host's too."""
     import ctypes
-
-    from ._config import settings
 
     path = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
     try:
-        ctypes.CDLL(path).omp_set_num_threads(int(settings().worker_threads))
+        ctypes.CDLL(path).omp_set_num_threads(int(threads or _config.settings().worker_threads))
     except (OSError, AttributeError):  # another OpenMP runtime: leave the default
         pass
+
+
+def _on_settings(old, new) -> None:
+    """``configure(worker_threads=...)``: applied on the worker thread, after the work queued
+    before it (a worker not started yet reads the new settings when it starts)."""
+    if new.worker_threads != old.worker_threads and _W is not None:
+        put((_limit_threads, (new.worker_threads,), {}, "configure(worker_threads)"))
 
 
 _W: _Worker | None = None
@@ -130,6 +138,8 @@ def _drain_at_exit() -> None:
 
 
 atexit.register(_drain_at_exit)
+
+_config.on_change(_on_settings)
 
 
 def _after_fork_in_child() -> None:
