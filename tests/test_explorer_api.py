@@ -261,7 +261,8 @@ def test_bad_parameters_name_the_parameter_and_the_fix(session):
                          ("/api/p/p0/window", {"color": "rainbow"}, "parameter 'color' must be one of"),
                          ("/api/p/p0/window", {"lanes": "x"}, "comma-separated lane numbers"),
                          ("/api/p/p0/device", {"hash": "zz"}, "unexpected value"),
-                         ("/api/p/p9/meta", {}, "no profile 'p9'"),
+                         ("/api/p/p9/meta", {}, "no profile 'p9'; open ones, by id \\(label\\): p0 \\("),
+                         ("/api/p/naive/meta", {}, "no profile 'naive'; open ones"),
                          ("/api/p/p0/nothing", {}, "no endpoint"),
                          ("/api/p/p0/event", {"eid": 123456789}, "no event with eid")):
         with pytest.raises(ValueError, match=msg) as e:

@@ -209,8 +209,7 @@ def _study(args) -> int:
     launched = rows["tile kernel"]["device_us"]
     same = "the same as" if abs(r.p(50) - launched) <= 0.005 * launched else "DIFFERENT from"
     print(f"tilescope.bench of the tile kernel (its sim backend): p50 {r.p(50):,.1f} us modeled, {same} its "
-          f"device execution above ({launched:,.1f} us); bench has no backend for torch functions on the sim "
-          f"device yet, so the table reads the device's execution records")
+          f"device execution above ({launched:,.1f} us)")
 
     timing = unsynchronised(impls, args.iters)
     print()

@@ -44,6 +44,11 @@ class ApiError(Exception):
         self.fix = fix
 
 
+def _key_message(e: KeyError) -> str:
+    """A KeyError's message as raised (``str()`` of a KeyError quotes it as a key)."""
+    return str(e.args[0]) if e.args else "not found"
+
+
 def _clean(o):
     if isinstance(o, float):
         return o if math.isfinite(o) else None
@@ -249,7 +254,7 @@ def _lineage(src, q):
     try:
         hops = _lineage_hops(src, eid)
     except KeyError as e:
-        raise ApiError(404, str(e).strip("'\""), "take eids from the window or event endpoints") from None
+        raise ApiError(404, _key_message(e), "take eids from the window or event endpoints") from None
     return {"eid": eid, "hops": hops, "modeled": src.trace.modeled}
 
 
@@ -348,7 +353,7 @@ def _device_data(src, h, run):
             try:
                 src.cache[key] = _device.execution_data(src.trace, h, run, src.allowed)
             except KeyError as e:
-                raise ApiError(404, str(e).strip("'\""), "pick an execution from /executions") from None
+                raise ApiError(404, _key_message(e), "pick an execution from /executions") from None
         return src.cache[key]
 
 
@@ -367,7 +372,7 @@ def _instruction(src, q):
         try:
             return _device.instruction_detail(src.trace, h, run, i, src.allowed)
         except KeyError as e:
-            raise ApiError(404, str(e).strip("'\""), "pick an instruction of the device view") from None
+            raise ApiError(404, _key_message(e), "pick an instruction of the device view") from None
 
 
 def _memory(src, q):
@@ -394,7 +399,7 @@ def _file(src, q):
     try:
         p = src.file_path(str(name))
     except KeyError as e:
-        raise ApiError(404, str(e).strip("'\""), "only the files of the opened profile are served; see /files") from None
+        raise ApiError(404, _key_message(e), "only the files of the opened profile are served; see /files") from None
     with open(p, "rb") as f:
         data = f.read()
     ctype = "application/json" if p.endswith(".json") else "application/gzip" if p.endswith(".gz") else "text/plain"
@@ -460,7 +465,7 @@ def _compare(session, q):
         try:
             s = session.get(i)
         except KeyError as e:
-            raise ApiError(404, str(e).strip("'\""), "pass ids of opened profiles (see /api/profiles)") from None
+            raise ApiError(404, _key_message(e), "pass ids of opened profiles (see /api/profiles)") from None
         if not s.ok:
             raise ApiError(409, f"{s.label} could not be loaded: {s.error}", s.fix or "")
         srcs.append(s)
@@ -519,7 +524,7 @@ def handle(session, path: str, query: dict) -> Response:
             try:
                 src = session.get(parts[2])
             except KeyError as e:
-                raise ApiError(404, str(e).strip("'\""), "see /api/profiles for the opened profiles") from None
+                raise ApiError(404, _key_message(e), "see /api/profiles for the opened profiles") from None
             if not src.ok:
                 raise ApiError(409, f"{src.label} could not be loaded: {src.error}", src.fix or "")
             if parts[3] == "export" and len(parts) == 5:

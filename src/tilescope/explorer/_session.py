@@ -215,12 +215,12 @@ class Session:
                 s.load()
 
     def get(self, sid: str) -> Source:
-        if not re.fullmatch(r"p\d{1,4}", sid or ""):
-            raise KeyError(f"no profile {sid!r}")
-        for s in self.sources:
-            if s.id == sid:
-                return s
-        raise KeyError(f"no profile {sid!r}; open ones: {', '.join(s.id for s in self.sources)}")
+        if re.fullmatch(r"p\d{1,4}", sid or ""):
+            for s in self.sources:
+                if s.id == sid:
+                    return s
+        opened = ", ".join(f"{s.id} ({s.label})" for s in self.sources)
+        raise KeyError(f"no profile {sid!r}; open ones, by id (label): {opened}")
 
     def describe(self) -> list[dict]:
         return [s.describe() for s in self.sources]
