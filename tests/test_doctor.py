@@ -73,6 +73,28 @@ def test_incomplete_profile_hides_other_rules(tmp_path):
     assert f.code == "incomplete-profile" and "manifest.json is missing" in f.message
 
 
+def test_the_folder_profiles_are_written_under_is_named_not_taken_for_an_incomplete_profile(tmp_path, capsys):
+    """``tilescope doctor profile_out`` (the output_dir, or one process's folder in it): the
+    command names the newest profile to pass, where an incomplete profile's "profile again"
+    would send the user the wrong way; ``explore`` / ``report`` say the same."""
+    import pytest
+
+    from tilescope.cli import main
+    import tilescope.trace as tt
+
+    older = _sim_profile(tmp_path, [_hw()], {"executions": 1})
+    newest = _sim_profile(tmp_path, [_hw()], {"executions": 1})
+    for folder in (tmp_path, newest.parent):
+        assert main(["doctor", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert f"{folder} is not a profile directory but a folder profiles are written under" in err
+        assert f"the newest is {newest}" in err and str(older) not in err
+        with pytest.raises(tt.TraceFormatError, match="pass one of them -- the newest is"):
+            tt.open(str(folder))
+    assert main(["doctor", str(tmp_path / "nowhere")]) == 2
+    assert "no profile directory at" in capsys.readouterr().err
+
+
 def test_host_copies(tmp_path):
     copy = {"ph": "X", "cat": "memcpy", "name": "memcpy HtoD", "pid": 1, "tid": 1, "ts": 0, "dur": 50.0}
     path = _sim_profile(tmp_path, [_hw(dur=10.0), copy], {"executions": 1})

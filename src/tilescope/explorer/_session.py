@@ -23,6 +23,8 @@ class LoadError(Exception):
 
 def _fix_for(msg: str) -> str:
     m = msg.lower()
+    if "a folder profiles are written under" in m:
+        return "pass one profile directory (<host>_pid_<pid>/<timestamp>), e.g. the newest one named above"
     if "incomplete" in m or "manifest" in m:
         return "re-run the profile (an interrupted export never completes); `tilescope doctor PATH` says more"
     if "no such file" in m:

@@ -24,7 +24,11 @@ def _cmd_profile(args) -> int:
 def _cmd_doctor(args) -> int:
     from ._doctor import diagnose
 
-    findings = diagnose(args.path)
+    try:
+        findings = diagnose(args.path)
+    except (OSError, ValueError) as e:  # not a profile directory, unreadable files
+        print(f"tilescope doctor: {e}", file=sys.stderr)
+        return 2
     if not findings:
         print(f"{args.path}: no known profiling mistakes found")
         return 0
@@ -36,7 +40,11 @@ def _cmd_doctor(args) -> int:
 def _cmd_share(args) -> int:
     from ._share import share
 
-    path = share(args.path, args.out, redact=args.redact)
+    try:
+        path = share(args.path, args.out, redact=args.redact)
+    except (OSError, ValueError) as e:  # not a complete profile directory
+        print(f"tilescope share: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {'redacted ' if args.redact else ''}copy to {path}")
     return 0
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ._format import FORMAT, FORMAT_VERSION, SPARE_DIR
 
-__all__ = ["Profile", "IncompleteProfileError", "ProfileFormatError", "read_profile", "find_profiles"]
+__all__ = ["Profile", "IncompleteProfileError", "ProfileFormatError", "read_profile", "find_profiles", "profiles_inside"]
 
 _EXEC_RE = re.compile(r"^exec_([0-9a-f]+)\.json$")
 _ITRACE_RE = re.compile(r"^exec_([0-9a-f]+)\.(\d+)\.itrace\.json$")
@@ -125,6 +125,9 @@ def read_profile(path, *, verify: bool = True) -> Profile:
     mpath = path / "manifest.json"
     manifest = None
     if not mpath.exists():
+        holds = profiles_inside(path) if not problems else None
+        if holds:  # an output directory (or one process's), not a profile that lost its manifest
+            raise FileNotFoundError(holds)
         problems.append("manifest.json is missing (it is written last)")
     else:
         try:
@@ -152,6 +155,20 @@ def read_profile(path, *, verify: bool = True) -> Profile:
             elif verify and hashlib.sha256(f.read_bytes()).hexdigest() != entry["sha256"]:
                 problems.append(f"{entry['path']} does not match its sha256 in the manifest")
     return Profile(path, manifest, problems)
+
+
+def profiles_inside(path) -> str | None:
+    """When ``path`` is not a profile but the folder profiles are written under -- the
+    ``output_dir`` (``<output_dir>/<host>_pid_<pid>/<timestamp>/``) or one process's folder in
+    it --, what to say: how many it holds and the newest one's path; else None."""
+    path = Path(path)
+    found = [m.parent for pattern in ("*/manifest.json", "*/*/manifest.json") for m in path.glob(pattern)
+             if SPARE_DIR not in m.parts]
+    if not found:
+        return None
+    newest = max(found, key=lambda d: d.name)  # (a profile's name is its timestamp)
+    return (f"{path} is not a profile directory but a folder profiles are written under (it holds "
+            f"{len(found)} profile(s)); pass one of them -- the newest is {newest}")
 
 
 def find_profiles(root) -> list[Profile]:
