@@ -591,3 +591,48 @@ def test_profile_all_threads_links_another_threads_launches_to_its_ops(sim, tmp_
     starts = [e for e in events if e.get("cat") == "tilescope.flow" and e["ph"] == "s"]
     assert len({e["tid"] for e in starts}) == 2 and not any(e.get("cat") == "launch" for e in events)
     assert not [f for f in diagnose(path) if f.code == "launches-without-op"]
+
+
+def test_a_tile_kernel_launched_outside_any_op_is_its_own_launching_op(sim, tmp_path):
+    """A tile kernel called on device tensors runs inside no aten op: its launch is a range of
+    its own name, so the execution has a launching op on the profiling thread's framework lane
+    (not a lane of "a thread torch does not profile") and its device time is on that row."""
+    import tilescope
+    import tilescope.lang as nl
+
+    @tilescope.kernel
+    def twice(x, o):
+        nl.store(o, nl.load(x) * 2)
+
+    x = torch.randn(128, 64, device="sim")
+    o = torch.empty_like(x)
+    twice(x, o)  # built before the profile
+    with profile(tmp_path) as prof:
+        twice(x, o)
+        torch.sim.synchronize()
+    (row,) = [e for e in prof.key_averages() if e.key == "kernel::twice"]
+    assert row.count == 1 and row.self_device_time_total > 0
+    stats = read_profile(prof.profile_dir).require_complete().manifest["stats"]
+    assert stats["executions"] == 1 and stats["executions_without_op"] == 0
+    assert "launches-without-op" not in {f.code for f in diagnose(prof.profile_dir)}
+    trace = json.loads((prof.profile_dir / "system_trace.json").read_text())
+    _flows_reach_every_device_event(trace)
+    assert torch.equal(o.cpu(), x.cpu() * 2)
+
+
+def test_the_synchronize_rows_count_the_users_calls(sim, tmp_path):
+    """torch's profiler synchronises the device as it stops, and ``profile()`` as its block
+    ends: neither is counted as a ``tilescope::synchronize`` call of the user's code (the
+    block's own wait keeps a range of its own name, which the doctor does not take for one)."""
+    x = torch.randn(8, device="sim")
+
+    def syncs(calls=0, **kwargs):
+        with profile(tmp_path, **kwargs) as prof:
+            x * 2
+            for _ in range(calls):
+                torch.sim.synchronize()
+        return {e.key: e.count for e in prof.key_averages() if "synchronize" in e.key}
+
+    assert syncs(synchronize=False) == {}
+    assert syncs(synchronize=False, calls=2) == {"tilescope::synchronize": 2}
+    assert syncs(calls=1) == {"tilescope::synchronize": 1, "tilescope::synchronize (profile exit)": 1}

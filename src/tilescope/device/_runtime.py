@@ -343,18 +343,19 @@ def wait_numerics() -> None:
     _worker.wait()
 
 
-def synchronize(core: int | None = None) -> None:
+def synchronize(core: int | None = None, *, label: str | None = "tilescope::synchronize") -> None:
     """Return when the work submitted so far is done: numerics computed and, in wall
     mode, modeled device time elapsed in wall-clock time. In virtual mode the host
     clock jumps to the device's end instead of sleeping.
 
-    While torch's profiler records, the wait is a ``tilescope::synchronize`` range on the
-    host thread (the profiles' "synchronize waits"; the doctor looks for them per step).
+    While torch's profiler records, the wait is a range named ``label`` on the host thread
+    (``tilescope::synchronize``: the profiles' "synchronize waits", which the doctor looks
+    for per step); None records none.
     """
-    if _profiler_enabled():
+    if label is not None and _profiler_enabled():
         import torch
 
-        with torch.profiler.record_function("tilescope::synchronize"):
+        with torch.profiler.record_function(label):
             _synchronize(core)
         return
     _synchronize(core)

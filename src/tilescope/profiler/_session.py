@@ -66,10 +66,13 @@ def _device_kind() -> str:
     return "cpu"
 
 
+EXIT_SYNCHRONIZE = "tilescope::synchronize (profile exit)"  # the block's own wait, not one of its calls
+
+
 def _synchronize(device: str) -> None:
     if device == "sim":
         from ..device import _runtime
 
-        _runtime.synchronize()
+        _runtime.synchronize(label=EXIT_SYNCHRONIZE)
     elif device == "cuda":
         torch.cuda.synchronize()
