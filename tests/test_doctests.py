@@ -50,6 +50,7 @@ MODULES = [
     "tilescope.cpp._build",
     # analysis engine
     "tilescope.trace._jsonscan",
+    "tilescope.trace._labels",
     "tilescope.trace._parquet",
     "tilescope.trace._roofline",
 ]

@@ -8,6 +8,7 @@ below says where it came from.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -127,6 +128,27 @@ def test_diff_of_two_runs(control):
     names = d.names
     assert ops["aten::mm"][f"calls[{names[0]}]"] > 0
     assert set(d.summary.column("metric").to_pylist()) >= {"events", "device busy ns", "device executions / kernels"}
+
+
+def test_diff_of_runs_whose_files_share_a_name(tmp_path, capsys):
+    """Two runs' trace.json.gz in their own folders (the usual layout) get distinct columns
+    from those folders; the same trace twice is numbered; NAME=PATH names a column."""
+    import shutil
+
+    from tilescope.cli import main
+
+    paths = []
+    for run, src in (("runA", CONTROL), ("runB", TEST)):
+        os.makedirs(tmp_path / run)
+        paths.append(str(shutil.copy(src, tmp_path / run / "trace.json.gz")))
+    d = tt.diff(*paths)
+    assert d.names == ["runA/trace.json.gz", "runB/trace.json.gz"]
+    assert d.summary.column_names == ["metric", *d.names]
+    assert tt.diff(paths[0], paths[0], paths[0]).names == ["trace.json.gz", "trace.json.gz (2)", "trace.json.gz (3)"]
+    with pytest.raises(ValueError, match="one distinct name per trace"):
+        tt.diff(*paths, names=["same", "same"])
+    assert main(["compare", f"control={paths[0]}", f"test={paths[1]}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["names"] == ["control", "test"]
 
 
 @pytest.mark.parametrize("name, kernels, ops", [

@@ -14,6 +14,8 @@ import re
 import threading
 import time
 
+from ..trace._labels import distinct, short_label, split_name
+
 __all__ = ["Session", "Source", "LoadError"]
 
 
@@ -38,30 +40,14 @@ def _fix_for(msg: str) -> str:
     return "see the message; `tilescope report PATH` shows the same error on the command line"
 
 
-def _default_label(path: str) -> str:
-    """A short name: the basename, or for a profile's timestamp directory the folder above the
-    ``<instance>_pid_<pid>`` level with the time (``naive · 20261129_082319``)."""
-    base = os.path.basename(path.rstrip("/")) or path
-    if re.fullmatch(r"\d{8}_\d{6}(_\d+)?", base):
-        parent = os.path.dirname(path.rstrip("/"))
-        up = os.path.basename(parent)
-        if re.fullmatch(r".+_pid_\d+", up):
-            up = os.path.basename(os.path.dirname(parent)) or up
-        return f"{up} · {base[:15]}"
-    return base
-
-
 class Source:
     """One opened path (``NAME=PATH`` names it)."""
 
     def __init__(self, sid: str, path: str, source_dirs: list[str] | None = None):
         self.id = sid
-        label = None
-        m = re.fullmatch(r"([\w.\-]{1,40})=(.+)", path)
-        if m and not os.path.exists(path):
-            label, path = m.group(1), m.group(2)  # NAME=PATH names a profile for the tabs and compare
+        label, path = split_name(path)  # NAME=PATH names a profile for the tabs and compare
         self.path = os.path.abspath(path) if "+" not in path or os.path.exists(path) else path
-        self.label = label or _default_label(self.path)
+        self.label = label or short_label(self.path)
         self.source_dirs = [os.path.abspath(d) for d in (source_dirs or [])]
         self.trace = None
         self.index = None
@@ -211,6 +197,9 @@ class Session:
         if not paths:
             raise ValueError("tilescope explore needs at least one PATH (profile directory or trace)")
         self.sources = [Source(f"p{i}", p, source_dirs) for i, p in enumerate(paths)]
+        # tabs and comparisons tell them apart (two runs' trace.json, one profile opened twice)
+        for source, label in zip(self.sources, distinct([s.label for s in self.sources], [s.path for s in self.sources])):
+            source.label = label
         self.started = time.time()
         if load:
             for s in self.sources:

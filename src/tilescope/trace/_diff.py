@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from ._labels import distinct, short_label
 from ._nesting import ensure_hierarchy
 
 __all__ = ["diff", "TraceDiff", "FusionFinding"]
@@ -118,7 +119,8 @@ def _profile(trace) -> dict:
 
 
 def diff(*traces, names: list[str] | None = None) -> TraceDiff:
-    """Compare two or more traces (``Trace`` objects or paths); the first is the base."""
+    """Compare two or more traces (``Trace`` objects or paths); the first is the base.
+    ``names``: one per trace (default: short labels of their paths, made distinct)."""
     from ._trace import Trace, open_trace
 
     if len(traces) == 1 and isinstance(traces[0], (list, tuple)):
@@ -126,7 +128,10 @@ def diff(*traces, names: list[str] | None = None) -> TraceDiff:
     if len(traces) < 2:
         raise ValueError(f"diff needs at least two traces, got {len(traces)}")
     ts = [t if isinstance(t, Trace) else open_trace(t) for t in traces]
-    names = names or [_short(t) for t in ts]
+    if names is not None and (len(names) != len(ts) or len(set(names)) != len(names)):
+        raise ValueError(f"diff needs one distinct name per trace: got {list(names)} for {len(ts)} traces")
+    sources = [t.sources[0] for t in ts]
+    names = list(names) if names is not None else distinct([short_label(s) for s in sources], sources)
     profs = [_profile(t) for t in ts]
     per_step = all(p["steps"] > 0 for p in profs)
     div = [p["steps"] if per_step else 1 for p in profs]
@@ -177,9 +182,3 @@ def diff(*traces, names: list[str] | None = None) -> TraceDiff:
     return TraceDiff(names=names, summary=pa.table(summ), ops=pa.table(ops), regions=pa.table(regions),
                      fusion=fusion, per_step=per_step)
 
-
-def _short(t) -> str:
-    import os
-
-    s = t.sources[0].rstrip("/")
-    return os.path.basename(s) or s
