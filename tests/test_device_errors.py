@@ -87,3 +87,20 @@ def test_bad_settings_in_the_environment_are_named(monkeypatch, name, value, say
     s = _config.settings()
     assert (s.worker_threads == 3) if name == "TILESCOPE_WORKER_THREADS" else (
         getattr(s, name.removeprefix("TILESCOPE_").removeprefix("LAUNCH_").lower()) is False)
+
+
+@pytest.mark.parametrize("value, in_use", [("off", False), ("bad", None)])
+def test_the_device_profiler_switch_reads_like_every_other(value, in_use):
+    """``TILESCOPE_DEVICE_PROFILER`` (read at registration, so in a fresh process) takes the
+    words every switch takes; anything else is an error naming it."""
+    import subprocess
+    import sys
+
+    code = ("import tilescope.device as d; d.register(); from tilescope.device import _runtime; "
+            "print('in use:', _runtime._S.device_profiler is not None)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "TILESCOPE_DEVICE_PROFILER": value})
+    if in_use is None:
+        assert proc.returncode != 0 and "TILESCOPE_DEVICE_PROFILER='bad' is neither on nor off" in proc.stderr
+    else:
+        assert proc.returncode == 0 and f"in use: {in_use}" in proc.stdout, proc.stderr

@@ -23,6 +23,7 @@ import threading
 
 import torch
 
+from .._env import flag
 from . import _config, _dispatch, _module, _special
 
 __all__ = ["register", "is_registered", "device_name"]
@@ -73,7 +74,7 @@ def register(name: str | None = None) -> str:
         from . import _runtime
 
         # torch.profiler records device executions itself, through the device's Kineto profiler
-        _runtime.use_device_profiler(rt, os.environ.get("TILESCOPE_DEVICE_PROFILER", "1") != "0")
+        _runtime.use_device_profiler(rt, flag("TILESCOPE_DEVICE_PROFILER", True))
         # torch.accelerator.synchronize() / stream.synchronize() reach the runtime through the guard
         rt.set_sync_callback(lambda index: _runtime.synchronize(index if index >= 0 else None))
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
