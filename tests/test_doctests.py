@@ -29,6 +29,7 @@ MODULES = [
     # device and lowerings
     "tilescope.device",
     "tilescope.device._config",
+    "tilescope.device._runtime",
     "tilescope.device._module",
     "tilescope.device._launch",
     "tilescope.device._kernels",

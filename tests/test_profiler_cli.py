@@ -93,10 +93,30 @@ def test_zero_code_capture_can_record_every_threads_ops(monkeypatch):
     class Ran:
         path = "profile"
 
-    monkeypatch.setattr(_auto, "run_script", lambda script, args, cfg: (seen.append(cfg), Ran())[1])
+    monkeypatch.setattr(_auto, "run_script", lambda script, args, cfg, device: (seen.append(cfg), Ran())[1])
     parser = argparse.ArgumentParser()
     _cli.register(parser.add_subparsers())
     for argv, expected in ((["profile", "--all-threads", "x.py"], True), (["profile", "x.py"], False)):
         args = parser.parse_args(argv)
         assert args.func(args) == 0
         assert seen[-1].profile_all_threads is expected and seen[-1].to_dict()["profile_all_threads"] is expected
+
+
+def test_a_cpu_script_profiled_without_code_change_is_a_cpu_profile(tmp_path, monkeypatch):
+    """``tilescope profile --device cpu script.py`` (``TILESCOPE_PROFILE_DEVICE=cpu`` for the
+    variable's route): a script that never touches the simulated device gives a CPU profile,
+    with no "no device activity" error from the doctor."""
+    import pytest
+
+    from tilescope.profiler import _auto, diagnose, read_profile
+
+    script = tmp_path / "cpu_script.py"
+    script.write_text("import torch\nx = torch.randn(64, 64)\nprint((x @ x).sum().item() != 0)\n")
+    exporter = _auto.run_script(str(script), [], _auto.ProfileConfig(output_dir=str(tmp_path / "out")), device="cpu")
+    prof = read_profile(exporter.path).require_complete()
+    assert prof.device["kind"] == "cpu" and prof.executables() == {}
+    assert [f.code for f in diagnose(exporter.path) if f.severity == "error"] == []
+    assert _auto.device_from_env({"TILESCOPE_PROFILE_DEVICE": "CPU"}) == "cpu"
+    assert _auto.device_from_env({}) == "sim"
+    with pytest.raises(ValueError, match="TILESCOPE_PROFILE_DEVICE='tpu': use one of sim, cuda, cpu"):
+        _auto.device_from_env({"TILESCOPE_PROFILE_DEVICE": "tpu"})

@@ -151,9 +151,15 @@ _config.on_change(_on_settings)
 
 
 def activity_name(kind: str, op: str) -> str:
-    """The name an execution has in torch's tables and traces: ``exec_running <op>``, or
-    ``memcpy <op>`` for a copy."""
-    return f"{'memcpy' if kind == 'memcpy' else 'exec_running'} {op}"
+    """The name an execution has in torch's tables and traces: ``exec_running <op>``, or for a
+    copy ``memcpy <op>`` -- its op when that says so already (``memcpy HtoD``).
+
+    >>> activity_name("kernel", "aten::mul.Tensor"), activity_name("memcpy", "memcpy HtoD")
+    ('exec_running aten::mul.Tensor', 'memcpy HtoD')
+    """
+    if kind != "memcpy":
+        return f"exec_running {op}"
+    return op if op.startswith("memcpy ") else f"memcpy {op}"
 
 
 def use_device_profiler(native, on: bool = True) -> bool:

@@ -4,9 +4,12 @@ Environment: ``TILESCOPE_PROFILE=1`` turns it on; ``TILESCOPE_PROFILE_DIR`` (out
 default ``profile_out``), ``TILESCOPE_PROFILE_CORES`` (e.g. ``0,2-3``),
 ``TILESCOPE_PROFILE_MODE`` (comma-separated ``DEVICE,RUNTIME,HOST_CPU,HOST_MEMORY``),
 ``TILESCOPE_PROFILE_MAX_EVENTS`` (per-core ring buffer),
-``TILESCOPE_PROFILE_DEVICE_PROFILE`` (``first`` or ``session``) and
+``TILESCOPE_PROFILE_DEVICE_PROFILE`` (``first`` or ``session``), ``TILESCOPE_PROFILE_DEVICE``
+(``sim``, the default; ``cuda`` or ``cpu`` to profile a script that runs there) and
 ``TILESCOPE_PROFILE_ALL_THREADS`` (``1``: torch records the ops of every thread, not only the
-main one's). The profile covers the whole run and is exported when the interpreter exits.
+main one's). The profile covers the whole run and is exported when the interpreter exits. The
+variable is read when ``tilescope`` is imported: a script that never imports it is not
+profiled -- ``tilescope profile script.py`` needs no import.
 
 >>> config_from_env({"TILESCOPE_PROFILE": "1", "TILESCOPE_PROFILE_ALL_THREADS": "yes"}).profile_all_threads
 True
@@ -20,13 +23,13 @@ import runpy
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity
 
 from .._env import count, flag
 from ._config import ProfileConfig, ProfileMode
 from ._export import Profiler
+from ._session import DEVICES, activities_for
 
-__all__ = ["config_from_env", "start_from_env", "run_script"]
+__all__ = ["config_from_env", "device_from_env", "start_from_env", "run_script"]
 
 _active = None
 
@@ -54,16 +57,23 @@ def config_from_env(environ=os.environ) -> ProfileConfig | None:
     )
 
 
-def _start(cfg: ProfileConfig):
+def device_from_env(environ=os.environ) -> str:
+    """``TILESCOPE_PROFILE_DEVICE``: what the zero-code capture profiles (``sim``, the default;
+    ``cuda``; ``cpu``)."""
+    device = (environ.get("TILESCOPE_PROFILE_DEVICE") or "sim").strip().lower()
+    if device not in DEVICES:
+        raise ValueError(f"TILESCOPE_PROFILE_DEVICE={environ.get('TILESCOPE_PROFILE_DEVICE')!r}: use one of "
+                         f"{', '.join(DEVICES)}")
+    return device
+
+
+def _start(cfg: ProfileConfig, device: str = "sim"):
     global _active
     if _active is not None:
         return _active
-    from ..device import register
-
-    register()
+    activities = activities_for(device)
     exporter = Profiler(cfg)
-    prof = torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
-                                  experimental_config=cfg, on_trace_ready=exporter.export_trace)
+    prof = torch.profiler.profile(activities=activities, experimental_config=cfg, on_trace_ready=exporter.export_trace)
     prof.start()
     _active = (prof, exporter)
 
@@ -85,21 +95,20 @@ def start_from_env() -> bool:
     cfg = config_from_env()
     if cfg is None:
         return False
-    _start(cfg)
+    _start(cfg, device_from_env())
     return True
 
 
-def run_script(path: str, argv: list[str], cfg: ProfileConfig) -> Profiler:
-    """Run ``path`` as ``__main__`` under a whole-run profile; returns the exporter."""
-    from ..device import register
-
-    register()
+def run_script(path: str, argv: list[str], cfg: ProfileConfig, device: str = "sim") -> Profiler:
+    """Run ``path`` as ``__main__`` under a whole-run profile of ``device`` (``sim``, ``cuda``
+    or ``cpu``); returns the exporter."""
+    activities = activities_for(device)
     exporter = Profiler(cfg)
     old_argv = sys.argv
     sys.argv = [path] + list(argv)
     try:
-        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
-                                    experimental_config=cfg, on_trace_ready=exporter.export_trace):
+        with torch.profiler.profile(activities=activities, experimental_config=cfg,
+                                    on_trace_ready=exporter.export_trace):
             try:
                 runpy.run_path(path, run_name="__main__")
             except SystemExit as e:

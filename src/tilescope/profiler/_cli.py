@@ -15,7 +15,7 @@ def _cmd_profile(args) -> int:
     cfg = ProfileConfig(output_dir=args.out, capture_cores=args.cores, max_events_per_core=args.max_events,
                         device_profile=args.device_profile, profile_all_threads=args.all_threads,
                         **({"modes": modes} if modes else {}))
-    exporter = run_script(args.script, args.args, cfg)
+    exporter = run_script(args.script, args.args, cfg, device=args.device)
     print(f"tilescope: profile written to {exporter.path}", file=sys.stderr)
     print(f"open it with: tilescope explore {exporter.path}", file=sys.stderr)
     return 0
@@ -55,6 +55,8 @@ def register(sub) -> None:
     p.add_argument("--cores", default=None, help='cores to capture, e.g. "0,2-3" (default all)')
     p.add_argument("--mode", default=None, help="comma-separated modes: DEVICE,RUNTIME,HOST_CPU,HOST_MEMORY")
     p.add_argument("--max-events", type=int, default=1_000_000, help="instruction events kept per core")
+    p.add_argument("--device", choices=("sim", "cuda", "cpu"), default="sim",
+                   help="what the script runs on (default sim: the simulated device, registered first)")
     p.add_argument("--device-profile", choices=("first", "session"), default="first")
     p.add_argument("--all-threads", action="store_true",
                    help="record the ops of every thread (default: the main thread's; device work launched "

@@ -58,7 +58,8 @@ class Profiler:
 
     @staticmethod
     def _device_in_use() -> bool:
-        return os.environ.get("TILESCOPE_PROFILE_DEVICE", "sim") != "none"
+        # (the zero-code capture of a CUDA or CPU script: the simulated device is not registered)
+        return (os.environ.get("TILESCOPE_PROFILE_DEVICE") or "sim").strip().lower() not in ("cuda", "cpu", "none")
 
     @property
     def path(self) -> Path | None:

@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity
 from ._config import ProfileConfig
 from ._export import Profiler
 
-__all__ = ["profile"]
+__all__ = ["profile", "activities_for"]
 
 
 @contextlib.contextmanager
@@ -33,18 +33,8 @@ def profile(output_dir="profile_out", *, device: str | None = None, config: Prof
     """
     cfg = config or ProfileConfig(output_dir=output_dir, **config_kwargs)
     device = device or _device_kind()
-    if device not in ("sim", "cuda", "cpu"):
-        raise ValueError(f"device must be 'sim', 'cuda' or 'cpu', got {device!r}")
-    if device == "sim":
-        from ..device import register
-
-        register()
+    activities = activities_for(device)
     exporter = Profiler(cfg)
-    activities = [ProfilerActivity.CPU]
-    if device == "sim":
-        activities.append(ProfilerActivity.PrivateUse1)
-    elif device == "cuda":
-        activities.append(ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities, experimental_config=cfg, on_trace_ready=exporter.export_trace,
                                 record_shapes=record_shapes, profile_memory=profile_memory,
                                 with_stack=with_stack) as prof:
@@ -54,6 +44,22 @@ def profile(output_dir="profile_out", *, device: str | None = None, config: Prof
             if synchronize:
                 _synchronize(device)
     prof.profile_dir = exporter.path
+
+
+DEVICES = ("sim", "cuda", "cpu")
+
+
+def activities_for(device: str) -> list:
+    """torch.profiler's activities for profiling ``device`` (the CPU's, and the device's own);
+    registers the simulated device for ``"sim"``."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(map(repr, DEVICES))}, got {device!r}")
+    if device == "sim":
+        from ..device import register
+
+        register()
+        return [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
 
 
 def _device_kind() -> str:

@@ -42,6 +42,7 @@
 #include <pthread.h>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -393,8 +394,10 @@ PyObject* profiler_record(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   for (auto it = t_open.rbegin(); it != t_open.rend() && n <= kEnclosing && it->session == session; ++it)
     ids[n++] = static_cast<int64_t>(it->id);
   try {  // a C function: no C++ exception may cross into the interpreter
-    std::string name(memcpy ? "memcpy " : "exec_running ");  // as tilescope.device._runtime.activity_name
-    name.append(op, static_cast<size_t>(op_size));
+    // as tilescope.device._runtime.activity_name: a copy's op names it already ("memcpy HtoD")
+    const std::string_view op_name(op, static_cast<size_t>(op_size));
+    std::string name(memcpy ? (op_name.rfind("memcpy ", 0) == 0 ? "" : "memcpy ") : "exec_running ");
+    name.append(op_name);
     if (keep_launch({flow, ids[0], {ids[1], ids[2], ids[3]}, wall_ns(), host_ns, start_ns, end_ns,
                      static_cast<int32_t>(core), memcpy, std::move(name), detail},
                     args, nargs))
