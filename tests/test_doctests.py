@@ -54,6 +54,7 @@ MODULES = [
     "tilescope.trace._labels",
     "tilescope.trace._parquet",
     "tilescope.trace._roofline",
+    "tilescope.trace._report",
 ]
 
 

@@ -68,7 +68,8 @@ class Explanation:
         lines = [f"{self.graphs} graph(s), {self.executions_per_call} device execution(s) per call"]
         for f in self.fused:
             spill = f"; spills {', '.join(f.spilled)} ({f.spill_bytes / 1e6:.3f} MB to HBM)" if f.spilled else ""
-            lines.append(f"  fused  [{f.program_hash}] {len(f.fx_nodes)} ops: {', '.join(f.fx_nodes)}{spill}")
+            n = len(f.fx_nodes)
+            lines.append(f"  fused  [{f.program_hash}] {n} op{'s' if n != 1 else ''}: {', '.join(f.fx_nodes)}{spill}")
         for u in self.unfused:
             lines.append(f"  apart  {u.node} (aten.{u.op}): {u.reason}; fusing it would save "
                          f"~{u.bytes_saved_if_fused / 1e6:.3f} MB of HBM traffic (modeled estimate)")

@@ -50,13 +50,17 @@ def report_dict(trace, top: int = 15) -> dict:
 
 
 def _gap_totals(trace) -> list[dict]:
+    """Per class: the gaps, their lanes and their total -- a sum over lanes (each device lane,
+    a stream or a core, has its own gaps), which can exceed the trace's span."""
     g = trace.gaps()
     tot: dict[str, list] = {}
-    for c, ns in zip(g.column("class").to_pylist(), g.column("gap_ns").to_pylist()):
-        a = tot.setdefault(c, [0, 0])
+    for c, lane, ns in zip(g.column("class").to_pylist(), g.column("lane").to_pylist(), g.column("gap_ns").to_pylist()):
+        a = tot.setdefault(c, [0, 0, set()])
         a[0] += 1
         a[1] += ns or 0
-    return [{"class": c, "count": n, "total_ns": t} for c, (n, t) in sorted(tot.items(), key=lambda kv: -kv[1][1])]
+        a[2].add(lane)
+    return [{"class": c, "count": n, "lanes": len(lanes), "total_ns": t}
+            for c, (n, t, lanes) in sorted(tot.items(), key=lambda kv: -kv[1][1])]
 
 
 def print_report(trace, console, top: int = 15) -> None:
@@ -105,11 +109,11 @@ def print_report(trace, console, top: int = 15) -> None:
             t.add_row(r["engine"], f"{r['instructions']:,}", fmt_ns(r["busy_ns"]), f"{r['bytes']:,}", f"{r['flops']:,.0f}")
         console.print(t)
     if d["gaps"]:
-        t = Table(title=f"idle gaps by cause ({label})")
-        for c in ("class", "count", "total"):
+        t = Table(title=f"idle gaps by cause ({label}; per lane, totals summed over lanes)")
+        for c in ("class", "count", "lanes", "total"):
             t.add_column(c, justify="left" if c == "class" else "right")
         for r in d["gaps"]:
-            t.add_row(r["class"], f"{r['count']:,}", fmt_ns(r["total_ns"]))
+            t.add_row(r["class"], f"{r['count']:,}", f"{r['lanes']:,}", fmt_ns(r["total_ns"]))
         console.print(t)
     if d["roofline"]:
         est = "FLOPs/bytes estimated from shapes" if not trace.modeled else "modeled"
@@ -123,6 +127,17 @@ def print_report(trace, console, top: int = 15) -> None:
         console.print(t)
 
 
+def _count(v) -> str:
+    """A count as a whole number when it is one (a per-step mean may not be).
+
+    >>> _count(20.0), _count(2.5), _count(None)
+    ('20', '2.5', '-')
+    """
+    if v is None:
+        return "-"
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:,.1f}"
+
+
 def print_diff(d, console, top: int = 20) -> None:
     from rich.markup import escape as resc
     from rich.table import Table
@@ -133,7 +148,7 @@ def print_diff(d, console, top: int = 20) -> None:
     for n in d.names:
         t.add_column(resc(n), justify="right")
     for r in d.summary.to_pylist():
-        t.add_row(r["metric"], *[f"{r[n]:,.1f}" if isinstance(r[n], float) else f"{r[n]:,}" for n in d.names])
+        t.add_row(r["metric"], *[_count(r[n]) for n in d.names])
     console.print(t)
     for f in d.fusion:
         console.print(f"[bold green]fusion:[/bold green] {resc(f.text())}")
@@ -148,7 +163,7 @@ def print_diff(d, console, top: int = 20) -> None:
     for r in rows[:top]:
         cells = []
         for n in d.names:
-            cells += [f"{r[f'calls[{n}]']:,.1f}", fmt_ns(r[f"device_total_ns[{n}]"])]
+            cells += [_count(r[f"calls[{n}]"]), fmt_ns(r[f"device_total_ns[{n}]"])]
         t.add_row(resc(r["op"][:60]), *cells)
     console.print(t)
     regs = d.regions.to_pylist()

@@ -30,7 +30,10 @@ _ITEMSIZE = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long 
              "float16": 2, "bfloat16": 2, "float32": 4, "bool": 1, "unsigned char": 1, "signed char": 1}
 _ELEMENTWISE = {"aten::add", "aten::add_", "aten::sub", "aten::mul", "aten::mul_", "aten::div", "aten::relu",
                 "aten::relu_", "aten::sigmoid", "aten::tanh", "aten::gelu", "aten::silu", "aten::exp", "aten::pow",
-                "aten::rsqrt", "aten::sqrt", "aten::neg", "aten::threshold_backward", "aten::copy_", "aten::fill_"}
+                "aten::rsqrt", "aten::sqrt", "aten::neg", "aten::threshold_backward"}
+# ops that move data and compute nothing: (inputs read, by index) -- fill_ writes its tensor
+# without reading it, copy_ reads its source (input 1) into its destination (input 0)
+_MOVES = {"aten::fill_": (), "aten::zero_": (), "aten::copy_": (1,)}
 
 
 def gpu_peak(device_name: str):
@@ -55,6 +58,10 @@ def estimate_op(name: str, dims, types) -> tuple[float, float] | None:
 
     >>> estimate_op("aten::mm", [[64, 128], [128, 32]], ["float", "float"])  # 2*M*K*N, fp32 in + out
     (524288, 57344)
+    >>> estimate_op("aten::fill_", [[1024], []], ["float", "Scalar"])  # written, never read
+    (0.0, 4096.0)
+    >>> estimate_op("aten::copy_", [[1024], [1024]], ["float", "c10::BFloat16"])  # bf16 read, fp32 written
+    (0.0, 6144.0)
     """
     if not isinstance(dims, list) or not dims:
         return None
@@ -74,6 +81,9 @@ def estimate_op(name: str, dims, types) -> tuple[float, float] | None:
     elif name in _ELEMENTWISE and dims[0]:
         out = max(prod(d) for d in dims if d)
         return float(out), float(in_bytes + out * size[0])
+    elif name in _MOVES and dims[0]:
+        read = sum(prod(dims[i]) * size[i] for i in _MOVES[name] if i < len(dims) and dims[i])
+        return 0.0, float(read + prod(dims[0]) * size[0])
     if r is None:
         return None
     flops, out = r
