@@ -375,7 +375,11 @@ def _prepare_torch(fn, args, kwargs):
         s = _settings()
         notes.append(f"device time: modeled span of the device work of each call on {s.preset.name} "
                      f"({s.clock} clock), including the assumed runtime cost "
-                     f"({s.preset.runtime_exec_us:g} us per execution)")
+                     f"({s.preset.runtime_exec_us:g} us per execution)"
+                     + ("; with the wall clock the span also holds the time the device waited for this "
+                        "machine's host to dispatch the next op (it varies between runs; "
+                        "tilescope.device.configure(clock='virtual') models the host's dispatch instead)"
+                        if s.clock == "wall" else ""))
 
     def describe():
         preset = None
