@@ -153,6 +153,29 @@ def test_attention_is_one_execution_with_autograd():
         close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_fused_builtins_lay_out_their_outputs_as_cpu_does():
+    """Code written against CPU's strides keeps working: attention's output follows the query's
+    dimension order (the usual split of one qkv projection, then ``transpose(1, 2).view``),
+    rms_norm's output is contiguous whatever its input's layout."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 32, 3 * 64)
+
+    def attention(qkv):
+        q, k, v = qkv.view(2, 32, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y, y.transpose(1, 2).view(2, 32, 64)
+
+    (y_cpu, z_cpu), (y_sim, z_sim) = attention(qkv), attention(qkv.to("sim"))
+    assert y_sim.stride() == y_cpu.stride() == (2048, 16, 64, 1)
+    torch.testing.assert_close(z_sim.cpu(), z_cpu)
+    xt = torch.randn(8, 16).t()
+    out = F.rms_norm(xt.to("sim"), (8,))
+    assert out.stride() == F.rms_norm(xt, (8,)).stride() == (8, 1)
+    torch.testing.assert_close(out.view(-1).cpu(), F.rms_norm(xt, (8,)).view(-1))
+
+
 def test_seeded_rng_and_generators():
     torch.manual_seed(123)
     a = torch.randn(100, device="sim")

@@ -89,6 +89,19 @@ def _sdpa_backward_numerics(ins, outs, has_bias, is_causal, scale, mask):
             o.copy_(g.sum_to_size(o.shape) if g.shape != o.shape else g)
 
 
+def _matching_layout(query, shape):
+    """The attention output as torch lays it out on CPU (and in its meta function): in the
+    query's dimension order -- ``(B, L, H, E)`` in memory for the usual split of one qkv
+    projection, so that ``out.transpose(1, 2).view(B, L, H * E)`` works as it does there."""
+    if tuple(query.shape) == tuple(shape):
+        return torch.empty_like(query)
+    order = sorted(range(query.dim()), key=lambda d: query.stride(d), reverse=True)
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d], step = step, step * shape[d]
+    return torch.empty_strided(shape, strides, dtype=query.dtype, device=query.device)
+
+
 def _lowered(op, inputs, outputs, **consts):
     args = tuple(_lower.meta_of(t) if isinstance(t, torch.Tensor) else t for t in inputs)
     call = _lower.Call(op, args, tuple(sorted(consts.items())), tuple(_lower.meta_of(t) for t in outputs))
@@ -100,7 +113,7 @@ def _sdpa_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=Fa
     B, H, L, _ = query.shape
     S, Ev = key.shape[2], value.shape[3]
     dev = query.device
-    out = torch.empty((B, H, L, Ev), dtype=query.dtype, device=dev)
+    out = _matching_layout(query, (B, H, L, Ev))
     lse = torch.empty((B, H, L), dtype=torch.float32, device=dev)
     ins = [query, key, value] + ([attn_bias] if attn_bias is not None else [])
     low = _lowered("aten::_scaled_dot_product_fused_attention_overrideable", [query, key, value, attn_bias],

@@ -41,13 +41,14 @@ def _rms_norm_ref(x, normalized_shape, weight=None, eps=None):
     y = xf * rstd
     if weight is not None:
         y = y * weight.float()
-    return y.to(x.dtype), rstd
+    return y.to(x.dtype).contiguous(), rstd
 
 
 def _rms_norm_meta(x, normalized_shape, weight=None, eps=None):
+    # contiguous, whatever the input's layout: what aten::rms_norm gives on CPU
     k = len(normalized_shape)
     stat = tuple(x.shape[:x.dim() - k]) + (1,) * k
-    return torch.empty_like(x), x.new_empty(stat, dtype=torch.float32)
+    return x.new_empty(x.shape), x.new_empty(stat, dtype=torch.float32)
 
 
 def _rms_norm_backward_ref(grad, x, normalized_shape, rstd, weight, output_mask):
