@@ -41,6 +41,21 @@ def attention(q, k, v):
     return torch.softmax(scores, dim=-1) @ v
 
 
+def masked_softmax(x):  # a Python number in the graph: a scalar_tensor node inside the fused group
+    return torch.softmax(torch.where(x > 0, x, float("-inf")), dim=-1)
+
+
+def clamp_by_tensor(x):  # clamp.Tensor, its bound a tensor the graph holds (a lifted constant)
+    return x.clamp(min=torch.tensor(-0.5, device=x.device)) * torch.tensor(2.0, device=x.device)
+
+
+def assign_then_scale(x, y):  # in-place ops and an assignment through a slice
+    x = x.clone()
+    x.add_(y)
+    x[:, 0] = -1
+    return x * 2
+
+
 CASES = {
     "rmsnorm": (rmsnorm, lambda: (torch.randn(4, 96, 256), torch.randn(256))),
     "layernorm": (layernorm, lambda: (torch.randn(200, 384), torch.randn(384), torch.randn(384))),
@@ -48,6 +63,9 @@ CASES = {
     "gelu_mlp": (gelu_mlp, lambda: (torch.randn(128, 256), torch.randn(256, 512) * 0.05, torch.randn(512),
                                     torch.randn(512, 256) * 0.05)),
     "attention": (attention, lambda: (torch.randn(2, 128, 64), torch.randn(2, 128, 64), torch.randn(2, 128, 64))),
+    "masked_softmax": (masked_softmax, lambda: (torch.randn(300, 512),)),
+    "clamp_by_tensor": (clamp_by_tensor, lambda: (torch.randn(64, 256),)),
+    "assign_then_scale": (assign_then_scale, lambda: (torch.randn(64, 256), torch.randn(64, 256))),
 }
 
 

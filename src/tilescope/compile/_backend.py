@@ -222,6 +222,8 @@ class CompiledGraph:
         self._plans: dict[tuple, list[Step]] = {}
         self._lock = threading.Lock()
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        # tensors the graph holds (``torch.tensor(...)`` in the traced code, lifted as constants)
+        self.constants = {n: _attribute(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
         self.output_node = next(n for n in gm.graph.nodes if n.op == "output")
         STATS["graphs"] += 1
         if all(not isinstance(a, torch.SymInt) for a in example_inputs) and not _has_symbolic(gm):
@@ -242,12 +244,19 @@ class CompiledGraph:
 
     def __call__(self, *args):
         steps = self.steps_for(_signature(args))
-        env = {ph: a for ph, a in zip(self.placeholders, args)}
+        env = {**self.constants, **{ph: a for ph, a in zip(self.placeholders, args)}}
         from ._run import run_steps
 
         run_steps(steps, env, self)
         out = self.output_node.args[0]
         return [env[o] if isinstance(o, fx.Node) else o for o in out]
+
+
+def _attribute(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def _has_symbolic(gm) -> bool:

@@ -17,6 +17,8 @@ from ._run import interpret_nodes
 
 __all__ = ["run_program_step"]
 
+_CPU = torch.device("cpu")
+
 def _native():
     from ..device._native import load
 
@@ -36,7 +38,7 @@ def _mm_operands(seg):
 
 def _work(nodes, in_nodes, in_views, out_nodes, out_views):
     env = dict(zip(in_nodes, in_views))
-    interpret_nodes(nodes, env)
+    interpret_nodes(nodes, env, device=_CPU)
     for node, view in zip(out_nodes, out_views):
         view.copy_(env[node])
 

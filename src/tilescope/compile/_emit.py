@@ -207,10 +207,11 @@ class _RowGroupEmitter:
             x = self._operand(env, args[0], r0, n)
             lo = args[1] if len(args) > 1 else node.kwargs.get("min")
             hi = args[2] if len(args) > 2 else node.kwargs.get("max")
-            if lo is not None:
-                x = self._binary(env, node, x, _Val("const", "float32", const=float(lo)), "maximum", out_dt, n)
-            if hi is not None:
-                x = self._binary(env, node, x, _Val("const", "float32", const=float(hi)), "minimum", out_dt, n)
+            for bound, alu in ((lo, "maximum"), (hi, "minimum")):
+                if bound is not None:  # a number, or a tensor (clamp.Tensor): read like any operand
+                    other = (self._operand(env, bound, r0, n) if isinstance(bound, fx.Node)
+                             else _Val("const", "float32", const=float(bound)))
+                    x = self._binary(env, node, x, other, alu, out_dt, n)
             return x
         if name == "pow" and not isinstance(args[1], fx.Node):
             kind, what = pow_scalar_rule(args[1])

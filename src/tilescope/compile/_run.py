@@ -31,10 +31,15 @@ def _viewable(t, shape) -> bool:
         return False
 
 
-def interpret_nodes(nodes, env: dict) -> None:
-    """Run ``nodes`` with torch on whatever device their inputs are (the reference path)."""
+def interpret_nodes(nodes, env: dict, *, device: torch.device | None = None) -> None:
+    """Run ``nodes`` with torch on whatever device their inputs are (the reference path);
+    ``device``: where factory nodes (``scalar_tensor``, ``full``: a ``device`` argument) make
+    their tensors instead of the graph's device -- a fused Program's numerics run on CPU views,
+    on the device worker, which cannot make device tensors."""
     for n in nodes:
         args, kwargs = _materialize(n.args, env), _materialize(n.kwargs, env)
+        if device is not None and "device" in kwargs:
+            kwargs = {**kwargs, "device": device}
         if n.target in _VIEWS and not _viewable(args[0], args[1]):
             # the graph was traced with another op's output strides (e.g. attention returning a
             # transposed layout); post-AOT graphs are functional, so a copy is as good as a view
