@@ -69,7 +69,11 @@ def test_fused_has_one_execution_where_naive_has_six_and_the_diff_says_so(naive,
     assert f.before_ops == {"aten::pow": 1, "aten::mean": 1, "aten::add": 1, "aten::rsqrt": 1, "aten::mul": 2}
     assert f.after_ops == {"aten::rms_norm": 1}
     text = f.text()
+    assert text.startswith("In RMSNorm: 6 ops")
     assert "6 ops" in text and "became 1" in text and "-5 executions" in text and "(modeled)" in text
+    # a measured trace ran other kernels on another device: no fusion finding against it
+    cuda = tt.open(os.path.join(os.path.dirname(__file__), "data", "kineto", "cuda_trace_diff_control.json.gz"))
+    assert tt.diff(naive, cuda).fusion == [] and tt.diff(cuda, fused).fusion == []
     assert f.after_bytes < f.before_bytes and f.after_device_ns < f.before_device_ns
     summary = {r["metric"]: r for r in d.summary.to_pylist()}
     assert summary["device executions / kernels"]["naive"] == 6 and summary["device executions / kernels"]["fused"] == 1

@@ -51,7 +51,8 @@ class FusionFinding:
         if self.before_bytes is not None and self.after_bytes is not None:
             parts.insert(1, f"{(self.after_bytes - self.before_bytes) / 1e6:+,.3f} MB HBM traffic")
         label = " (modeled)" if self.modeled else ""
-        return (f"[{self.region}] {n_before:g} ops ({fmt_ops(self.before_ops)}) ran as {self.before_executions:g} "
+        where = {"(step)": "Per step", "(trace)": "In the trace"}.get(self.region, f"In {self.region}")
+        return (f"{where}: {n_before:g} ops ({fmt_ops(self.before_ops)}) ran as {self.before_executions:g} "
                 f"device executions in {self.base}; in {self.other} they became {self.after_executions:g} "
                 f"({fmt_ops(self.after_ops)}): {', '.join(parts)}{label}")
 
@@ -162,6 +163,8 @@ def diff(*traces, names: list[str] | None = None) -> TraceDiff:
     fusion = []
     base = profs[0]
     for n, p, d in zip(names[1:], profs[1:], div[1:]):
+        if p["modeled"] != base["modeled"]:
+            continue  # a modeled and a measured trace ran on different devices: their kernels differ anyway
         for region in sorted(set(base["regions_dev"]) & set(p["regions_dev"])):
             a, b = base["regions_dev"][region], p["regions_dev"][region]
             gone = {k: v / div[0] for k, v in a["ops"].items() if k not in b["ops"]}
@@ -178,7 +181,7 @@ def diff(*traces, names: list[str] | None = None) -> TraceDiff:
                 before_device_ns=a["dev_ns"] / div[0], after_device_ns=b["dev_ns"] / d,
                 before_bytes=a["bytes"] / div[0] if a["has_bytes"] else None,
                 after_bytes=b["bytes"] / d if b["has_bytes"] else None,
-                modeled=base["modeled"] or p["modeled"]))
+                modeled=base["modeled"]))
     return TraceDiff(names=names, summary=pa.table(summ), ops=pa.table(ops), regions=pa.table(regions),
                      fusion=fusion, per_step=per_step)
 
