@@ -61,7 +61,7 @@ export class CompareView {
       box.style.flexDirection = "column";
       lanesEl.appendChild(box);
       const tl = new Timeline(box, {
-        base: `/api/p/${id}`, meta: metas[i], offset: useStep ? p.first_step_ns : 0,
+        base: `/api/p/${id}`, meta: metas[i], offset: useStep ? p.first_step_ns : 0, aligned: useStep,
         bounds: [this.range[0] - 0.02 * (this.range[1] - this.range[0]), this.range[1] + 0.02 * (this.range[1] - this.range[0])],
         title: `${esc(p.label)} <span class="badge ${p.modeled ? "modeled" : "measured"}">${p.modeled ? "modeled" : "measured"}</span> <span class="muted">${esc(p.what)}</span>`,
         onRange: (t0, t1, src) => this.sync(t0, t1, src),

@@ -44,3 +44,9 @@ export function cell(col, v) {
   if (c.includes("flops") && !c.includes("tflops")) return flops(v);
   return num(v, Math.abs(v) < 10 ? 3 : 1);
 }
+
+// Whether a lane's times come from the device model: a modeled profile's device lanes, and its
+// runtime lanes (each `execute` lasts the preset's assumed runtime cost)
+export function laneTimesModeled(meta, lane) {
+  return !!(lane && meta.modeled && (lane.side === "device" || lane.subsystem === "runtime"));
+}

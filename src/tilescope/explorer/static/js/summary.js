@@ -34,7 +34,7 @@ export class SummaryView {
         card("HBM traffic", bytes(m.hbm_bytes)),
         card("average DMA size", bytes(m.average_dma_bytes), `${num(m.dma_transfers)} transfers, ${num(m.small_dma_transfers)} under 4 KiB`),
         card("spill bytes", bytes(m.spill_bytes), `stores ${bytes(m.spill_store_bytes)}, reloads ${bytes(m.spill_reload_bytes)}`),
-        card("span", ns(s.span_ns)),
+        s.span_ns ? card("span", ns(s.span_ns)) : card("span", "–", "no system trace: a standalone executable + instruction trace"),
       ].join("");
     } else {
       cards = [
@@ -72,7 +72,7 @@ export class SummaryView {
       <h3>Recommendations</h3>${recs}
       ${doc ? `<h3>Profile doctor</h3>${doc}` : ""}
       ${engines}
-      ${gaps ? `<h3>Idle gaps by class</h3><table class="data" style="max-width:600px"><tr><th class="text">class</th><th>gaps</th><th>total</th></tr>${gaps}</table>` : ""}
+      ${gaps ? `<h3>Idle gaps by class</h3><p class="muted">each device lane (a stream, a core) has its own gaps; totals add the lanes up, so they can exceed the span</p><table class="data" style="max-width:600px"><tr><th class="text">class</th><th>gaps</th><th>total</th></tr>${gaps}</table>` : ""}
       <p class="muted">Export: <a href="${href(`/api/p/${this.profile.id}/export/summary.json`)}" download>summary.json</a> ·
       same data on the command line: <span class="mono">tilescope explore PATH --json /api/p/${this.profile.id}/summary</span></p>`;
   }

@@ -79,6 +79,7 @@ export class TablesView {
     this.base = `/api/p/${profile.id}`;
     this.tab = params.tab || "ops";
     this.byShape = params.by_shape === "1";
+    this.filter = "";  // kept across re-renders (another tab, by input shape)
     this.el = document.createElement("div");
     this.el.className = "page";
   }
@@ -92,7 +93,7 @@ export class TablesView {
     const tabs = TABS.filter(([k]) => k !== "engines" || this.meta.modeled)
       .map(([k, l]) => `<a data-tab="${k}" class="${k === this.tab ? "active" : ""}">${l}</a>`).join("");
     this.el.innerHTML = `<div class="tabs" data-testid="table-tabs">${tabs}</div><div class="toolbar" style="padding-left:0">
-      <input type="search" placeholder="filter rows…" data-testid="filter" size="28">
+      <input type="search" placeholder="filter rows…" data-testid="filter" size="28" value="${esc(this.filter)}">
       ${this.tab === "ops" ? `<label><input type="checkbox" data-testid="by-shape" ${this.byShape ? "checked" : ""}> by input shape</label>` : ""}
       <span data-role="note" class="muted"></span>
       <span class="hint">${this.exportLink()}</span></div><div data-role="body"><div class="loading">Loading…</div></div>`;
@@ -124,11 +125,15 @@ export class TablesView {
     for (const [title, t, opts] of tables) {
       if (title) { const h = document.createElement("h3"); h.textContent = title; body.appendChild(h); }
       const dt = new DataTable(t, opts);
+      if (this.filter) dt.setFilter(this.filter);
       this.dts.push(dt);
       body.appendChild(dt.el);
       if (!t.rows.length) { const p = document.createElement("p"); p.className = "muted"; p.textContent = "no rows"; body.appendChild(p); }
     }
-    this.el.querySelector("[data-testid=filter]").addEventListener("input", (e) => this.dts.forEach((d) => d.setFilter(e.target.value)));
+    this.el.querySelector("[data-testid=filter]").addEventListener("input", (e) => {
+      this.filter = e.target.value;
+      this.dts.forEach((d) => d.setFilter(this.filter));
+    });
   }
 
   exportLink() {

@@ -3,7 +3,7 @@
 // data; zoom, pan, hover, click to select, shift-drag to box-select, a highlighted chain.
 import { getPacked } from "./api.js";
 import { KeyColors } from "./colors.js";
-import { ns as fmtNs, esc } from "./format.js";
+import { ns as fmtNs, esc, laneTimesModeled } from "./format.js";
 
 const ROW = 16;          // px per nesting level
 const GROUP_H = 20;      // group header
@@ -35,6 +35,7 @@ export class Timeline {
     this.meta = opts.meta;
     this.base = opts.base;
     this.offset = opts.offset || 0;
+    this.aligned = !!(opts.aligned || this.offset);  // compared at a common point (first step), even when it is 0
     this.group = "instance";
     this.color = "op";
     this.collapsed = new Set();
@@ -451,7 +452,7 @@ export class Timeline {
         ctx.fillText(t, 14, r.y + 9);
         ctx.fillStyle = "#6b7280";
         const tags = [];
-        if (r.info.side === "device" && this.meta.modeled) tags.push("modeled");
+        if (laneTimesModeled(this.meta, r.info)) tags.push("modeled");
         if (r.depth > r.shown) tags.push(`+${r.depth - r.shown} levels (click)`);
         if (tags.length) ctx.fillText(tags.join(" · "), 14, r.y + 9 + 13);
       }
@@ -469,7 +470,7 @@ export class Timeline {
     ctx.font = "11px system-ui, sans-serif";
     ctx.textBaseline = "middle";
     ctx.fillStyle = "#6b7280";
-    ctx.fillText(this.offset ? "aligned time" : "time from trace start", 6, AXIS_H / 2);
+    ctx.fillText(this.aligned ? "aligned time" : "time from trace start", 6, AXIS_H / 2);
     const span = this.t1 - this.t0;
     const step = niceStep(span, Math.max(2, this.plotW / 110));
     const first = Math.ceil(this.t0 / step) * step;
@@ -539,7 +540,7 @@ export class Timeline {
         this._tip(e, row.type === "group" ? `<div class="t">${esc(row.key)}</div><div class="d">click to ${row.collapsed ? "expand" : "collapse"}</div>`
           : `<div class="t">${esc(l.instance)} / ${esc(l.pid)} / ${esc(l.subsystem)} / ${esc(l.identifier)}</div>` +
             `<div class="d">${esc(l.process_name || "")} · ${l.events.toLocaleString()} events · ${esc(l.side)}` +
-            `${l.side === "device" && this.meta.modeled ? " · times modeled" : ""}</div>`);
+            `${laneTimesModeled(this.meta, l) ? " · times modeled" : ""}</div>`);
       } else this.tooltip.hidden = true;
       this.canvas.style.cursor = "default";
       return;
@@ -560,8 +561,7 @@ export class Timeline {
   }
 
   _laneModeled(lane) {
-    const l = this.meta.lanes.find((x) => x.lane === lane);
-    return l && l.side === "device" && this.meta.modeled;
+    return laneTimesModeled(this.meta, this.meta.lanes.find((x) => x.lane === lane));
   }
 
   _down(e) {

@@ -1,7 +1,7 @@
 // The system trace view: toolbar (grouping, colour, search), the timeline, and the panel below
 // it (event details, the event's lifecycle chain, or a box selection's summary).
 import { getJSON } from "./api.js";
-import { esc, ns as fmtNs, pct } from "./format.js";
+import { esc, laneTimesModeled, ns as fmtNs, pct } from "./format.js";
 import { GROUPINGS, Timeline } from "./timeline.js";
 
 export class TraceView {
@@ -54,6 +54,8 @@ export class TraceView {
       return Promise.resolve();
     }
     main.appendChild(this.el);
+    // the keys (W/S zoom, A/D pan, 0 reset) work at once, without a click on the timeline first
+    this.timeline.canvas.focus({ preventScroll: true });
     return this.timeline.refresh();
   }
 
@@ -91,7 +93,7 @@ export class TraceView {
     const [ev, lin] = await Promise.all([evGiven ? Promise.resolve(evGiven) : getJSON(`${this.base}/event`, { ref }),
       getJSON(`${this.base}/lineage`, { ref })]);
     this.timeline.setChain(lin.hops.filter((h) => h.hop !== "parent" && h.lane !== undefined));
-    const modeled = this.meta.modeled && (ev.side === "device");
+    const modeled = laneTimesModeled(this.meta, this.meta.lanes.find((x) => x.lane === ev.lane) || { side: ev.side });
     const args = Object.entries(ev.args || {}).slice(0, 40).map(([k, v]) =>
       `<tr><td>${esc(k)}</td><td class="mono">${esc(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("");
     const hops = this.renderHops(lin.hops);
@@ -141,8 +143,9 @@ export class TraceView {
       }
       if (h.hop !== "parent") prev = h;
       const dev = h.device_view ? ` <button data-device="${h.device_view.hash}:${h.device_view.run}" data-testid="open-device">device view →</button>` : "";
-      const modeled = h.hop === "device" && this.meta.modeled ? ' <span class="badge modeled">modeled</span>' : "";
-      return `<li data-hop="${i}" data-kind="${esc(h.hop)}" data-lane-subsystem="${esc((this.meta.lanes.find((x) => x.lane === h.lane) || {}).subsystem || "")}">` +
+      const hopLane = this.meta.lanes.find((x) => x.lane === h.lane);
+      const modeled = h.hop !== "parent" && laneTimesModeled(this.meta, hopLane) ? ' <span class="badge modeled">modeled</span>' : "";
+      return `<li data-hop="${i}" data-kind="${esc(h.hop)}" data-lane-subsystem="${esc((hopLane || {}).subsystem || "")}">` +
         `<span class="hop">${esc(h.hop)}</span><b>${esc(h.name)}</b> <span class="muted">${esc(lane)}</span><br>` +
         `${fmtNs(h.start_ns)} · ${fmtNs(h.dur_ns)}${modeled}${delta}${dev}</li>`;
     });
@@ -156,7 +159,7 @@ export class TraceView {
     this.panel.innerHTML = `
       <div data-testid="box-summary">
         <h3>Selection: ${fmtNs(r.t1 - r.t0)} (${fmtNs(r.t0)} – ${fmtNs(r.t1)}), ${r.events.toLocaleString()} events
-          ${this.meta.modeled ? '<span class="badge modeled">device times modeled</span>' : ""} <button data-act="clear">clear</button></h3>
+          ${this.meta.modeled ? '<span class="badge modeled">device and runtime times modeled</span>' : ""} <button data-act="clear">clear</button></h3>
         <div class="cols">
           <div><table class="data"><tr><th class="text">name</th><th>events</th><th>time in selection</th></tr>${names}</table></div>
           <div><table class="data"><tr><th class="text">lane</th><th>events</th><th>busy (top level)</th><th>busy share</th></tr>${lanes}</table></div>
