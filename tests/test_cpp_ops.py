@@ -159,7 +159,12 @@ def test_tcm_exhaustion_names_the_request_and_what_is_left(lib):
     assert "tcm_malloc(8000 bytes) failed" in msg
     assert "holds 16384 bytes and 10048 are in use by 1 live allocation" in msg
     assert "6336 bytes are free (largest free block 6336 bytes" in msg
-    assert "smaller chunks" in msg
+    assert "smaller chunks (at most 6336 bytes)" in msg
+    with pytest.raises(CppKernelError) as info:  # nothing free: only freeing helps
+        torch.ops.ts_test.tcm_hog(torch.zeros(4), 16384, 8)
+    msg = str(info.value)
+    assert "so 0 bytes are free (largest free block 0 bytes" in msg
+    assert "No block is free: tcm_free buffers you no longer need" in msg and "smaller chunks" not in msg
 
 
 def test_accessor_out_of_bounds_names_the_range_and_the_tensor(lib):

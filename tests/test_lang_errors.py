@@ -340,3 +340,24 @@ def test_a_tile_kept_after_the_kernel_returned():
 def test_errors_are_tilescope_errors():
     for cls in (TileLimitError, CapacityError, IndexRangeError, KernelError, DtypeError):
         assert issubclass(cls, TilescopeError)
+
+
+# ---- arguments from torch ------------------------------------------------------------
+
+@tilescope.kernel
+def doubled(x, o):
+    tl.store(o, tl.load(x) * 2)
+
+
+def test_torch_arguments_get_torch_fixes():
+    """simulate() takes numpy arrays: a torch tensor is named as one, with the conversion (or
+    the device call) to use; an unsupported torch dtype's fix is torch's cast, not numpy's."""
+    import torch
+
+    with pytest.raises(KernelError, match=r"argument 'x' is a torch tensor on cpu; simulate\(\) takes numpy arrays: "
+                                          r"pass x.cpu\(\).numpy\(\)"):
+        tilescope.simulate(doubled, torch.zeros(4, 8), x32(4, 8))
+    with pytest.raises(DtypeError, match=r"dtype torch.float64, .* \(e.g. x.float\(\)\)"):
+        tilescope.simulate(doubled, torch.zeros(4, 8, dtype=torch.float64), x32(4, 8))
+    with pytest.raises(DtypeError, match=r"dtype float64, .* \(e.g. x.astype\(np.float32\)\)"):
+        tilescope.simulate(doubled, np.zeros((4, 8)), x32(4, 8))

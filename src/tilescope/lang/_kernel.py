@@ -139,6 +139,11 @@ class Traced:
         for name, spec in zip(self.inputs, self.input_specs):
             arr = arrays[name]
             if not isinstance(arr, np.ndarray):
+                if type(arr).__module__.startswith("torch"):  # a torch tensor (CPU or sim)
+                    raise KernelError(
+                        f"argument {name!r} is a torch tensor on {getattr(arr, 'device', '?')}; simulate() takes "
+                        f"numpy arrays: pass {name}.cpu().numpy() -- or call the kernel itself on sim "
+                        f"tensors (kernel(x, ...)), which runs it on the device")
                 raise KernelError(f"argument {name!r} has no data ({type(arr).__name__}); pass a numpy array "
                                   f"(or run with numerics=False)")
             if name in written and not (arr.flags.writeable and arr.flags.c_contiguous):
@@ -177,9 +182,10 @@ def _spec_of(v, name: str) -> TensorSpec:
     try:
         dtype = canonical(v.dtype)
     except TypeError:
+        cast = f"{name}.float()" if type(v).__module__.startswith("torch") else f"{name}.astype(np.float32)"
         raise DtypeError(
             f"argument {name!r} has dtype {v.dtype}, which the device does not support; pass float32, "
-            f"bfloat16, float16 or int32 (e.g. x.astype(np.float32))") from None
+            f"bfloat16, float16 or int32 (e.g. {cast})") from None
     shape = tuple(int(n) for n in v.shape)
     if not shape:
         raise KernelError(f"argument {name!r} is 0-dimensional; pass scalars as Python numbers")

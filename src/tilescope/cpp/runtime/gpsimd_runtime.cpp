@@ -298,13 +298,19 @@ void* tcm_malloc(size_t nbytes, const char* file, int line) {
     size_t addr = first_fit(accounted, &largest);
     if (addr == SIZE_MAX) {
         size_t free_bytes = ctx.capacity - ctx.used;
+        // with no room left at all, smaller chunks cannot help: the live buffers must go
+        const std::string advice =
+            largest == 0 ? std::string("No block is free: tcm_free buffers you no longer need (a loop that "
+                                       "allocates without freeing fills the pool)")
+                         : fmt("Process the data in smaller chunks (at most %zu bytes), or tcm_free buffers you "
+                               "no longer need",
+                               largest);
         fail(where() + fmt("tcm_malloc(%zu bytes) failed: the TCM pool of this core holds %zu bytes and %zu are "
                            "in use by %zu live allocation%s (%s), so %zu bytes are free (largest free block %zu "
-                           "bytes; allocations are rounded up to %zu bytes). Process the data in smaller "
-                           "chunks (at most %zu bytes), or tcm_free buffers you no longer need",
+                           "bytes; allocations are rounded up to %zu bytes). %s",
                            nbytes, ctx.capacity, ctx.used, ctx.by_ptr.size(), ctx.by_ptr.size() == 1 ? "" : "s",
                            ctx.by_ptr.empty() ? "none" : describe_live().c_str(), free_bytes, largest, kAlign,
-                           largest),
+                           advice.c_str()),
              file, line);
     }
     size_t block_size = (kGuard + nbytes + kGuard + kAlign - 1) / kAlign * kAlign;
