@@ -2,6 +2,7 @@
 
 import os
 import time
+import warnings
 
 import pytest
 import torch
@@ -186,6 +187,14 @@ def test_tile_kernels_run_on_device_tensors():
     y, rstd = rms_norm_kernel(x, w, 1e-6)
     torch.testing.assert_close(y.cpu(), torch.rms_norm(x.cpu(), (16,), w.cpu(), 1e-6), rtol=1e-5, atol=1e-5)
     assert rstd.shape == (128, 1) and rstd.device.type == "sim"
+    # kernels have no autograd formula: a tensor that requires grad gets a warning at the caller's line
+    xg = x.detach().requires_grad_()
+    with pytest.warns(UserWarning, match="tile kernel 'scale_into' got a tensor that requires grad") as seen:
+        scale_into(xg, out)
+    assert seen[0].filename == __file__
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scale_into(xg, out)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

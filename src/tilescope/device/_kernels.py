@@ -22,6 +22,9 @@ updated in place.
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import torch
 
 from . import _dispatch, _runtime
@@ -143,7 +146,22 @@ def _call(kernel_or_launch, args, kwargs):
         return NotImplemented
     if torch.compiler.is_compiling() and not kwargs and all(isinstance(a, torch.Tensor) for a in args):
         return _compiled_call(kernel_or_launch, args)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        kernel = getattr(kernel_or_launch, "kernel", kernel_or_launch)
+        warnings.warn(f"tile kernel {kernel.name!r} got a tensor that requires grad; kernels have no autograd "
+                      f"formula, so its results are not part of the autograd graph (gradients do not reach "
+                      f"its inputs). Give it one with a torch.autograd.Function, or call it under "
+                      f"torch.no_grad() for inference", stacklevel=_user_stacklevel())
     return _eager(kernel_or_launch, args, kwargs)
+
+
+def _user_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel for the caller's caller's first frame outside tilescope
+    (the user's line that called the kernel)."""
+    level, frame = 2, sys._getframe(2)  # (level 1: the frame that warns)
+    while frame is not None and (frame.f_globals.get("__name__") or "").startswith("tilescope"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _run(kernel_or_launch, traced, args):
