@@ -156,3 +156,29 @@ def test_explain_reports_spills_and_unfused_ops():
     assert e.unfused[0].op == "sum" and "cross-partition" in e.unfused[0].reason
     assert e.unfused[0].bytes_saved_if_fused > 0
     assert "spills" in str(e) and "fusing it would save" in str(e)
+
+
+def test_explain_counts_what_a_compiled_call_runs(executions):
+    """Inputs changed in place (BatchNorm's running statistics in training) are written back
+    by torch after the graph, one copy each: explain counts them with the graph's executions.
+    Its count is a lower bound of what a warm compiled call runs on the device (batch norm, left
+    apart, copies the statistics before it runs): every write-back is among those."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).train()
+    x = torch.randn(2, 3, 16, 16)
+    e = explain(block, x)
+    assert e.input_writebacks == 3  # running mean, running var, batches seen
+    assert "copy_ of inputs changed in place" in str(e)
+    block = block.to("sim")
+    compiled = torch.compile(block, backend="tilescope")
+    xs = x.to("sim")
+    compiled(xs)
+    torch.sim.synchronize()
+    executions.clear()
+    compiled(xs)
+    torch.sim.synchronize()
+    assert e.executions_per_call <= len(executions)
+    ops = [r.op for r in executions]
+    assert ops[-e.input_writebacks:] == ["aten::copy_"] * e.input_writebacks  # after the graph
+    assert ops.count("tilescope::fused[relu, detach]") == len(e.fused) == 1

@@ -50,10 +50,15 @@ class Explanation:
     fused: list[FusedExecution] = field(default_factory=list)
     unfused: list[UnfusedOp] = field(default_factory=list)
     views: list[str] = field(default_factory=list)
+    # inputs the code changes in place (BatchNorm's running statistics, an optimizer's state):
+    # torch copies each new value back after the graph, one device execution each
+    input_writebacks: int = 0
 
     @property
     def executions_per_call(self) -> int:
-        return len(self.fused) + len(self.unfused)
+        """One per fused Program, per op left apart and per write-back: a lower bound, since an
+        op left apart may run as more than one (a functional op copying its inputs first)."""
+        return len(self.fused) + len(self.unfused) + self.input_writebacks
 
     def to_dict(self) -> dict:
         return {
@@ -62,10 +67,12 @@ class Explanation:
             "fused": [f.__dict__ | {"fx_nodes": list(f.fx_nodes), "spilled": list(f.spilled)} for f in self.fused],
             "unfused": [u.__dict__ for u in self.unfused],
             "views": self.views,
+            "input_writebacks": self.input_writebacks,
         }
 
     def __str__(self) -> str:
-        lines = [f"{self.graphs} graph(s), {self.executions_per_call} device execution(s) per call"]
+        lines = [f"{self.graphs} graph(s), at least {self.executions_per_call} device execution(s) per call "
+                 f"(an op left apart may run as more than one)"]
         for f in self.fused:
             spill = f"; spills {', '.join(f.spilled)} ({f.spill_bytes / 1e6:.3f} MB to HBM)" if f.spilled else ""
             n = len(f.fx_nodes)
@@ -73,6 +80,9 @@ class Explanation:
         for u in self.unfused:
             lines.append(f"  apart  {u.node} (aten.{u.op}): {u.reason}; fusing it would save "
                          f"~{u.bytes_saved_if_fused / 1e6:.3f} MB of HBM traffic (modeled estimate)")
+        if self.input_writebacks:
+            lines.append(f"  after  {self.input_writebacks} copy_ of inputs changed in place (e.g. running "
+                         f"statistics): torch writes each back after the graph")
         return "\n".join(lines)
 
 
@@ -84,25 +94,41 @@ def _nbytes(node) -> int:
     return prod(shape) * itemsize(_dt(dt))
 
 
+def _mutated_inputs() -> int:
+    """How many of the graph being compiled's inputs it changes in place (AOT autograd's
+    metadata; 0 where this torch does not say)."""
+    try:
+        meta = torch._guards.TracingContext.try_get().fw_metadata
+        return sum(1 for info in meta.input_info if info.mutates_data)
+    except AttributeError:
+        return 0
+
+
 def explain(fn, *args, **kwargs) -> Explanation:
     """Compile ``fn`` for ``args`` and report every fused execution and every op left apart."""
     from torch._dynamo.backends.common import aot_autograd
     from ._graph import DECOMPOSITIONS
 
     captured = []
+    writebacks = [0]
 
     def capture(gm, example_inputs):
         captured.append((gm, list(example_inputs)))
         return gm.forward
 
+    def capture_forward(gm, example_inputs):
+        writebacks[0] += _mutated_inputs()
+        return capture(gm, example_inputs)
+
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=capture, decompositions=DECOMPOSITIONS))
+    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=capture_forward, bw_compiler=capture,
+                                                      decompositions=DECOMPOSITIONS))
     compiled(*args, **kwargs)
     torch._dynamo.reset()
     from ..spec import preset
 
     spec = preset(None)
-    report = Explanation(graphs=len(captured))
+    report = Explanation(graphs=len(captured), input_writebacks=writebacks[0])
     for g, (gm, example) in enumerate(captured):
         steps = build_steps(gm, _signature(example), spec, f"explain_{g}")
         graph_inputs = {n for n in gm.graph.nodes if n.op == "placeholder"}
