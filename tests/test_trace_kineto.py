@@ -127,7 +127,9 @@ def test_diff_of_two_runs(control):
     ops = {r["op"]: r for r in d.ops.to_pylist()}
     names = d.names
     assert ops["aten::mm"][f"calls[{names[0]}]"] > 0
-    assert set(d.summary.column("metric").to_pylist()) >= {"events", "device busy ns", "device executions / kernels"}
+    assert set(d.summary.column("metric").to_pylist()) >= {"events", "device busy ns (summed over device lanes)",
+                                                          "device executions / kernels"}
+    assert d.modeled == [False, False] and "measured" in d.times_label()
 
 
 def test_diff_of_runs_whose_files_share_a_name(tmp_path, capsys):
@@ -208,3 +210,30 @@ def test_window_is_exact_when_small_and_lod_when_large(control):
     w = control.window(k, k + 50_000, pixels=800)
     assert w["exact"] and w["events"]["eid"].size > 0
     assert ((w["events"]["start_ns"] < k + 50_000) & (w["events"]["start_ns"] + w["events"]["dur_ns"] >= k)).all()
+
+
+def test_fp32_ops_are_measured_against_the_fp32_peak():
+    """A V100 trace's fp32 matmuls: MFU against the FP32 peak (15.7 TFLOP/s), not the 16-bit
+    tensor cores' (125)."""
+    rows = {(r["name"], r["precision"]): r for r in tt.open(TEST).roofline().to_pylist()}
+    mm = rows[("aten::mm", "fp32")]
+    assert mm["mfu"] == pytest.approx(mm["tflops"] / 15.7)
+
+
+def test_cli_bad_arguments_are_one_line_errors(tmp_path, capsys):
+    from tilescope.cli import main
+
+    tiny = os.path.join(KINETO, "cpu_only_tiny.json.gz")
+    with pytest.raises(SystemExit):
+        main(["report", tiny, "--top", "-2"])
+    assert "--top: -2 rows: give 0 or more" in capsys.readouterr().err
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert main(["report", tiny, "--plot", str(afile)]) != 0
+    assert "--plot takes a directory" in capsys.readouterr().err
+    assert main(["sql", tiny, "SELECT 'nan'::DOUBLE AS b, 1.5 / 0 AS a", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"b": None, "a": None}]  # strict JSON
+    assert main(["sql", tiny, ""]) != 0
+    assert "give a SELECT" in capsys.readouterr().err
+    assert main(["demo", "--preset", "nope"]) == 2
+    assert "unknown hardware preset 'nope'" in capsys.readouterr().err

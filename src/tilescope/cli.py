@@ -11,6 +11,13 @@ from . import __version__
 def _cmd_demo(args) -> int:
     import os
 
+    from .spec import preset
+
+    try:  # a clear line, not a traceback, for a name that is not a preset (the flag's or the variable's)
+        preset(args.preset or os.environ.get("TILESCOPE_PRESET") or None)
+    except (KeyError, ValueError) as e:
+        print(f"tilescope demo: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
     if args.preset:
         os.environ["TILESCOPE_PRESET"] = args.preset
     from .studies.rmsnorm import demo

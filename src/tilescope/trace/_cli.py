@@ -6,6 +6,9 @@ engine lazily.
 
 from __future__ import annotations
 
+import argparse
+import math
+import os
 import sys
 
 __all__ = ["register"]
@@ -37,11 +40,24 @@ def _quiet_warnings():
     warnings.simplefilter("ignore", TraceWarning)  # the report prints them itself
 
 
+def _count(text: str) -> int:
+    """An argparse type: a whole number of rows, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} rows: give 0 or more")
+    return n
+
+
 def _cmd_report(args) -> int:
     from ._jsonscan import TraceFormatError
     from ._report import print_report, report_dict, to_json, write_plots
 
     _quiet_warnings()
+    if args.plot and os.path.exists(args.plot) and not os.path.isdir(args.plot):
+        return _fail(f"--plot {args.plot}: a file is there; --plot takes a directory (made if missing)")
     try:
         t = _open(args.paths, args)
     except (TraceFormatError, OSError) as e:
@@ -91,10 +107,15 @@ def _cmd_sql(args) -> int:
         return _fail(e)
     except Exception as e:  # a SQL error: show DuckDB's message, which names the column or token
         return _fail(f"SQL error: {e}")
-    rows = rel.limit(args.limit + 1).fetchall() if rel is not None else []
-    cols = rel.columns if rel is not None else []
-    if args.json:
-        print(to_json([dict(zip(cols, r)) for r in rows[:args.limit]]))
+    if rel is None:  # a statement with no result (an empty query, a SET)
+        return _fail("the query returned no table; give a SELECT (see docs/trace-analysis.md for the tables)")
+    rows = rel.limit(args.limit + 1).fetchall()
+    cols = rel.columns
+    if args.json:  # strict JSON: NaN and infinities as null
+        print(to_json([{c: (None if isinstance(v, float) and not math.isfinite(v) else v) for c, v in zip(cols, r)}
+                       for r in rows[:args.limit]]))
+        if len(rows) > args.limit:
+            print(f"(first {args.limit} rows; --limit N for more)", file=sys.stderr)
         return 0
     tab = Table()
     for c in cols:
@@ -140,7 +161,7 @@ def register(sub) -> None:
                                                "executable + .itrace.json pair")
     rep.add_argument("--json", action="store_true", help="print the report as JSON")
     rep.add_argument("--plot", metavar="DIR", help="write breakdown.svg and roofline.svg into DIR")
-    rep.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
+    rep.add_argument("--top", type=_count, default=15, help="rows per table (default 15; 0: all)")
     rep.add_argument("--align", choices=("none", "start"), default="none", help="align ranks' clocks at their first event")
     rep.add_argument("--refresh", action="store_true", help="re-ingest even if cached")
     rep.set_defaults(func=_cmd_report)
@@ -149,14 +170,14 @@ def register(sub) -> None:
         d = sub.add_parser(name, help=helptext)
         d.add_argument("paths", nargs="+", help="two or more profiles or traces; the first is the base")
         d.add_argument("--json", action="store_true")
-        d.add_argument("--top", type=int, default=20)
+        d.add_argument("--top", type=_count, default=20)
         d.add_argument("--refresh", action="store_true")
         d.set_defaults(func=_cmd_diff)
     q = sub.add_parser("sql", help="run SQL over a trace's tables (events, flows, lanes, executables, instructions)")
     q.add_argument("paths", nargs="+", help="profile / trace path(s)")
     q.add_argument("query", help="SQL, e.g. \"SELECT name, sum(dur_ns) FROM events GROUP BY name ORDER BY 2 DESC\"")
     q.add_argument("--json", action="store_true")
-    q.add_argument("--limit", type=int, default=50)
+    q.add_argument("--limit", type=_count, default=50)
     q.add_argument("--refresh", action="store_true")
     q.set_defaults(func=_cmd_sql)
     r = sub.add_parser("replay", help="re-simulate a profile's Programs on another preset and diff (what-if)")
@@ -164,5 +185,5 @@ def register(sub) -> None:
     r.add_argument("--preset", required=True, help="hardware preset to replay on (see `tilescope presets`)")
     r.add_argument("--out", help="also write the replayed tables (Parquet) into this directory")
     r.add_argument("--json", action="store_true")
-    r.add_argument("--top", type=int, default=20)
+    r.add_argument("--top", type=_count, default=20)
     r.set_defaults(func=_cmd_replay)

@@ -19,7 +19,7 @@ from ._nesting import ensure_hierarchy
 
 __all__ = ["diff", "TraceDiff", "FusionFinding"]
 
-_STEP = re.compile(r"#\d+$")
+_STEP = re.compile(r"(#\d+|\*)$")  # ProfilerStep#3 and ProfilerStep* (a sim profile's) fold into ProfilerStep
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,15 @@ class TraceDiff:
     regions: pa.Table
     fusion: list[FusionFinding] = field(default_factory=list)
     per_step: bool = False
+    modeled: list[bool] = field(default_factory=list)  # per trace: its times come from the device model
+
+    def times_label(self) -> str:
+        """Where each column's times come from (``naive modeled, cuda measured``)."""
+        return ", ".join(f"{n} {'modeled' if m else 'measured'}" for n, m in zip(self.names, self.modeled))
 
     def to_dict(self) -> dict:
-        return {"names": self.names, "per_step": self.per_step, "summary": self.summary.to_pylist(),
+        return {"names": self.names, "modeled": self.modeled, "per_step": self.per_step,
+                "summary": self.summary.to_pylist(),
                 "ops": self.ops.to_pylist(), "regions": self.regions.to_pylist(),
                 "fusion": [dict(f.__dict__, text=f.text()) for f in self.fusion]}
 
@@ -137,7 +143,7 @@ def diff(*traces, names: list[str] | None = None) -> TraceDiff:
     per_step = all(p["steps"] > 0 for p in profs)
     div = [p["steps"] if per_step else 1 for p in profs]
     summ = {"metric": [], **{n: [] for n in names}}
-    for key, label in (("events", "events"), ("device_busy_ns", "device busy ns"), ("span_ns", "span ns"),
+    for key, label in (("events", "events"), ("device_busy_ns", "device busy ns (summed over device lanes)"), ("span_ns", "span ns"),
                        ("steps", "steps"), ("executables", "executables")):
         summ["metric"].append(label)
         for n, p, d in zip(names, profs, div):
@@ -183,5 +189,5 @@ def diff(*traces, names: list[str] | None = None) -> TraceDiff:
                 after_bytes=b["bytes"] / d if b["has_bytes"] else None,
                 modeled=base["modeled"]))
     return TraceDiff(names=names, summary=pa.table(summ), ops=pa.table(ops), regions=pa.table(regions),
-                     fusion=fusion, per_step=per_step)
+                     fusion=fusion, per_step=per_step, modeled=[bool(p["modeled"]) for p in profs])
 

@@ -30,7 +30,11 @@ def _time_label(trace) -> str:
     if trace.modeled:
         return "modeled"
     devs = trace.device_names()
-    return "measured on " + (", ".join(devs) if devs else "the recording machine (CPU)")
+    if devs:
+        return "measured on " + ", ".join(devs)
+    has_device = trace.sql("SELECT count(*) FROM events WHERE side = 'device'").fetchall()[0][0]
+    # device work with no deviceProperties (a truncated or filtered trace): which GPU is unknown
+    return "measured on an unnamed device" if has_device else "measured on the recording machine (CPU)"
 
 
 def report_dict(trace, top: int = 15) -> dict:
@@ -41,7 +45,7 @@ def report_dict(trace, top: int = 15) -> dict:
            "device_work": trace.kernels(limit=top).to_pylist(),
            "device_lanes": trace.breakdown().to_pylist(),
            "gaps": _gap_totals(trace),
-           "roofline": trace.roofline().slice(0, top).to_pylist()}
+           "roofline": (trace.roofline().slice(0, top) if top else trace.roofline()).to_pylist()}  # 0: all
     if s["instructions"]:
         out["engines"] = trace.engine_breakdown().to_pylist()
     if s["ranks"] and len(s["ranks"]) > 1:
@@ -72,7 +76,8 @@ def print_report(trace, console, top: int = 15) -> None:
     label = d["time_source"]
     console.print(f"[bold]{resc(', '.join(s['sources']))}[/bold]: {s['events']:,} events on {s['lanes']} lanes, "
                   f"ranks {s['ranks']}, span {fmt_ns(s['span_ns'])}; device busy {fmt_ns(s['device_busy_ns'])} "
-                  f"({label})")
+                  + (f"summed over {s['device_lanes']} device lanes " if s["device_lanes"] > 1 else "")
+                  + f"({label})")
     for w in s["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {resc(w)}")
     for n in s["notes"]:
@@ -143,7 +148,7 @@ def print_diff(d, console, top: int = 20) -> None:
     from rich.table import Table
 
     unit = " per step" if d.per_step else ""
-    t = Table(title=f"summary{unit}")
+    t = Table(title=f"summary{unit} (times: {resc(d.times_label())})")
     t.add_column("metric")
     for n in d.names:
         t.add_column(resc(n), justify="right")
@@ -244,12 +249,16 @@ def write_plots(trace, out_dir: str, top: int = 15) -> list[str]:
     os.makedirs(out_dir, exist_ok=True)
     label = _time_label(trace)
     ops = trace.op_table(limit=top, sort="device_self_ns").to_pylist()
-    items = [(r["name"], float(r["device_self_ns"] or 0)) for r in ops if r["device_self_ns"]] or \
-            [(r["name"], float(r["host_self_ns"] or 0)) for r in trace.op_table(limit=top, sort="host_self_ns").to_pylist()]
+    items = [(r["name"], float(r["device_self_ns"] or 0)) for r in ops if r["device_self_ns"]]
+    what = "self device time by op"
+    if not items:  # no device time (a CPU-only trace): the host's
+        items = [(r["name"], float(r["host_self_ns"] or 0))
+                 for r in trace.op_table(limit=top, sort="host_self_ns").to_pylist()]
+        what = "self host time by op (no device time in this trace)"
     paths = []
     p = os.path.join(out_dir, "breakdown.svg")
     with open(p, "w", encoding="utf-8") as f:
-        f.write(_svg_bars(f"self device time by op ({label})", items, "ns"))
+        f.write(_svg_bars(f"{what} ({label})", items, "ns"))
     paths.append(p)
     rf = trace.roofline().to_pylist()
     pf = pb = None
@@ -265,6 +274,7 @@ def write_plots(trace, out_dir: str, top: int = 15) -> list[str]:
         row = gpu_peak(names[0]) if names else None
         if row:
             pf, pb = row[1], row[3]
+            label += "; roof: the 16-bit tensor peak (fp32 ops' MFU uses the FP32 peak)"
     p = os.path.join(out_dir, "roofline.svg")
     with open(p, "w", encoding="utf-8") as f:
         f.write(_svg_roofline(f"roofline ({label})", rf, pf, pb))

@@ -90,6 +90,20 @@ def estimate_op(name: str, dims, types) -> tuple[float, float] | None:
     return flops, in_bytes + out * size[0]
 
 
+_FP32 = {"float", "float32", "double", "float64"}  # Kineto's "Input type" names of full-precision floats
+
+
+def _precision(types) -> str:
+    """``fp32`` when the op's first input is a full-precision float, else ``16-bit`` (the
+    tensor cores' peak applies).
+
+    >>> _precision(["float", "float"]), _precision(["c10::BFloat16"]), _precision(None)
+    ('fp32', '16-bit', 'fp32')
+    """
+    first = types[0] if isinstance(types, list) and types else "float"
+    return "fp32" if first in _FP32 else "16-bit"
+
+
 def roofline(trace, *, peak_tflops: float | None = None, peak_gbps: float | None = None):
     """Per op (Kineto) or per executable (tilescope): FLOPs, bytes, time, AI, MFU, MBU, % of roofline."""
     if trace.con.execute("SELECT count(*) FROM executables").fetchall()[0][0]:
@@ -99,7 +113,6 @@ def roofline(trace, *, peak_tflops: float | None = None, peak_gbps: float | None
     ensure_hierarchy(trace)
     names = trace.device_names()
     peak = gpu_peak(names[0]) if names else None
-    pf = peak_tflops or (peak[1] if peak else None)
     pb = peak_gbps or (peak[3] if peak else None)
     rows = trace.sql("""
         SELECT e.name, json_extract(e.args, '$."Input Dims"')::VARCHAR AS dims,
@@ -107,25 +120,29 @@ def roofline(trace, *, peak_tflops: float | None = None, peak_gbps: float | None
                sum(h.dev_self_ns) AS dev_ns
         FROM events e JOIN _hier h USING (eid)
         WHERE e.kind = 'op' AND h.dev_self_ns > 0 GROUP BY ALL""").fetchall()
-    agg: dict[str, list] = {}
+    agg: dict[tuple, list] = {}
     for name, dims, types, calls, dev in rows:
-        est = estimate_op(name, json.loads(dims) if dims else None, json.loads(types) if types else None)
+        types = json.loads(types) if types else None
+        est = estimate_op(name, json.loads(dims) if dims else None, types)
         if est is None:
             continue
-        a = agg.setdefault(name, [0, 0.0, 0.0, 0])
+        a = agg.setdefault((name, _precision(types)), [0, 0.0, 0.0, 0])
         a[0] += calls
         a[1] += est[0] * calls
         a[2] += est[1] * calls
         a[3] += dev
-    out = {k: [] for k in ("name", "calls", "flops", "bytes", "device_ns", "tflops", "gbps", "intensity",
-                           "mfu", "mbu", "pct_of_roofline", "peak_source", "estimated")}
-    for name, (calls, fl, by, dev) in sorted(agg.items(), key=lambda kv: -kv[1][3]):
+    out = {k: [] for k in ("name", "precision", "calls", "flops", "bytes", "device_ns", "tflops", "gbps",
+                           "intensity", "mfu", "mbu", "pct_of_roofline", "peak_source", "estimated")}
+    for (name, precision), (calls, fl, by, dev) in sorted(agg.items(), key=lambda kv: -kv[1][3]):
+        # the compute peak of the op's precision: an fp32 matmul against the FP32 peak, not the tensor cores'
+        pf = peak_tflops or (peak[2 if precision == "fp32" else 1] if peak else None)
         sec = dev * 1e-9
         tf = fl / sec / 1e12 if sec else 0.0
         gb = by / sec / 1e9 if sec else 0.0
         ai = fl / by if by else 0.0
         attain = min(pf, ai * pb / 1e3) if pf and pb else None
         out["name"].append(name)
+        out["precision"].append(precision)
         out["calls"].append(calls)
         out["flops"].append(fl)
         out["bytes"].append(by)
