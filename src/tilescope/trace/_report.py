@@ -114,7 +114,8 @@ def print_report(trace, console, top: int = 15) -> None:
             t.add_row(r["engine"], f"{r['instructions']:,}", fmt_ns(r["busy_ns"]), f"{r['bytes']:,}", f"{r['flops']:,.0f}")
         console.print(t)
     if d["gaps"]:
-        t = Table(title=f"idle gaps by cause ({label}; per lane, totals summed over lanes)")
+        source = "device gaps modeled, the host's waits measured" if trace.modeled else label
+        t = Table(title=f"idle gaps by cause ({source}; per lane, totals summed over lanes)")
         for c in ("class", "count", "lanes", "total"):
             t.add_column(c, justify="left" if c == "class" else "right")
         for r in d["gaps"]:
