@@ -60,6 +60,7 @@ def test_cli_profile_doctor_and_redacted_share(tmp_path):
     for f in copy.manifest["files"]:
         text = (copy.path / f["path"]).read_text()
         assert str(tmp_path) not in text and "Call stack" not in text
+        assert "src/tilescope" not in text, f["path"]  # no absolute path, executables' names included
         if len(host) > 3:
             assert host not in text
     for h, _, trace in copy.itraces():  # pairs renamed consistently
@@ -120,3 +121,24 @@ def test_a_cpu_script_profiled_without_code_change_is_a_cpu_profile(tmp_path, mo
     assert _auto.device_from_env({}) == "sim"
     with pytest.raises(ValueError, match="TILESCOPE_PROFILE_DEVICE='tpu': use one of sim, cuda, cpu"):
         _auto.device_from_env({"TILESCOPE_PROFILE_DEVICE": "tpu"})
+
+
+def test_redaction_replaces_the_host_name_as_a_name_only():
+    from tilescope.profiler._share import _redactor
+
+    redact = _redactor("vm")
+    assert redact({"name": "llvm_vmap_pass", "lane": "vm/pid:1", "at": "vm.local"}) == {
+        "name": "llvm_vmap_pass", "lane": "host/pid:1", "at": "host.local"}
+    assert redact("sbuf:/home/someone/venv/lib/kernels.py:12") == "sbuf:kernels.py:12"
+
+
+def test_modules_torch_imports_as_a_profile_starts_are_imported_before():
+    """Imported inside a with_stack window, their frames broke torch's parse (UnicodeDecodeError,
+    the profile lost) in about 1 fresh process of 4; tilescope's profiler imports them first."""
+    import subprocess
+    import sys
+
+    code = "import sys, tilescope.profiler._export; print(sorted(m for m in ('torch.profiler._cupti_monitor', " \
+           "'torch.profiler.python_tracer') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert "torch.profiler._cupti_monitor" in out and "torch.profiler.python_tracer" in out

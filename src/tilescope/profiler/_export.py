@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import json
 import os
 import socket
@@ -34,6 +35,13 @@ from ._events import (HOST, Framework, Placement, device_events, doctor_events, 
 from ._format import ProfileWriter, itrace_summary, read_file, start_writer
 
 __all__ = ["Profiler"]
+
+# modules torch imports lazily as a profile starts: imported inside a with_stack window, their
+# frames reach torch's parse with names it cannot decode (a UnicodeDecodeError that loses the
+# whole profile, in ~1 of 4 fresh processes with the device registered); imported here, before
+for _lazy in ("torch.profiler._cupti_monitor", "torch.profiler.python_tracer"):
+    with contextlib.suppress(ImportError):
+        importlib.import_module(_lazy)
 
 # torch's profiler activities by name: ``.name`` of a pybind11 enum compares the value with
 # each member's in turn, a hash lookup is a third of that

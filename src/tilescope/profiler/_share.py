@@ -20,19 +20,23 @@ from ._reader import read_profile
 
 __all__ = ["share"]
 
-_PATH = re.compile(r"(?:[A-Za-z]:)?(?:/[^/\s\"':;,]+){2,}/([^/\s\"':;,]+)")
+# an absolute path (a Windows drive letter only as a word of its own: not the "f:" of "sbuf:/...")
+_PATH = re.compile(r"(?:(?<![A-Za-z])[A-Za-z]:)?(?:/[^/\s\"':;,]+){2,}/([^/\s\"':;,]+)")
 _DROP_KEYS = {"Call stack", "platform", "python", "host_name", "deviceProperties", "environ", "env"}
 
 
 def _redactor(host: str):
+    # the host name as a name of its own, not inside another word (host "vm", op "llvm_vmap")
+    named = re.compile(rf"(?<![A-Za-z0-9]){re.escape(host)}(?![A-Za-z0-9])") if host else None
+
     def redact(v):
         if isinstance(v, dict):
             return {k: redact(x) for k, x in v.items() if k not in _DROP_KEYS}
         if isinstance(v, list):
             return [redact(x) for x in v]
         if isinstance(v, str):
-            if host:
-                v = v.replace(host, "host")
+            if named is not None:
+                v = named.sub("host", v)
             return _PATH.sub(r"\1", v)
         return v
 
@@ -40,7 +44,7 @@ def _redactor(host: str):
 
 
 def _redacted_programs(prof) -> dict[str, object]:
-    """old hash -> Program whose provenance keeps file names only."""
+    """old hash -> Program whose provenance and names keep file names only."""
     import dataclasses
     import os
 
@@ -48,7 +52,8 @@ def _redacted_programs(prof) -> dict[str, object]:
 
     out = {}
     for old, path in prof.executables().items():
-        p = Program.from_json(path.read_text())
+        # every absolute path in its text (buffer sites, slot names) reduced to its file name
+        p = Program.from_json(_PATH.sub(r"\1", path.read_text()))
         prov = [dataclasses.replace(x, file=os.path.basename(x.file) if x.file else x.file) for x in p.provenance]
         out[old] = Program(p.name, p.buffers.values(), p.instructions, inputs=p.inputs, outputs=p.outputs,
                            provenance=prov, instr_prov=p.instr_prov, slots=p.slots.values(),
