@@ -25,7 +25,7 @@ import sys
 import torch
 
 from .._env import count, flag
-from ._config import ProfileConfig, ProfileMode
+from ._config import ProfileConfig, mode_of
 from ._export import Profiler
 from ._session import DEVICES, activities_for
 
@@ -41,10 +41,9 @@ def config_from_env(environ=os.environ) -> ProfileConfig | None:
     modes = environ.get("TILESCOPE_PROFILE_MODE")
     if modes:
         try:
-            kwargs["modes"] = tuple(ProfileMode[m.strip().upper()] for m in modes.split(",") if m.strip())
-        except KeyError as e:
-            raise ValueError(f"TILESCOPE_PROFILE_MODE={modes!r}: unknown mode {e.args[0]}; use "
-                             + ", ".join(m.name for m in ProfileMode)) from None
+            kwargs["modes"] = tuple(mode_of(m) for m in modes.split(",") if m.strip())
+        except ValueError as e:
+            raise ValueError(f"TILESCOPE_PROFILE_MODE={modes!r}: {e}") from None
     max_events = count("TILESCOPE_PROFILE_MAX_EVENTS", None, environ, minimum=1)
     if max_events is not None:
         kwargs["max_events_per_core"] = max_events

@@ -9,12 +9,16 @@ __all__ = ["register"]
 
 def _cmd_profile(args) -> int:
     from ._auto import run_script
-    from ._config import ProfileConfig, ProfileMode
+    from ._config import ProfileConfig
 
-    modes = tuple(ProfileMode[m.strip().upper()] for m in args.mode.split(",")) if args.mode else None
-    cfg = ProfileConfig(output_dir=args.out, capture_cores=args.cores, max_events_per_core=args.max_events,
-                        device_profile=args.device_profile, profile_all_threads=args.all_threads,
-                        **({"modes": modes} if modes else {}))
+    try:  # a bad option is one line, before the script runs
+        modes = [m for m in args.mode.split(",") if m.strip()] if args.mode else None
+        cfg = ProfileConfig(output_dir=args.out, capture_cores=args.cores, max_events_per_core=args.max_events,
+                            device_profile=args.device_profile, profile_all_threads=args.all_threads,
+                            **({"modes": modes} if modes else {}))
+    except ValueError as e:
+        print(f"tilescope profile: {e}", file=sys.stderr)
+        return 2
     exporter = run_script(args.script, args.args, cfg, device=args.device)
     print(f"tilescope: profile written to {exporter.path}", file=sys.stderr)
     print(f"open it with: tilescope explore {exporter.path}", file=sys.stderr)

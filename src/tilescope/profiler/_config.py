@@ -14,11 +14,12 @@ profile object, where the exporter finds it.
 from __future__ import annotations
 
 import enum
+import operator
 import os
 
 from torch._C._profiler import _ExperimentalConfig
 
-__all__ = ["ProfileConfig", "ProfileMode", "parse_cores"]
+__all__ = ["ProfileConfig", "ProfileMode", "parse_cores", "mode_of"]
 
 
 class ProfileMode(enum.Enum):
@@ -39,10 +40,13 @@ def parse_cores(spec: str | None) -> frozenset[int] | None:
             if "-" in part:
                 lo, hi = (int(x) for x in part.split("-", 1))
                 if hi < lo:
-                    raise ValueError
+                    raise OverflowError  # (a reversed range: its own message below)
                 cores.update(range(lo, hi + 1))
             else:
                 cores.add(int(part))
+        except OverflowError:
+            raise ValueError(f"capture_cores {spec!r}: the range {part!r} runs backwards; write it "
+                             f"low-high ({part.split('-')[1].strip()}-{part.split('-')[0].strip()})") from None
         except ValueError:
             raise ValueError(
                 f"capture_cores {spec!r}: cannot read {part!r}; use core ids and ranges like \"0,1,2-5\""
@@ -50,6 +54,21 @@ def parse_cores(spec: str | None) -> frozenset[int] | None:
     if any(c < 0 for c in cores):
         raise ValueError(f"capture_cores {spec!r}: core ids must be >= 0")
     return frozenset(cores)
+
+
+def mode_of(value) -> ProfileMode:
+    """A mode from itself, its name (``"DEVICE"``, as manifests write it) or its value (``"device"``).
+
+    >>> mode_of("DEVICE"), mode_of("host_cpu")
+    (<ProfileMode.DEVICE: 'device'>, <ProfileMode.HOST_CPU: 'host_cpu'>)
+    """
+    if isinstance(value, ProfileMode):
+        return value
+    text = str(value).strip()
+    for mode in ProfileMode:
+        if text.upper() == mode.name:
+            return mode
+    raise ValueError(f"unknown profile mode {value!r}; use one of {', '.join(m.name for m in ProfileMode)}")
 
 
 class ProfileConfig(_ExperimentalConfig):
@@ -76,12 +95,16 @@ class ProfileConfig(_ExperimentalConfig):
                  correlate_device_time: bool = True, executable_cache_dir: str | os.PathLike | None = None,
                  device_profile: str = "first", profile_all_threads: bool = False):
         super().__init__(profile_all_threads=bool(profile_all_threads))
-        modes = tuple(ProfileMode(m) if not isinstance(m, ProfileMode) else m for m in (
-            [modes] if isinstance(modes, (str, ProfileMode)) else modes))
+        modes = tuple(mode_of(m) for m in ([modes] if isinstance(modes, (str, ProfileMode)) else modes))
         if not modes:
             raise ValueError("modes is empty; pick at least one of " + ", ".join(m.name for m in ProfileMode))
-        if int(max_events_per_core) < 1:
-            raise ValueError(f"max_events_per_core must be >= 1, got {max_events_per_core}")
+        try:
+            events = operator.index(max_events_per_core)  # whole numbers only: not 1.5, not "abc"
+        except TypeError:
+            events = 0
+        if isinstance(max_events_per_core, bool) or events < 1:
+            raise ValueError(f"max_events_per_core must be a whole number >= 1 (instruction events kept per "
+                             f"core), got {max_events_per_core!r}; the default keeps 1,000,000")
         if device_profile not in ("first", "session"):
             raise ValueError(f"device_profile must be 'first' or 'session', got {device_profile!r}")
         self.modes = modes
@@ -91,7 +114,7 @@ class ProfileConfig(_ExperimentalConfig):
         if os.path.exists(self.output_dir) and not os.path.isdir(self.output_dir):
             raise ValueError(f"output_dir {self.output_dir!r} is a file; profiles are directories written "
                              f"under it: pass a directory (it is created if missing)")
-        self.max_events_per_core = int(max_events_per_core)
+        self.max_events_per_core = events
         self.correlate_device_time = bool(correlate_device_time)
         self.executable_cache_dir = os.fspath(executable_cache_dir) if executable_cache_dir else None
         self.device_profile = device_profile

@@ -57,10 +57,11 @@ class Profiler:
     def __init__(self, config: ProfileConfig | None = None):
         self.config = config or ProfileConfig()
         self.paths: list[Path] = []
-        self._sampler = _HostSampler() if (self.config.has(ProfileMode.HOST_CPU)
-                                           or self.config.has(ProfileMode.HOST_MEMORY)) else None
+        self._sampler = _shared_sampler() if (self.config.has(ProfileMode.HOST_CPU)
+                                               or self.config.has(ProfileMode.HOST_MEMORY)) else None
         if self._device_in_use():
             capture.install()
+            _check_cores(self.config)
             if self.config.has(ProfileMode.DEVICE):
                 start_writer()  # its batches write each profile's executables and instruction traces
 
@@ -158,6 +159,15 @@ class Profiler:
         for f in findings:
             print(f"tilescope doctor: [{f.severity}] {f.code}: {f.message} (fix: {f.fix})", file=sys.stderr)
         return w.path
+
+
+def _check_cores(cfg: ProfileConfig) -> None:
+    """``capture_cores`` naming a core the device does not have would capture nothing."""
+    cores = settings().preset.cores_per_chip
+    missing = sorted(c for c in cfg.cores or () if c >= cores)
+    if missing:
+        raise ValueError(f"capture_cores {cfg.capture_cores!r}: the device has {cores} core(s), 0-{cores - 1}; "
+                         f"{', '.join(map(str, missing))} is not one of them")
 
 
 def _captured(matched, cfg: ProfileConfig) -> list:
@@ -393,6 +403,17 @@ def _cache_executable(directory: str, program) -> None:
     os.replace(tmp, path)
 
 
+_SAMPLER: "_HostSampler | None" = None
+
+
+def _shared_sampler() -> "_HostSampler":
+    """The process's one host sampler (each profiler used to start a thread that never stopped)."""
+    global _SAMPLER
+    if _SAMPLER is None or not _SAMPLER.alive:  # (a forked child starts its own)
+        _SAMPLER = _HostSampler()
+    return _SAMPLER
+
+
 class _HostSampler:
     """Samples host CPU utilisation and resident memory every 10 ms, on a daemon thread."""
 
@@ -401,6 +422,10 @@ class _HostSampler:
         self._interval = interval_s
         self._thread = threading.Thread(target=self._run, name="tilescope-host-sampler", daemon=True)
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def _run(self) -> None:
         page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

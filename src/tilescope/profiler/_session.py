@@ -27,10 +27,16 @@ def profile(output_dir="profile_out", *, device: str | None = None, config: Prof
     """Profile the enclosed block into ``output_dir``.
 
     ``device`` is ``"sim"``, ``"cuda"`` or ``"cpu"`` (default: sim when the simulated device
-    is registered, else cuda when available, else cpu). The device is synchronised before
-    the trace is exported (``synchronize=False`` reproduces the classic mistake instead).
-    The yielded torch profile gains a ``profile_dir`` attribute once the block exits.
+    is registered, else cuda when available, else cpu). The block's end waits for the device
+    (a ``tilescope::synchronize (profile exit)`` range); ``synchronize=False`` leaves that out,
+    though torch's profiler still synchronises the device as it stops, as it does CUDA's.
+    ``config`` (a ProfileConfig) or its keyword arguments, not both. The yielded torch profile
+    gains a ``profile_dir`` attribute once the block exits.
     """
+    if config is not None and (config_kwargs or output_dir != "profile_out"):
+        given = sorted(config_kwargs) + (["output_dir"] if output_dir != "profile_out" else [])
+        raise ValueError(f"profile(config=..., {', '.join(given)}=...): give the ProfileConfig or its arguments, "
+                         f"not both (they would be ignored); put them in the config")
     cfg = config or ProfileConfig(output_dir=output_dir, **config_kwargs)
     device = device or _device_kind()
     activities = activities_for(device)
