@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -160,6 +161,7 @@ def test_tcm_exhaustion_names_the_request_and_what_is_left(lib):
     assert "holds 16384 bytes and 10048 are in use by 1 live allocation" in msg
     assert "6336 bytes are free (largest free block 6336 bytes" in msg
     assert "smaller chunks (at most 6336 bytes)" in msg
+    assert info.value.location.endswith(f"ts_test_kernels.cpp:{line}")
     with pytest.raises(CppKernelError) as info:  # nothing free: only freeing helps
         torch.ops.ts_test.tcm_hog(torch.zeros(4), 16384, 8)
     msg = str(info.value)
@@ -201,9 +203,16 @@ def test_wrong_element_type_is_refused(lib):
 
 def test_leaked_tcm_buffers_warn(lib):
     x = torch.randn(10)
-    with pytest.warns(ResourceWarning, match=r"core 0 returned without tcm_free of 1 TCM buffer\(s\), 40 bytes"):
+    with pytest.warns(cpp.TcmLeakWarning, match=r"core 0 returned without tcm_free of 1 TCM buffer\(s\), 40 bytes"):
         out = torch.ops.ts_test.copy_leaky(x)
     assert torch.equal(out, x)
+    # shown by Python's default filters (a ResourceWarning would not be), once per call
+    assert not issubclass(cpp.TcmLeakWarning, (ResourceWarning, DeprecationWarning, PendingDeprecationWarning,
+                                               ImportWarning))  # the categories Python ignores by default
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.ops.ts_test.copy_leaky(x)
+    assert len([w for w in seen if issubclass(w.category, cpp.TcmLeakWarning)]) == 1
 
 
 def test_device_limits_on_tensor_shapes(lib):

@@ -52,6 +52,7 @@ MODULES = [
     # analysis engine
     "tilescope.trace._jsonscan",
     "tilescope.trace._labels",
+    "tilescope.cpp._errors",
     "tilescope.trace._parquet",
     "tilescope.trace._roofline",
     "tilescope.trace._report",

@@ -56,14 +56,14 @@ import os
 from pathlib import Path
 
 from ._build import BuildResult, build, include_dir
-from ._errors import CompileError, CoverageError, CppError, CppKernelError
+from ._errors import CompileError, CoverageError, CppError, CppKernelError, TcmLeakWarning
 from ._model import CoreEstimate, CostModel
 from ._ops import CppLibrary, CppOp, Estimate
 from ._abi import NativeLibrary
 
 __all__ = [
     "load", "load_library", "include_dir", "CppLibrary", "CppOp", "Estimate", "CostModel", "CoreEstimate",
-    "CppError", "CompileError", "CppKernelError", "CoverageError", "BuildResult",
+    "CppError", "CompileError", "CppKernelError", "CoverageError", "TcmLeakWarning", "BuildResult",
 ]
 
 

@@ -6,7 +6,7 @@ import re
 
 from ..errors import TilescopeError
 
-__all__ = ["CppError", "CompileError", "CppKernelError", "CoverageError"]
+__all__ = ["CppError", "CompileError", "CppKernelError", "CoverageError", "TcmLeakWarning"]
 
 
 class CppError(TilescopeError):
@@ -41,7 +41,22 @@ class CompileError(CppError):
 
 
 class CppKernelError(CppError):
-    """A check inside a running kernel failed (TCM pool, accessor bounds, writes to inputs)."""
+    """A check inside a running kernel failed (TCM pool, accessor bounds, writes to inputs).
+    ``location`` is the kernel's ``file:line`` the message names first (None if none).
+
+    >>> CppKernelError("mylib::op: kernel.cpp:69: tcm_malloc(8000 bytes) failed").location
+    'kernel.cpp:69'
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        m = re.search(r"([\w./\\-]+\.(?:cpp|cc|cxx|c|hpp|h):\d+)", message)
+        self.location = m.group(1) if m else None
+
+
+class TcmLeakWarning(UserWarning):
+    """A kernel returned with TCM buffers it did not free (shown by default: a leak fills the
+    pool of the calls after it)."""
 
 
 class CoverageError(CppError):

@@ -18,7 +18,7 @@ import torch
 
 from ._abi import Arg, DTYPE_CODES, MAX_DIMS, ROLE_INPUT, ROLE_META, ROLE_OUTPUT, NativeLibrary, NativeOp, TensorDesc
 from ._coverage import CoverageReport, check_coverage, coverage_message
-from ._errors import CoverageError, CppError, CppKernelError
+from ._errors import CoverageError, CppError, CppKernelError, TcmLeakWarning
 
 __all__ = ["CoreRun", "CallRecord", "execute", "MAX_DIM_SIZE"]
 
@@ -169,17 +169,17 @@ def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, 
     log, files = lib.take_log()
     files = [show(f) for f in files]
     runs: list[CoreRun] = []
+    leaks = []
     for c, st in enumerate(stats):
         run = CoreRun(c, log[log["core"] == c], files, tcm_peak=int(st.tcm_peak), dst_requested=bool(st.dst_requested))
         if repeats > 0:
             _record_time(run, st)
         if st.leaks:
-            warnings.warn(
-                f"{op.qualname}: GpSimd core {c} returned without tcm_free of {st.leaks} TCM buffer(s), "
-                f"{st.tcm_leaked} bytes ({show(lib.note(c))}); tcm_free what you tcm_malloc",
-                ResourceWarning, stacklevel=3,
-            )
+            leaks.append(f"GpSimd core {c} returned without tcm_free of {st.leaks} TCM buffer(s), "
+                         f"{st.tcm_leaked} bytes ({show(lib.note(c))})")
         runs.append(run)
+    if leaks:  # one warning per call, every core's leaks in it
+        warnings.warn(f"{op.qualname}: {'; '.join(leaks)}; tcm_free what you tcm_malloc", TcmLeakWarning, stacklevel=3)
     arg_specs = [(names[k], tuple(a.shape), _TORCH_DTYPES[a.dtype]) if kind == "t" else None
                  for k, (kind, a) in enumerate(zip(op.kinds, args))]
     report = check_coverage([r.log for r in runs], tuple(shape))
