@@ -361,3 +361,16 @@ def test_torch_arguments_get_torch_fixes():
         tilescope.simulate(doubled, torch.zeros(4, 8, dtype=torch.float64), x32(4, 8))
     with pytest.raises(DtypeError, match=r"dtype float64, .* \(e.g. x.astype\(np.float32\)\)"):
         tilescope.simulate(doubled, np.zeros((4, 8)), x32(4, 8))
+
+
+def test_a_kernel_called_on_device_tensors_fails_at_the_users_line():
+    """The same error through the sim device's call path (kernel(x) on device tensors) as
+    through simulate(): its traceback ends at the kernel's own line."""
+    import torch
+
+    import tilescope.device as dev
+
+    dev.register()
+    with pytest.raises(TileLimitError) as info:
+        too_many_partitions(torch.zeros(256, 64, device="sim"))
+    check_location(info, marked_line(too_many_partitions))

@@ -27,6 +27,8 @@ import warnings
 
 import torch
 
+from ..errors import TilescopeError
+from ..lang._frames import filter_traceback
 from . import _dispatch, _runtime
 from ._launch import _core_of, launch
 
@@ -152,7 +154,10 @@ def _call(kernel_or_launch, args, kwargs):
                       f"formula, so its results are not part of the autograd graph (gradients do not reach "
                       f"its inputs). Give it one with a torch.autograd.Function, or call it under "
                       f"torch.no_grad() for inference", stacklevel=_user_stacklevel())
-    return _eager(kernel_or_launch, args, kwargs)
+    try:
+        return _eager(kernel_or_launch, args, kwargs)
+    except TilescopeError as e:  # as simulate() does: the traceback ends at the user's kernel line
+        raise e.with_traceback(filter_traceback(e.__traceback__)) from None
 
 
 def _user_stacklevel() -> int:
