@@ -12,7 +12,8 @@ def op_table(trace, *, kinds=("op",), by_shape: bool = False, limit: int | None 
 
     Columns: name, [shapes], calls, host_total_ns, host_self_ns, device_total_ns, device_self_ns,
     device_calls, host_avg_ns, device_avg_ns. Device time of an op is the time of the device
-    work it launched (self) and that its children launched (total). Returns a pyarrow Table.
+    work it launched (self) and that its children launched (total); work launched outside any
+    op is on the row of its launch call (``cudaLaunchKernel``). Returns a pyarrow Table.
     """
     from ._trace import _arrow
 
@@ -26,7 +27,9 @@ def op_table(trace, *, kinds=("op",), by_shape: bool = False, limit: int | None 
              sum(h.n_dev)::BIGINT AS device_calls,
              sum(e.dur_ns) / count(*) AS host_avg_ns, sum(h.dev_total_ns) / count(*) AS device_avg_ns
       FROM events e JOIN _hier h USING (eid)
-      WHERE e.ph = 'X' AND e.kind IN ({kinds_sql})
+      WHERE e.ph = 'X' AND (e.kind IN ({kinds_sql})
+            -- a launch outside any op keeps the device time of the work it launched: its own row
+            OR (e.kind = 'launch' AND h.dev_self_ns > 0 AND {"TRUE" if "op" in kinds else "FALSE"}))
       GROUP BY ALL ORDER BY {order} DESC, host_total_ns DESC, e.name {f'LIMIT {int(limit)}' if limit else ''}"""
     return _arrow(trace.sql(q))
 
