@@ -215,10 +215,18 @@ def test_window_is_exact_when_small_and_lod_when_large(control):
 
 def test_fp32_ops_are_measured_against_the_fp32_peak():
     """A V100 trace's fp32 matmuls: MFU against the FP32 peak (15.7 TFLOP/s), not the 16-bit
-    tensor cores' (125)."""
+    tensor cores' (125). The A100 trace's fp32 matmuls run faster than its FP32 units can (19.5):
+    TF32 on the tensor cores, against that peak (156). Opened together, each rank has its GPU's."""
     rows = {(r["name"], r["precision"]): r for r in tt.open(TEST).roofline().to_pylist()}
     mm = rows[("aten::mm", "fp32")]
     assert mm["mfu"] == pytest.approx(mm["tflops"] / 15.7)
+    rows = {(r["name"], r["precision"]): r for r in tt.open(CONTROL).roofline().to_pylist()}
+    mm = rows[("aten::mm", "tf32 (inferred)")]
+    assert mm["tflops"] > 19.5 and mm["mfu"] == pytest.approx(mm["tflops"] / 156.0)
+    with pytest.warns(tt.TraceWarning):  # (the two ranks' clocks disagree)
+        both = tt.open([CONTROL, TEST]).roofline().to_pylist()
+    sources = {r["peak_source"] for r in both if r["name"] == "aten::mm"}
+    assert sources == {"NVIDIA A100 datasheet (40 GB SXM)", "NVIDIA V100 SXM2 datasheet"}
 
 
 def test_cli_bad_arguments_are_one_line_errors(tmp_path, capsys):

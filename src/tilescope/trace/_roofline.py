@@ -13,17 +13,19 @@ import pyarrow as pa
 
 __all__ = ["GPU_PEAKS", "gpu_peak", "estimate_op", "roofline"]
 
-# (substring of the device name, dense 16-bit tensor TFLOP/s, FP32 TFLOP/s, memory GB/s, source)
+# (substring of the device name, dense 16-bit tensor TFLOP/s, FP32 TFLOP/s, memory GB/s, source,
+#  dense TF32 tensor TFLOP/s or None where the GPU has no TF32 path) -- datasheet figures; the
+#  TF32 ones are the datasheets' "with sparsity" figures halved where only those are given
 GPU_PEAKS = (
-    ("H200", 989.0, 67.0, 4800.0, "NVIDIA H200 SXM datasheet"),
-    ("H100", 989.0, 67.0, 3350.0, "NVIDIA H100 SXM datasheet"),
-    ("A100-SXM4-80GB", 312.0, 19.5, 2039.0, "NVIDIA A100 datasheet (80 GB SXM)"),
-    ("A100", 312.0, 19.5, 1555.0, "NVIDIA A100 datasheet (40 GB SXM)"),
-    ("V100", 125.0, 15.7, 900.0, "NVIDIA V100 SXM2 datasheet"),
-    ("L4", 121.0, 30.3, 300.0, "NVIDIA L4 datasheet"),
-    ("MI300X", 1307.4, 163.4, 5300.0, "AMD Instinct MI300X data sheet"),
-    ("MI250X", 383.0, 47.9, 3276.8, "AMD Instinct MI250X data sheet"),
-    ("MI250", 362.1, 45.3, 3276.8, "AMD Instinct MI250 data sheet"),
+    ("H200", 989.0, 67.0, 4800.0, "NVIDIA H200 SXM datasheet", 494.5),
+    ("H100", 989.0, 67.0, 3350.0, "NVIDIA H100 SXM datasheet", 494.5),
+    ("A100-SXM4-80GB", 312.0, 19.5, 2039.0, "NVIDIA A100 datasheet (80 GB SXM)", 156.0),
+    ("A100", 312.0, 19.5, 1555.0, "NVIDIA A100 datasheet (40 GB SXM)", 156.0),
+    ("V100", 125.0, 15.7, 900.0, "NVIDIA V100 SXM2 datasheet", None),
+    ("L4", 121.0, 30.3, 300.0, "NVIDIA L4 datasheet", 60.0),
+    ("MI300X", 1307.4, 163.4, 5300.0, "AMD Instinct MI300X data sheet", 653.7),
+    ("MI250X", 383.0, 47.9, 3276.8, "AMD Instinct MI250X data sheet", None),
+    ("MI250", 362.1, 45.3, 3276.8, "AMD Instinct MI250 data sheet", None),
 )
 
 _ITEMSIZE = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8, "int": 4,
@@ -95,13 +97,26 @@ _FP32 = {"float", "float32", "double", "float64"}  # Kineto's "Input type" names
 
 def _precision(types) -> str:
     """``fp32`` when the op's first input is a full-precision float, else ``16-bit`` (the
-    tensor cores' peak applies).
+    tensor cores' peak applies). An fp32 op measured faster than the FP32 peak ran as TF32 on the
+    tensor cores (``allow_tf32``): :func:`roofline` then uses the TF32 peak.
 
     >>> _precision(["float", "float"]), _precision(["c10::BFloat16"]), _precision(None)
     ('fp32', '16-bit', 'fp32')
     """
     first = types[0] if isinstance(types, list) and types else "float"
     return "fp32" if first in _FP32 else "16-bit"
+
+
+def _rank_peaks(trace) -> dict:
+    """rank -> the ``GPU_PEAKS`` row of the first device its trace names (absent: unknown)."""
+    out = {}
+    for rank, meta in zip(trace.ranks, trace.meta):
+        for d in (meta.get("trace_metadata") or {}).get("deviceProperties") or []:
+            row = gpu_peak(d.get("name", "")) if isinstance(d, dict) else None
+            if row:
+                out[rank] = row
+                break
+    return out
 
 
 def roofline(trace, *, peak_tflops: float | None = None, peak_gbps: float | None = None):
@@ -111,33 +126,35 @@ def roofline(trace, *, peak_tflops: float | None = None, peak_gbps: float | None
     from ._nesting import ensure_hierarchy
 
     ensure_hierarchy(trace)
-    names = trace.device_names()
-    peak = gpu_peak(names[0]) if names else None
-    pb = peak_gbps or (peak[3] if peak else None)
+    peaks = _rank_peaks(trace)  # each rank against its own GPU (a report may hold an A100 and a V100)
     rows = trace.sql("""
-        SELECT e.name, json_extract(e.args, '$."Input Dims"')::VARCHAR AS dims,
+        SELECT e.rank, e.name, json_extract(e.args, '$."Input Dims"')::VARCHAR AS dims,
                json_extract(e.args, '$."Input type"')::VARCHAR AS types, count(*) AS calls,
                sum(h.dev_self_ns) AS dev_ns
         FROM events e JOIN _hier h USING (eid)
         WHERE e.kind = 'op' AND h.dev_self_ns > 0 GROUP BY ALL""").fetchall()
     agg: dict[tuple, list] = {}
-    for name, dims, types, calls, dev in rows:
+    for rank, name, dims, types, calls, dev in rows:
         types = json.loads(types) if types else None
         est = estimate_op(name, json.loads(dims) if dims else None, types)
         if est is None:
             continue
-        a = agg.setdefault((name, _precision(types)), [0, 0.0, 0.0, 0])
+        a = agg.setdefault((name, _precision(types), peaks.get(rank)), [0, 0.0, 0.0, 0])
         a[0] += calls
         a[1] += est[0] * calls
         a[2] += est[1] * calls
         a[3] += dev
     out = {k: [] for k in ("name", "precision", "calls", "flops", "bytes", "device_ns", "tflops", "gbps",
                            "intensity", "mfu", "mbu", "pct_of_roofline", "peak_source", "estimated")}
-    for (name, precision), (calls, fl, by, dev) in sorted(agg.items(), key=lambda kv: -kv[1][3]):
+    for (name, precision, peak), (calls, fl, by, dev) in sorted(agg.items(), key=lambda kv: -kv[1][3]):
         # the compute peak of the op's precision: an fp32 matmul against the FP32 peak, not the tensor cores'
         pf = peak_tflops or (peak[2 if precision == "fp32" else 1] if peak else None)
+        pb = peak_gbps or (peak[3] if peak else None)
         sec = dev * 1e-9
         tf = fl / sec / 1e12 if sec else 0.0
+        if precision == "fp32" and not peak_tflops and peak and peak[5] and tf > peak[2]:
+            # faster than the GPU's FP32 units can go: its matmuls ran on the TF32 tensor cores
+            precision, pf = "tf32 (inferred)", peak[5]
         gb = by / sec / 1e9 if sec else 0.0
         ai = fl / by if by else 0.0
         attain = min(pf, ai * pb / 1e3) if pf and pb else None
