@@ -38,7 +38,8 @@ __all__ = ["Profiler"]
 
 # modules torch imports lazily as a profile starts: imported inside a with_stack window, their
 # frames reach torch's parse with names it cannot decode (a UnicodeDecodeError that loses the
-# whole profile, in ~1 of 4 fresh processes with the device registered); imported here, before
+# whole profile, in ~1 of 4 fresh processes with the device registered): imported here, before any
+# profile starts
 for _lazy in ("torch.profiler._cupti_monitor", "torch.profiler.python_tracer"):
     with contextlib.suppress(ImportError):
         importlib.import_module(_lazy)
