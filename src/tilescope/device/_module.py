@@ -98,9 +98,11 @@ def synchronize(dev=None) -> None:
     clock, modeled device time elapsed. ``dev`` None waits for every core."""
     # torch's profiler synchronises the device as it stops (as it does CUDA, whose synchronize
     # records nothing): not one of the user's synchronize calls in the profile's tables
-    by_profiler = sys._getframe(1).f_globals.get("__name__") == "torch.autograd.profiler"
-    _runtime.synchronize(None if dev is None else _index(dev),
-                         label=None if by_profiler else "tilescope::synchronize")
+    core = None if dev is None else _index(dev)
+    if sys._getframe(1).f_globals.get("__name__") == "torch.autograd.profiler":
+        _runtime.synchronize(core, label=None)
+    else:
+        _runtime.synchronize(core)
 
 
 # ---- random numbers ----------------------------------------------------------------------

@@ -74,16 +74,14 @@ def _cmd_report(args) -> int:
 
 def _cmd_diff(args) -> int:
     from ._diff import diff
-    from ._labels import distinct, short_label, split_name
+    from ._labels import split_name
     from ._jsonscan import TraceFormatError
     from ._report import print_diff, to_json
 
     _quiet_warnings()
     try:
         named = [split_name(p) for p in args.paths]  # NAME=PATH names a column
-        traces = [_open([path], args) for _, path in named]
-        labels = [name or short_label(t.sources[0]) for (name, _), t in zip(named, traces)]
-        d = diff(*traces, names=distinct(labels, [t.sources[0] for t in traces]))
+        d = diff(*[_open([path], args) for _, path in named], names=[name for name, _ in named])
     except (TraceFormatError, OSError, ValueError) as e:
         return _fail(e)
     if args.json:

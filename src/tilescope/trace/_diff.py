@@ -127,7 +127,8 @@ def _profile(trace) -> dict:
 
 def diff(*traces, names: list[str] | None = None) -> TraceDiff:
     """Compare two or more traces (``Trace`` objects or paths); the first is the base.
-    ``names``: one per trace (default: short labels of their paths, made distinct)."""
+    ``names``: one per trace, None where its short label will do (labels of the paths, made
+    distinct)."""
     from ._trace import Trace, open_trace
 
     if len(traces) == 1 and isinstance(traces[0], (list, tuple)):
@@ -135,10 +136,12 @@ def diff(*traces, names: list[str] | None = None) -> TraceDiff:
     if len(traces) < 2:
         raise ValueError(f"diff needs at least two traces, got {len(traces)}")
     ts = [t if isinstance(t, Trace) else open_trace(t) for t in traces]
-    if names is not None and (len(names) != len(ts) or len(set(names)) != len(names)):
-        raise ValueError(f"diff needs one distinct name per trace: got {list(names)} for {len(ts)} traces")
+    given = list(names) if names is not None else [None] * len(ts)
+    chosen = [n for n in given if n is not None]
+    if len(given) != len(ts) or len(set(chosen)) != len(chosen):
+        raise ValueError(f"diff needs one distinct name per trace: got {given} for {len(ts)} traces")
     sources = [t.sources[0] for t in ts]
-    names = list(names) if names is not None else distinct([short_label(s) for s in sources], sources)
+    names = distinct([n if n is not None else short_label(s) for n, s in zip(given, sources)], sources)
     profs = [_profile(t) for t in ts]
     per_step = all(p["steps"] > 0 for p in profs)
     div = [p["steps"] if per_step else 1 for p in profs]
