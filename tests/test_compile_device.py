@@ -182,3 +182,16 @@ def test_explain_counts_what_a_compiled_call_runs(executions):
     ops = [r.op for r in executions]
     assert ops[-e.input_writebacks:] == ["aten::copy_"] * e.input_writebacks  # after the graph
     assert ops.count("tilescope::fused[relu, detach]") == len(e.fused) == 1
+
+
+def test_explain_works_where_the_graph_holds_device_tensors():
+    """HF GPT-2 starts its KV cache as ``torch.tensor([], device=x.device)`` and concatenates
+    onto it: the graph holds a tensor on the device, and explain re-plans it beside the inputs."""
+    def f(x):
+        return torch.cat([torch.tensor([], dtype=x.dtype, device=x.device), x], -2) * 2
+
+    x = torch.randn(2, 2, 4, 8, device="sim")
+    e = explain(f, x)
+    assert e.fused and any(u.op == "cat" for u in e.unfused)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(f, backend="tilescope")(x).cpu(), f(x.cpu()))

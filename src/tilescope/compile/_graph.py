@@ -26,15 +26,23 @@ def trace_aten(fn, *example_inputs) -> fx.GraphModule:
 
 
 def propagate_shapes(gm: fx.GraphModule, shapes_and_dtypes) -> None:
-    """Fill ``node.meta['val']`` with meta tensors for concrete input shapes (dynamic shapes)."""
+    """Fill ``node.meta['val']`` with fake tensors for concrete input shapes (dynamic shapes).
+
+    Each input is made on the device the graph was traced on (its placeholder's ``val``), so
+    tensors the graph holds -- a ``torch.tensor([], device=x.device)`` lifted as a constant --
+    meet inputs on the same device."""
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     args = []
-    for s in shapes_and_dtypes:
+    for k, s in enumerate(shapes_and_dtypes):
         if isinstance(s, tuple) and len(s) == 2 and isinstance(s[1], torch.dtype):
-            args.append(mode.from_tensor(torch.empty(s[0], dtype=s[1], device="meta")))
+            val = placeholders[k].meta.get("val") if k < len(placeholders) else None
+            device = val.device if isinstance(val, torch.Tensor) else torch.device("meta")
+            with mode:
+                args.append(torch.empty(s[0], dtype=s[1], device=device))
         else:
             args.append(s)
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*args)
