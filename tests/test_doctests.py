@@ -33,6 +33,7 @@ MODULES = [
     "tilescope.device._module",
     "tilescope.device._launch",
     "tilescope.device._kernels",
+    "tilescope.device._rnn",
     "tilescope.lower",
     "tilescope.lower._call",
     "tilescope.lower._layout",

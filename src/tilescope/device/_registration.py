@@ -147,7 +147,8 @@ def _register_kernels() -> None:
         packet, _, overload = name.partition(".")
         op = getattr(getattr(torch.ops.aten, packet), overload or "default")
         lib.impl(name, _dispatch.handler_for(op), "PrivateUse1")
-    from . import _fused, _kernels
+    from . import _fused, _kernels, _rnn
 
     _fused.register(lib)
+    _rnn.register(lib)
     _kernels.install()

@@ -372,12 +372,30 @@ at::Tensor& set_storage_only(at::Tensor& self, c10::Storage source) { return at:
 at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) { return at::cpu::set_(self, source); }
 at::Tensor& set_empty(at::Tensor& self) { return at::cpu::set_(self); }
 
+// nn.Module.to / .cpu() / .half() choose between moving each Parameter in place (``param.data =
+// moved``, which keeps its identity, so tied weights stay one Parameter and optimizers keep it) and
+// making a new Parameter, by asking this. PyTorch's own answer is yes for two dense tensors of its
+// in-tree backends (CPU, CUDA, ...) and no for PrivateUse1; this device's tensors are plain dense
+// TensorImpls like theirs, so a shallow copy between them is as sound: answer as for CUDA.
+static bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](c10::DispatchKeySet ks) {
+    constexpr auto backends = c10::DispatchKeySet(
+        {c10::BackendComponent::CPUBit, c10::BackendComponent::CUDABit, c10::BackendComponent::MPSBit,
+         c10::BackendComponent::HIPBit, c10::BackendComponent::XPUBit, c10::BackendComponent::HPUBit,
+         c10::BackendComponent::MTIABit, c10::BackendComponent::PrivateUse1Bit});
+    return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && ks.has_any(backends);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (dense(self.key_set()) && dense(from.key_set()));
+}
+
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa);
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_fused_sdp_choice", fused_sdp_choice);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", as_strided);
