@@ -47,6 +47,11 @@ MODULES = [
     "tilescope.lang._types",
     "tilescope.lang._analysis",
     "tilescope.bench",
+    # NKI surface
+    "tilescope.nki.language",
+    "tilescope.nki.isa",
+    "tilescope.nki.typing",
+    "tilescope.nki._run",
     # C++ operators
     "tilescope.cpp._coverage",
     "tilescope.cpp._build",

@@ -3,6 +3,7 @@
 import pytest
 
 from tilescope.errors import CapacityError, IndexRangeError, ProgramError, TileLimitError
+from tilescope.isa import AP
 from tilescope.program import Program, TileBuilder
 
 
@@ -12,10 +13,21 @@ def test_partition_dim_over_128():
         b.sbuf((256, 64), "float32")
 
 
-def test_psum_tile_wider_than_a_bank():
+def test_psum_tile_wider_than_psum():
     b = TileBuilder("p")
-    with pytest.raises(TileLimitError, match=r"needs 4096 bytes per partition.*bank holds 2048 bytes \(512 float32"):
-        b.psum((128, 1024), "float32")
+    with pytest.raises(TileLimitError, match=r"needs 32768 bytes per partition.*PSUM holds 16384 bytes per partition"):
+        b.psum((128, 8192), "float32")
+
+
+def test_psum_block_tile_spans_banks_and_each_matmul_stays_in_one():
+    b = TileBuilder("p")
+    x = b.sbuf((128, 128), "bfloat16")
+    y = b.sbuf((128, 512), "bfloat16")
+    acc = b.psum((128, 8, 512), "float32")  # eight banks
+    b.memset(x, 1.0), b.memset(y, 1.0)
+    b.matmul(acc[:, 3, :], x, y)  # one bank: fine
+    with pytest.raises(TileLimitError, match=r"spans banks 0\.\.1"):
+        b.matmul(AP(acc.name, "float32", 256, ((4096, 128), (1, 512))), x, y)  # bytes 1024..3072
 
 
 def test_sbuf_capacity_exceeded_by_live_tiles():
@@ -99,12 +111,14 @@ def test_shape_mismatch_names_both_shapes():
         b.tensor_tensor(t, t, u, "add")
 
 
-def test_dma_dtype_mismatch():
+def test_dma_converts_dtypes_and_checks_sizes():
+    # "a cast will happen if the src and dst have different dtype" (nki.isa.dma_copy)
     b = TileBuilder("dt")
     x = b.input("x", (128, 64), "float32")
     t = b.sbuf((128, 64), "bfloat16")
-    with pytest.raises(ProgramError, match="dma_copy cannot convert float32 to bfloat16"):
-        b.dma_copy(t, x)
+    b.dma_copy(t, x)
+    with pytest.raises(ProgramError, match="dma_copy moves 8192 elements"):
+        b.dma_copy(b.sbuf((128, 32), "bfloat16"), x)
 
 
 def test_validate_catches_a_hand_edited_program():

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .explorer._cli import register as _register_explorer  # explore
 
     _register_explorer(sub)
+    from .nki._cli import register as _register_nki  # nki run
+
+    _register_nki(sub)
     return parser
 
 

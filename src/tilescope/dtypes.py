@@ -19,11 +19,14 @@ DTYPES: dict[str, tuple[np.dtype, bool]] = {
     "bfloat16": (np.dtype(ml_dtypes.bfloat16), True),
     "float16": (np.dtype(np.float16), True),
     "float8_e4m3": (np.dtype(ml_dtypes.float8_e4m3fn), True),
+    "float8_e5m2": (np.dtype(ml_dtypes.float8_e5m2), True),
     "int64": (np.dtype(np.int64), False),  # index tensors (PyTorch's default integer type)
     "int32": (np.dtype(np.int32), False),
     "int16": (np.dtype(np.int16), False),
     "int8": (np.dtype(np.int8), False),
     "uint8": (np.dtype(np.uint8), False),
+    "uint16": (np.dtype(np.uint16), False),
+    "uint32": (np.dtype(np.uint32), False),
 }
 
 _ALIASES = {
@@ -41,7 +44,7 @@ def canonical(dtype) -> str:
     if isinstance(dtype, str):
         name = _ALIASES.get(dtype, dtype)
         if name in DTYPES:
-            return name
+            return str(name)  # a plain str, also for str subclasses (a tile's .dtype)
     else:
         name = str(dtype).replace("torch.", "")
         name = _ALIASES.get(name, name)

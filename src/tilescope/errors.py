@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "TilescopeError", "ProgramError", "TileLimitError", "CapacityError", "IndexRangeError",
-    "KernelError", "DtypeError",
+    "KernelError", "DtypeError", "UnsupportedError",
 ]
 
 
@@ -41,3 +41,8 @@ class KernelError(ProgramError):
 
 class DtypeError(KernelError, TypeError):
     """Operand dtypes do not fit together (a cast is needed)."""
+
+
+class UnsupportedError(KernelError, AttributeError):
+    """A kernel uses an NKI construct tilescope does not model; the message says what to use
+    instead. Also an ``AttributeError``, so ``hasattr`` and ``getattr(x, name, default)`` work."""

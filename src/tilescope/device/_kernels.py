@@ -175,7 +175,7 @@ def _run(kernel_or_launch, traced, args):
 
     kernel = kernel_or_launch.kernel if isinstance(kernel_or_launch, KernelLaunch) else kernel_or_launch
     _, _, arrays, order = kernel.bind(tuple(args), {})
-    ins = [arrays[n] for n in order]
+    ins = [arrays[n] for n in order] + list(traced.constants.values())  # program.inputs order
     name = _dispatch._DEVICE_TYPE
     core = _core_of([t for t in ins if isinstance(t, torch.Tensor)])
     outs, values = [], {}
@@ -199,7 +199,7 @@ def _eager(kernel_or_launch, args, kwargs):
         kernel, grid = kernel_or_launch, None
     traced = kernel.program_for(*args, grid=grid, preset=_runtime.settings().preset, **kwargs)
     _, _, arrays, order = kernel.bind(args, kwargs)
-    ins = [arrays[n] for n in order]
+    ins = [arrays[n] for n in order] + list(traced.constants.values())  # program.inputs order
     core = _core_of([t for t in ins if isinstance(t, torch.Tensor)])
     outs, values = [], {}
     for spec in traced.outputs:

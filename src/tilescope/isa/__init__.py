@@ -12,12 +12,14 @@ from ._cost import (
 )
 from ._instructions import (
     ENGINE_NAMES, INSTRUCTION_KINDS, Activation, ActivationReduce, BnAggr, BnStats,
-    DmaCopy, GpsimdCall, Instruction, Iota, Matmul, Memset, Select, TensorCopy,
-    TensorReduce, TensorScalar, TensorTensor, Transpose,
+    AffineSelect, DmaCopy, GpsimdCall, Instruction, Iota, Matmul, Memset, Reciprocal, Select,
+    TensorCopy, TensorReduce, TensorScalar, TensorScalarReduce, TensorTensor, TensorTensorScan,
+    Transpose,
 )
 from ._kernel_api import (
-    activation, activation_reduce, bn_aggr, bn_stats, dma_copy, engine, iota, memset, nc_matmul,
-    nc_transpose, select, tensor_copy, tensor_reduce, tensor_scalar, tensor_tensor,
+    activation, activation_reduce, affine_select, bn_aggr, bn_stats, dma_copy, engine, iota, memset,
+    nc_matmul, nc_transpose, reciprocal, select, tensor_copy, tensor_reduce, tensor_scalar,
+    tensor_scalar_reduce, tensor_tensor, tensor_tensor_scan,
 )
 from ._ops import ACTIVATIONS, ALU_OPS, REDUCE_OPS
 
@@ -25,12 +27,13 @@ __all__ = [
     "AP", "RuntimeScalar", "Scalar",
     "Instruction", "DmaCopy", "TensorTensor", "TensorScalar", "Activation",
     "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
-    "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall",
+    "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "TensorTensorScan",
+    "TensorScalarReduce", "AffineSelect", "Reciprocal",
     "INSTRUCTION_KINDS", "ENGINE_NAMES", "ALU_OPS", "ACTIVATIONS", "REDUCE_OPS",
     "COST_TABLE", "CostRule", "DmaCost", "dma_cost", "engine_cycles", "engine_ns",
     "matmul_cycles", "load_stationary_cycles", "flops",
     # kernel calls: one instruction each, inside a tile kernel
     "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor", "tensor_scalar",
     "tensor_reduce", "tensor_copy", "iota", "memset", "bn_stats", "bn_aggr", "dma_copy", "select",
-    "engine",
+    "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal", "engine",
 ]

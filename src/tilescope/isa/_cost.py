@@ -26,9 +26,9 @@ from typing import Callable
 from ..spec import CoreSpec
 from ._ap import AP
 from ._instructions import (
-    Activation, ActivationReduce, BnAggr, BnStats, DmaCopy, GpsimdCall, Instruction,
-    Iota, Matmul, Memset, Select, TensorCopy, TensorReduce, TensorScalar, TensorTensor,
-    Transpose,
+    Activation, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, GpsimdCall, Instruction,
+    Iota, Matmul, Memset, Reciprocal, Select, TensorCopy, TensorReduce, TensorScalar,
+    TensorScalarReduce, TensorTensor, TensorTensorScan, Transpose,
 )
 
 __all__ = [
@@ -86,6 +86,11 @@ COST_TABLE: dict[type, CostRule] = {
     BnAggr: CostRule(lambda i: 1, _none, "[isa] bn_aggr: max(MIN_II, N) cycles"),
     Iota: CostRule(lambda i: 1, _none, "[isa] iota (GpSimd): ~150 + N cycles"),
     GpsimdCall: CostRule(lambda i: 0, lambda i, s: i.cycles, "cycles given by the emitter + GpSimd fixed cost"),
+    TensorTensorScan: CostRule(lambda i: 2, _none, "[isa] tensor_tensor_scan: max(MIN_II, 2N) cycles"),
+    TensorScalarReduce: CostRule(
+        lambda i: 1, lambda i, s: s.vector.min_ii_cycles, "[isa] tensor_scalar_reduce: max(MIN_II, N) + MIN_II"),
+    AffineSelect: CostRule(lambda i: 1, _none, "[isa] affine_select (GpSimd): GPSIMD_START (~150) + N cycles"),
+    Reciprocal: CostRule(lambda i: 8, _none, "[isa] reciprocal (VectorE): max(MIN_II, 8N) cycles"),
 }
 
 
@@ -173,4 +178,6 @@ def flops(instr: Instruction) -> float:
         return float(n * (2 if instr.op1 else 1))
     if isinstance(instr, (TensorReduce, ActivationReduce, BnStats)):
         return float(instr.src.size)
+    if isinstance(instr, (TensorTensorScan, TensorScalarReduce)):
+        return float(2 * n)
     return float(n)

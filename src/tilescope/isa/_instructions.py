@@ -18,8 +18,8 @@ from ._ap import AP, RuntimeScalar
 __all__ = [
     "Instruction", "DmaCopy", "TensorTensor", "TensorScalar", "Activation",
     "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
-    "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "INSTRUCTION_KINDS",
-    "ENGINE_NAMES",
+    "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "TensorTensorScan",
+    "TensorScalarReduce", "AffineSelect", "Reciprocal", "INSTRUCTION_KINDS", "ENGINE_NAMES",
 ]
 
 # engine id -> display name
@@ -207,7 +207,12 @@ class Activation(Instruction):
 
 @_instruction("activation_reduce", ("act",), ("src", "scale", "bias"), ("dst", "reduce_dst"))
 class ActivationReduce(Instruction):
-    """An activation that also reduces its result along the free dims into ``reduce_dst`` [P, 1]."""
+    """An activation that also reduces its result along the free dims into ``reduce_dst`` [P, 1].
+
+    With ``accumulate`` the reduction is combined (``reduce_op``) with what ``reduce_dst``
+    holds: ScalarE's accumulation registers kept over several instructions
+    (``reduce_cmd.reduce`` in NKI).
+    """
 
     dst: AP
     src: AP
@@ -217,6 +222,11 @@ class ActivationReduce(Instruction):
     scale: object = 1.0
     bias: object = None
     engine: str = "act"
+    accumulate: bool = False
+
+    def reads(self):
+        base = Instruction.reads(self)
+        return base + (self.reduce_dst,) if self.accumulate else base
 
 
 @_instruction("tensor_reduce", ("dve", "pool"), ("src",))
@@ -340,3 +350,63 @@ class GpsimdCall(Instruction):
 
     def writes(self):
         return self.outputs
+
+
+@_instruction("tensor_tensor_scan", ("dve",), ("a", "b", "initial"))
+class TensorTensorScan(Instruction):
+    """A scan along the free dims of each partition (flattened):
+    ``dst[:, 0] = op1(op0(a[:, 0], initial), b[:, 0])``, then
+    ``dst[:, i] = op1(op0(a[:, i], dst[:, i-1]), b[:, i])``; ``reverse`` swaps an op's operands.
+
+    ``initial`` is a constant or a per-partition ``[P, 1]`` AP.
+    """
+
+    dst: AP
+    a: AP
+    b: AP
+    initial: object
+    op0: str
+    op1: str
+    reverse0: bool = False
+    reverse1: bool = False
+    engine: str = "dve"
+
+
+@_instruction("tensor_scalar_reduce", ("dve",), ("src", "scalar0"), ("dst", "reduce_dst"))
+class TensorScalarReduce(Instruction):
+    """``dst = op0(src, scalar0)`` and ``reduce_dst [P, 1] = reduce_op(dst)`` over the free dims."""
+
+    dst: AP
+    src: AP
+    op0: str
+    scalar0: object
+    reduce_op: str
+    reduce_dst: AP
+    reverse0: bool = False
+    engine: str = "dve"
+
+
+@_instruction("affine_select", ("pool",), ("on_true", "on_false"))
+class AffineSelect(Instruction):
+    """``dst = on_true where cmp(v, 0) else on_false``, the engine computing per element
+    ``v = base + partition_step * p + sum(step_k * i_k)`` over ``pattern`` ``((step, num), ...)``
+    (outermost first; the nums multiply to the elements per partition, taken in ``dst``'s
+    order). ``cmp`` is one of ``<``, ``<=``, ``==``, ``>``, ``>=``, ``!=``."""
+
+    dst: AP
+    on_true: AP
+    on_false: object
+    base: int = 0
+    partition_step: int = 0
+    pattern: tuple[tuple[int, int], ...] = ()
+    cmp: str = "=="
+    engine: str = "pool"
+
+
+@_instruction("reciprocal", ("dve",), ("src",))
+class Reciprocal(Instruction):
+    """``dst = 1 / src`` on VectorE."""
+
+    dst: AP
+    src: AP
+    engine: str = "dve"

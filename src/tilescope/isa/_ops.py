@@ -48,6 +48,30 @@ def _reciprocal(x):
         return 1.0 / x
 
 
+def _gelu_dx(x):
+    phi = np.exp(-0.5 * x * x) * np.float32(0.3989422804014327)
+    return 0.5 * (1.0 + erf(x * np.float32(0.7071067811865476))) + x * phi
+
+
+def _gelu_sigmoid(x):
+    return x * _sigmoid(np.float32(1.702) * x)
+
+
+def _gelu_sigmoid_dx(x):
+    s = _sigmoid(np.float32(1.702) * x)
+    return s + np.float32(1.702) * x * s * (1.0 - s)
+
+
+def _silu_dx(x):
+    s = _sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+def _ints(fn):
+    """A bitwise op on integer operands (values as int64)."""
+    return lambda a, b: fn(np.asarray(a).astype(np.int64), np.asarray(b).astype(np.int64))
+
+
 def _as01(fn):
     return lambda a, b: fn(a, b).astype(np.float32)
 
@@ -73,6 +97,11 @@ ALU_OPS = {
     "logical_or": _as01(lambda a, b: np.logical_or(a != 0, b != 0)),
     "logical_xor": _as01(lambda a, b: np.logical_xor(a != 0, b != 0)),
     "bypass": lambda a, b: a,
+    "bitwise_and": _ints(np.bitwise_and),
+    "bitwise_or": _ints(np.bitwise_or),
+    "bitwise_xor": _ints(np.bitwise_xor),
+    "left_shift": _ints(np.left_shift),
+    "right_shift": _ints(np.right_shift),
 }
 
 # name -> unary function on float32 arrays (ScalarE activation table)
@@ -98,6 +127,17 @@ ACTIVATIONS = {
     "sign": np.sign,
     "sin": np.sin,
     "cos": np.cos,
+    "tan": np.tan,
+    "arctan": np.arctan,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "trunc": np.trunc,
+    "gelu_dx": _gelu_dx,
+    "gelu_apprx_sigmoid": _gelu_sigmoid,
+    "gelu_apprx_sigmoid_dx": _gelu_sigmoid_dx,
+    "silu_dx": _silu_dx,
+    "erf_dx": lambda x: np.float32(1.1283791670955126) * np.exp(-x * x),
+    "mish": lambda x: x * np.tanh(_softplus(x)),
 }
 
 # name -> (numpy reduction, identity element)

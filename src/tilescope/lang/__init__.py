@@ -28,12 +28,12 @@ for AWS's NKI port by renaming imports (``nl`` -> ``tilescope.lang``,
 """
 
 from ._core import (
-    abs, add, affine_range, broadcast_to, copy, cos, device_print, divide, empty_like, equal, erf,
+    abs, add, affine_range, broadcast_to, copy, cos, device_print, divide, ds, empty_like, equal, erf,
     exp, full, gelu, gelu_tanh, greater, greater_equal, less, less_equal, load, log, logical_and,
     logical_or, logical_xor, matmul, max, maximum, mean, min, minimum, multiply, ndarray, negative,
-    not_equal, num_programs, ones, power, program_id, reciprocal, relu, rsqrt, sequential_range,
-    sigmoid, sign, silu, sin, softplus, sqrt, square, static_range, store, subtract, sum, tanh,
-    transpose, var, where, zeros, zeros_like,
+    load_transpose2d, not_equal, num_programs, ones, power, program_id, reciprocal, relu, rsqrt,
+    sequential_range, shared_constant, shared_identity_matrix, sigmoid, sign, silu, sin, softplus, sqrt,
+    square, static_range, store, subtract, sum, tanh, transpose, var, where, zeros, zeros_like,
 )
 from ._index import IndexExpr, arange, mgrid
 from ._kernel import Kernel, TensorSpec, Traced, kernel
@@ -54,7 +54,7 @@ __all__ = [
     "arange", "mgrid", "affine_range", "sequential_range", "static_range", "program_id", "num_programs",
     # buffers and data movement
     "load", "store", "ndarray", "zeros", "ones", "full", "zeros_like", "empty_like", "copy",
-    "broadcast_to",
+    "broadcast_to", "ds", "load_transpose2d", "shared_constant", "shared_identity_matrix",
     # elementwise (VectorE)
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "negative", "abs",
     "reciprocal", "equal", "not_equal", "greater", "greater_equal", "less", "less_equal",

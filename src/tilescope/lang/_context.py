@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import KernelError, TilescopeError
-from ..isa import AP, Memset
+from ..isa import AP, Matmul, Memset
 from ..program import Provenance
 from ._frames import display_path, locate, user_frame
 
@@ -65,7 +65,7 @@ class BufState:
     retargeted into the tile it is assigned to.
     """
 
-    __slots__ = ("name", "size", "nbytes", "fill", "fill_prov", "writes", "read", "writer", "temp")
+    __slots__ = ("name", "size", "nbytes", "fill", "fill_prov", "writes", "read", "writer", "temp", "acc_open")
 
     def __init__(self, name: str, size: int, nbytes: int, temp: bool):
         self.name = name
@@ -77,6 +77,7 @@ class BufState:
         self.read = False
         self.writer = -1
         self.temp = temp
+        self.acc_open: set = set()  # PSUM regions a matmul accumulation group is open on
 
 
 def _covers(ap: AP, st: BufState) -> bool:
@@ -112,6 +113,8 @@ class KernelContext:
         self._positions: dict = {}
         self.instance = 0
         self.index_cache: dict = {}  # tile view by index structure (see _semantic.tile_index)
+        self.consts: dict = {}  # tiles made once per kernel (ones rows, engine registers, constants)
+        self.constants: dict = {}  # Program input name -> values of a shared_constant
         self.last_emit = None  # (file, line) of the user's line that emitted the last instruction
 
     # ---- where we are -----------------------------------------------------
@@ -172,6 +175,11 @@ class KernelContext:
                     st.fill = None
                 else:
                     self.materialize(st)
+        if instr.__class__ is not Matmul:  # anything else touching PSUM closes its accumulation groups
+            for ap in reads + writes:
+                st = states.get(ap.buffer)
+                if st is not None and st.acc_open:
+                    st.acc_open.clear()
         idx = self._emit(instr)
         for ap in writes:
             st = states.get(ap.buffer)

@@ -22,6 +22,7 @@ zeros, ones, full (when first read)                 VectorE     memset
 from __future__ import annotations
 
 from ..errors import KernelError
+from . import _isa_ops as O
 from . import _semantic as S
 from ._analysis import fresh_lines
 from ._context import builtin, current
@@ -36,7 +37,7 @@ __all__ = [
     "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "silu", "softplus", "erf", "square", "sin",
     "cos", "sign", "sum", "max", "min", "mean", "var", "matmul", "transpose", "where",
     "affine_range", "sequential_range", "static_range", "program_id", "num_programs",
-    "device_print", "tile_view",
+    "device_print", "tile_view", "ds", "load_transpose2d", "shared_constant", "shared_identity_matrix",
 ]
 
 
@@ -48,7 +49,7 @@ def load(src, *, mask=None, dtype=None) -> Tile:
 
     The first dimension of the view becomes the partition dimension (at most 128).
     ``mask`` narrows the copy to an index box (``mask=(i * 128 + i_p < n)`` for a
-    ragged last tile); ``dtype`` casts after the copy (one VectorE ``tensor_copy``).
+    ragged last tile); ``dtype`` makes a tile of that dtype, the DMA casting on the way.
 
     Example (inside a kernel)::
 
@@ -62,7 +63,8 @@ def load(src, *, mask=None, dtype=None) -> Tile:
 def store(dst, value, *, mask=None) -> None:
     """Copy ``value`` (an SBUF tile) into ``dst`` (an HBM tensor view), by DMA.
 
-    Dtypes must match (DMA does not convert): cast with ``tl.copy(t, dtype=...)``.
+    The DMA casts when the dtypes differ (through float32, as NKI's ``dma_copy``); a PSUM
+    tile is first copied to SBUF on VectorE (DMA does not read PSUM), as NKI does.
     A store into a kernel argument is written back into the caller's array.
     """
     return S.store(dst, value, mask=mask)
@@ -145,12 +147,40 @@ def copy(x, *, dtype=None, mask=None) -> Tile:
 
 @builtin("tl.broadcast_to")
 def broadcast_to(x, shape):
-    """A view of ``x`` repeating its size-1 dims (no copy). HBM tensors may broadcast any
-    dim (``tl.load(g.reshape((1, n)).broadcast_to((128, n)))`` puts a row in every
-    partition); tiles only free dims."""
+    """``x`` repeating its size-1 dims. Free dims of a tile (and any dim of an HBM tensor)
+    broadcast as a view, no copy; a one-partition tile broadcast across partitions is a new
+    SBUF tile made on TensorE (a matmul with a ones row, as NKI does: priced and visible)."""
+    if isinstance(x, Tile) and x.shape[0] == 1 and tuple(shape)[:1] != (1,):
+        return S.partition_broadcast(x, tuple(shape), label="broadcast_to")
     if isinstance(x, (Tensor, Tile)):
         return x.broadcast_to(shape)
     raise KernelError(f"broadcast_to takes a tile or tensor, got {type(x).__name__}")
+
+
+def ds(start, size) -> slice:
+    """``slice(start, start + size)``: NKI's dynamic-slice helper (``x[tl.ds(i * 128, 128), :]``)."""
+    return slice(start, start + size)
+
+
+@builtin("tl.load_transpose2d")
+def load_transpose2d(src, *, mask=None, dtype=None) -> Tile:
+    """HBM ``[F, P]`` into a new SBUF tile ``[P, F]``, transposed by the DMA (each element its
+    own chunk: slow for large tiles, as on hardware; ``nc_transpose`` on TensorE is the fast way)."""
+    return O.load_transpose2d(src, mask=mask, dtype=dtype)
+
+
+@builtin("tl.shared_constant")
+def shared_constant(constant, dtype=None) -> Tensor:
+    """An HBM tensor holding ``constant`` (a numpy array or ``.npy`` path), fed on every run."""
+    return O.shared_constant(constant, dtype)
+
+
+@builtin("tl.shared_identity_matrix")
+def shared_identity_matrix(n: int, dtype="uint8") -> Tile:
+    """An ``n x n`` identity matrix in a new SBUF tile (loaded by DMA from a constant in HBM)."""
+    import numpy as np
+
+    return S.load(O.shared_constant(np.eye(int(n)), dtype), label="shared_identity_matrix")
 
 
 # ---- elementwise: VectorE ALU ops --------------------------------------------------------

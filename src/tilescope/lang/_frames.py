@@ -1,8 +1,8 @@
 """Where the user's code is: source lines for provenance and errors, and tracebacks
 that end at the kernel line instead of inside tilescope.
 
-The language's own modules (and ``tilescope.isa``'s kernel calls) are
-*internal*: provenance and error locations name the first frame outside them.
+The language's own modules (and ``tilescope.isa``'s kernel calls, and the NKI
+surface ``tilescope.nki``) are *internal*: provenance and error locations name the first frame outside them.
 A traceback leaving :func:`tilescope.simulate` drops every frame of the core
 packages (lang, isa, program, sim, spec), so its last entry is the user's line.
 Set ``TILESCOPE_FULL_TRACEBACK=1`` to keep them (for debugging tilescope itself).
@@ -21,10 +21,11 @@ __all__ = [
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _LANG = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_NKI = os.path.join(_PKG, "nki") + os.sep  # the NKI-compatible surface forwards to the language
 _ISA_API = os.path.join(_PKG, "isa", "_kernel_api.py")
 # tilescope subpackages/modules whose frames a user never needs to see
 _HIDDEN = tuple(_PKG + p for p in ("lang" + os.sep, "isa" + os.sep, "program" + os.sep, "sim" + os.sep,
-                                   "spec" + os.sep, "errors.py", "dtypes.py", "bench.py"))
+                                   "spec" + os.sep, "nki" + os.sep, "errors.py", "dtypes.py", "bench.py"))
 _internal_cache: dict[str, bool] = {}
 _display_cache: dict[str, str] = {}
 
@@ -34,7 +35,7 @@ def is_internal(filename: str) -> bool:
     hit = _internal_cache.get(filename)
     if hit is None:
         path = os.path.abspath(filename)
-        hit = _internal_cache[filename] = path.startswith(_LANG) or path == _ISA_API
+        hit = _internal_cache[filename] = path.startswith(_LANG) or path.startswith(_NKI) or path == _ISA_API
     return hit
 
 

@@ -125,6 +125,7 @@ class Traced:
     grid: tuple[int, ...]
     spec: CoreSpec | None = field(default=None, repr=False)  # the preset it was traced for
     hooks: dict = field(default_factory=dict, repr=False)  # device_print: instruction -> [fn(read)]
+    constants: dict = field(default_factory=dict, repr=False)  # input name -> values (shared_constant)
 
     def run(self, arrays, *, print_values: bool = True) -> dict[str, np.ndarray]:
         """Numerics: execute the Program on ``arrays`` (in argument order, or a dict by input name).
@@ -150,6 +151,7 @@ class Traced:
                 back.append((name, arr))
                 arr = np.ascontiguousarray(arr).copy()
             feed[name] = arr
+        feed.update(self.constants)
         hooks = {i: _chain(fns) for i, fns in self.hooks.items()} if print_values else None
         out = run_numerics(self.program, feed, hooks=hooks, copy_inputs=False)
         for name, arr in back:
@@ -344,7 +346,7 @@ class Kernel:
             buf = program.buffers[name]
             outs.append(OutputSpec(name, buf.shape, buf.dtype, order.index(name) if name in handles else None))
         return Traced(self.name, program, tuple(order), tuple(_spec_of(arrays[n], n) for n in order),
-                      tuple(outs), plan, grid, spec, dict(ctx.hooks))
+                      tuple(outs), plan, grid, spec, dict(ctx.hooks), dict(ctx.constants))
 
     def cache_clear(self) -> None:
         self._cache.clear()

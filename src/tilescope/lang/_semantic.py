@@ -9,9 +9,11 @@ Rules (one row each):
 
 =========================  ==================================================================
 operands                   compute ops read tiles in SBUF/PSUM; HBM tensors only move by DMA
-partition dim              axis 0 of every operand; equal across operands (never broadcast)
+partition dim              axis 0 of every operand; equal across operands, except a one-partition
+                           operand, broadcast first on TensorE (:func:`partition_broadcast`)
 free dims                  numpy broadcasting, right-aligned (a ``(P,)`` tile is per-partition)
-result memory              new tiles go to SBUF (matmul and transpose results: PSUM)
+result memory              new tiles go to SBUF (matmul and transpose results: PSUM), or ``out``
+                           (NKI's ``dst=``): any view of the same elements per partition
 result dtype               ``dtype=`` if given; comparisons -> uint8; else promotion (table)
 per-partition operand      a ``(P,)``/``(P, 1)`` tile against a wider one -> ``tensor_scalar``
 masks                      narrow the result's axes to a box; the instruction covers only it
@@ -48,8 +50,8 @@ __all__ = [
 
 # ---- dtypes -------------------------------------------------------------------
 
-_FLOAT_RANK = {"float8_e4m3": 0, "float16": 1, "bfloat16": 1, "float32": 2}
-_INT_RANK = {"uint8": 0, "int8": 1, "int16": 2, "int32": 3}
+_FLOAT_RANK = {"float8_e4m3": 0, "float8_e5m2": 0, "float16": 1, "bfloat16": 1, "float32": 2}
+_INT_RANK = {"uint8": 0, "int8": 1, "uint16": 2, "int16": 2, "uint32": 3, "int32": 3, "int64": 4}
 COMPARISONS = frozenset({"equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
                          "logical_and", "logical_or", "logical_xor"})
 
@@ -269,10 +271,22 @@ def _scalar_operand(v, box, role: str, op: str, partitions: int):
     return _scalar_ap(t, box, role, op, partitions)
 
 
+def same_elements(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Shapes that hold the same elements in the same order per partition: equal, or equal
+    once size-1 free dims are dropped (a ``(P,)`` reduction written into a ``(P, 1)`` view)."""
+    if a == b:
+        return True
+    return a[:1] == b[:1] and tuple(n for n in a[1:] if n != 1) == tuple(n for n in b[1:] if n != 1)
+
+
 def _out(ctx, out: Tile | None, shape, dtype, label: str, op: str, memory="sbuf") -> Tile:
     if out is None:
         return new_tile(ctx, shape, dtype, memory, label=label)
-    if out.shape != tuple(shape):
+    if not isinstance(out, Tile):
+        raise KernelError(f"dst of {op!r} must be a tile in SBUF or PSUM, got "
+                          f"{out.describe() if isinstance(out, View) else type(out).__name__}")
+    out = tile_operand(out, "dst", op)
+    if not same_elements(out.shape, tuple(shape)):
         raise KernelError(f"the result of {op!r} has shape {tuple(shape)} but is written into a tile view of "
                           f"shape {out.shape}")
     return out
@@ -309,6 +323,7 @@ def binary(op: str, x, y, *, dtype=None, mask=None, out: Tile | None = None, eng
             _emit(ctx, TensorScalar(aps[0], aps[1], op, float(s), reverse0=reverse, engine=engine))
         return dst
     a, b = tile_operand(x, "x", op), tile_operand(y, "y", op)
+    a, b = _partitions_match(ctx, a, b, label)
     shape = _tile_shape(op, a.shape, b.shape)
     rdt = dtype or ("uint8" if op in COMPARISONS else promote(a.dtype, b.dtype))
     dst = _out(ctx, out, shape, rdt, label, op)
@@ -330,11 +345,24 @@ def binary(op: str, x, y, *, dtype=None, mask=None, out: Tile | None = None, eng
     return dst
 
 
-def unary_alu(op: str, scalar: float, x, *, dtype=None, mask=None, label: str):
+def _partitions_match(ctx, a: Tile, b: Tile, label: str) -> tuple[Tile, Tile]:
+    """A one-partition operand against a wider one is broadcast across partitions first
+    (a TensorE matmul with a ones row, as NKI does; see :func:`partition_broadcast`)."""
+    pa, pb = a.shape[0], b.shape[0]
+    if pa == pb:
+        return a, b
+    if pa == 1:
+        return partition_broadcast(a, (pb,) + a.shape[1:], label=label), b
+    if pb == 1:
+        return a, partition_broadcast(b, (pa,) + b.shape[1:], label=label)
+    return a, b
+
+
+def unary_alu(op: str, scalar: float, x, *, dtype=None, mask=None, label: str, out: Tile | None = None):
     """A unary op as ``tensor_scalar(x, op, scalar)`` on VectorE (negate, abs)."""
     ctx = current(label)
     t = tile_operand(x, "x", label)
-    dst = new_tile(ctx, t.shape, _dtype(dtype) or t.dtype, label=label)
+    dst = _out(ctx, out, t.shape, _dtype(dtype) or t.dtype, label, label)
     aps = _aps(_box(mask, (dst, t)), (dst, t))
     if aps is not None:
         _emit(ctx, TensorScalar(aps[0], aps[1], op, float(scalar)))
@@ -359,27 +387,29 @@ def activation(func: str, x, *, dtype=None, mask=None, scale=1.0, bias=None, out
 
 
 def activation_reduce(func: str, x, reduce_op: str, reduce_res, *, dtype=None, mask=None, scale=1.0,
-                      bias=None, label: str):
+                      bias=None, label: str, out: Tile | None = None, accumulate: bool = False):
+    """``func(x * scale + bias)`` and its reduction over the free dims into ``reduce_res``
+    (``accumulate``: combined with what ``reduce_res`` holds) -- one ScalarE instruction."""
     ctx = current(label)
     t = tile_operand(x, "data", label)
     r = tile_operand(reduce_res, "reduce_res", label)
     rdt = _dtype(dtype) or (t.dtype if is_float(t.dtype) else "float32")
-    dst = new_tile(ctx, t.shape, rdt, label=label)
+    dst = _out(ctx, out, t.shape, rdt, label, label)
     box = _box(mask, (dst, t))
     aps = _aps(box, (dst, t))
     if aps is not None:
         P = t.shape[0]
         _emit(ctx, ActivationReduce(aps[0], aps[1], func, _scalar_ap(r, box, "reduce_res", label, P), reduce_op,
                                     _scalar_operand(scale, box, "scale", label, P),
-                                    _scalar_operand(bias, box, "bias", label, P)))
+                                    _scalar_operand(bias, box, "bias", label, P), accumulate=bool(accumulate)))
     return dst
 
 
 def tensor_scalar(x, op0: str, operand0, *, reverse0=False, op1=None, operand1=None, reverse1=False,
-                  dtype=None, mask=None, engine: str = "dve", label: str):
+                  dtype=None, mask=None, engine: str = "dve", label: str, out: Tile | None = None):
     ctx = current(label)
     t = tile_operand(x, "data", label)
-    dst = new_tile(ctx, t.shape, _dtype(dtype) or t.dtype, label=label)
+    dst = _out(ctx, out, t.shape, _dtype(dtype) or t.dtype, label, label)
     box = _box(mask, (dst, t))
     aps = _aps(box, (dst, t))
     if aps is not None:
@@ -390,12 +420,13 @@ def tensor_scalar(x, op0: str, operand0, *, reverse0=False, op1=None, operand1=N
     return dst
 
 
-def tensor_tensor(x, y, op: str, *, dtype=None, mask=None, engine: str = "dve", label: str):
+def tensor_tensor(x, y, op: str, *, dtype=None, mask=None, engine: str = "dve", label: str,
+                  out: Tile | None = None):
     """One ``tensor_tensor`` instruction (no per-partition shortcut)."""
     ctx = current(label)
     a, b = tile_operand(x, "data1", label), tile_operand(y, "data2", label)
     shape = _tile_shape(label, a.shape, b.shape)
-    dst = new_tile(ctx, shape, _dtype(dtype) or promote(a.dtype, b.dtype), label=label)
+    dst = _out(ctx, out, shape, _dtype(dtype) or promote(a.dtype, b.dtype), label, label)
     ea, eb = _expand(a, shape, label), _expand(b, shape, label)
     aps = _aps(_box(mask, (dst, ea, eb)), (dst, ea, eb))
     if aps is not None:
@@ -466,7 +497,7 @@ def memset(shape_or_tile, value, dtype=None, *, mask=None, engine: str = "dve", 
     return dst
 
 
-def iota(expr, dtype, *, mask=None, label: str = "iota"):
+def iota(expr, dtype, *, mask=None, label: str = "iota", out: Tile | None = None):
     """Index values of ``expr`` (``const + p*step_p + sum(i_k*step_k)``) on GpSimd."""
     ctx = current(label)
     if isinstance(expr, int):
@@ -477,7 +508,7 @@ def iota(expr, dtype, *, mask=None, label: str = "iota"):
     steps = [0] * len(shape)
     for _, a, c in expr.terms:
         steps[a] += c
-    dst = new_tile(ctx, shape, dtype, label=label)
+    dst = _out(ctx, out, shape, dtype, label, label)
     box = _box(mask, (dst,))
     aps = _aps(box, (dst,))
     if aps is not None:
@@ -514,12 +545,13 @@ def _reduced_shape(shape, axes, keepdims) -> tuple[int, ...]:
 
 
 def reduce(op: str, x, axis, *, keepdims=False, dtype=None, mask=None, negate=False, label: str,
-           engine: str = "dve"):
-    """``tensor_reduce`` over free ``axis`` (int or tuple)."""
+           engine: str = "dve", out: Tile | None = None):
+    """``tensor_reduce`` over free ``axis`` (int or tuple), into a new tile or ``out``
+    (any view of the same elements: a ``(P, 1)`` column of a wider tile, for instance)."""
     ctx = current(label)
     t = tile_operand(x, "data", label)
     axes = _axes(axis, len(t.shape), label)
-    dst = new_tile(ctx, _reduced_shape(t.shape, axes, keepdims), _dtype(dtype) or t.dtype, label=label)
+    dst = _out(ctx, out, _reduced_shape(t.shape, axes, keepdims), _dtype(dtype) or t.dtype, label, label)
     box = _box(mask, (t,))
     src_ap = _aps(box, (t,))
     if src_ap is not None:
@@ -572,10 +604,10 @@ def _bn_mean_var(ctx, t: Tile, label: str) -> Tile:
     return mv
 
 
-def bn_stats(x, *, dtype=None, mask=None, label: str = "bn_stats"):
+def bn_stats(x, *, dtype=None, mask=None, label: str = "bn_stats", out: Tile | None = None):
     ctx = current(label)
     t = tile_operand(x, "data", label)
-    dst = new_tile(ctx, (t.shape[0], 6), _dtype(dtype) or "float32", label=label)
+    dst = _out(ctx, out, (t.shape[0], 6), _dtype(dtype) or "float32", label, label)
     box = _box(mask, (t,))
     aps = _aps(box, (t,))
     if aps is not None:
@@ -584,10 +616,10 @@ def bn_stats(x, *, dtype=None, mask=None, label: str = "bn_stats"):
     return dst
 
 
-def bn_aggr(x, *, dtype=None, mask=None, label: str = "bn_aggr"):
+def bn_aggr(x, *, dtype=None, mask=None, label: str = "bn_aggr", out: Tile | None = None):
     ctx = current(label)
     t = tile_operand(x, "data", label)
-    dst = new_tile(ctx, (t.shape[0], 2), _dtype(dtype) or "float32", label=label)
+    dst = _out(ctx, out, (t.shape[0], 2), _dtype(dtype) or "float32", label, label)
     box = _box(mask, (t,))
     part = {0: box[0]} if box and 0 in box else {}
     aps = _aps(part, (dst, t))
@@ -596,14 +628,15 @@ def bn_aggr(x, *, dtype=None, mask=None, label: str = "bn_aggr"):
     return dst
 
 
-def select(pred, on_true, on_false, *, dtype=None, mask=None, engine: str = "dve", label: str = "select"):
+def select(pred, on_true, on_false, *, dtype=None, mask=None, engine: str = "dve", label: str = "select",
+           out: Tile | None = None):
     """One ``select`` instruction: ``on_true`` (a tile) where ``pred`` != 0, else ``on_false``."""
     ctx = current(label)
     p = tile_operand(pred, "predicate", label)
     t = tile_operand(on_true, "on_true", label)
     f = on_false if is_scalar(on_false) else tile_operand(on_false, "on_false", label)
     shape = _tile_shape(label, p.shape, t.shape, *((f.shape,) if isinstance(f, Tile) else ()))
-    dst = new_tile(ctx, shape, _dtype(dtype) or t.dtype, label=label)
+    dst = _out(ctx, out, shape, _dtype(dtype) or t.dtype, label, label)
     views = (dst, _expand(p, shape, label), _expand(t, shape, label))
     if isinstance(f, Tile):
         views += (_expand(f, shape, label),)
@@ -654,23 +687,105 @@ def matmul(x, y, *, transpose_x: bool = False, label: str = "matmul"):
     return dst
 
 
-def nc_matmul(stationary, moving, *, label: str):
+def nc_matmul(stationary, moving, *, label: str, out: Tile | None = None, accumulate: bool | None = None):
+    """``stationary.T @ moving`` into a new PSUM tile, or into ``out``.
+
+    Into ``out``, ``accumulate=None`` infers the flag as NKI's compiler does: a matmul
+    overwrites unless the previous matmul wrote the same PSUM region and nothing has
+    read it since (an open accumulation group), in which case it accumulates.
+    """
     ctx = current(label)
     a, b = tile_operand(stationary, "stationary", label), tile_operand(moving, "moving", label)
     _pe_operands(a, b, label)
-    dst = new_tile(ctx, (prod(a.shape[1:]), prod(b.shape[1:])), "float32", "psum", label=label)
-    _emit(ctx, Matmul(dst.ap(), a.ap(), b.ap(), False))
+    shape = (prod(a.shape[1:]), prod(b.shape[1:]))
+    if out is None:
+        dst = new_tile(ctx, shape, "float32", "psum", label=label)
+        _emit(ctx, Matmul(dst.ap(), a.ap(), b.ap(), False))
+        return dst
+    dst = _out(ctx, out, shape, "float32", label, label)
+    if dst.memory != "psum":
+        raise KernelError(f"{label} writes PSUM; dst is {dst.describe()}: give it a tl.psum tile")
+    ap = dst.ap()
+    st = dst.state
+    region = (ap.offset, ap.dims)
+    if accumulate is None:
+        accumulate = st is not None and region in st.acc_open
+    _emit(ctx, Matmul(ap, a.ap(), b.ap(), bool(accumulate)))
+    if st is not None:
+        st.acc_open.add(region)
     return dst
 
 
-def transpose(x, *, dtype=None, label: str = "transpose"):
-    """``x.T`` into a new PSUM tile, on TensorE."""
+def transpose(x, *, dtype=None, label: str = "transpose", out: Tile | None = None):
+    """``x.T`` into a new PSUM tile (or ``out``, a PSUM tile), on TensorE."""
     ctx = current(label)
     t = tile_operand(x, "x", label)
     _sbuf_only(t, "x", label, "TensorE reads SBUF: copy it there first (tl.copy)")
-    dst = new_tile(ctx, (prod(t.shape[1:]), t.shape[0]), _dtype(dtype) or t.dtype, "psum", label=label)
+    dst = _out(ctx, out, (prod(t.shape[1:]), t.shape[0]), _dtype(dtype) or t.dtype, label, label, memory="psum")
+    if dst.memory != "psum":
+        raise KernelError(f"{label} on TensorE writes PSUM; dst is {dst.describe()}: give it a tl.psum tile")
     _emit(ctx, Transpose(dst.ap(), t.ap()))
     return dst
+
+
+def _ones_row(ctx, n: int, dtype: str) -> Tile:
+    """A [1, n] SBUF row of ones (one per kernel and dtype): the stationary of a partition broadcast."""
+    key = ("ones_row", n, dtype)
+    t = ctx.consts.get(key)
+    if t is None:
+        t = new_tile(ctx, (1, n), dtype, label="broadcast ones", name=f"ones_row_{dtype}_{n}", temp=False)
+        _emit(ctx, Memset(t.ap(), 1.0))
+        ctx.consts[key] = t
+    return t
+
+
+def partition_broadcast(x, shape, *, label: str = "broadcast_to"):
+    """A new SBUF tile of ``shape`` with a one-partition tile's row in every partition.
+
+    Engines read each partition from its own lane, so a partition broadcast is work: as in
+    NKI ([arch] "Partition Broadcast"), a TensorE matmul of a [1, P] ones row (stationary)
+    with the row (moving, at most 512 per pass) into PSUM, then a VectorE copy to SBUF.
+    Integer rows go through float32 (exact below 2**24).
+    """
+    ctx = current(label)
+    t = tile_operand(x, "x", label)
+    shape = tuple(int(n) for n in shape)
+    if t.shape[0] != 1:
+        raise KernelError(f"only a one-partition tile broadcasts across partitions; {t.describe()} has shape "
+                          f"{t.shape}")
+    P = shape[0]
+    if not 1 <= P <= ctx.b.spec.partitions:
+        raise KernelError(f"cannot broadcast to {P} partitions (at most {ctx.b.spec.partitions})")
+    free = broadcast_shapes(t.shape[1:], shape[1:], what=f"operands of {label!r}")
+    if free != shape[1:]:
+        raise KernelError(f"{t.describe()} of shape {t.shape} does not broadcast to {shape}")
+    src = t
+    if t.memory != "sbuf" or not is_float(t.dtype) or t.dtype == "float8_e4m3":
+        src = copy(t, dtype="float32" if not is_float(t.dtype) or t.dtype == "float8_e4m3" else t.dtype,
+                   label=label)
+    row = _expand(src, (1,) + free, label) if src.shape[1:] != free else src
+    n = prod(free)
+    flat = row if len(row.shape) == 2 and _contiguous_free(row) else copy(row, label=label)
+    flat = flat.reshape((1, n)) if len(flat.shape) != 2 else flat
+    out = new_tile(ctx, (P,) + free, t.dtype, label=label)
+    out_flat = out.reshape((P, n))
+    ones = _ones_row(ctx, P, src.dtype)
+    step = ctx.b.spec.matmul_moving_fmax
+    for c0 in range(0, n, step):
+        c1 = min(n, c0 + step)
+        ps = new_tile(ctx, (P, c1 - c0), "float32", "psum", label=label)
+        _emit(ctx, Matmul(ps.ap(), ones.ap(), flat[:, c0:c1].ap(), False))
+        _emit(ctx, TensorCopy(out_flat[:, c0:c1].ap(), ps.ap()))
+    return out
+
+
+def _contiguous_free(t: Tile) -> bool:
+    expected = 1
+    for stride, count in reversed(t.dims[1:]):
+        if count > 1 and stride != expected:
+            return False
+        expected *= count
+    return True
 
 
 # ---- DMA ------------------------------------------------------------------------------
@@ -691,14 +806,11 @@ def load(src, *, mask=None, dtype=None, label: str = "load"):
     ctx = current(label)
     s = _hbm_operand(src, "src", label)
     shape = s.shape or (1,)
-    dst = new_tile(ctx, shape, s.dtype, label=label)
+    dst = new_tile(ctx, shape, _dtype(dtype) or s.dtype, label=label)  # the DMA casts [isa]
     views = (dst, s)
     aps = _aps(_box(mask, views), views, hint="mask the part outside the tensor, e.g. mask=(i + i_p < n)")
     if aps is not None:
         _emit(ctx, DmaCopy(aps[0], aps[1]))
-    dtype = _dtype(dtype)
-    if dtype is not None and dtype != s.dtype:
-        return copy(dst, dtype=dtype, label=label)
     return dst
 
 
@@ -710,13 +822,9 @@ def store(dst, value, *, mask=None, label: str = "store"):
         raise KernelError("store writes a tile; make one first, e.g. tl.full(shape, value, dtype)")
     v = tile_operand(value, "value", label)
     if v.memory != "sbuf":
-        raise KernelError(
-            f"store reads SBUF, but 'value' is {v.describe()}; DMA does not read PSUM: copy it to SBUF "
-            f"first (tl.copy(t, dtype=...))")
-    if v.dtype != d.dtype:
-        raise DtypeError(
-            f"store writes {d.dtype} tensor {d.buffer.name!r} from a {v.dtype} tile; DMA does not convert "
-            f"dtypes: cast the tile first with tl.copy(tile, dtype={_tl_dtype(d.dtype)})")
+        # DMA does not read PSUM: as NKI does, copy to SBUF first (a VectorE tensor_copy, which
+        # also casts; priced and visible on the timeline)
+        v = copy(v, dtype=d.dtype, label=label)
     dshape = d.shape or (1,)
     if tuple(n for n in v.shape if n != 1) != tuple(n for n in dshape if n != 1):
         if len(dshape) < 1 or v.shape[0] != dshape[0]:
@@ -730,11 +838,6 @@ def store(dst, value, *, mask=None, label: str = "store"):
     return None
 
 
-def _tl_dtype(dtype: str) -> str:
-    return {"float32": "tl.float32", "bfloat16": "tl.bfloat16", "float16": "tl.float16",
-            "int32": "tl.int32"}.get(dtype, repr(dtype))
-
-
 def dma_copy(dst, src, *, mask=None, label: str = "dma_copy"):
     """One DMA between HBM and SBUF (either way) or SBUF to SBUF."""
     ctx = current(label)
@@ -745,8 +848,6 @@ def dma_copy(dst, src, *, mask=None, label: str = "dma_copy"):
             tile_operand(v, role, label)
             if v.memory == "psum":
                 raise KernelError(f"DMA does not access PSUM ({role!r} is {v.describe()}); copy through SBUF")
-    if dst.dtype != src.dtype:
-        raise DtypeError(f"dma_copy cannot convert {src.dtype} to {dst.dtype}; cast on an engine (tensor_copy)")
     if dst.size != src.size:
         raise KernelError(f"dma_copy moves {src.size} elements ({src.shape}) into {dst.size} ({dst.shape}); sizes must match")
     views = (dst, src)
@@ -769,7 +870,7 @@ def _retarget(ctx: KernelContext, v: Tile, target: Tile, fresh, *, accumulate: b
     st, ts = v.state, target.state
     b = ctx.b
     if (not fresh or st is None or ts is None or not st.temp or st.writes != 1 or st.read
-            or st.writer != b.instruction_count - 1 or not v.is_whole() or v.shape != target.shape):
+            or st.writer != b.instruction_count - 1 or not v.is_whole() or not same_elements(v.shape, target.shape)):
         return False
     site = ctx.last_emit
     if site is None or site[0] != fresh[0] or not fresh[1] <= site[1] <= fresh[2]:

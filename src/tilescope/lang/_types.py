@@ -20,7 +20,7 @@ from ..dtypes import canonical
 __all__ = [
     "float32", "bfloat16", "float16", "float8_e4m3", "int32", "int16", "int8", "uint8", "bool_",
     "Memory", "sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "par_dim", "tile_size",
-    "to_dtype",
+    "to_dtype", "DtypeName", "dtype_name",
 ]
 
 float32 = "float32"
@@ -37,6 +37,40 @@ bool_ = "uint8"  # predicates are 0/1 bytes, as on the device
 def to_dtype(dtype) -> str:
     """Canonical dtype name of a name, numpy dtype or torch dtype."""
     return canonical(dtype)
+
+
+class DtypeName(str):
+    """A tile's or tensor's ``.dtype``: its canonical name, which also equals the numpy,
+    torch or alias spelling of the same type (``t.dtype == np.float32``, ``== "fp32"``).
+
+    >>> DtypeName("float32") == "fp32", DtypeName("bfloat16") == "float32"
+    (True, False)
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other):
+        if isinstance(other, str) and str.__eq__(self, other):
+            return True
+        try:
+            return str.__eq__(self, canonical(other))
+        except TypeError:
+            return False
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+
+_NAMES: dict[str, DtypeName] = {}
+
+
+def dtype_name(name: str) -> DtypeName:
+    hit = _NAMES.get(name)
+    if hit is None:
+        hit = _NAMES[name] = DtypeName(name)
+    return hit
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,25 @@ from ..errors import KernelError
 from ..isa import AP
 from ._frames import surface
 from ._index import Check, apply_box, resolve_index
+from ._types import dtype_name as _dtype_name
 
-__all__ = ["Tensor", "Tile", "View"]
+__all__ = ["Tensor", "Tile", "View", "TENSOR_METHODS_LACK"]
+
+# NKI tensor methods (current NKI's NkiTensor) that tiles and tensors here lack -> what to use
+TENSOR_METHODS_LACK = {
+    "permute": "index with nl.mgrid expressions in the order you want (an access pattern), or "
+               "nisa.nc_transpose for the partition dim",
+    "rearrange": "index with nl.mgrid expressions (an access pattern)",
+    "reshape_dim": "use .reshape(shape) on a contiguous view", "flatten_dims": "use .reshape(shape)",
+    "expand_dim": "use nl.expand_dims(x, axis) or .reshape", "squeeze_dim": "use .reshape(shape)",
+    "slice": "index with slices: t[:, a:b]", "select": "index with an integer: t[:, k]",
+    "vector_select": "indirect access is not modeled", "indirect": "indirect access is not modeled",
+    "view": "reinterpreting a tile's dtype is not modeled; copy with a cast (nisa.tensor_copy(dtype=...))",
+    "ap": "index with slices or nl.mgrid expressions (tilescope builds the access pattern)",
+    "get_pattern": "views expose .offset and .dims (stride, count) per dimension",
+    "is_indirect": "indirect access is not modeled",
+    "broadcast": "use nl.broadcast_to(t, shape)",
+}
 
 
 _CORE = None
@@ -56,7 +73,7 @@ class View:
 
     @property
     def dtype(self) -> str:
-        return self.buffer.dtype
+        return _dtype_name(self.buffer.dtype)
 
     @property
     def ndim(self) -> int:
@@ -176,6 +193,16 @@ class View:
 
     __hash__ = object.__hash__
 
+    def __getattr__(self, name):
+        why = TENSOR_METHODS_LACK.get(name)
+        if why is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        from ..errors import UnsupportedError
+        from ._frames import locate, user_frame
+
+        raise locate(UnsupportedError(f"tensor method .{name}() is not supported by tilescope: {why}"),
+                     user_frame(2))
+
     @surface
     def __bool__(self):
         raise KernelError(
@@ -285,15 +312,17 @@ class Tile(View):
 
     @surface
     def broadcast_to(self, *shape) -> "Tile":
-        """A view repeating size-1 free dimensions (the partition dim cannot broadcast)."""
+        """A view repeating size-1 free dimensions; a one-partition tile broadcast across
+        partitions is a new tile (see ``tl.broadcast_to``)."""
         shape = _shape_arg(shape)
         if self.pdim:
             raise KernelError("index the block dimensions of a tile before broadcasting it")
+        if shape and self.shape[0] == 1 and shape[0] != 1:  # across partitions: work on TensorE
+            return _core().broadcast_to(self, shape)
         if not shape or shape[0] != self.shape[0]:
             raise KernelError(
-                f"a tile cannot broadcast across partitions ({self.shape[0]} -> {shape[0] if shape else '?'}); "
-                f"engines read each partition from its own lane. Load it from HBM with a broadcast "
-                f"view instead: tl.load(t.reshape((1, n)).broadcast_to((P, n)))")
+                f"a tile of {self.shape[0]} partitions cannot broadcast to {shape[0] if shape else '?'}; only "
+                f"a one-partition tile broadcasts across partitions")
         free = _broadcast_dims(self.dims[1:], tuple(shape[1:]), self.describe())
         return Tile(self.buffer, self.offset, (self.dims[0],) + free, self.checks, self.axis_vars,
                     pdim=0, state=self.state)

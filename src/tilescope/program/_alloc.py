@@ -106,8 +106,8 @@ def _rings(tiles, first, last, spec, depth) -> tuple[list[_SlotState], dict[str,
         start, end = first[t.name], last[t.name]
         free = [s for s in ring if s.end < start]
         nbytes = t.bytes_per_partition
-        if t.memory == "psum":
-            nbytes = spec.psum_bank_bytes
+        if t.memory == "psum":  # whole banks (a tile may span several)
+            nbytes = -(-nbytes // spec.psum_bank_bytes) * spec.psum_bank_bytes
         else:
             nbytes = -(-nbytes // SBUF_ALIGN) * SBUF_ALIGN
         if len(ring) < max(1, depth.get(key, t.bufs)) or not free:

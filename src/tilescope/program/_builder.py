@@ -227,7 +227,7 @@ class TileBuilder:
 
     def psum(self, shape, dtype="float32", *, site: str | None = None, bufs: int | None = None,
              name: str | None = None) -> Handle:
-        """A new PSUM tile (at most one bank, 2 KiB, per partition)."""
+        """A new PSUM tile: whole 2 KiB banks per partition (a TensorE result stays in one bank)."""
         site = site or _caller_site()
         return Handle(self._new_buffer(name, "ps", memory="psum", shape=shape, dtype=dtype,
                                        site=site, bufs=bufs or 2))

@@ -12,8 +12,8 @@ from __future__ import annotations
 from ..dtypes import itemsize
 from ..errors import CapacityError, IndexRangeError, ProgramError, TileLimitError
 from ..isa import (
-    AP, ActivationReduce, BnAggr, BnStats, DmaCopy, GpsimdCall, Instruction, Matmul,
-    TensorReduce, Transpose,
+    AP, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, GpsimdCall, Instruction, Matmul,
+    TensorReduce, TensorScalarReduce, Transpose,
 )
 from ..spec import CoreSpec
 
@@ -40,12 +40,12 @@ def check_buffer(b, spec: CoreSpec) -> None:
             f"at most {spec.partitions} and loop over tiles"
         )
     per_part = b.bytes_per_partition
-    if b.memory == "psum" and per_part > spec.psum_bank_bytes:
-        fit = spec.psum_bank_bytes // itemsize(b.dtype)
+    if b.memory == "psum" and per_part > spec.psum_bytes_per_partition:
+        banks = spec.psum_bytes_per_partition // spec.psum_bank_bytes
         raise TileLimitError(
             f"PSUM tile {b.name!r} {b.shape} {b.dtype} needs {per_part} bytes per partition, "
-            f"but one PSUM bank holds {spec.psum_bank_bytes} bytes ({fit} {b.dtype} elements); "
-            f"split the free dimension into tiles of at most {fit} elements"
+            f"but PSUM holds {spec.psum_bytes_per_partition} bytes per partition ({banks} banks of "
+            f"{spec.psum_bank_bytes}); use fewer or smaller PSUM blocks and copy results out to SBUF"
         )
     if b.memory == "sbuf" and per_part > spec.sbuf_bytes_per_partition:
         raise CapacityError(
@@ -110,6 +110,7 @@ def _check_start_partition(ap: AP, b, role: str, kind: str) -> None:
 
 
 _FIELD_CACHE: dict[type, tuple[tuple[str, bool], ...]] = {}
+_SCALAR_ROLES = frozenset({"scalar0", "scalar1", "scale", "bias", "initial"})
 
 
 def _operands(instr: Instruction):
@@ -151,11 +152,7 @@ def check_instruction(instr: Instruction, buffers, spec: CoreSpec) -> None:
                 f"dma_copy moves {instr.src.size} elements from {instr.src.buffer!r} {instr.src.shape} "
                 f"into {instr.dst.size} elements of {instr.dst.buffer!r} {instr.dst.shape}; sizes must match"
             )
-        if instr.src.dtype != instr.dst.dtype:
-            raise ProgramError(
-                f"dma_copy cannot convert {instr.src.dtype} to {instr.dst.dtype}; copy into a "
-                f"{instr.src.dtype} tile and cast with tensor_copy on an engine"
-            )
+        # dtypes may differ: "a cast will happen if the src and dst have different dtype" [isa]
         if instr.queue is not None and not 0 <= instr.queue < spec.dma.engines:
             raise ProgramError(f"dma_copy queue {instr.queue} out of range [0, {spec.dma.engines})")
         return
@@ -181,6 +178,8 @@ def check_instruction(instr: Instruction, buffers, spec: CoreSpec) -> None:
                     f"{b.memory.upper()}; {instr.engine} accepts at most {limit} there; split the free dimension"
                 )
 
+    if isinstance(instr, (Matmul, Transpose)):
+        _check_one_bank(instr, buffers, spec)
     if isinstance(instr, Matmul):
         _check_matmul(instr, buffers, spec)
     elif isinstance(instr, Transpose):
@@ -224,10 +223,23 @@ def check_instruction(instr: Instruction, buffers, spec: CoreSpec) -> None:
                 f"tensor_reduce of {instr.src.shape} over axes {axes} gives {instr.src.partitions} x "
                 f"{kept} elements, but dst is {instr.dst.shape}"
             )
-    elif isinstance(instr, ActivationReduce):
+    elif isinstance(instr, (ActivationReduce, TensorScalarReduce)):
         _same_size(kind, "src", instr.src, "dst", instr.dst)
-        if instr.reduce_dst.free_size != 1:
-            raise ProgramError(f"activation_reduce reduce_dst must be [P, 1], got {instr.reduce_dst.shape}")
+        r = instr.reduce_dst
+        if r.free_size != 1 or r.partitions != instr.src.partitions:
+            raise ProgramError(f"{kind} reduce_dst must be [{instr.src.partitions}, 1], got {r.shape}")
+        s0 = getattr(instr, "scalar0", None)
+        if s0.__class__ is AP and (s0.free_size != 1 or s0.partitions != instr.src.partitions):
+            raise ProgramError(f"{kind}: per-partition scalar operand must be [{instr.src.partitions}, 1], "
+                               f"got {s0.shape}")
+    elif isinstance(instr, AffineSelect):
+        _same_size(kind, "dst", instr.dst, "on_true", instr.on_true)
+        n = 1
+        for _, num in instr.pattern:
+            n *= num
+        if n != instr.dst.free_size:
+            raise ProgramError(f"affine_select pattern {instr.pattern} covers {n} elements per partition; dst "
+                               f"{instr.dst.shape} has {instr.dst.free_size}")
     elif isinstance(instr, GpsimdCall):
         pass
     else:
@@ -235,8 +247,8 @@ def check_instruction(instr: Instruction, buffers, spec: CoreSpec) -> None:
         # except [P, 1] per-partition scalar operands
         dst = instr.dst
         for role, ap, _ in ops:
-            if ap is dst or role in ("scalar0", "scalar1", "scale", "bias"):
-                if role in ("scalar0", "scalar1", "scale", "bias") and (
+            if ap is dst or role in _SCALAR_ROLES:
+                if role in _SCALAR_ROLES and (
                     ap.free_size != 1 or ap.partitions != dst.partitions
                 ):
                     raise ProgramError(
@@ -245,6 +257,29 @@ def check_instruction(instr: Instruction, buffers, spec: CoreSpec) -> None:
                     )
                 continue
             _same_size(kind, "dst", dst, role, ap)
+
+
+def _check_one_bank(instr, buffers, spec: CoreSpec) -> None:
+    """A TensorE result stays inside one PSUM bank (a PSUM tile may span several: its
+    block dimension indexes the banks, e.g. a (128, 8, 512) fp32 tile is 8 banks)."""
+    dst = instr.dst
+    b = buffers[dst.buffer]
+    if b.memory != "psum":
+        return
+    isz = itemsize(dst.dtype)
+    lo = hi = dst.offset % b.row_elems  # within one partition's row
+    for stride, count in dst.dims[1:]:
+        ext = stride * (count - 1)
+        lo, hi = (lo + ext, hi) if ext < 0 else (lo, hi + ext)
+    bank = spec.psum_bank_bytes
+    first, last = lo * isz // bank, ((hi + 1) * isz - 1) // bank
+    if first != last:
+        per_bank = bank // isz
+        raise TileLimitError(
+            f"{instr.KIND} writes bytes [{lo * isz}, {(hi + 1) * isz}) of each partition of PSUM tile "
+            f"{dst.buffer!r} {b.shape}, which spans banks {first}..{last}; a TensorE result stays inside one "
+            f"{bank}-byte bank ({per_bank} {dst.dtype} elements): index one bank of the tile, e.g. "
+            f"t[:, k, :] of a (P, banks, {per_bank}) tile")
 
 
 def _check_matmul(instr: Matmul, buffers, spec: CoreSpec) -> None:

@@ -18,9 +18,10 @@ from numpy.lib.stride_tricks import as_strided
 from ..dtypes import is_float, to_numpy
 from ..errors import ProgramError
 from ..isa import (
-    ACTIVATIONS, ALU_OPS, AP, REDUCE_OPS, Activation, ActivationReduce, BnAggr, BnStats,
-    DmaCopy, GpsimdCall, Iota, Matmul, Memset, RuntimeScalar, Select, TensorCopy,
-    TensorReduce, TensorScalar, TensorTensor, Transpose,
+    ACTIVATIONS, ALU_OPS, AP, REDUCE_OPS, Activation, ActivationReduce, AffineSelect, BnAggr,
+    BnStats, DmaCopy, GpsimdCall, Iota, Matmul, Memset, Reciprocal, RuntimeScalar, Select,
+    TensorCopy, TensorReduce, TensorScalar, TensorScalarReduce, TensorTensor, TensorTensorScan,
+    Transpose,
 )
 
 __all__ = ["run_numerics", "register_gpsimd_impl", "GPSIMD_IMPLS", "poison_value"]
@@ -238,12 +239,46 @@ def _apply(op: str, a, b, reverse: bool):
     return fn(b, a) if reverse else fn(a, b)
 
 
+_CMP = {"<": np.less, "<=": np.less_equal, "==": np.equal, ">": np.greater, ">=": np.greater_equal,
+        "!=": np.not_equal}
+
+
+def _combine(op: str, acc: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """``op`` of an accumulated reduction and a new one (the reduction's identity is its start)."""
+    fn, _ = REDUCE_OPS[op]
+    return fn(np.stack([acc, new]), axis=0)
+
+
+def _scan(mem: _Memory, instr, scalars: dict) -> None:
+    """tensor_tensor_scan: a running ``op1(op0(a_i, prev), b_i)`` along each partition."""
+    a, b = mem.read(instr.a), mem.read(instr.b)
+    prev = _scalar(mem, instr.initial, scalars)
+    prev = np.broadcast_to(np.asarray(prev, dtype=np.float32).reshape(-1), (a.shape[0],)).astype(np.float32)
+    out = np.empty(a.shape, dtype=np.float32)
+    f0, f1 = ALU_OPS[instr.op0], ALU_OPS[instr.op1]
+    with np.errstate(all="ignore"):
+        if (instr.op0, instr.op1, instr.reverse0, instr.reverse1) == ("multiply", "add", False, False):
+            # the linear recurrence h_i = a_i * h_{i-1} + b_i (a selective scan), column by column
+            for i in range(a.shape[1]):
+                prev = a[:, i] * prev + b[:, i]
+                out[:, i] = prev
+        else:
+            for i in range(a.shape[1]):
+                x = f0(prev, a[:, i]) if instr.reverse0 else f0(a[:, i], prev)
+                prev = (f1(b[:, i], x) if instr.reverse1 else f1(x, b[:, i])).astype(np.float32)
+                out[:, i] = prev
+    mem.write(instr.dst, out)
+
+
 def _exec(mem: _Memory, instr, scalars: dict) -> None:
     t = type(instr)
     if t is DmaCopy:
-        src = mem.view(instr.src)
-        dst = mem.view(instr.dst)
-        dst[...] = src.reshape(dst.shape)
+        if instr.src.dtype == instr.dst.dtype:
+            src = mem.view(instr.src)
+            dst = mem.view(instr.dst)
+            dst[...] = src.reshape(dst.shape)
+        else:  # a casting DMA: through float32 (integers rounded to nearest) [isa]
+            mem.write(instr.dst, mem.read(instr.src))
     elif t is TensorTensor:
         with np.errstate(all="ignore"):
             fn = ALU_OPS[instr.op]
@@ -297,7 +332,10 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
         mem.write(instr.dst, r)
         if t is ActivationReduce:
             flat = r.reshape(instr.src.partitions, -1)
-            mem.write(instr.reduce_dst, REDUCE_OPS[instr.reduce_op][0](flat, axis=1, keepdims=True))
+            red = REDUCE_OPS[instr.reduce_op][0](flat, axis=1, keepdims=True)
+            if instr.accumulate:
+                red = _combine(instr.reduce_op, mem.read(instr.reduce_dst), red)
+            mem.write(instr.reduce_dst, red)
     elif t is TensorReduce:
         src = mem.view(instr.src)
         src = src.astype(np.float32) if is_float(instr.src.dtype) else src.astype(np.int64)
@@ -364,6 +402,23 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
         # Chan et al.: combined M2 = sum(M2_k + n_k * (mean_k - mean)^2)
         gm2 = (m2 + n * (mean - gmean[:, None]) ** 2).sum(axis=1)
         mem.write(instr.dst, np.stack([gmean, gm2 / safe], axis=1))
+    elif t is TensorTensorScan:
+        _scan(mem, instr, scalars)
+    elif t is TensorScalarReduce:
+        with np.errstate(all="ignore"):
+            r = _apply(instr.op0, mem.read(instr.src), _scalar(mem, instr.scalar0, scalars), instr.reverse0)
+        mem.write(instr.dst, r)
+        mem.write(instr.reduce_dst, REDUCE_OPS[instr.reduce_op][0](mem.read(instr.dst), axis=1, keepdims=True))
+    elif t is AffineSelect:
+        shape = (instr.dst.partitions,) + tuple(num for _, num in instr.pattern)
+        v = instr.base + instr.partition_step * np.arange(shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
+        for k, (step, num) in enumerate(instr.pattern, start=1):
+            v = v + step * np.arange(num).reshape((1,) * k + (-1,) + (1,) * (len(shape) - k - 1))
+        pred = np.broadcast_to(_CMP[instr.cmp](v, 0), shape).reshape(shape[0], -1)
+        mem.write(instr.dst, np.where(pred, mem.read(instr.on_true), _scalar(mem, instr.on_false, scalars)))
+    elif t is Reciprocal:
+        with np.errstate(all="ignore"):
+            mem.write(instr.dst, np.float32(1.0) / mem.read(instr.src))
     elif t is GpsimdCall:
         fn = GPSIMD_IMPLS.get(instr.impl)
         if fn is None:
