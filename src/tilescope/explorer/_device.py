@@ -145,7 +145,7 @@ def execution_data(trace, program_hash: str, run: int, allowed) -> tuple[dict, d
     for r, i in enumerate(index.tolist()):
         d = instrs[i] if 0 <= i < len(instrs) else {}
         prov[r] = int(d.get("prov", 0) or 0)
-        if kinds_raw[r] == "dma_copy":
+        if kinds_raw[r] in ("dma_copy", "dma_indirect"):
             src, dst = buffers.get(_buffer_of(d.get("src"))), buffers.get(_buffer_of(d.get("dst")))
             if 0 < nbytes[r] < SMALL_DMA_BYTES:
                 flags[r] |= 1

@@ -55,7 +55,7 @@ def _program_facts(trace, allowed) -> dict:
             "SELECT index, bytes FROM instructions WHERE program_hash = ? AND run = ?", params=[h, r["run"]]))}
         n = max(r["executions"], 1) if r["executions"] else 1
         for i, ins in enumerate(ex.get("instructions", [])):
-            if ins.get("kind") != "dma_copy":
+            if ins.get("kind") not in ("dma_copy", "dma_indirect"):
                 continue
             b = sizes.get(i, 0) or 0
             src = bufs.get((ins.get("src") or {}).get("ap", [None])[0] or "", {})

@@ -7,12 +7,12 @@ classes every Program is made of.
 
 from ._ap import AP, RuntimeScalar, Scalar
 from ._cost import (
-    COST_TABLE, CostRule, DmaCost, dma_cost, engine_cycles, engine_ns, flops,
+    COST_TABLE, CostRule, DmaCost, dma_cost, dma_indirect_cost, engine_cycles, engine_ns, flops,
     load_stationary_cycles, matmul_cycles,
 )
 from ._instructions import (
     ENGINE_NAMES, INSTRUCTION_KINDS, Activation, ActivationReduce, BnAggr, BnStats,
-    AffineSelect, DmaCopy, GpsimdCall, Instruction, Iota, Matmul, Memset, Reciprocal, Select,
+    AffineSelect, DmaCopy, DmaIndirect, GpsimdCall, Instruction, Iota, Matmul, Memset, Reciprocal, Select,
     TensorCopy, TensorReduce, TensorScalar, TensorScalarReduce, TensorTensor, TensorTensorScan,
     Transpose,
 )
@@ -25,12 +25,12 @@ from ._ops import ACTIVATIONS, ALU_OPS, REDUCE_OPS
 
 __all__ = [
     "AP", "RuntimeScalar", "Scalar",
-    "Instruction", "DmaCopy", "TensorTensor", "TensorScalar", "Activation",
+    "Instruction", "DmaCopy", "DmaIndirect", "TensorTensor", "TensorScalar", "Activation",
     "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
     "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "TensorTensorScan",
     "TensorScalarReduce", "AffineSelect", "Reciprocal",
     "INSTRUCTION_KINDS", "ENGINE_NAMES", "ALU_OPS", "ACTIVATIONS", "REDUCE_OPS",
-    "COST_TABLE", "CostRule", "DmaCost", "dma_cost", "engine_cycles", "engine_ns",
+    "COST_TABLE", "CostRule", "DmaCost", "dma_cost", "dma_indirect_cost", "engine_cycles", "engine_ns",
     "matmul_cycles", "load_stationary_cycles", "flops",
     # kernel calls: one instruction each, inside a tile kernel
     "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor", "tensor_scalar",

@@ -26,14 +26,14 @@ from typing import Callable
 from ..spec import CoreSpec
 from ._ap import AP
 from ._instructions import (
-    Activation, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, GpsimdCall, Instruction,
+    Activation, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, DmaIndirect, GpsimdCall, Instruction,
     Iota, Matmul, Memset, Reciprocal, Select, TensorCopy, TensorReduce, TensorScalar,
     TensorScalarReduce, TensorTensor, TensorTensorScan, Transpose,
 )
 
 __all__ = [
     "CostRule", "COST_TABLE", "engine_cycles", "engine_ns", "dma_cost", "flops",
-    "load_stationary_cycles", "DmaCost",
+    "load_stationary_cycles", "DmaCost", "dma_indirect_cost",
 ]
 
 _FAST_BF16_OPS = frozenset({"add", "subtract", "multiply"})
@@ -159,6 +159,25 @@ def dma_cost(instr: DmaCopy, spec: CoreSpec, touches_hbm: bool) -> DmaCost:
     chunk = max(1, min(instr.src.contiguous_bytes(), instr.dst.contiguous_bytes()))
     chunks = -(-nbytes // chunk)
     effective = chunks * max(chunk, spec.dma.chunk_floor_bytes) if chunk < spec.dma.chunk_floor_bytes else nbytes
+    bw = spec.dma_bytes_per_ns if touches_hbm else spec.dma.bytes_per_ns
+    return DmaCost(spec.dma.fixed_ns, float(effective), bw, nbytes)
+
+
+def dma_indirect_cost(instr: DmaIndirect, spec: CoreSpec, touches_hbm: bool) -> DmaCost:
+    """[dge] an indirect DMA moves one descriptor per index: every row is its own chunk.
+
+    The fixed cost and bandwidth are a plain transfer's ([dmabw]); the bytes are the rows
+    touched (the direct operand), each row charged as a separate contiguous chunk, so a
+    gather of a few rows costs what those rows cost, never the table's size.
+    ([dge] nki/deep-dives/nki-dge.rst: software DGE writes the descriptors of a gather or
+    scatter with dynamic indices.)
+    """
+    table, direct = instr.table, instr.direct
+    row = AP(table.buffer, table.dtype, 0, table.dims[1:] or ((1, 1),)).contiguous_bytes()
+    chunk = max(1, min(row, direct.contiguous_bytes()))
+    nbytes = direct.nbytes
+    chunks = -(-nbytes // chunk)
+    effective = chunks * max(chunk, spec.dma.chunk_floor_bytes)
     bw = spec.dma_bytes_per_ns if touches_hbm else spec.dma.bytes_per_ns
     return DmaCost(spec.dma.fixed_ns, float(effective), bw, nbytes)
 

@@ -16,7 +16,7 @@ from typing import ClassVar
 from ._ap import AP, RuntimeScalar
 
 __all__ = [
-    "Instruction", "DmaCopy", "TensorTensor", "TensorScalar", "Activation",
+    "Instruction", "DmaCopy", "DmaIndirect", "TensorTensor", "TensorScalar", "Activation",
     "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
     "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "TensorTensorScan",
     "TensorScalarReduce", "AffineSelect", "Reciprocal", "INSTRUCTION_KINDS", "ENGINE_NAMES",
@@ -156,6 +156,35 @@ class DmaCopy(Instruction):
     src: AP
     queue: int | None = None  # None: the scheduler picks the earliest free queue
     engine: str = "dma"
+
+
+@_instruction("dma_indirect", ("dma",), ("src", "index"))
+class DmaIndirect(DmaCopy):
+    """A gather (``indirect="src"``) or scatter (``"dst"``) of rows by indices held in SBUF.
+
+    NKI's ``nisa.dma_copy`` with a ``vector_offset`` access pattern (software DGE: GpSimd
+    writes one descriptor per index, nki/deep-dives/nki-dge.rst). ``index`` is an SBUF
+    tile ``[P, K]`` of row numbers. The indirect operand's first dimension
+    ``(row_stride, rows)`` spans every row the indices may name (``rows`` bounds them);
+    its other dimensions are one row. The direct operand holds ``P x K`` rows in order.
+    Element ``(p, k, j)`` of the direct operand pairs with element ``j`` of row
+    ``index[p, k]``. An index outside ``[0, rows)`` is an error, as with
+    ``oob_mode.error``; a scatter writes rows in order, so of two equal indices the
+    later row lands.
+    """
+
+    index: AP = None
+    indirect: str = "src"
+
+    @property
+    def table(self) -> AP:
+        """The indirect operand (the table the indices pick rows of)."""
+        return self.src if self.indirect == "src" else self.dst
+
+    @property
+    def direct(self) -> AP:
+        """The operand holding the gathered (or to-be-scattered) rows in order."""
+        return self.dst if self.indirect == "src" else self.src
 
 
 @_instruction("tensor_tensor", ("dve", "pool"), ("a", "b"))

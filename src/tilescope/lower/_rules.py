@@ -44,6 +44,7 @@ def _load() -> None:
     # order matters where two rules share an op: a later rule is tried first, the earlier is its
     # fallback (the fused softmax kernel before the any-dim reduction form, for instance)
     from . import _elementwise, _reduce, _matmul, _movement, _fused  # noqa: F401  (they add rows)
+    from . import _gather, _scatter  # noqa: F401
 
 
 _load()

@@ -30,7 +30,7 @@ from typing import Iterator
 from ..dtypes import canonical
 from ..errors import IndexRangeError, ProgramError
 from ..isa import (
-    AP, Activation, ActivationReduce, BnAggr, BnStats, DmaCopy, GpsimdCall, Instruction,
+    AP, Activation, ActivationReduce, BnAggr, BnStats, DmaCopy, DmaIndirect, GpsimdCall, Instruction,
     Iota, Matmul, Memset, RuntimeScalar, Select, TensorCopy, TensorReduce, TensorScalar,
     TensorTensor, Transpose,
 )
@@ -302,6 +302,11 @@ class TileBuilder:
 
     def dma_copy(self, dst, src, *, queue: int | None = None) -> int:
         return self.emit(DmaCopy(as_ap(dst), as_ap(src), queue))
+
+    def dma_indirect(self, dst, src, index, *, indirect: str = "src", queue: int | None = None) -> int:
+        """Gather (``indirect="src"``) or scatter (``"dst"``) rows by an SBUF index tile; see
+        :class:`~tilescope.isa.DmaIndirect` (the indirect operand's first dim spans the table)."""
+        return self.emit(DmaIndirect(as_ap(dst), as_ap(src), queue, "dma", as_ap(index), indirect))
 
     def tensor_tensor(self, dst, a, b, op: str, *, engine: str = "dve") -> int:
         return self.emit(TensorTensor(as_ap(dst), as_ap(a), as_ap(b), op, engine))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..dtypes import itemsize
 from ..errors import CapacityError, IndexRangeError, ProgramError, TileLimitError
 from ..isa import (
-    AP, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, GpsimdCall, Instruction, Matmul,
+    AP, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, DmaIndirect, GpsimdCall, Instruction, Matmul,
     TensorReduce, TensorScalarReduce, Transpose,
 )
 from ..spec import CoreSpec
@@ -146,6 +146,9 @@ def check_instruction(instr: Instruction, buffers, spec: CoreSpec) -> None:
     for role, ap, _ in ops:
         _check_ap(ap, buffers, role, kind)
 
+    if isinstance(instr, DmaIndirect):
+        _check_indirect(instr, buffers, spec)
+        return
     if isinstance(instr, DmaCopy):
         if instr.src.size != instr.dst.size:
             raise ProgramError(
@@ -280,6 +283,33 @@ def _check_one_bank(instr, buffers, spec: CoreSpec) -> None:
             f"{dst.buffer!r} {b.shape}, which spans banks {first}..{last}; a TensorE result stays inside one "
             f"{bank}-byte bank ({per_bank} {dst.dtype} elements): index one bank of the tile, e.g. "
             f"t[:, k, :] of a (P, banks, {per_bank}) tile")
+
+
+def _check_indirect(instr: DmaIndirect, buffers, spec: CoreSpec) -> None:
+    kind, idx, table, direct = instr.KIND, instr.index, instr.table, instr.direct
+    if instr.indirect not in ("src", "dst"):
+        raise ProgramError(f"{kind}: indirect must be 'src' (gather) or 'dst' (scatter), got {instr.indirect!r}")
+    if buffers[idx.buffer].memory != "sbuf" or idx.dtype not in ("int64", "int32", "int16", "uint8", "int8"):
+        raise ProgramError(
+            f"{kind}: the index operand must be an integer SBUF tile, got {idx.dtype} in "
+            f"{buffers[idx.buffer].memory.upper()} ({idx.buffer!r}); load the indices into SBUF first"
+        )
+    row = 1
+    for _, c in table.dims[1:]:
+        row *= c
+    if direct.size != idx.size * row or direct.partitions != idx.partitions:
+        raise ProgramError(
+            f"{kind}: {idx.size} indices on {idx.partitions} partitions of rows of {row} elements need a "
+            f"{'destination' if instr.indirect == 'src' else 'source'} of {idx.size * row} elements on "
+            f"{idx.partitions} partitions, got {direct.shape}"
+        )
+    if instr.src.dtype != instr.dst.dtype:
+        raise ProgramError(
+            f"{kind} cannot convert {instr.src.dtype} to {instr.dst.dtype}; move the rows in their own dtype "
+            f"and cast with tensor_copy on an engine"
+        )
+    if instr.queue is not None and not 0 <= instr.queue < spec.dma.engines:
+        raise ProgramError(f"{kind} queue {instr.queue} out of range [0, {spec.dma.engines})")
 
 
 def _check_matmul(instr: Matmul, buffers, spec: CoreSpec) -> None:

@@ -19,7 +19,7 @@ from ..dtypes import is_float, to_numpy
 from ..errors import ProgramError
 from ..isa import (
     ACTIVATIONS, ALU_OPS, AP, REDUCE_OPS, Activation, ActivationReduce, AffineSelect, BnAggr,
-    BnStats, DmaCopy, GpsimdCall, Iota, Matmul, Memset, Reciprocal, RuntimeScalar, Select,
+    BnStats, DmaCopy, DmaIndirect, GpsimdCall, Iota, Matmul, Memset, Reciprocal, RuntimeScalar, Select,
     TensorCopy, TensorReduce, TensorScalar, TensorScalarReduce, TensorTensor, TensorTensorScan,
     Transpose,
 )
@@ -178,6 +178,8 @@ def _overwritten_first(program) -> frozenset:
             for ap in instr.writes():
                 if ap.buffer not in seen:
                     seen.add(ap.buffer)
+                    if instr.__class__ is DmaIndirect:  # a scatter writes only the rows it names
+                        continue
                     b = buffers[ap.buffer]
                     if ap.offset == 0 and ap.size == b.size and ap.contiguous_bytes() == b.nbytes:
                         out.add(ap.buffer)
@@ -430,6 +432,29 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
            dict(_resolve_runtime(instr.attrs, scalars)))
     else:  # pragma: no cover - every kind is handled above
         raise ProgramError(f"no numerics for instruction kind {instr.KIND!r}")
+
+
+def _indirect(mem: _Memory, instr: DmaIndirect) -> None:
+    """Gather or scatter whole rows of the indirect operand by the index tile's values."""
+    table, direct = instr.table, instr.direct
+    idx = mem.read(instr.index).reshape(-1)
+    row_stride, rows = table.dims[0]
+    bad = (idx < 0) | (idx >= rows)
+    if bad.any():
+        raise ProgramError(
+            f"{instr.KIND}: index {int(idx[bad][0])} is out of range for the {rows} rows of {table.buffer!r} "
+            f"(valid indices are 0..{rows - 1})"
+        )
+    inner = np.zeros(1, dtype=np.int64)
+    for stride, count in table.dims[1:]:
+        inner = (inner[:, None] + stride * np.arange(count, dtype=np.int64)[None, :]).reshape(-1)
+    offsets = (table.offset + idx[:, None] * row_stride + inner[None, :]).reshape(-1)
+    flat = mem.flat(table.buffer)
+    rows_view = mem.view(direct)
+    if instr.indirect == "src":
+        rows_view[...] = flat[offsets].reshape(rows_view.shape)
+    else:
+        flat[offsets] = np.ascontiguousarray(rows_view).reshape(-1)  # rows in order: the later of two equal indices lands
 
 
 def run_numerics(program, inputs: dict[str, np.ndarray], scalars: dict | None = None, *,

@@ -22,7 +22,8 @@ from heapq import heappop, heappush
 import numpy as np
 
 from ..isa import (
-    DmaCopy, Matmul, Transpose, dma_cost, engine_cycles, flops, load_stationary_cycles,
+    DmaCopy, DmaIndirect, Matmul, Transpose, dma_cost, dma_indirect_cost, engine_cycles, flops,
+    load_stationary_cycles,
 )
 from ..spec import CoreSpec
 from ._resources import IntervalResource
@@ -46,8 +47,9 @@ def _signature_costs(rep, memories, spec: CoreSpec) -> tuple:
      hbm_read, hbm_write, is_pe)."""
     fl = flops(rep)
     if isinstance(rep, DmaCopy):
-        src_mem, dst_mem = memories
-        cost = dma_cost(rep, spec, "hbm" in (src_mem, dst_mem))
+        src_mem, dst_mem = memories[0], memories[-1]  # (an indirect DMA also reads its index tile)
+        price = dma_indirect_cost if isinstance(rep, DmaIndirect) else dma_cost
+        cost = price(rep, spec, "hbm" in (src_mem, dst_mem))
         return (_DMA, 0.0, 0.0, cost.fixed_ns, cost.effective_bytes / cost.bytes_per_ns, cost.nbytes,
                 fl, False, False, cost.nbytes if src_mem == "hbm" else 0,
                 cost.nbytes if dst_mem == "hbm" else 0, False)
