@@ -21,7 +21,7 @@ from math import prod
 from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
-from ._indirect import INDEX_DTYPES, descriptors, row_blocks, sb, table_ap
+from ._indirect import INDEX_DTYPES, as_vectors, descriptors, row_blocks, sb, table_ap
 from ._layout import TilePlan, coalesce, hbm_input, hbm_output
 from ._rules import Rule, add_rules
 
@@ -118,6 +118,7 @@ def _flat_stride(shape, strides) -> int | None:
 
 def lower_index_select(call: Call, spec):
     """``index_select(self, dim, index)``: rows of ``self`` along ``dim``."""
+    call = as_vectors(call)
     named = call.named()
     x, idx = named.get("self"), named.get("index")
     out = call.outputs[0] if len(call.outputs) == 1 else None
@@ -240,6 +241,7 @@ def element_offsets(b: TileBuilder, plan: TilePlan, tile, x_strides, iv_tile: Vi
 def lower_gather(call: Call, spec):
     """``gather(self, dim, index)``: ``out[p] = self[p with p[dim] = index[p]]``, one descriptor
     per element."""
+    call = as_vectors(call)
     named = call.named()
     x, idx = named.get("self"), named.get("index")
     out = call.outputs[0] if len(call.outputs) == 1 else None

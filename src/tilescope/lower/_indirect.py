@@ -33,7 +33,7 @@ from ..sim import register_gpsimd_impl
 
 __all__ = [
     "DGE_CYCLES_PER_DESCRIPTOR", "sb", "descriptors", "table_ap", "build_eq", "merge_chunks", "merge_elements",
-    "wrap_negative", "row_blocks", "INDEX_DTYPES", "ELEMENT_OPS",
+    "wrap_negative", "row_blocks", "INDEX_DTYPES", "ELEMENT_OPS", "as_vectors",
 ]
 
 # ASSUMED: GpSimd cycles to write one DMA descriptor (software DGE). No public figure gives
@@ -42,6 +42,22 @@ __all__ = [
 # partitions wired to it, so a tile costs this times the busiest core's descriptors.
 DGE_CYCLES_PER_DESCRIPTOR = 8.0
 INDEX_DTYPES = ("int64", "int32")
+
+
+def as_vectors(call):
+    """``call`` with every 0-dim tensor seen as a 1-element vector (a scalar "table" is one row)."""
+    from dataclasses import replace
+
+    from ._call import TensorMeta
+
+    def vec(v):
+        if isinstance(v, TensorMeta) and v.ndim == 0:
+            return TensorMeta((1,), (1,), v.dtype)
+        if isinstance(v, tuple):
+            return tuple(vec(x) for x in v)
+        return v
+
+    return replace(call, args=vec(call.args), kwargs=tuple((k, vec(v)) for k, v in call.kwargs), outputs=vec(call.outputs))
 
 
 def sb(tile: View, shape: tuple[int, ...]) -> View:

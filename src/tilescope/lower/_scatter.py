@@ -29,7 +29,7 @@ from ..program import TileBuilder, View
 from ._call import Call, ScalarArg, TensorMeta
 from ._gather import RowGather, _broadcast, _bstrides, _flat_stride, _index_layout, _index_ok
 from ._indirect import (
-    ELEMENT_OPS, build_eq, descriptors, merge_chunks, merge_elements, row_blocks, sb, table_ap, wrap_negative,
+    ELEMENT_OPS, as_vectors, build_eq, descriptors, merge_chunks, merge_elements, row_blocks, sb, table_ap, wrap_negative,
 )
 from ._layout import coalesce, hbm_input, hbm_output
 from ._movement import _copy_into, _fill
@@ -119,6 +119,7 @@ def scatter_rows(b: TileBuilder, spec, g: RowGather, tv: View, vv: View, index_v
 
 def lower_index_add(call: Call, spec):
     """``index_add(self, dim, index, source, alpha)``: ``self[.., index[i], ..] += alpha * source[.., i, ..]``."""
+    call = as_vectors(call)
     named = call.named()
     x, idx, src = named.get("self"), named.get("index"), named.get("source")
     if not all(isinstance(t, TensorMeta) for t in (x, src)) or not _index_ok(idx) or x.is_complex:
@@ -243,6 +244,7 @@ def _scatter_form(call: Call, named):
 def lower_scatter(call: Call, spec):
     """``scatter`` / ``scatter_add`` / ``scatter_reduce`` (sum, prod, amax, amin): elements of
     ``src`` (or one value) into ``self`` at ``index`` along ``dim``."""
+    call = as_vectors(call)
     named = call.named()
     x, idx = named.get("self"), named.get("index")
     src = named.get("src", named.get("value"))
