@@ -39,6 +39,8 @@ MODULES = [
     "tilescope.lower._layout",
     "tilescope.lower._ops",
     "tilescope.lower.kernels",
+    "tilescope.lower._indirect",
+    "tilescope.lower._vocab",
     # tile language
     "tilescope.lang",
     "tilescope.lang._run",

@@ -137,6 +137,8 @@ def lower_index_select(call: Call, spec):
         xv, iv, ov = hbm_input(b, "in_self", x), hbm_input(b, "in_index", idx), hbm_output(b, "out", out)
         if not gather_rows(b, spec, g, xv, ov, [(iv, istride)], n, (x.shape[dim],), wrap=False):
             return None
+    if b.instruction_count == 0:
+        return None  # nothing to move (an empty index written in place): the generic form
     return b.build(meta={"lowering": "indirect"})
 
 
@@ -210,6 +212,8 @@ def lower_index(call: Call, spec):
         sizes = tuple(x.shape[d] for d in range(first, last + 1))
         if not gather_rows(b, spec, g, xv, ov, views, n, sizes, wrap=True):
             return None
+    if b.instruction_count == 0:
+        return None  # nothing to move (an empty index written in place): the generic form
     return b.build(meta={"lowering": "indirect"})
 
 
@@ -264,6 +268,8 @@ def lower_gather(call: Call, spec):
             t = b.sbuf((p, k * c), x.device_dtype, site="gather.vals")
             b.dma_indirect(t, table, desc)
             b.dma_copy(plan.operand_ap(ov, ostr, tile), sb(t, (p, k, c)))
+    if b.instruction_count == 0:
+        return None  # nothing to move (an empty index written in place): the generic form
     return b.build(meta={"lowering": "indirect"})
 
 
@@ -287,6 +293,8 @@ def lower_take(call: Call, spec):
     with b.provenance(op=call.op):
         xv, iv, ov = hbm_input(b, "in_self", x), hbm_input(b, "in_index", idx), hbm_output(b, "out", out)
         gather_rows(b, spec, g, xv, ov, [(iv, istride)], idx.numel, (x.numel,), wrap=True)
+    if b.instruction_count == 0:
+        return None  # nothing to move (an empty index written in place): the generic form
     return b.build(meta={"lowering": "indirect"})
 
 

@@ -140,6 +140,8 @@ def lower_index_add(call: Call, spec):
         if idx.numel and not scatter_rows(b, spec, g, tv, vv, [(iv, istride)], idx.numel, (target.shape[dim],),
                                           combine=True, wrap=False, alpha=None if alpha == 1 else alpha):
             return None
+    if b.instruction_count == 0:
+        return None  # nothing to move (an empty index written in place): the generic form
     return b.build(meta={"lowering": "indirect"})
 
 
@@ -173,6 +175,8 @@ def lower_embedding_backward(call: Call, spec):
         if n and not scatter_rows(b, spec, g, ov, gv, [(iv, istride)], n, (out.shape[0],), combine=True, wrap=False,
                                   skip_index=pad if pad is not None and pad >= 0 else None, site="emb_bwd"):
             return None
+    if b.instruction_count == 0:
+        return None  # nothing to move (an empty index written in place): the generic form
     return b.build(meta={"lowering": "indirect"})
 
 
@@ -221,6 +225,8 @@ def lower_index_put(call: Call, spec):
         sizes = tuple(x.shape[d] for d in range(first, last + 1))
         if not scatter_rows(b, spec, g, tv, vv, views, n, sizes, combine=accumulate, wrap=True):
             return None
+    if b.instruction_count == 0:
+        return None  # nothing to move (an empty index written in place): the generic form
     return b.build(meta={"lowering": "indirect"})
 
 
@@ -269,6 +275,8 @@ def lower_scatter(call: Call, spec):
         sv = hbm_input(b, "in_src", src) if isinstance(src, TensorMeta) else None
         if idx.numel:
             _scatter_elements(b, spec, target, tv, idx, iv, src, sv, dim, op, include_self)
+    if b.instruction_count == 0:
+        return None  # nothing to move (an empty index written in place): the generic form
     return b.build(meta={"lowering": "indirect"})
 
 
