@@ -281,6 +281,8 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
             dst[...] = src.reshape(dst.shape)
         else:  # a casting DMA: through float32 (integers rounded to nearest) [isa]
             mem.write(instr.dst, mem.read(instr.src))
+    elif t is DmaIndirect:
+        _indirect(mem, instr)
     elif t is TensorTensor:
         with np.errstate(all="ignore"):
             fn = ALU_OPS[instr.op]
