@@ -222,13 +222,15 @@ def _grid(grid) -> tuple[int, ...]:
 class Kernel:
     """A tile kernel (see the module docs). Make one with ``@tilescope.kernel``."""
 
-    def __init__(self, fn: Callable, *, name: str | None = None, bufs: int = 3, preset: str | None = None):
+    def __init__(self, fn: Callable, *, name: str | None = None, bufs: int = 3, preset: str | None = None,
+                 spill: bool = True):
         if isinstance(fn, Kernel):
             fn = fn.fn
         self.fn = fn
         self.name = name or fn.__name__
         self.bufs = bufs
         self.preset = preset
+        self.spill = spill
         self.signature = inspect.signature(fn)
         self.trace_count = 0
         self._cache: dict[tuple, Traced] = {}
@@ -330,11 +332,10 @@ class Kernel:
                 b.mark_output(handles[name])
         if b.instruction_count == 0:
             raise KernelError(f"kernel {self.name!r} emitted no instructions (it loads, computes and stores nothing)")
-        shrunk: dict[str, int] = {}
         meta = {"kind": "tile_kernel", "kernel": self.name, "grid": list(grid), "bufs": self.bufs,
-                "rotation_shrunk": shrunk, "sources": _sources(ctx)}
+                "sources": _sources(ctx)}
         try:
-            program = b.build(meta, describe_site=ctx.describe_site, shrink_rotation=True, report=shrunk)
+            program = b.build(meta, describe_site=ctx.describe_site, spill=self.spill)
         except CapacityError as e:
             if fail_at is None and e.instruction is not None:
                 # trace again and raise when the tile that did not fit is first used, so the
@@ -397,12 +398,16 @@ def _sources(ctx: KernelContext) -> dict[str, str]:
     return {display_path(f): "".join(linecache.getlines(f)) for f in sorted(files) if linecache.getlines(f)}
 
 
-def kernel(fn: Callable | None = None, *, name: str | None = None, bufs: int = 3, preset: str | None = None):
+def kernel(fn: Callable | None = None, *, name: str | None = None, bufs: int = 3, preset: str | None = None,
+           spill: bool = True):
     """Make a tile kernel: ``@tilescope.kernel`` or ``@tilescope.kernel(bufs=2)``.
 
     ``bufs`` is the number of rotating buffers per SBUF allocation site; ``preset``
     the hardware preset to trace for (default: ``$TILESCOPE_PRESET`` or ``trn1``).
+    When live tiles do not fit in SBUF, the allocator spills some to HBM (two DMAs each,
+    labelled on the timeline, listed in ``program.meta["spills"]``); ``spill=False`` is the
+    strict mode: a ``CapacityError`` instead.
     """
     if fn is None:
-        return lambda f: Kernel(f, name=name, bufs=bufs, preset=preset)
-    return Kernel(fn, name=name, bufs=bufs, preset=preset)
+        return lambda f: Kernel(f, name=name, bufs=bufs, preset=preset, spill=spill)
+    return Kernel(fn, name=name, bufs=bufs, preset=preset, spill=spill)

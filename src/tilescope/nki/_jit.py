@@ -137,7 +137,8 @@ class NkiKernel:
         while isinstance(fn, NkiKernel):
             fn, kernel = fn.fn, kernel or fn.kernel
         self.fn = fn
-        self.kernel = kernel if kernel is not None else Kernel(fn)
+        opts = dict(options or {})
+        self.kernel = kernel if kernel is not None else Kernel(fn, spill=not opts.get("strict", False))
         self.grid = grid
         self.options = dict(options or {})
         functools.update_wrapper(self, fn)
@@ -167,7 +168,8 @@ class NkiKernel:
 def jit(func=None, mode: str = "auto", **kwargs):
     """``@nki.jit`` / ``@nki.jit(mode=...)``: the function becomes an :class:`NkiKernel`.
 
-    Options of hardware NKI (``mode``, ``compile_config``, ...) are accepted and have no effect.
+    Options of hardware NKI (``mode``, ``compile_config``, ...) are accepted and have no effect;
+    ``strict=True`` (tilescope's) makes SBUF overflow a ``CapacityError`` instead of spills.
     """
     if func is None:
         return lambda f: NkiKernel(f, options=dict(kwargs, mode=mode))

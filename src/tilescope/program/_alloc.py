@@ -1,28 +1,39 @@
-"""On-chip memory allocation: rotating slots per site, then liveness-based addresses.
+"""On-chip memory allocation: live ranges, rotating addresses per site, spills to HBM.
 
-Every tile the builder makes is a new logical buffer. Allocation maps them to
-physical *slots* and slots to addresses in two steps:
+Every tile the builder makes is a new logical buffer, live from the first instruction
+that touches it to the last. Allocation gives each tile an address for exactly that
+range -- per loop iteration, not for the whole loop -- as a compiler's allocator does:
 
-1. **Rotation per allocation site.** Tiles made at one site (a source line, a
-   named site) take a ring of at least ``bufs`` slots in turn, so iteration ``i+1``
-   never waits for iteration ``i``'s tile to die. A slot is reused only once its
-   previous tile is dead (its last use comes earlier in program order); the
-   write-after-read edge that reuse creates is a real dependency. A site whose
-   tiles are all alive at once (a list of tiles kept by the kernel) simply gets more
-   slots: reuse never changes what a kernel computes.
-2. **Addresses by liveness.** Slots whose lifetimes do not overlap may share
-   addresses (next fit around the memory, SBUF 64-byte aligned, PSUM one bank each). When the live slots do not
-   fit, a :class:`~tilescope.errors.CapacityError` lists them with their sizes.
+1. **Tiles in order of first use**, each at a free address range when it becomes live
+   (SBUF 64-byte aligned, PSUM in whole 2 KiB banks); a tile's range frees after its last
+   use.
+2. **Rotation per allocation site.** A site (a source line, a named site) prefers to put
+   its tiles on a ring of ``bufs`` addresses in turn, so iteration ``i+1``'s tile does
+   not wait for iteration ``i``'s to die; an address of the ring that is still busy, or a
+   ring that is not full yet, takes the next free range (next fit, so independent
+   neighbours rarely meet through a reused address). Reuse of an address orders the
+   instructions that touch it (the dependencies are physical).
+3. **Spills.** When no free range fits a tile, a live SBUF tile that is not in use at
+   that instruction -- the one whose next use is furthest away -- is stored to an HBM
+   scratch tensor after its last use so far and loaded back (as a new tile) just before
+   its next use: two DMAs on the timeline, labelled ``spill`` / ``reload``. PSUM cannot
+   spill (DMA does not reach it), and with ``spill=False`` nothing does: then a
+   :class:`~tilescope.errors.CapacityError` lists the live tiles by site.
+
+A *slot* is one address kept by one site for a run of its tiles with nothing else at
+that address in between (its members); slots are what executables record.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from ..errors import CapacityError
+from ..isa import DmaCopy
 from ._program import Buffer, Slot
 
-__all__ = ["allocate", "liveness"]
+__all__ = ["allocate", "liveness", "Allocation", "SBUF_ALIGN"]
 
 SBUF_ALIGN = 64
 
@@ -41,174 +52,386 @@ def liveness(instructions) -> tuple[dict[str, int], dict[str, int]]:
 
 
 @dataclass
-class _SlotState:
+class Allocation:
+    """The result: slots and placement, and what spilling changed (if it did)."""
+
+    slots: list[Slot]
+    placement: dict[str, str]  # tile -> slot name
+    instructions: list | None = None  # with spill DMAs inserted and operands renamed (None: unchanged)
+    origin: list[int] | None = None  # per new instruction: its index before, or -1-2k / -2-2k (spill k's store / reload)
+    spills: list[dict] = field(default_factory=list)  # one record per spilled tile
+    buffers: list[Buffer] = field(default_factory=list)  # tiles reloaded and HBM scratch of spills
+
+
+@dataclass
+class _Tile:
     name: str
+    buf: Buffer
     memory: str
     site: str
-    start: int
-    end: int
-    nbytes: int
-    partitions: int
-    members: list[str] = field(default_factory=list)
+    nbytes: int  # per partition, aligned (PSUM: whole banks)
+    bufs: int
+    uses: list  # positions, sorted: (instruction index, sub-position)
     addr: int = -1
-    aliases: list[str] = field(default_factory=list)
+    origin: str = ""  # the tile this one reloads (spilled), else its own name
 
 
-def allocate(buffers: dict[str, Buffer], instructions, spec, *, describe_site=None,
-             shrink_rotation: bool = False, report: dict | None = None) -> tuple[list[Slot], dict[str, str]]:
-    """Assign every used on-chip buffer a slot and every slot an address.
+class _Free:
+    """Free byte ranges ``[lo, hi)`` of one memory, sorted and merged; next-fit cursor."""
 
-    With ``shrink_rotation``, a site's rotation depth (``bufs``) is a preference, as in a
-    compiler: when the live tiles do not fit, the site whose extra rotating buffers hold
-    the most memory gets one buffer fewer and allocation is tried again, until it fits
-    or no site can give up a buffer (then the CapacityError of the last attempt is
-    raised). ``report`` (a dict) receives ``{site: depth}`` for every site shrunk.
+    __slots__ = ("ranges", "cursor", "capacity", "align")
+
+    def __init__(self, capacity: int, align: int):
+        self.ranges = [[0, capacity]]
+        self.cursor = 0
+        self.capacity = capacity
+        self.align = align
+
+    def is_free(self, lo: int, n: int) -> bool:
+        for a, b in self.ranges:
+            if a <= lo and lo + n <= b:
+                return True
+            if a > lo:
+                break
+        return False
+
+    def next_fit(self, n: int) -> int | None:
+        for a, b in self.ranges:  # at or after the cursor
+            start = max(a, self.cursor)
+            if start + n <= b:
+                return start
+        for a, b in self.ranges:  # wrapped around
+            if a + n <= b:
+                return a
+        return None
+
+    def take(self, lo: int, n: int) -> None:
+        hi = lo + n
+        for k, (a, b) in enumerate(self.ranges):
+            if a <= lo and hi <= b:
+                parts = [r for r in ([a, lo], [hi, b]) if r[1] > r[0]]
+                self.ranges[k:k + 1] = parts
+                self.cursor = -(-hi // self.align) * self.align
+                return
+        raise AssertionError(f"range [{lo}, {hi}) is not free")
+
+    def give(self, lo: int, n: int) -> None:
+        hi = lo + n
+        r = self.ranges
+        k = 0
+        while k < len(r) and r[k][0] < lo:
+            k += 1
+        r.insert(k, [lo, hi])
+        if k + 1 < len(r) and r[k][1] == r[k + 1][0]:  # merge right
+            r[k][1] = r[k + 1][1]
+            del r[k + 1]
+        if k > 0 and r[k - 1][1] == r[k][0]:  # merge left
+            r[k - 1][1] = r[k][1]
+            del r[k]
+
+
+def _after(pos):
+    """A position just after ``pos`` (before the next original instruction)."""
+    i, s = pos
+    return (i, s + (1.0 - s) / 2)
+
+
+def _before(pos):
+    i, s = pos
+    return (i, s - (1.0 + s) / 2)
+
+
+def allocate(buffers: dict[str, Buffer], instructions, spec, *, describe_site=None, spill: bool = False,
+             shrink_rotation: bool = False, report: dict | None = None) -> Allocation:
+    """Assign every used on-chip buffer an address, spilling SBUF tiles to HBM if allowed.
+
+    ``describe_site(site) -> str`` words allocation sites in capacity errors.
+    (``shrink_rotation`` and ``report`` are accepted for old callers: rotation is always a
+    preference now.)
     """
-    first, last = liveness(instructions)
-    tiles = [b for b in buffers.values() if b.memory != "hbm" and b.name in first]
-    tiles.sort(key=lambda b: first[b.name])
-    depth: dict[tuple[str, str], int] = {}
-    while True:
-        slots, placement = _rings(tiles, first, last, spec, depth)
-        try:
-            for memory, capacity, align in (
-                ("sbuf", spec.sbuf_bytes_per_partition, SBUF_ALIGN),
-                ("psum", spec.psum_bytes_per_partition, spec.psum_bank_bytes),
-            ):
-                _assign_addresses([s for s in slots if s.memory == memory], memory, capacity, align, spec,
-                                  describe_site)
-        except CapacityError as e:
-            key = _shrinkable(e, depth) if shrink_rotation else None
-            if key is None:
-                raise
-            depth[key[0]] = key[1]
-            if report is not None:
-                report[key[0][1]] = key[1]
+    uses: dict[str, list] = {}
+    for i, instr in enumerate(instructions):
+        for ap in instr.reads() + instr.writes():
+            lst = uses.get(ap.buffer)
+            if lst is None:
+                uses[ap.buffer] = [(i, 0.0)]
+            elif lst[-1][0] != i:
+                lst.append((i, 0.0))
+    tiles = []
+    for name, lst in uses.items():
+        b = buffers[name]
+        if b.memory == "hbm":
             continue
-        break
-
-    return [
-        Slot(s.name, s.memory, s.addr, s.nbytes, s.partitions, s.start, s.end, s.site,
-             tuple(s.members), tuple(s.aliases))
-        for s in slots
-    ], placement
-
-
-def _rings(tiles, first, last, spec, depth) -> tuple[list[_SlotState], dict[str, str]]:
-    """Rotation per allocation site (step 1 of the module docs)."""
-    rings: dict[tuple[str, str], list[_SlotState]] = {}
-    slots: list[_SlotState] = []
-    placement: dict[str, str] = {}
-    for t in tiles:
-        site = t.site or t.name
-        key = (t.memory, site)
-        ring = rings.setdefault(key, [])
-        start, end = first[t.name], last[t.name]
-        free = [s for s in ring if s.end < start]
-        nbytes = t.bytes_per_partition
-        if t.memory == "psum":  # whole banks (a tile may span several)
+        nbytes = b.bytes_per_partition
+        if b.memory == "psum":  # whole banks (a tile may span several)
             nbytes = -(-nbytes // spec.psum_bank_bytes) * spec.psum_bank_bytes
         else:
             nbytes = -(-nbytes // SBUF_ALIGN) * SBUF_ALIGN
-        if len(ring) < max(1, depth.get(key, t.bufs)) or not free:
-            slot = _SlotState(
-                name=f"{t.memory}:{site}#{len(ring)}", memory=t.memory, site=site,
-                start=start, end=end, nbytes=nbytes, partitions=t.shape[0],
-            )
-            ring.append(slot)
-            slots.append(slot)
-        else:
-            slot = min(free, key=lambda s: s.end)
-            slot.end = end
-            slot.nbytes = max(slot.nbytes, nbytes)
-            slot.partitions = max(slot.partitions, t.shape[0])
-        slot.members.append(t.name)
-        placement[t.name] = slot.name
-    return slots, placement
+        tiles.append(_Tile(name, b, b.memory, b.site or name, nbytes, max(1, b.bufs), lst, origin=name))
+    tiles.sort(key=lambda t: t.uses[0])
+    state = _Run(spec, describe_site, spill)
+    for memory, capacity, align in (("sbuf", spec.sbuf_bytes_per_partition, SBUF_ALIGN),
+                                    ("psum", spec.psum_bytes_per_partition, spec.psum_bank_bytes)):
+        state.run([t for t in tiles if t.memory == memory], memory, capacity, align)
+    return state.result(instructions, buffers)
 
 
-def _shrinkable(err: CapacityError, depth: dict) -> tuple[tuple[str, str], int] | None:
-    """The site (and its new depth) whose extra live rotating buffers free the most memory."""
-    groups: dict[tuple[str, str], list[_SlotState]] = {}
-    for s in getattr(err, "_live", ()):
-        groups.setdefault((s.memory, s.site), []).append(s)
-    best = None
-    for key, group in groups.items():
-        n = len(group)
-        new = n - 1
-        if new < 1 or depth.get(key, n + 1) <= new:
-            continue
-        freed = max(s.nbytes for s in group)
-        if best is None or (freed, key) > (best[0], best[1]):
-            best = (freed, key, new)
-    return None if best is None else (best[1], best[2])
+class _Run:
+    """One allocation: the sweep over tiles, spills, and the slots it leaves."""
 
+    def __init__(self, spec, describe_site, spill: bool):
+        self.spec = spec
+        self.describe_site = describe_site
+        self.spill = spill
+        self.placed: list[_Tile] = []
+        self.spills: list[tuple[_Tile, _Tile, tuple, tuple]] = []  # (victim, reloaded, store pos, reload pos)
+        self.new_buffers: list[Buffer] = []
+        self._names = set()
 
-def _assign_addresses(slots: list[_SlotState], memory: str, capacity: int, align: int, spec, describe_site) -> None:
-    """Next-fit around a ring: each slot goes to the first free range at or after the
-    end of the previous one, wrapping to the start. Freed memory is reused only once
-    the allocation cursor comes round again, so instructions that are independent but
-    close in program order rarely meet through a reused address (which would serialise
-    them); memory is still shared by liveness when it runs short.
-    """
-    slots.sort(key=lambda s: (s.start, s.name))
-    active: list[_SlotState] = []
-    expired: list[_SlotState] = []
-    cursor = 0
-    for s in slots:
-        still = []
-        for a in active:
-            (expired if a.end < s.start else still).append(a)
-        active = still
-        gaps = []  # free [lo, hi) ranges between live slots
-        lo = 0
-        for a in sorted(active, key=lambda a: a.addr):
-            if a.addr > lo:
-                gaps.append((lo, a.addr))
-            lo = max(lo, -(-(a.addr + a.nbytes) // align) * align)
-        if lo < capacity:
-            gaps.append((lo, capacity))
-        addr = None
-        for g0, g1 in gaps:  # first fit at or after the cursor
-            start = max(g0, cursor)
-            if start + s.nbytes <= g1:
-                addr = start
-                break
-        if addr is None:
-            for g0, g1 in gaps:  # wrap around
-                if g0 + s.nbytes <= g1:
-                    addr = g0
+    def run(self, tiles: list[_Tile], memory: str, capacity: int, align: int) -> None:
+        free = _Free(capacity, align)
+        heap = [(t.uses[0], k, t) for k, t in enumerate(tiles)]
+        heapq.heapify(heap)
+        seq = len(tiles)
+        active: list = []  # heap of (last use, seq, tile)
+        rings: dict[str, list[int]] = {}
+        turn: dict[str, int] = {}
+        while heap:
+            start, _, t = heapq.heappop(heap)
+            while active and active[0][0] < start:
+                _, _, dead = heapq.heappop(active)
+                free.give(dead.addr, dead.nbytes)
+            addr = self._place(t, free, rings, turn)
+            while addr is None:
+                victim = self._victim(active, start) if (self.spill and memory == "sbuf") else None
+                if victim is None:
+                    raise self._error(memory, t, [a[2] for a in active], capacity)
+                reloaded = self._spill(victim, start)
+                active = [a for a in active if a[2] is not victim]
+                heapq.heapify(active)
+                free.give(victim.addr, victim.nbytes)
+                seq += 1
+                heapq.heappush(heap, (reloaded.uses[0], seq, reloaded))
+                addr = self._place(t, free, rings, turn)
+            t.addr = addr
+            free.take(addr, t.nbytes)
+            seq += 1
+            heapq.heappush(active, (t.uses[-1], seq, t))
+            self.placed.append(t)
+
+    @staticmethod
+    def _place(t: _Tile, free: _Free, rings: dict, turn: dict) -> int | None:
+        ring = rings.setdefault(t.site, [])
+        if len(ring) >= t.bufs:
+            k = turn.get(t.site, 0)
+            turn[t.site] = k + 1
+            want = ring[k % t.bufs]
+            if free.is_free(want, t.nbytes):
+                return want
+            addr = free.next_fit(t.nbytes)
+            if addr is not None:
+                ring[k % t.bufs] = addr
+            return addr
+        addr = free.next_fit(t.nbytes)
+        if addr is not None:
+            ring.append(addr)
+        return addr
+
+    @staticmethod
+    def _victim(active, at) -> _Tile | None:
+        """The live tile not used at ``at`` whose next use is furthest away (Belady)."""
+        best, best_next = None, None
+        for _, _, t in active:
+            nxt = None
+            for u in t.uses:
+                if u >= at:
+                    nxt = u
                     break
-        if addr is None:
-            raise _capacity_error(memory, s, active, capacity, spec, describe_site)
-        s.addr = addr
-        cursor = -(-(addr + s.nbytes) // align) * align
-        s.aliases = [e.name for e in expired if e.addr < addr + s.nbytes and addr < e.addr + e.nbytes]
-        active.append(s)
+            if nxt is None or nxt == at or t.uses[0] >= at:
+                continue
+            if best is None or nxt > best_next:
+                best, best_next = t, nxt
+        return best
+
+    def _name(self, base: str) -> str:
+        k = 1
+        name = f"{base}.reload"
+        while name in self._names:
+            k += 1
+            name = f"{base}.reload{k}"
+        self._names.add(name)
+        return name
+
+    def _spill(self, v: _Tile, at) -> _Tile:
+        before = [u for u in v.uses if u < at]
+        after = [u for u in v.uses if u > at]
+        store, reload = _after(before[-1]), _before(after[0])
+        b = Buffer(self._name(v.name), v.buf.memory, v.buf.shape, v.buf.dtype, v.buf.role, v.buf.site, v.buf.bufs)
+        self.new_buffers.append(b)
+        r = _Tile(b.name, b, v.memory, v.site, v.nbytes, v.bufs, [reload] + after, origin=v.origin)
+        v.uses = before + [store]
+        self.spills.append((v, r, store, reload))
+        return r
+
+    def _error(self, memory: str, s: _Tile, live: list, capacity: int) -> CapacityError:
+        spec = self.spec
+        live = live + [s]
+        need = sum(a.nbytes for a in live)
+        by_site: dict[str, list] = {}
+        for a in live:
+            by_site.setdefault(a.site, []).append(a)
+        rows = sorted(by_site.items(), key=lambda kv: -sum(a.nbytes for a in kv[1]))
+        listing = "; ".join(
+            f"{self.describe_site(site) if self.describe_site else site}: {len(g)} x {g[0].nbytes / 1024:g} KiB"
+            for site, g in rows[:6])
+        unit = "banks" if memory == "psum" else "KiB per partition"
+        if memory == "psum":
+            need_s, cap_s = f"{need // spec.psum_bank_bytes} {unit}", f"{capacity // spec.psum_bank_bytes} {unit}"
+            fix = "fewer live PSUM tiles (accumulate, then copy out to SBUF before starting the next)"
+        else:
+            need_s, cap_s = f"{need / 1024:g} {unit}", f"{capacity / 1024:g} {unit}"
+            fix = "smaller tiles, fewer rotating buffers per site (bufs=), or shorter tile lifetimes"
+            if not self.spill:
+                fix += " -- or let the allocator spill to HBM (spill=True)"
+        at = s.uses[0][0]
+        err = CapacityError(
+            f"{memory.upper()} capacity exceeded at instruction #{at}: live tiles need {need_s}, "
+            f"the limit is {cap_s} on {spec.name}. Live tiles by allocation site: {listing}. Fix: {fix}")
+        err.instruction, err.site = at, s.site
+        return err
+
+    # ---- the result --------------------------------------------------------------------------
+    def result(self, instructions, buffers) -> Allocation:
+        new_instructions = origin = None
+        scratch: list[Buffer] = []
+        records: list[dict] = []
+        index_of = None
+        if self.spills:
+            new_instructions, origin, index_of, scratch, records = self._rewrite(instructions)
+        slots, placement = self._slots(index_of)
+        return Allocation(slots, placement, new_instructions, origin, records, self.new_buffers + scratch)
+
+    def _rewrite(self, instructions):
+        """The instruction list with each spill's store and reload DMAs inserted and the
+        operands of later uses renamed to the reloaded tile."""
+        import dataclasses
+
+        rename: dict[tuple[int, str], str] = {}
+        for t in self.placed:
+            if t.name != t.origin:
+                for i, s in t.uses:
+                    if s == 0.0:
+                        rename[(i, t.origin)] = t.name
+        inserted = []  # (position, instruction, origin code: -1 - 2k store / -2 - 2k reload of spill k)
+        scratch, records = [], []
+        for k, (v, r, store, reload) in enumerate(self.spills):
+            hb = Buffer(f"spill.{v.name}", "hbm", v.buf.shape, v.buf.dtype, "scratch")
+            scratch.append(hb)
+            inserted.append((store, DmaCopy(hb.full(), v.buf.full()), -1 - 2 * k))
+            inserted.append((reload, DmaCopy(r.buf.full(), hb.full()), -2 - 2 * k))
+            records.append({"tile": v.origin, "spilled": v.name, "reloaded_as": r.name, "site": v.site,
+                            "kib_per_partition": v.nbytes / 1024})
+        positions = [(i, 0.0) for i in range(len(instructions))]
+        out, origin, index_of = [], [], {}
+        items = sorted([(p, 0, i, None) for i, p in enumerate(positions)] +
+                       [(p, 1, code, ins) for p, ins, code in inserted], key=lambda x: (x[0], x[1]))
+        for pos, kind, k, ins in items:
+            index_of[pos] = len(out)
+            if kind == 0:
+                instr = instructions[k]
+                names = {ap.buffer for ap in instr.reads() + instr.writes()}
+                repl = {n: rename[(k, n)] for n in names if (k, n) in rename}
+                if repl:
+                    instr = _renamed(instr, repl, dataclasses)
+                out.append(instr)
+                origin.append(k)
+            else:
+                out.append(ins)
+                origin.append(k)
+        for rec, (v, r, store, reload) in zip(records, self.spills):
+            rec["stored_at"] = index_of[store]
+            rec["reloaded_at"] = index_of[reload]
+        return out, origin, index_of, scratch, records
+
+    def _slots(self, index_of) -> tuple[list[Slot], dict[str, str]]:
+        """Slots: runs of one site's tiles at one address with nothing else there in between."""
+        def idx(pos):
+            return index_of[pos] if index_of is not None else pos[0]
+
+        slots: list[dict] = []
+        placement: dict[str, str] = {}
+        counters: dict[tuple[str, str], int] = {}
+        for memory in ("sbuf", "psum"):
+            tiles = sorted((t for t in self.placed if t.memory == memory), key=lambda t: t.uses[0])
+            open_slots: list[dict] = []
+            occupants = _Occupants()  # which slot last held each byte range
+            for t in tiles:
+                lo, hi = t.addr, t.addr + t.nbytes
+                start, end = idx(t.uses[0]), idx(t.uses[-1])
+                mine = None
+                for s in open_slots:
+                    if s["site"] == t.site and s["addr"] == lo and s["nbytes"] >= t.nbytes:
+                        mine = s
+                        break
+                closed = [s for s in open_slots if s is not mine and s["addr"] < hi and lo < s["addr"] + s["nbytes"]]
+                if closed:
+                    open_slots = [s for s in open_slots if s not in closed]
+                if mine is None:
+                    key = (memory, t.site)
+                    n = counters.get(key, 0)
+                    counters[key] = n + 1
+                    name = f"{memory}:{t.site}#{n}"
+                    previous = occupants.claim(lo, hi, name)  # the slots whose bytes this one reuses
+                    mine = {"name": name, "memory": memory, "addr": lo, "nbytes": t.nbytes,
+                            "partitions": t.buf.shape[0], "start": start, "end": end, "site": t.site,
+                            "members": [], "aliases": previous}
+                    slots.append(mine)
+                    open_slots.append(mine)
+                mine["end"] = max(mine["end"], end)
+                mine["partitions"] = max(mine["partitions"], t.buf.shape[0])
+                mine["members"].append(t.name)
+                placement[t.name] = mine["name"]
+        return [Slot(s["name"], s["memory"], s["addr"], s["nbytes"], s["partitions"], s["start"], s["end"], s["site"],
+                     tuple(s["members"]), tuple(s["aliases"])) for s in slots], placement
 
 
-def _capacity_error(memory, s, active, capacity, spec, describe_site) -> CapacityError:
-    live = active + [s]
-    need = sum(a.nbytes for a in live)
-    by_site: dict[str, list[_SlotState]] = {}
-    for a in live:
-        by_site.setdefault(a.site, []).append(a)
-    rows = sorted(by_site.items(), key=lambda kv: -sum(a.nbytes for a in kv[1]))
-    listing = "; ".join(
-        f"{describe_site(site) if describe_site else site}: {len(group)} x {group[0].nbytes / 1024:g} KiB"
-        for site, group in rows[:6]
-    )
-    unit = "banks" if memory == "psum" else "KiB per partition"
-    if memory == "psum":
-        need_s, cap_s = f"{need // spec.psum_bank_bytes} {unit}", f"{capacity // spec.psum_bank_bytes} {unit}"
-        fix = "fewer live PSUM tiles (accumulate, then copy out to SBUF before starting the next)"
-    else:
-        need_s, cap_s = f"{need / 1024:g} {unit}", f"{capacity / 1024:g} {unit}"
-        fix = "smaller tiles, fewer rotating buffers per site (bufs=), or shorter tile lifetimes"
-    err = CapacityError(
-        f"{memory.upper()} capacity exceeded at instruction #{s.start}: live tiles need {need_s}, "
-        f"the limit is {cap_s} on {spec.name}. Live tiles by allocation site: {listing}. Fix: {fix}"
-    )
-    err.instruction, err.site = s.start, s.site
-    err._live = live
-    return err
+class _Occupants:
+    """Byte ranges of one memory and the slot that last held each (for aliases)."""
+
+    __slots__ = ("segs",)
+
+    def __init__(self):
+        self.segs: list[list] = []  # [lo, hi, slot name], sorted, disjoint
+
+    def claim(self, lo: int, hi: int, name: str) -> list[str]:
+        """Give ``[lo, hi)`` to ``name``; returns the slots that held any of it before."""
+        previous, kept = [], []
+        for a, b, owner in self.segs:
+            if b <= lo or hi <= a:
+                kept.append([a, b, owner])
+                continue
+            if owner not in previous:
+                previous.append(owner)
+            if a < lo:
+                kept.append([a, lo, owner])
+            if hi < b:
+                kept.append([hi, b, owner])
+        kept.append([lo, hi, name])
+        kept.sort()
+        self.segs = kept
+        return previous
+
+
+def _renamed(instr, repl: dict[str, str], dataclasses):
+    """``instr`` with the buffers of its operands renamed (APs inside tuples too)."""
+    from ..isa import AP
+
+    changes = {}
+    for f in dataclasses.fields(instr):
+        v = getattr(instr, f.name)
+        if v.__class__ is AP and v.buffer in repl:
+            changes[f.name] = AP(repl[v.buffer], v.dtype, v.offset, v.dims)
+        elif v.__class__ is tuple and any(x.__class__ is AP and x.buffer in repl for x in v):
+            changes[f.name] = tuple(AP(repl[x.buffer], x.dtype, x.offset, x.dims)
+                                    if x.__class__ is AP and x.buffer in repl else x for x in v)
+    return dataclasses.replace(instr, **changes)

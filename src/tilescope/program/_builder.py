@@ -361,19 +361,24 @@ class TileBuilder:
     def instruction_count(self) -> int:
         return len(self._instructions)
 
-    def build(self, meta: dict | None = None, *, describe_site=None, shrink_rotation: bool = False,
-              report: dict | None = None) -> Program:
+    def build(self, meta: dict | None = None, *, describe_site=None, spill: bool = False,
+              shrink_rotation: bool = False, report: dict | None = None) -> Program:
         """Allocate on-chip memory and return the finished, immutable Program.
 
         ``describe_site(site) -> str`` words allocation sites in capacity errors
-        (e.g. as the kernel source line that made the tiles). ``shrink_rotation``:
-        sites may get fewer rotating buffers than asked when memory is short
-        (``report`` receives ``{site: depth}``); see :func:`~tilescope.program._alloc.allocate`.
+        (e.g. as the kernel source line that made the tiles). With ``spill``, SBUF tiles that
+        do not fit are stored to HBM and loaded back around the instructions that need the
+        room (``meta["spills"]`` lists them); see :func:`~tilescope.program._alloc.allocate`.
         """
         if not self._instructions:
             raise ProgramError(f"program {self.name!r} has no instructions")
-        slots, placement = allocate(self._buffers, self._instructions, self.spec, describe_site=describe_site,
-                                    shrink_rotation=shrink_rotation, report=report)
+        alloc = allocate(self._buffers, self._instructions, self.spec, describe_site=describe_site, spill=spill)
+        if alloc.instructions is not None:
+            self._apply_spills(alloc)
+        meta = dict(meta or {})
+        if alloc.spills:
+            meta["spills"] = alloc.spills
+        placement = alloc.placement
         used = {n for n in placement} | set(self._inputs) | set(self._outputs)
         used |= {b.name for b in self._buffers.values() if b.memory == "hbm"}
         return Program(
@@ -384,11 +389,44 @@ class TileBuilder:
             outputs=self._outputs,
             provenance=self._prov_list,
             instr_prov=self._instr_prov,
-            slots=slots,
+            slots=alloc.slots,
             placement=placement,
             meta=meta,
             spec_name=self.spec.name,
         )
+
+    def _apply_spills(self, alloc) -> None:
+        """Take the allocator's instruction list (spill DMAs inserted); their provenance says
+        what they are and names the site of the tile that was spilled."""
+        for b in alloc.buffers:
+            self._buffers[b.name] = b
+        old_prov = self._instr_prov
+        prov = []
+        for o in alloc.origin:
+            if o >= 0:
+                prov.append(old_prov[o])
+                continue
+            k, reload = (-o - 1) // 2, (-o - 1) % 2 == 1
+            rec = alloc.spills[k]
+            file, line = _site_location(rec["site"])
+            p = Provenance(op=self.name, file=file, line=line,
+                           label=f"{'reload' if reload else 'spill'}: SBUF full, tile {rec['tile']} "
+                                 f"{'loaded back from' if reload else 'stored to'} HBM")
+            idx = self._prov_index.get(p)
+            if idx is None:
+                idx = self._prov_index[p] = len(self._prov_list)
+                self._prov_list.append(p)
+            prov.append(idx)
+        self._instructions = list(alloc.instructions)
+        self._instr_prov = prov
+
+
+def _site_location(site: str) -> tuple[str | None, int | None]:
+    """(file, line) of an allocation site written ``file:line:column`` (else (None, None))."""
+    parts = site.rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit():
+        return parts[0], int(parts[1])
+    return None, None
 
 
 def _scalar(v):
