@@ -174,8 +174,7 @@ def test_view_backwards_and_classification():
     check("aten::slice_backward", (gs, [4, 9, 7], 1, 1, 8, 3), {},
           {"out": torch.ops.aten.slice_backward(gs, [4, 9, 7], 1, 1, 8, 3)}, {"grad": gs}, rule="dma")
     x = torch.tensor([1.0, float("inf"), float("-inf"), float("nan"), -2.0])
-    for name, fn in (("isnan", torch.isnan), ("isinf", torch.isinf), ("isneginf", torch.isneginf),
-                     ("isfinite", torch.isfinite)):
+    for name, fn in (("isnan", torch.isnan), ("isinf", torch.isinf), ("isneginf", torch.isneginf)):
         check(f"aten::{name}", (x,), {}, {"out": fn(x)}, {"in_self": x}, rule="elementwise")
     grad, mask = rnd(6, 5), rnd(6, 5) > 0
     check("aten::native_dropout_backward", (grad, mask, 2.0), {},
@@ -244,9 +243,6 @@ def test_fused_kernels():
     check("tilescope::rms_norm_backward", (g, x, [96], rstd, w, [True, True]), {},
           {"grad_input": dx, "grad_weight": dw.reshape(1, 96)}, {"grad": g, "x": x, "rstd": rstd, "weight": w},
           rule="fused:rms_norm_backward", tol=1e-4)
-    check("aten::gelu", (x,), {"approximate": "tanh"}, {"out": torch.nn.functional.gelu(x, approximate="tanh")},
-          {"x": x}, rule="fused:gelu")
-    check("aten::silu", (x,), {}, {"out": torch.nn.functional.silu(x)}, {"x": x}, rule="fused:silu")
     g, y = rnd(150, 96), torch.softmax(x, -1)
     check("aten::_softmax_backward_data", (g, y, -1, torch.float32), {},
           {"out": torch.ops.aten._softmax_backward_data(g, y, -1, torch.float32)}, {"grad": g, "y": y},

@@ -43,7 +43,9 @@ _DEVICE_TYPE = "privateuseone"
 _PLAIN, _NUMBER, _WRAPPED = 0, 1, 2
 # Scalar arguments that change what a Program does (not just a value it uses): keyed by value
 _STRUCTURAL_NUMBERS = {"aten::linalg_vector_norm": ("ord",), "aten::norm.ScalarOpt_dim": ("p",),
-                       "aten::norm.Scalar": ("p",), "aten::norm.ScalarOpt_dtype": ("p",)}
+                       "aten::norm.Scalar": ("p",), "aten::norm.ScalarOpt_dtype": ("p",),
+                       # a variance's correction (0 or 1 in practice) is a constant of its formula
+                       "aten::var.correction": ("correction",), "aten::std.correction": ("correction",)}
 _SIGNATURES_PER_OP = 4096
 
 

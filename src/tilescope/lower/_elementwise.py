@@ -18,7 +18,8 @@ from ._call import Call, ScalarArg, TensorMeta
 from ._layout import TilePlan, coalesce, hbm_input, hbm_output
 from ._rules import Rule, add_rules
 
-__all__ = ["OPS", "lower_elementwise", "lower_foreach", "broadcast_strides"]
+__all__ = ["OPS", "TileOps", "EngineLoad", "balanced_copy", "partition_scalar", "lower_elementwise", "lower_foreach",
+           "broadcast_strides"]
 
 _MAX_FREE = 2048
 
@@ -40,40 +41,141 @@ class _Decline(Exception):
     """This call is outside what the row handles (the generic lowering takes it)."""
 
 
-class _Emit:
-    """What an op row uses to compute one tile: engines, temporaries, operands."""
+# ALU ops ScalarE also runs as tensor_scalar ([isa] nki.isa.tensor_scalar: "using Vector or
+# Scalar or GpSimd Engine"; bit-vector operators are VectorE only)
+_ACT_ALU = frozenset({"add", "subtract", "multiply"})
 
-    def __init__(self, b: TileBuilder, out: View, shape):
+
+class EngineLoad:
+    """Modeled busy time per engine of what a builder has emitted so far (from the cost table),
+    to give work that two engines can do to the one that finishes it first.
+
+    >>> from tilescope.program import TileBuilder
+    >>> b = TileBuilder("x")
+    >>> t = b.sbuf((128, 512), "float32", site="t")
+    >>> _ = b.memset(t, 1.0)
+    >>> load = EngineLoad(b)
+    >>> load.busy_ns("dve") > 0 and load.busy_ns("act") == 0
+    True
+    """
+
+    def __init__(self, b: TileBuilder):
+        self.b = b
+        self._seen = 0
+        self._ns: dict[str, float] = {}
+
+    def busy_ns(self, engine: str) -> float:
+        from ..isa import engine_ns
+
+        b = self.b
+        for i in range(self._seen, b.instruction_count):
+            instr = b.instruction(i)
+            if instr.engine not in ("dma", "pe"):
+                self._ns[instr.engine] = self._ns.get(instr.engine, 0.0) + engine_ns(instr, b.spec)
+        self._seen = b.instruction_count
+        return self._ns.get(engine, 0.0)
+
+    def pick(self, instr, engines: tuple[str, ...]):
+        """``instr`` on whichever of ``engines`` would finish it first."""
+        import dataclasses
+
+        from ..isa import engine_ns
+
+        best, best_end = instr, None
+        for e in engines:
+            cand = instr if instr.engine == e else dataclasses.replace(instr, engine=e)
+            end = self.busy_ns(e) + engine_ns(cand, self.b.spec)
+            if best_end is None or end < best_end:
+                best, best_end = cand, end
+        return best
+
+
+def balanced_copy(b: TileBuilder, load: EngineLoad | None, dst, src) -> None:
+    """``tensor_copy`` (a cast, a PSUM evacuation) on whichever of VectorE and ScalarE frees up
+    first by the cost table (VectorE without a ``load``)."""
+    engine = "dve"
+    if load is not None:
+        from ..isa import TensorCopy
+        from ..program._builder import as_ap
+
+        engine = load.pick(TensorCopy(as_ap(dst), as_ap(src)), ("dve", "act")).engine
+    b.tensor_copy(dst, src, engine=engine)
+
+
+def partition_scalar(v):
+    """The ``[P, 1]`` per-partition scalar a tile operand holds, or None.
+
+    A value broadcast along every free dim (a per-row statistic when each partition holds one
+    row, a 0-d tensor) is a ``tensor_scalar`` operand: one pass over the other operand instead
+    of a two-input ``tensor_tensor``."""
+    if not isinstance(v, View):
+        return None
+    dims = v.ap.dims
+    if len(dims) < 2 or any(c > 1 and s != 0 for s, c in dims[1:]):
+        return None
+    if v.ap.free_size == 1 and len(dims) == 2:
+        return v
+    ap = AP(v.ap.buffer, v.ap.dtype, v.ap.offset, (dims[0], (1, 1)))
+    return View(v.buffer, ap, (dims[0][1], 1))
+
+
+class TileOps:
+    """What an op row uses to compute one tile: engines, temporaries, operands.
+
+    The eager lowering calls each row once per tile of the op's output; the compiler's fusion
+    calls it once per tile of a fused group, with operands that already live on chip. ``load``
+    (an :class:`EngineLoad`) lets ``tensor_scalar`` work go to ScalarE when VectorE is busier.
+    """
+
+    def __init__(self, b: TileBuilder, out: View, shape, *, load: EngineLoad | None = None, site: str = "ew"):
         self.b = b
         self.out = out
         self.shape = shape
+        self.load = load
+        self.site = site
         self._n = 0
 
     def tmp(self) -> View:
         self._n += 1
-        return self.b.sbuf(self.shape, "float32", site=f"ew.tmp{self._n}")
+        return self.b.sbuf(self.shape, "float32", site=f"{self.site}.tmp{self._n}")
 
     # one method per instruction form (dst first)
     def act(self, dst, src, func, scale=1.0, bias=None):
         self.b.activation(dst, src, func, scale=scale, bias=bias)
 
     def ts(self, dst, src, op0, s0, op1=None, s1=None, rev0=False, rev1=False):
-        self.b.tensor_scalar(dst, src, op0, s0, op1, s1, reverse0=rev0, reverse1=rev1)
+        engine = "dve"
+        if self.load is not None and op0 in _ACT_ALU and (op1 is None or op1 in _ACT_ALU):
+            from ..isa import TensorScalar
+            from ..program._builder import _scalar, as_ap
+
+            cand = TensorScalar(as_ap(dst), as_ap(src), op0, _scalar(s0), op1, _scalar(s1), rev0, rev1)
+            engine = self.load.pick(cand, ("dve", "act")).engine
+        self.b.tensor_scalar(dst, src, op0, s0, op1, s1, reverse0=rev0, reverse1=rev1, engine=engine)
 
     def tt(self, dst, a, b, op):
         self.b.tensor_tensor(dst, a, b, op)
 
     def copy(self, dst, src):
-        self.b.tensor_copy(dst, src)
+        balanced_copy(self.b, self.load, dst, src)
 
     def select(self, dst, pred, on_true, on_false):
         self.b.select(dst, pred, on_true, on_false)
 
     def binary(self, dst, a, b, op, reverse=False):
-        """``a op b`` where either may be a scalar (``reverse``: ``b op a``)."""
+        """``a op b`` where either may be a scalar (``reverse``: ``b op a``); a tile operand
+        broadcast along every free dim is a per-partition scalar."""
         if reverse:
             a, b = b, a
-        if isinstance(a, View) and isinstance(b, View):
+        if isinstance(a, View) and a is b and op == "multiply":
+            self.act(dst, a, "square")  # x * x reads one tile: ScalarE's square, one pass
+            return
+        sa, sb = partition_scalar(a), partition_scalar(b)
+        if isinstance(a, View) and isinstance(b, View) and sb is not None and sa is None:
+            self.ts(dst, a, op, sb)
+        elif isinstance(a, View) and isinstance(b, View) and sa is not None and sb is None:
+            self.ts(dst, b, op, sa, rev0=True)
+        elif isinstance(a, View) and isinstance(b, View):
             self.tt(dst, a, b, op)
         elif isinstance(a, View):
             self.ts(dst, a, op, b)
@@ -81,6 +183,9 @@ class _Emit:
             self.ts(dst, b, op, a, rev0=True)
         else:
             raise _Decline(f"{op} of two scalars")
+
+
+_Emit = TileOps
 
 
 def _is_tile(v) -> bool:
@@ -91,7 +196,9 @@ def _default(v, d):
     return d if v is None else v
 
 
-# ---- op rows: (tensor argument names, emit(E, args) -> None or False to decline) ----
+# ---- op rows: (tensor argument names, emit(E, args)) ----
+# emit computes the tile into E.out and returns None; or returns a tile holding the result
+# already (a copy of an operand); or False to decline the call.
 
 def _unary(func, scale=1.0, bias=None, post=None):
     def emit(E, a):
@@ -238,7 +345,10 @@ def _zero(E, a):
 
 
 def _copy_like(E, a):
-    E.copy(E.out, a["self"])
+    src = a["self"]
+    if isinstance(src, View) and src.dtype == E.out.dtype:
+        return src  # the same bytes: stored straight from the tile they were loaded into
+    E.copy(E.out, src)
 
 
 def _leaky_relu(E, a):
@@ -364,12 +474,6 @@ def _isinf(E, a):
     E.ts(E.out, t, "equal", float("inf"))
 
 
-def _isfinite(E, a):
-    t = E.tmp()
-    E.act(t, a["self"], "abs")
-    E.ts(E.out, t, "less", float("inf"))  # NaN compares false
-
-
 def _remainder(E, a):
     """Python's modulo (the divisor's sign): fmod, plus the divisor where the signs differ."""
     x, y = a["self"], a["other"]
@@ -414,9 +518,11 @@ def _rsqrt_like(func):
 
 _BIN = ("self", "other")
 
+# Rows exist for ops that reach a backend: CompositeImplicitAutograd ops (subtract, clip,
+# isfinite, relu6, ...) are decomposed by torch before the device or the compiler sees them.
 OPS: dict[str, tuple[tuple[str, ...], object]] = {
     # unary, ScalarE activation table
-    "abs": _unary("abs"), "neg": _unary("negative"), "negative": _unary("negative"),
+    "abs": _unary("abs"), "neg": _unary("negative"),
     "exp": _unary("exp"), "log": _unary("log"), "sqrt": _unary("sqrt"), "rsqrt": _unary("rsqrt"),
     "tanh": _unary("tanh"), "sigmoid": _unary("sigmoid"), "relu": _unary("relu"),
     "sin": _unary("sin"), "cos": _unary("cos"), "erf": _unary("erf"), "sign": _unary("sign"),
@@ -427,15 +533,12 @@ OPS: dict[str, tuple[tuple[str, ...], object]] = {
     "leaky_relu": (("self",), _leaky_relu), "hardtanh": (("self",), _hardtanh),
     "elu": (("self",), _elu), "hardsigmoid": (("self",), _hardsigmoid),
     "hardswish": (("self",), _hardswish), "mish": (("self",), _mish),
-    "relu6": (("self",), lambda E, a: E.ts(E.out, a["self"], "maximum", 0.0, "minimum", 6.0)),
     # binary, VectorE ALU (tensor-tensor, or tensor-scalar with a runtime scalar)
     "add": (_BIN, lambda E, a: _alpha_other(E, a, "add")),
     "sub": (_BIN, lambda E, a: _alpha_other(E, a, "subtract")),
-    "subtract": (_BIN, lambda E, a: _alpha_other(E, a, "subtract")),
     "rsub": (_BIN, _rsub),
     "mul": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "multiply")),
-    "multiply": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "multiply")),
-    "div": (_BIN, _div), "divide": (_BIN, _div), "true_divide": (_BIN, _div),
+    "div": (_BIN, _div),
     "maximum": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "maximum")),
     "minimum": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "minimum")),
     "fmod": (_BIN, lambda E, a: E.binary(E.out, a["self"], a["other"], "mod")),
@@ -446,7 +549,7 @@ OPS: dict[str, tuple[tuple[str, ...], object]] = {
     "logical_and": _cmp("logical_and"), "logical_or": _cmp("logical_or"),
     "logical_xor": _cmp("logical_xor"),
     "logical_not": (("self",), lambda E, a: E.ts(E.out, a["self"], "equal", 0.0)),
-    "clamp": (("self", "min", "max"), _clamp), "clip": (("self", "min", "max"), _clamp),
+    "clamp": (("self", "min", "max"), _clamp),
     "clamp_min": (("self", "min"), _clamp_one("maximum")),
     "clamp_max": (("self", "max"), _clamp_one("minimum")),
     "where": (("condition", "self", "other"), _where),
@@ -455,7 +558,7 @@ OPS: dict[str, tuple[tuple[str, ...], object]] = {
     "lerp": (("self", "end", "weight"), _lerp),
     "fill": (("self", "value"), _fill), "zero": (("self",), _zero),
     "_to_copy": (("self",), _copy_like), "clone": (("self",), _copy_like),
-    "positive": (("self",), _copy_like), "alias_copy": (("self",), _copy_like),
+    "alias_copy": (("self",), _copy_like),
     # backward formulas of activations
     "sigmoid_backward": (("grad_output", "output"), _sigmoid_backward),
     "tanh_backward": (("grad_output", "output"), _tanh_backward),
@@ -465,7 +568,7 @@ OPS: dict[str, tuple[tuple[str, ...], object]] = {
     "native_dropout_backward": (("grad_output", "mask"), _dropout_backward),
     # classification
     "isnan": (("self",), lambda E, a: E.tt(E.out, a["self"], a["self"], "not_equal")),
-    "isinf": (("self",), _isinf), "isfinite": (("self",), _isfinite),
+    "isinf": (("self",), _isinf),
     "isposinf": (("self",), lambda E, a: E.ts(E.out, a["self"], "equal", float("inf"))),
     "isneginf": (("self",), lambda E, a: E.ts(E.out, a["self"], "equal", float("-inf"))),
 }
@@ -558,6 +661,7 @@ def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: Tensor
     plan = TilePlan(cshape, max_free=max_free, partitions=spec.partitions)
     views = {n: hbm_input(b, f"{prefix}in_{n}", m) for n, m in tensors}
     out_view = hbm_output(b, f"{prefix}out", out)
+    load = EngineLoad(b)
     for tile in plan.tiles:
         tshape = (tile.partitions, tile.free)
         args = {}
@@ -567,11 +671,12 @@ def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: Tensor
             args[n] = _load_operand(b, plan, tile, views[n], st, m, tshape, n)
         o = b.sbuf(tshape, out.device_dtype, site="ew.out")
         try:
-            if emit(_Emit(b, o, tshape), args) is False:
-                return False
+            result = emit(TileOps(b, o, tshape, load=load), args)
         except _Decline:
             return False
-        b.dma_copy(plan.operand_ap(out_view, cstrides[0], tile), o)
+        if result is False:
+            return False
+        b.dma_copy(plan.operand_ap(out_view, cstrides[0], tile), result if isinstance(result, View) else o)
     return True
 
 

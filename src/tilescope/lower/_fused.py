@@ -83,21 +83,6 @@ def _softmax_like(kernel_name):
     return build
 
 
-def _pointwise(kernel_name, extra=lambda named: ()):
-    def build(call: Call, spec):
-        from . import kernels
-
-        named = call.named()
-        x = named.get("self")
-        if not isinstance(x, TensorMeta) or x.ndim == 0 or len(call.outputs) != 1:
-            return None
-        rd = _rows_d(x, x.shape[-1])
-        if rd is None or call.outputs[0].dtype != x.dtype:
-            return None
-        return _program(getattr(kernels, kernel_name), spec, _spec(rd, x.dtype), *extra(named))
-    return build
-
-
 def _softmax_backward(kernel_name):
     def build(call: Call, spec):
         from . import kernels
@@ -214,8 +199,6 @@ FUSED = {
     "_log_softmax_backward_data": Rule("fused:log_softmax_backward",
                                        _softmax_backward("log_softmax_backward_kernel"),
                                        "log_softmax_backward_kernel"),
-    "gelu": Rule("fused:gelu", _pointwise("gelu_kernel", lambda n: (n.get("approximate", "none"),)), "gelu_kernel"),
-    "silu": Rule("fused:silu", _pointwise("silu_kernel"), "silu_kernel"),
     "tilescope::rms_norm": Rule("fused:rms_norm", _rms_norm, "rms_norm_kernel"),
     "tilescope::rms_norm_backward": Rule("fused:rms_norm_backward", _rms_norm_backward, "rms_norm_backward_kernel"),
     "_scaled_dot_product_fused_attention_overrideable": Rule("fused:attention", _attention, "attention_kernel"),

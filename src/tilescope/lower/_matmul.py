@@ -3,14 +3,9 @@
 ``C[M, N] = A[M, K] @ B[K, N]`` maps onto the systolic array as
 ``PSUM[M, N] (+)= stationary[K, M].T @ moving[K, N]``: K on the 128 partitions
 (contraction), M <= 128 stationary columns, N <= 512 moving columns (one PSUM bank of
-fp32), accumulating over K tiles in PSUM. Operands are loaded in whichever
-orientation their memory layout allows cheaply:
-
-* ``A`` row-major (``[M, K]`` rows contiguous): load ``[M, K]`` tiles and transpose them
-  on TensorE (a matmul against identity) into ``[K, M]`` once per row block;
-  ``A`` that is a transposed view (``X.T`` with ``X`` row-major): load ``[K, M]`` directly;
-* ``B`` row-major: load ``[K, N]`` directly; ``B`` a transposed view (a ``Linear``
-  weight, ``W.T``): load ``[N, K]`` rows and transpose on TensorE.
+fp32), accumulating over K tiles in PSUM -- the GEMM of :mod:`._gemm`, shared with the
+compiler, which loads operands in whichever orientation their layout allows cheaply and
+keeps on chip what fits.
 
 The epilogue (``beta * bias + alpha * product``, cast to the output dtype) runs while
 copying PSUM out to SBUF. Convolution (``convolution_overrideable``, 2-D, groups 1)
@@ -25,91 +20,13 @@ from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import Call, ScalarArg, TensorMeta
 from ._elementwise import broadcast_strides
+from ._gemm import PE_DTYPES as _PE_DTYPES
+from ._gemm import Gemm, _mat
 from ._layout import hbm_input, hbm_output
 from ._rules import Rule, add_rules
 from ..isa import RuntimeScalar
 
 __all__ = ["lower_matmul", "lower_conv"]
-
-_PE_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def _mat(view: View, offset: int, rows: int, row_stride: int, cols: int, col_stride: int) -> View:
-    ap = view.ap
-    return View(view.buffer, AP(ap.buffer, ap.dtype, ap.offset + offset, ((row_stride, rows), (col_stride, cols))),
-                (rows, cols))
-
-
-class _Gemm:
-    """Emits one ``C = epilogue(A @ B)`` on TensorE (A: M x K, B: K x N, element strides)."""
-
-    def __init__(self, b: TileBuilder, spec, dtype: str):
-        self.b = b
-        self.spec = spec
-        self.dtype = dtype if dtype in _PE_DTYPES else "float32"
-        self.P = spec.partitions
-        self.ncols = spec.matmul_moving_fmax
-        self.mcols = spec.matmul_stationary_fmax
-        self._ident = None
-
-    def _load(self, src: View, rows: int, cols: int, site: str, dtype: str) -> View:
-        t = self.b.sbuf((rows, cols), dtype, site=site)
-        self.b.dma_copy(t, src)
-        if dtype not in _PE_DTYPES:
-            c = self.b.sbuf((rows, cols), "float32", site=site + ".cast")
-            self.b.tensor_copy(c, t)
-            return c
-        return t
-
-    def _transposed(self, src: View, rows: int, cols: int, site: str, dtype: str) -> View:
-        """Load ``src`` [rows, cols] (rows <= 128, cols <= 128) and return its transpose [cols, rows] in SBUF."""
-        t = self._load(src, rows, cols, site + ".rows", dtype)
-        ps = self.b.psum((cols, rows), "float32", site=site + ".ps")
-        self.b.transpose(ps, t)
-        out = self.b.sbuf((cols, rows), t.dtype, site=site + ".T")
-        self.b.tensor_copy(out, ps)
-        return out
-
-    def emit(self, A: View, a_off: int, a_rs: int, a_cs: int, B: View, b_off: int, b_rs: int, b_cs: int,
-             C: View, c_off: int, c_rs: int, c_cs: int, M: int, K: int, N: int, a_dtype: str, b_dtype: str,
-             out_dtype: str, epilogue=None) -> None:
-        b, P = self.b, self.P
-        a_transposed_view = a_rs == 1 and a_cs != 1  # A = X.T with X row-major: [K, M] rows contiguous
-        b_transposed_view = b_rs == 1 and b_cs != 1  # B = W.T with W row-major: [N, K] rows contiguous
-        ncols = self.mcols if b_transposed_view else self.ncols
-        for m0 in range(0, M, self.mcols):
-            ms = min(self.mcols, M - m0)
-            # stationary tiles A^T[k-block, m-block], prepared once per row block
-            stat = []
-            for k0 in range(0, K, P):
-                ks = min(P, K - k0)
-                if a_transposed_view:
-                    src = _mat(A, a_off + k0 * a_cs + m0 * a_rs, ks, a_cs, ms, a_rs)
-                    stat.append(self._load(src, ks, ms, "mm.a", a_dtype))
-                elif a_cs == 1 and ks <= P:
-                    src = _mat(A, a_off + m0 * a_rs + k0 * a_cs, ms, a_rs, ks, a_cs)
-                    stat.append(self._transposed(src, ms, ks, "mm.a", a_dtype))
-                else:
-                    src = _mat(A, a_off + k0 * a_cs + m0 * a_rs, ks, a_cs, ms, a_rs)
-                    stat.append(self._load(src, ks, ms, "mm.a", a_dtype))
-            for n0 in range(0, N, ncols):
-                ns = min(ncols, N - n0)
-                acc = b.psum((ms, ns), "float32", site="mm.acc")
-                for kt, k0 in enumerate(range(0, K, P)):
-                    ks = min(P, K - k0)
-                    if b_transposed_view:
-                        src = _mat(B, b_off + n0 * b_cs + k0 * b_rs, ns, b_cs, ks, b_rs)
-                        mv = self._transposed(src, ns, ks, "mm.b", b_dtype)
-                    else:
-                        src = _mat(B, b_off + k0 * b_rs + n0 * b_cs, ks, b_rs, ns, b_cs)
-                        mv = self._load(src, ks, ns, "mm.b", b_dtype)
-                    b.matmul(acc, stat[kt], mv, accumulate=kt > 0)
-                res = b.sbuf((ms, ns), out_dtype, site="mm.out")
-                if epilogue is None:
-                    b.tensor_copy(res, acc)
-                else:
-                    epilogue(res, acc, m0, ms, n0, ns)
-                b.dma_copy(_mat(C, c_off + m0 * c_rs + n0 * c_cs, ms, c_rs, ns, c_cs), res)
 
 
 def _is_one(v) -> bool:
@@ -147,7 +64,7 @@ def lower_matmul(call: Call, spec):
     bias = named.get("self") if op in ("addmm", "baddbmm", "addmv") else None
     alpha, beta = named.get("alpha", 1), named.get("beta", 1)
     b = TileBuilder(call.op, spec)
-    g = _Gemm(b, spec, a.device_dtype)
+    g = Gemm(b)
     with b.provenance(op=call.op):
         A = hbm_input(b, "in_a", a)
         B = hbm_input(b, "in_b", bm)
@@ -177,17 +94,30 @@ def lower_matmul(call: Call, spec):
         for bi, (a_rs, a_cs, b_rs, b_cs, c_rs, c_cs, M, K, N, a_off, b_off, c_off) in enumerate(dims):
             epi = None
             if Bias is not None or not _is_one(alpha):
-                epi = _epilogue(b, Bias, bias_strides, batch, bi, alpha, beta, bias, out)
-            g.emit(A, a_off, a_rs, a_cs, B, b_off, b_rs, b_cs, C, c_off, c_rs, c_cs, M, K, N,
-                   a.device_dtype, bm.device_dtype, out.device_dtype, epi)
+                epi = _epilogue(b, g, Bias, bias_strides, batch, bi, alpha, beta, bias, out, N)
+            g.emit(A, a_off, a_rs, a_cs, B, b_off, b_rs, b_cs, M, K, N, a.device_dtype, bm.device_dtype,
+                   _store_block(b, g, C, c_off, c_rs, c_cs, out.device_dtype, epi))
     return b.build(meta={"lowering": "matmul"})
 
 
-def _epilogue(b, Bias, bias_strides, batch, bi, alpha, beta, bias_meta, out):
-    def emit(res, acc, m0, ms, n0, ns):
-        if Bias is None:
-            b.activation(res, acc, "copy", scale=_scalar(alpha))
-            return
+def _store_block(b, g, C, c_off, c_rs, c_cs, out_dtype, epilogue):
+    """Each finished PSUM block: the epilogue (or a plain evacuation) into SBUF, then to ``C``."""
+    def block(acc, m0, ms, n0, ns):
+        res = b.sbuf((ms, ns), out_dtype, site="mm.out")
+        if epilogue is None:
+            g._evacuate(res, acc)
+        else:
+            epilogue(res, acc, m0, ms, n0, ns)
+        b.dma_copy(_mat(C, c_off + m0 * c_rs + n0 * c_cs, ms, c_rs, ns, c_cs), res)
+    return block
+
+
+def _epilogue(b, g, Bias, bias_strides, batch, bi, alpha, beta, bias_meta, out, N):
+    """``alpha * product + beta * bias`` as each block leaves PSUM. A bias broadcast over the
+    rows (a Linear's [N]) is read once into every partition -- as the compiler's fused epilogue
+    reads it -- instead of once per block."""
+    held = None
+    if Bias is not None:
         if batch:
             bs_b, rs, cs = bias_strides[0], bias_strides[1], bias_strides[2]
             off = bi * bs_b
@@ -197,16 +127,28 @@ def _epilogue(b, Bias, bias_strides, batch, bi, alpha, beta, bias_meta, out):
         else:  # addmv: bias over M
             rs, cs = bias_strides[0], 0
             off = 0
-        t = b.sbuf((ms, ns), bias_meta.device_dtype, site="mm.bias")
-        b.dma_copy(t, _mat(Bias, off + m0 * rs + n0 * cs, ms, rs, ns, cs))
-        scaled = b.sbuf((ms, ns), "float32", site="mm.epi")
-        b.activation(scaled, acc, "copy", scale=_scalar(alpha))
-        if _is_one(beta):
-            b.tensor_tensor(res, scaled, t, "add")
+        if rs == 0 and N * bias_meta.itemsize <= g.budget // 4:
+            held = b.sbuf((g.P, N), bias_meta.device_dtype, site="mm.bias", bufs=1)
+            b.dma_copy(held, _mat(Bias, off, g.P, 0, N, cs))
+
+    def emit(res, acc, m0, ms, n0, ns):
+        if Bias is None:
+            b.activation(res, acc, "copy", scale=_scalar(alpha))
+            return
+        if held is not None:
+            t = held[:ms, n0:n0 + ns]
         else:
+            t = b.sbuf((ms, ns), bias_meta.device_dtype, site="mm.bias")
+            b.dma_copy(t, _mat(Bias, off + m0 * rs + n0 * cs, ms, rs, ns, cs))
+        product = acc
+        if not _is_one(alpha):
+            product = b.sbuf((ms, ns), "float32", site="mm.epi")
+            b.activation(product, acc, "copy", scale=_scalar(alpha))
+        if not _is_one(beta):
             tb = b.sbuf((ms, ns), "float32", site="mm.bias_scaled")
             b.tensor_scalar(tb, t, "multiply", _scalar(beta))
-            b.tensor_tensor(res, scaled, tb, "add")
+            t = tb
+        b.tensor_tensor(res, product, t, "add")
     return emit
 
 

@@ -25,7 +25,8 @@ from ._call import Call, ScalarArg, TensorMeta
 from ._layout import coalesce, hbm_input, hbm_output
 from ._rules import Rule, add_rules
 
-__all__ = ["lower_reduction", "REDUCTIONS"]
+__all__ = ["lower_reduction", "REDUCTIONS", "reduce_chunk", "finish_reduction", "bn_stats_tile", "bn_stats_into",
+           "variance_from_stats", "variance_two_pass"]
 
 _FREE = 4096  # input elements per partition per tile
 _COLS = 512  # TensorE moving free size (one PSUM bank of fp32)
@@ -161,6 +162,7 @@ def _rows(b, spec, x, out, xin, yout, kshape, kin, kout, rshape, rin, red_op, po
     ks_in, ks_out = kin[-1], kout[-1]
     for in_off, out_off, p, k in _row_blocks(kshape, kin, kout, max(1, _FREE // chunk), spec.partitions):
         acc = b.sbuf((p, k), "float32", site="red.acc")
+        stats = bn_stats_tile(b, p, n_red, site="red") if post in ("var", "std") and k == 1 else None
         for c0 in range(0, n_red, chunk):
             cw = min(chunk, n_red - c0)
             t = b.sbuf((p, k * cw), x.device_dtype, site="red.in")
@@ -173,46 +175,110 @@ def _rows(b, spec, x, out, xin, yout, kshape, kin, kout, rshape, rin, red_op, po
             src = AP(xin.ap.buffer, xin.ap.dtype, xin.ap.offset + in_off + off,
                      ((k * ks_in, p), (ks_in, k)) + red_dims)
             b.dma_copy(t, View(xin.buffer, src, (p, k, cw)))
-            tv = _sb(t, (p, k, cw))
-            if post in ("var", "std"):
-                _variance(b, acc, t, tv, (p, k, cw), n_red, correction, post)
-                continue
-            if post in ("nonzero", "norm0", "norm1", "norm2", "normabs", "pnorm"):
-                nz = b.sbuf((p, k * cw), "float32", site="red.nz")
-                if post in ("nonzero", "norm0"):
-                    b.tensor_scalar(nz, t, "not_equal", 0.0)
-                elif post == "norm2":
-                    b.activation(nz, t, "square")
-                else:
-                    b.activation(nz, t, "abs")
-                    if post == "pnorm":
-                        b.tensor_scalar(nz, nz, "power", correction)
-                tv = _sb(nz, (p, k, cw))
-            if c0 == 0:
-                b.tensor_reduce(acc, tv, red_op, axes=(2,))
+            if stats is not None:
+                bn_stats_into(b, stats, t, c0)
+            elif post in ("var", "std"):
+                variance_two_pass(b, acc, t, (p, k, cw), n_red, correction, post)
             else:
-                part = b.sbuf((p, k), "float32", site="red.part")
-                b.tensor_reduce(part, tv, red_op, axes=(2,))
-                b.tensor_tensor(acc, acc, part, {"add": "add", "max": "maximum", "min": "minimum",
-                                                 "multiply": "multiply"}[red_op])
-        if post == "norm2":
-            b.activation(acc, acc, "sqrt")
-        elif post == "pnorm":
-            b.tensor_scalar(acc, acc, "power", 1.0 / correction)
-        res = acc
-        if post == "mean":
-            res = b.sbuf((p, k), out.device_dtype, site="red.res")
-            b.tensor_scalar(res, acc, "multiply", 1.0 / n_red)
-        elif out.device_dtype != "float32":
-            res = b.sbuf((p, k), out.device_dtype, site="red.res")
-            b.tensor_copy(res, acc)
+                reduce_chunk(b, acc, t, (p, k, cw), red_op, post, correction, first=c0 == 0)
+        if stats is not None:
+            variance_from_stats(b, acc, stats, n_red, correction, post)
+        res = finish_reduction(b, acc, post, n_red, correction, out.device_dtype)
         dst = AP(yout.ap.buffer, yout.ap.dtype, yout.ap.offset + out_off, ((k * ks_out, p), (ks_out, k)))
         b.dma_copy(View(yout.buffer, dst, (p, k)), res)
     return None
 
 
-def _variance(b, acc, t, tv, shape3, n, correction, post):
+# ---- one tile's reduction along its last free axis: shared with the compiler's fusion ------------
+
+_COMBINE = {"add": "add", "max": "maximum", "min": "minimum", "multiply": "multiply"}
+_PRE = ("nonzero", "norm0", "norm1", "norm2", "normabs", "pnorm")
+
+
+def reduce_chunk(b, acc, t, shape3, red_op: str, post, order=None, *, first: bool = True, site: str = "red"):
+    """Reduce tile ``t`` ([p, k * n], seen as [p, k, n]) along its last axis into ``acc`` [p, k]
+    (float32), by a row of :data:`REDUCTIONS`: the element step some reductions take first
+    (``x != 0`` for any/all, ``|x|`` or ``x^2`` for norms), then ``tensor_reduce``; a chunk after
+    the ``first`` is reduced apart and combined with what ``acc`` holds."""
+    p, k, n = shape3
+    tv = _sb(t, shape3)
+    if post in _PRE:
+        nz = b.sbuf((p, k * n), "float32", site=f"{site}.nz")
+        if post in ("nonzero", "norm0"):
+            b.tensor_scalar(nz, t, "not_equal", 0.0)
+        elif post == "norm2":
+            b.activation(nz, t, "square")
+        else:
+            b.activation(nz, t, "abs")
+            if post == "pnorm":
+                b.tensor_scalar(nz, nz, "power", order)
+        tv = _sb(nz, shape3)
+    if first:
+        b.tensor_reduce(acc, tv, red_op, axes=(2,))
+        return
+    part = b.sbuf((p, k), "float32", site=f"{site}.part")
+    b.tensor_reduce(part, tv, red_op, axes=(2,))
+    b.tensor_tensor(acc, acc, part, _COMBINE[red_op])
+
+
+def finish_reduction(b, acc, post, n: int, order, out_dtype: str, *, site: str = "red"):
+    """The reduction's last step on ``acc`` [p, k] (a mean's 1/n, a norm's root) and the cast to
+    ``out_dtype``; returns the tile holding the result."""
+    p, k = acc.shape
+    if post == "norm2":
+        b.activation(acc, acc, "sqrt")
+    elif post == "pnorm":
+        b.tensor_scalar(acc, acc, "power", 1.0 / order)
+    if post == "mean":
+        res = b.sbuf((p, k), out_dtype, site=f"{site}.res")
+        b.tensor_scalar(res, acc, "multiply", 1.0 / n)
+        return res
+    if out_dtype != "float32":
+        res = b.sbuf((p, k), out_dtype, site=f"{site}.res")
+        b.tensor_copy(res, acc)
+        return res
+    return acc
+
+
+_BN_FMAX = 512  # [isa] bn_stats reads at most 512 elements per partition
+
+
+def bn_stats_tile(b, p: int, n: int, *, site: str):
+    """The [p, 6 * groups] statistics tile ``bn_stats`` fills for rows of ``n`` elements."""
+    return b.sbuf((p, 6 * -(-n // _BN_FMAX)), "float32", site=f"{site}.bnstats")
+
+
+def bn_stats_into(b, stats, t, col0: int) -> None:
+    """Statistics of tile ``t`` [p, n] (columns ``col0``.. of the row, one row per partition) into
+    their groups of ``stats``, 512 elements per ``bn_stats``."""
+    n = t.shape[-1]
+    for c in range(0, n, _BN_FMAX):
+        g = (col0 + c) // _BN_FMAX
+        b.bn_stats(stats[:, 6 * g:6 * g + 6], t[:, c:min(n, c + _BN_FMAX)])
+
+
+def variance_from_stats(b, dst, stats, n: int, correction, post) -> None:
+    """``bn_aggr`` of the row's statistics into ``dst`` [p, 1]: the population variance, rescaled by
+    torch's ``correction`` (a number or a runtime scalar); its root for ``std``."""
+    p = dst.shape[0]
+    mv = b.sbuf((p, 2), "float32", site="red.mv")
+    b.bn_aggr(mv, stats)
+    if isinstance(correction, RuntimeScalar):
+        denom = b.sbuf((p, 1), "float32", site="red.denom")
+        b.memset(denom, float(n))
+        b.tensor_scalar(denom, denom, "subtract", correction)
+        b.tensor_scalar(dst, mv[:, 1:2], "multiply", float(n), "divide", denom)
+    else:
+        b.tensor_scalar(dst, mv[:, 1:2], "multiply", n / (n - correction) if n - correction > 0 else float("nan"))
+    if post == "std":
+        b.activation(dst, dst, "sqrt")
+
+
+def variance_two_pass(b, acc, t, shape3, n, correction, post):
+    """Variance of each of a tile's ``k`` rows per partition ([p, k, n]): the mean, then the mean
+    of squared deviations (``bn_stats`` sums over a whole partition, so it serves k = 1 only)."""
     p, k, cw = shape3
+    tv = _sb(t, shape3)
     mean = b.sbuf((p, k), "float32", site="red.mean")
     b.tensor_reduce(mean, tv, "add", axes=(2,))
     b.tensor_scalar(mean, mean, "multiply", 1.0 / n)
