@@ -1,10 +1,20 @@
 """Turning planned segments into Programs, through the one tile builder.
 
-Row groups become one loop over 128-row tiles: each input tile is loaded once,
-every op of the group runs on SBUF tiles, each output is stored once. Values that
-do not fit in the SBUF budget are spilled to an HBM scratch tensor and reloaded
-(visibly: ``spill`` provenance labels, counted by ``explain``). Matmul segments
-run TensorE over K tiles into PSUM and apply their epilogue while evacuating PSUM.
+A row group's ``[rows, D]`` space is tiled as the eager elementwise lowering tiles an op:
+``p`` partitions x ``k`` consecutive rows x ``cw`` columns, narrow rows packed ``k`` to a
+partition, rows wider than the SBUF budget cut into column chunks. Every op is computed by its
+row of the eager lowering's tables -- :data:`tilescope.lower._elementwise.OPS` for pointwise ops,
+the per-tile reduction functions of :mod:`tilescope.lower._reduce` -- over tiles already on chip,
+so an op is defined once for both paths; the fuser only decides where operands live and in what
+order the tiles go.
+
+With column chunks, a value reduced over the whole row is complete only after the last chunk:
+the group then runs in *passes*, each streaming the row's chunks once and recomputing what it
+needs from the group's inputs; a max and the sum of ``exp(x - max)`` share one pass (an online
+log-sum-exp, as flash attention keeps its softmax statistics). Values that do not fit the SBUF
+budget are spilled to an HBM scratch tensor and reloaded (``spill`` provenance labels, counted by
+``explain``). Matmul segments stream their output blocks through the same emitter as the
+epilogue's tiles (:mod:`._matmul`).
 """
 
 from __future__ import annotations
@@ -12,441 +22,659 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
-import numpy as np
 import torch
 import torch.fx as fx
 
 from ..dtypes import canonical, itemsize
-from ..isa import ACTIVATIONS, ALU_OPS
 from ..errors import CapacityError
-from ..program import TileBuilder
-from ._ops import BINARY, CASTS, REDUCTIONS, UNARY, VIEWS, packet_name, pow_scalar_rule
+from ..isa import AP, Activation, ActivationReduce
+from ..lower import _reduce as red
+from ..lower._elementwise import _MAX_FREE as _EW_MAX_FREE
+from ..lower._elementwise import EngineLoad, TileOps, _Decline, balanced_copy
+from ..program import TileBuilder, View
+from ._ops import CONSTANTS, MATMULS, REDUCTIONS, VIEWS, is_reduction, named_args, packet_name, row_of
 from ._plan import Segment, _tensor_args, node_dtype, node_shape, value_class
 
 __all__ = ["emit_segments", "EmitStats"]
 
 P = 128
-_ACT_ALU = {"multiply", "add", "subtract"}  # ALU ops ScalarE can do as scale / bias
+TILE_FREE = _EW_MAX_FREE  # elements per partition of a tile of packed narrow rows, as eager tiles
+MIN_CHUNK = 512  # narrowest column chunk: one PSUM bank of fp32, one bn_stats group
 
 
 @dataclass
 class EmitStats:
     spilled_values: list[str] = field(default_factory=list)
     spill_bytes: int = 0
-    bufs: int = 2
+    bufs: int = 3
+    passes: int = 1  # the most passes over its rows a group took (column chunks and reductions)
 
 
 def _dt(torch_dtype) -> str:
     return canonical(torch_dtype if torch_dtype != torch.bool else "uint8")
 
 
+class _Unfusable(Exception):
+    pass
+
+
 @dataclass
 class _Val:
-    kind: str  # row | rowvec | colvec | const
+    kind: str  # row | rowvec | colvec | scalar | const
     dtype: str
-    tile: object = None  # a Handle (row tiles: [n, D]; rowvec: [n, 1]; colvec: [P, D])
+    tile: View | None = None
     const: float | None = None
-    once: bool = False  # loaded before the loop (colvec, scalar tensors)
-    spill: object = None  # HBM scratch holding it when spilled
-    width: int = 0
-    act: int | None = None  # index of the ScalarE activation that produced it (reduce fusion)
+    spill: View | None = None  # HBM scratch holding a spilled row value
+    act: int | None = None  # index of the one activation that produced it (activation_reduce)
 
 
-class _RowGroupEmitter:
-    def __init__(self, b: TileBuilder, seg: Segment, budget: int, stats: EmitStats):
+@dataclass(frozen=True)
+class _Block:
+    """One tile of a row group: ``p`` partitions x ``k`` consecutive rows from row ``r0``, columns
+    ``c0 .. c0 + cw``."""
+
+    r0: int
+    p: int
+    k: int
+    c0: int
+    cw: int
+
+    def shape(self, kind: str) -> tuple[int, int]:
+        return {"row": (self.p, self.k * self.cw), "rowvec": (self.p, self.k),
+                "colvec": (P, self.cw), "scalar": (P, 1)}[kind]
+
+
+def _row_blocks(rows: int, k_max: int):
+    """``(r0, p, k)`` covering ``rows``: ``p`` partitions of ``k`` consecutive rows (as TilePlan)."""
+    r = 0
+    while r < rows:
+        left = rows - r
+        k = min(k_max, -(-left // P))
+        p = min(P, left // k)
+        yield r, p, k
+        r += p * k
+
+
+def _matmul_operands(node: fx.Node) -> tuple:
+    """The two matrices of a matmul node (addmm's bias is an epilogue operand)."""
+    return tuple(node.args[1:3]) if packet_name(node.target) == "addmm" else tuple(node.args[:2])
+
+
+def _region(handle: View, kind: str, blk: _Block, d: int) -> View:
+    """The HBM region of a value of ``kind`` (stored as [rows, d], [rows, 1], [1, d] or [1, 1]) that
+    tile ``blk`` reads or writes; broadcast values are read into all P partitions."""
+    ap = handle.ap
+    if kind == "row":
+        dims, off, shape = ((blk.k * d, blk.p), (d, blk.k), (1, blk.cw)), blk.r0 * d + blk.c0, (blk.p, blk.k, blk.cw)
+    elif kind == "rowvec":
+        dims, off, shape = ((blk.k, blk.p), (1, blk.k)), blk.r0, (blk.p, blk.k)
+    elif kind == "colvec":
+        dims, off, shape = ((0, P), (1, blk.cw)), blk.c0, (P, blk.cw)
+    else:
+        dims, off, shape = ((0, P), (1, 1)), 0, (P, 1)
+    dims = dims[:1] + tuple(dm for dm in dims[1:] if dm[1] != 1) or dims[:1] + ((1, 1),)
+    return View(handle.buffer, AP(ap.buffer, ap.dtype, ap.offset + off, dims), shape)
+
+
+def _as_operand(v: _Val, out_kind: str, blk: _Block):
+    """Value ``v`` as an operand of an op whose result is ``out_kind``: a number, the value's
+    tile, or a stride-0 view broadcasting it over the result's tile."""
+    if v.kind == "const":
+        return v.const
+    t = v.tile
+    if v.kind == out_kind:
+        return t
+    p, k, cw = blk.p, blk.k, blk.cw
+    ps = t.ap.dims[0][0]  # the tile's partition stride (a block of a wider tile keeps its own)
+    if out_kind == "row":
+        shape = (p, k * cw)
+        dims = {"rowvec": ((ps, p), (1, k), (0, cw)), "colvec": ((ps, p), (0, k), (1, cw)),
+                "scalar": ((ps, p), (0, k * cw))}.get(v.kind)
+    elif out_kind == "rowvec" and v.kind == "scalar":
+        shape, dims = (p, k), ((ps, p), (0, k))
+    elif out_kind == "colvec" and v.kind == "scalar":
+        shape, dims = (P, cw), ((ps, P), (0, cw))
+    else:
+        dims = None
+    if dims is None:
+        raise _Unfusable(f"a {v.kind} value cannot be an operand of a {out_kind} result")
+    return View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset, dims), shape)
+
+
+def _fold(node: fx.Node, env: dict) -> float:
+    """An op of constants, computed once at compile time."""
+    def conv(a):
+        if isinstance(a, fx.Node):
+            return torch.tensor(env[a].const, dtype=node_dtype(a) or torch.float32)
+        return a
+
+    kwargs = {k: conv(v) for k, v in node.kwargs.items() if k != "device"}
+    return float(node.target(*(conv(a) for a in node.args), **kwargs))
+
+
+def _reduction_params(node: fx.Node):
+    """(engine reduce op, post-processing, order or correction) of a fused reduction node."""
+    name = packet_name(node.target)
+    red_op, post = REDUCTIONS[name]
+    named = named_args(node)
+    extra = None
+    if post in ("var", "std"):
+        extra = named.get("correction")
+        if extra is None:
+            extra = 1 if named.get("unbiased", True) is not False else 0
+    elif post == "norm":
+        order = named.get("ord", 2)
+        order = 2 if order is None else order
+        red_op, post = red._NORMS.get(order, ("add", "pnorm"))
+        extra = float(order)
+    return red_op, post, extra
+
+
+class _RowGroup:
+    """Emits one row group (or the epilogue of a matmul segment, block by block)."""
+
+    def __init__(self, b: TileBuilder, seg: Segment, hbm: dict, budget: int, stats: EmitStats):
         self.b = b
         self.seg = seg
-        # shapes are classified in the segment's space; tiles follow its layout (a pointwise-only
-        # group may be re-laid out as wider rows), or a matmul block's width
-        self.crows, self.cd = seg.space
-        self.rows, self.d = seg.layout or seg.space
+        self.hbm = hbm
         self.budget = budget
         self.stats = stats
-        self.engine_time = {"act": 0.0, "dve": 0.0}
-        order = {n: k for k, n in enumerate(seg.nodes)}
-        self.uses: dict = {}
-        for n in seg.nodes:
-            for a in _tensor_args(n):
-                self.uses.setdefault(a, []).append(order[n])
-        for n in seg.outputs:
-            self.uses.setdefault(n, []).append(len(seg.nodes))
-        self.pos = 0
+        self.rows, self.d = seg.space
+        self.nodes = list(seg.nodes)
+        self.products: dict = {}  # matmul node -> its product in PSUM, per output block
+        self.load = EngineLoad(b)
+        # the inputs the group's ops read (a matmul's operands are the GEMM's, not the epilogue's)
+        gemm_operands = {(n, a) for n in self.nodes if packet_name(n.target) in MATMULS
+                         for a in _matmul_operands(n)}
+        used = {a for n in self.nodes for a in _tensor_args(n) if (n, a) not in gemm_operands}
+        self.inputs = [a for a in seg.inputs if a in used]
+        self.cls: dict = {}
+        for n in self.inputs + self.nodes:
+            self.cls[n] = self._classify(n)
+        self.outputs = list(seg.outputs)
+        self.once: dict = {}  # values loaded or computed once for the whole group
+        self.colvec_full: dict = {}  # matmul epilogues: colvec inputs held whole, sliced per block
+        self._live_row_bytes = 0
 
-    # ---- memory accounting and spills ---------------------------------------
-    def _live_bytes(self, env) -> int:
-        return sum(v.width * itemsize(v.dtype) for v in env.values()
-                   if v.tile is not None and not v.once and v.kind != "const")
+    # ---- classification and tiling ----------------------------------------------------------
+    def _classify(self, node) -> str:
+        if isinstance(node, fx.Node) and node.op == "call_function" and is_reduction(packet_name(node.target)):
+            return "rowvec"
+        cls = value_class(node_shape(node), self.rows, self.d)
+        if cls is None:
+            raise _Unfusable(f"{node.name} of shape {node_shape(node)} does not fit the [{self.rows}, {self.d}] space")
+        return cls
+
+    def _peak_row_values(self) -> int:
+        last = {}
+        for k, n in enumerate(self.nodes):
+            for a in _tensor_args(n):
+                last[a] = k
+        for o in self.outputs:
+            last[o] = len(self.nodes)
+        live = {a for a in self.inputs if self.cls.get(a) == "row"}
+        peak = len(live)
+        for k, n in enumerate(self.nodes):
+            if self.cls[n] == "row" and packet_name(n.target) not in VIEWS:
+                live.add(n)
+            peak = max(peak, len(live))
+            live = {v for v in live if last.get(v, -1) > k}
+        return max(1, peak)
+
+    def _tiling(self) -> tuple[int, int]:
+        """(k, cw): rows per partition and column chunk width of this group's tiles.
+
+        Rows of at least MIN_CHUNK elements make efficient tiles one per partition (and keep
+        ``bn_stats`` usable); narrower ones are packed ``k`` to a partition, up to the eager
+        lowering's tile size. Rows wider than the budget are cut into column chunks."""
+        per_elem = 4 * self._peak_row_values()  # engines compute in fp32
+        d = max(self.d, 1)
+        if d * per_elem > self.budget:
+            cw = max(MIN_CHUNK, self.budget // per_elem // MIN_CHUNK * MIN_CHUNK)
+            return 1, min(cw, d)
+        if d >= MIN_CHUNK:
+            return 1, d
+        k = min(max(1, TILE_FREE // d), max(1, self.budget // (d * per_elem)), max(1, -(-self.rows // P)))
+        return k, d
+
+    # ---- memory: spills of row values --------------------------------------------------------
+    def _row_live(self, env) -> int:
+        return sum(v.tile.ap.free_size * itemsize(v.dtype) for v in env.values()
+                   if v.kind == "row" and v.tile is not None and v.tile.buffer.memory == "sbuf")
 
     def _next_use(self, node) -> int:
-        later = [u for u in self.uses.get(node, []) if u >= self.pos]
+        later = [u for u in self.uses.get(node, ()) if u >= self.pos]
         return later[0] if later else 10**9
 
-    def _make_room(self, env, need: int, r0: int, n: int) -> None:
-        while self._live_bytes(env) + need > self.budget:
-            victims = [(self._next_use(k), k) for k, v in env.items()
-                       if v.tile is not None and not v.once and v.kind != "const" and self._next_use(k) > self.pos]
+    def _make_room(self, env, need: int, blk: _Block) -> None:
+        while self._row_live(env) + need > self.budget:
+            victims = [(self._next_use(n), n.name, n) for n, v in env.items()
+                       if v.kind == "row" and v.tile is not None and v.tile.buffer.memory == "sbuf"
+                       and self._next_use(n) > self.pos]
             if not victims:
                 return
-            _, node = max(victims, key=lambda t: (t[0], t[1].name))
+            _, _, node = max(victims, key=lambda t: (t[0], t[1]))
             v = env[node]
             if self._next_use(node) >= 10**9:
                 v.tile = None  # dead: nothing to save
                 continue
             if v.spill is None:
-                v.spill = self.b.scratch((self.rows, v.width), v.dtype, name=f"spill_{node.name}")
-                self.stats.spilled_values.append(node.name)
+                if node not in self._spills:
+                    self._spills[node] = self.b.scratch((self.rows, self.d), v.dtype, name=f"spill_{node.name}")
+                    self.stats.spilled_values.append(node.name)
+                v.spill = self._spills[node]
             with self.b.provenance(label="spill"):
-                self.b.dma_copy(v.spill[r0:r0 + n], v.tile[:n])
-            self.stats.spill_bytes += n * v.width * itemsize(v.dtype)
+                self.b.dma_copy(_region(v.spill, "row", blk, self.d), v.tile)
+            self.stats.spill_bytes += v.tile.ap.free_size * blk.p * itemsize(v.dtype)
             v.tile = None
 
-    def _ensure(self, env, node, r0: int, n: int) -> _Val:
-        v = env[node]
+    def _new_tile(self, env, node, shape, dtype: str, blk: _Block, kind: str):
+        if kind == "row":
+            self._make_room(env, shape[1] * itemsize(dtype), blk)
+        return self.b.sbuf(shape, dtype, site=f"n:{node.name}")
+
+    def _get(self, env, node, blk: _Block) -> _Val:
+        """The value of ``node`` in this tile: computed, loaded on first use, or reloaded."""
+        v = env.get(node)
+        if v is None:
+            v = env[node] = self._load(node, blk)
         if v.tile is None and v.kind != "const":
-            self._make_room(env, v.width * itemsize(v.dtype), r0, n)
-            t = self.b.sbuf((n, v.width), v.dtype, site=f"reload:{node.name}")
+            self._make_room(env, blk.k * blk.cw * itemsize(v.dtype), blk)
+            t = self.b.sbuf(blk.shape("row"), v.dtype, site=f"reload:{node.name}")
             with self.b.provenance(label="spill reload", fx_node=node.name):
-                self.b.dma_copy(t, v.spill[r0:r0 + n])
+                self.b.dma_copy(t, _region(v.spill, "row", blk, self.d))
             v.tile = t
         return v
 
-    def _new_tile(self, env, node, n: int, width: int, dtype: str):
-        self._make_room(env, width * itemsize(dtype), self._r0, n)
-        return self.b.sbuf((n, width), dtype, site=f"n:{node.name}")
+    def _load(self, node, blk: _Block) -> _Val:
+        """An input of the group: its tile of ``blk`` from HBM (broadcast ones: one value per row
+        or per column, widened on chip by stride-0 operands)."""
+        if node not in self.hbm:
+            raise _Unfusable(f"{node.name} is used before it is computed")
+        kind = self.cls[node]
+        dt = _dt(node_dtype(node))
+        full = self.colvec_full.get(node)
+        if full is not None:  # held whole: this block's columns
+            return _Val("colvec", dt, full[:, blk.c0:blk.c0 + blk.cw])
+        site = f"in:{node.name}"
+        if kind == "row":
+            env_need = blk.k * blk.cw * itemsize(dt)
+            self._make_room(self._env, env_need, blk)
+        t = self.b.sbuf(blk.shape(kind), dt, site=site)
+        label = "load" if kind in ("row", "rowvec") else "load (broadcast)"
+        with self.b.provenance(label=label, fx_node=node.name):
+            self.b.dma_copy(t, _region(self.hbm[node], kind, blk, self.d))
+        return _Val(kind, dt, t)
 
-    # ---- emission --------------------------------------------------------------
-    def emit(self, hbm: dict) -> None:
-        b = self.b
-        once: dict = {}
-        for inp in self.seg.inputs:
-            cls = value_class(node_shape(inp), self.crows, self.cd)
-            dt = _dt(node_dtype(inp))
-            if cls in ("colvec", "scalar"):
-                width = self.d if cls == "colvec" else 1
-                t = b.sbuf((P, width), dt, site=f"in:{inp.name}", bufs=1)
-                src = hbm[inp]
-                with b.provenance(label="load (broadcast)", fx_node=inp.name):
-                    b.dma_copy(t, _broadcast_rows(src, width))
-                once[inp] = _Val("colvec" if cls == "colvec" else "rowvec", dt, t, once=True, width=width)
-        for r0, n in b.tiles(self.rows, P):
-            self._r0 = r0
-            env: dict = dict(once)
-            self.pos = 0
-            for inp in self.seg.inputs:
-                if inp in env:
-                    continue
-                cls = value_class(node_shape(inp), self.crows, self.cd)
-                dt = _dt(node_dtype(inp))
-                width = self.d if cls == "row" else 1
-                self._make_room(env, width * itemsize(dt), r0, n)
-                t = b.sbuf((n, width), dt, site=f"in:{inp.name}")
-                with b.provenance(label="load", fx_node=inp.name):
-                    b.dma_copy(t, hbm[inp][r0:r0 + n])
-                env[inp] = _Val(cls, dt, t, width=width)
-            for k, node in enumerate(self.seg.nodes):
-                self.pos = k
-                with b.provenance(op=f"aten::{packet_name(node.target)}", fx_node=node.name):
-                    try:
-                        env[node] = self._emit_node(env, node, r0, n)
-                    except _Unfusable as e:
-                        e.node = getattr(e, "node", None) or node
-                        raise
-            self.pos = len(self.seg.nodes)
-            for out in self.seg.outputs:
-                v = self._ensure(env, out, r0, n)
-                dst = hbm[out]
-                with b.provenance(label="store", fx_node=out.name):
-                    if v.kind == "const":
-                        t = b.sbuf((n, v.width or 1), v.dtype, site=f"c:{out.name}")
-                        b.memset(t, v.const)
-                        v = _Val(v.kind, v.dtype, t, width=v.width or 1)
-                    if v.kind == "colvec" and value_class(node_shape(out), self.crows, self.cd) == "colvec":
-                        if r0 == 0:
-                            b.dma_copy(dst[0:1], v.tile[0:1])
-                    else:
-                        b.dma_copy(dst[r0:r0 + n], v.tile[:n])
+    def _store(self, env, node, blk: _Block) -> None:
+        v = self._get(env, node, blk)
+        kind = self.cls[node]
+        dt = _dt(node_dtype(node))
+        t = v.tile
+        with self.b.provenance(label="store", fx_node=node.name):
+            if v.kind == "const":
+                t = self.b.sbuf(blk.shape(kind), dt, site=f"c:{node.name}")
+                self.b.memset(t, v.const)
+            elif t.buffer.memory == "psum" or t.dtype != dt:
+                c = self.b.sbuf(blk.shape(kind), dt, site=f"evac:{node.name}")
+                balanced_copy(self.b, self.load, c, t)
+                t = c
+            elif v.kind != kind:
+                raise _Unfusable(f"{node.name} is stored as a {kind} value but holds a {v.kind} one")
+            if kind in ("colvec", "scalar"):
+                if blk.r0 != 0:
+                    return
+                t = t[0:1]
+                dst = _region(self.hbm[node], kind, blk, self.d)
+                dst = View(dst.buffer, AP(dst.ap.buffer, dst.ap.dtype, dst.ap.offset, dst.ap.dims[1:]),
+                           dst.shape[1:])
+                self.b.dma_copy(dst, View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset, t.ap.dims[1:]),
+                                          t.shape[1:]))
+                return
+            self.b.dma_copy(_region(self.hbm[node], kind, blk, self.d), t)
 
-    def _operand(self, env, a, r0, n):
-        if isinstance(a, fx.Node):
-            v = self._ensure(env, a, r0, n)
-            if v.kind in ("rowvec", "colvec"):
-                # a per-row value whose shape broadcasts along the last dim (or the reverse)
-                # would mean a transpose: leave such an op to eager execution
-                cls = value_class(node_shape(a), self.crows, self.cd)
-                if cls in ("rowvec", "colvec") and cls != v.kind and not v.once:
-                    raise _Unfusable(f"{a.name} holds per-{'row' if v.kind == 'rowvec' else 'column'} "
-                                     f"values but its shape {node_shape(a)} broadcasts the other way")
-            return v
-        if isinstance(a, bool):
-            return _Val("const", "float32", const=float(a))
-        if isinstance(a, (int, float)):
-            return _Val("const", "float32", const=float(a))
-        raise _Unfusable(f"operand {a!r} is neither a tensor nor a number")
-
-    def _emit_node(self, env, node, r0, n) -> _Val:
+    # ---- one node -----------------------------------------------------------------------------
+    def _emit_node(self, env, node, blk: _Block) -> _Val:
         name = packet_name(node.target)
-        out_dt = _dt(node_dtype(node))
-        args = node.args
+        kind = self.cls[node]
+        dt = _dt(node_dtype(node))
+        if node in self.products:
+            product = self.products[node]
+            if name != "addmm":
+                return product
+            bias = self._get(env, node.args[0], blk)  # addmm: bias + product (alpha = beta = 1)
+            return self._apply_row(env, node, row_of("add"), {"alpha": 1}, {"self": product, "other": bias},
+                                   blk, kind, dt)
         if name in VIEWS:
-            return self._view(env, node, r0, n)
-        if name in CASTS:
-            src = self._operand(env, args[0], r0, n)
-            return self._unary(env, node, src, "copy", out_dt, n, cast=True)
-        if name in ("full", "scalar_tensor"):
-            return _Val("const", out_dt, const=float(args[-1] if name == "full" else args[0]))
-        if name in REDUCTIONS:
-            op, mean = REDUCTIONS[name]
-            src = self._operand(env, args[0], r0, n)
-            return self._reduce(env, node, src, op, mean, out_dt, n)
-        if name == "var":
-            return self._var(env, node, r0, n, out_dt)
-        if name == "where":
-            cond, x, y = (self._operand(env, a, r0, n) for a in args[:3])
-            return self._where(env, node, cond, x, y, out_dt, n)
-        if name == "clamp":
-            x = self._operand(env, args[0], r0, n)
-            lo = args[1] if len(args) > 1 else node.kwargs.get("min")
-            hi = args[2] if len(args) > 2 else node.kwargs.get("max")
-            for bound, alu in ((lo, "maximum"), (hi, "minimum")):
-                if bound is not None:  # a number, or a tensor (clamp.Tensor): read like any operand
-                    other = (self._operand(env, bound, r0, n) if isinstance(bound, fx.Node)
-                             else _Val("const", "float32", const=float(bound)))
-                    x = self._binary(env, node, x, other, alu, out_dt, n)
-            return x
-        if name == "pow" and not isinstance(args[1], fx.Node):
-            kind, what = pow_scalar_rule(args[1])
-            x = self._operand(env, args[0], r0, n)
-            if kind == "act":
-                return self._unary(env, node, x, what, out_dt, n)
-            return self._binary(env, node, x, _Val("const", "float32", const=what), "power", out_dt, n)
-        if name in UNARY:
-            func = UNARY[name]
-            if name == "gelu" and node.kwargs.get("approximate", "none") == "tanh":
-                func = "gelu_tanh"
-            return self._unary(env, node, self._operand(env, args[0], r0, n), func, out_dt, n)
-        if name in BINARY:
-            a = self._operand(env, args[0], r0, n)
-            bv = self._operand(env, args[1], r0, n)
-            alpha = node.kwargs.get("alpha", 1)
-            if alpha != 1:
-                bv = self._binary(env, node, bv, _Val("const", "float32", const=float(alpha)), "multiply", out_dt, n)
-            if name == "rsub":
-                a, bv = bv, a
-            return self._binary(env, node, a, bv, BINARY[name], out_dt, n)
-        raise _Unfusable(f"no emission rule for aten.{name}")
-
-    def _view(self, env, node, r0, n) -> _Val:
-        src = self._operand(env, node.args[0], r0, n)
-        cls = value_class(node_shape(node), self.crows, self.cd)
-        if src.kind == "const":
+            src = self._get(env, node.args[0], blk)
+            same = src.kind == kind or {src.kind, kind} <= {"rowvec", "scalar"} and blk.p * blk.k == 1
+            if src.kind != "const" and not same:
+                raise _Unfusable("a view that changes the row layout")
             return src
-        if src.kind == "row" and cls != "row":
-            raise _Unfusable("a view that changes the row layout")
-        return src  # same data, same layout: no instruction
+        if name in CONSTANTS:
+            where = CONSTANTS[name]
+            return _Val("const", dt, const=float(node.args[where] if isinstance(where, int) else where))
+        if is_reduction(name):
+            return self._reduce_whole(env, node, blk)
+        row = row_of(name)
+        if row is None:
+            raise _Unfusable(f"no fusion rule for aten.{name}")
+        args = named_args(node)
+        operands = {k: self._get(env, v, blk) for k, v in args.items() if isinstance(v, fx.Node)}
+        if operands and all(v.kind == "const" for v in operands.values()):
+            return _Val("const", dt, const=_fold(node, env))
+        return self._apply_row(env, node, row, args, operands, blk, kind, dt)
 
-    def _width(self, kind):
-        return self.d if kind in ("row", "colvec") else 1
+    def _apply_row(self, env, node, row, args, operands, blk, kind, dt) -> _Val:
+        """Run the op's shared row over this tile's operands into a new tile."""
+        shape = blk.shape(kind)
+        dst = self._new_tile(env, node, shape, dt, blk, kind)
+        args = dict(args)
+        for k, v in operands.items():
+            args[k] = _as_operand(v, kind, blk)
+        start = self.b.instruction_count
+        try:
+            ok = row[1](TileOps(self.b, dst, shape, load=self.load, site=f"n:{node.name}"), args)
+        except _Decline as e:
+            raise _Unfusable(str(e)) from e
+        if ok is False:
+            raise _Unfusable(f"the aten.{packet_name(node.target)} row does not handle these operands")
+        if isinstance(ok, View):  # the result is an operand's tile as it is
+            return _Val(kind, dt, ok)
+        act = None
+        if self.b.instruction_count == start + 1:
+            instr = self.b.instruction(start)
+            if type(instr) is Activation and instr.dst.buffer == dst.buffer and not instr.accumulate:
+                act = start
+        return _Val(kind, dt, dst, act=act)
 
-    def _pick_engine(self, op: str, n_elem: int) -> str:
-        """ScalarE can do multiply/add by a scalar as activation scale/bias: use whichever of
-        ScalarE and VectorE has less modeled work so far (clock rates from the preset)."""
-        spec = self.b.spec
-        act = self.engine_time["act"] + n_elem / spec.scalar.clock_ghz
-        dve = self.engine_time["dve"] + n_elem / spec.vector.clock_ghz
-        return "act" if op in _ACT_ALU and act < dve else "dve"
-
-    def _account(self, engine: str, n_elem: int, factor: int = 1) -> None:
-        clock = self.b.spec.scalar.clock_ghz if engine == "act" else self.b.spec.vector.clock_ghz
-        self.engine_time[engine] += factor * max(64, n_elem) / clock
-
-    def _unary(self, env, node, x: _Val, func: str, out_dt: str, n: int, cast: bool = False) -> _Val:
-        if x.kind == "const":
-            return _Val("const", out_dt, const=float(ACTIVATIONS[func](np.float32(x.const))))
-        width = self._width(x.kind)
-        rows = P if x.once else n
-        dst = self._new_tile(env, node, rows, width, out_dt)
-        if cast and func == "copy":
-            self.b.tensor_copy(dst, x.tile[:rows], engine="act" if self._pick_engine("multiply", width) == "act" else "dve")
-            self._account("dve", width)
-        else:
-            index = self.b.activation(dst, x.tile[:rows], func)
-            self._account("act", width)
-            return _Val(x.kind, out_dt, dst, once=x.once, width=width, act=index)
-        return _Val(x.kind, out_dt, dst, once=x.once, width=width)
-
-    def _binary(self, env, node, a: _Val, bv: _Val, op: str, out_dt: str, n: int) -> _Val:
-        if a.kind == "const" and bv.kind == "const":
-            return _Val("const", out_dt, const=float(ALU_OPS[op](np.float32(a.const), np.float32(bv.const))))
-        if op == "multiply" and a is bv:
-            # x * x reads one tile: ScalarE's square (N cycles) instead of a two-input
-            # VectorE pass (2N cycles)
-            return self._unary(env, node, a, "square", out_dt, n)
-        # order: a "big" (row/colvec) operand first where possible; remember reversal
-        reverse = False
-        rank = {"row": 3, "colvec": 2, "rowvec": 1, "const": 0}
-        if rank[bv.kind] > rank[a.kind]:
-            a, bv, reverse = bv, a, True
-        kind = a.kind
-        if {a.kind, bv.kind} == {"colvec", "rowvec"} or (a.kind == "colvec" and bv.kind == "row"):
-            kind = "row"
-        if a.kind == "colvec" and bv.kind in ("rowvec", "row"):
-            kind = "row"
-        width = self._width(kind)
-        once = a.once and (bv.once or bv.kind == "const")
-        rows = P if once else n
-        dst = self._new_tile(env, node, rows, width, out_dt)
-        src = a.tile[:rows]
-        if bv.kind == "const" or bv.kind == "rowvec":
-            scalar = bv.const if bv.kind == "const" else bv.tile[:rows]
-            engine = self._pick_engine(op, width)
-            if engine == "act" and not reverse:
-                if op == "multiply":
-                    self.b.activation(dst, src, "copy", scale=scalar)
-                elif op == "add":
-                    self.b.activation(dst, src, "copy", bias=scalar)
-                else:  # subtract: x - s = x + (-s)
-                    if bv.kind == "const":
-                        self.b.activation(dst, src, "copy", bias=-scalar)
-                    else:
-                        engine = "dve"
-                if engine == "act":
-                    self._account("act", width)
-                    return _Val(kind, out_dt, dst, once=once, width=width)
-            self.b.tensor_scalar(dst, src, op, scalar, reverse0=reverse)
-            self._account("dve", width)
-        else:
-            other = bv.tile[:rows]
-            first, second = (other, src) if reverse else (src, other)
-            self.b.tensor_tensor(dst, first, second, op)
-            self._account("dve", width, 2)
-        return _Val(kind, out_dt, dst, once=once, width=width)
-
-    def _reduce(self, env, node, src: _Val, op: str, mean: bool, out_dt: str, n: int) -> _Val:
+    def _reduce_whole(self, env, node, blk: _Block) -> _Val:
+        """A reduction over rows held whole in the tile."""
+        src = self._get(env, node.args[0], blk)
         if src.kind != "row":
             raise _Unfusable(f"a reduction over a {src.kind} value")
-        acc_dt = out_dt
-        dst = self._new_tile(env, node, n, 1, acc_dt)
+        red_op, post, extra = _reduction_params(node)
+        out_dt = _dt(node_dtype(node))
+        p, k, cw = blk.p, blk.k, blk.cw
+        acc = self.b.sbuf((p, k), "float32", site=f"acc:{node.name}")
+        if post in ("var", "std"):
+            if k == 1:
+                stats = red.bn_stats_tile(self.b, p, cw, site=f"acc:{node.name}")
+                red.bn_stats_into(self.b, stats, src.tile, 0)
+                red.variance_from_stats(self.b, acc, stats, cw, extra, post)
+            else:
+                red.variance_two_pass(self.b, acc, src.tile, (p, k, cw), cw, extra, post)
+        elif not self._reduce_in_activation(node, src, acc, red_op, post, k):
+            red.reduce_chunk(self.b, acc, src.tile, (p, k, cw), red_op, post, extra, site=f"acc:{node.name}")
+        res = red.finish_reduction(self.b, acc, post, cw, extra, out_dt, site=f"acc:{node.name}")
+        return _Val("rowvec", out_dt, res)
+
+    def _reduce_in_activation(self, node, src: _Val, acc, red_op, post, k) -> bool:
+        """The value's only use is this reduction and one activation made it: ScalarE reduces
+        while it computes (activation_reduce) instead of a second pass over the tile."""
         producer = node.args[0]
-        if (src.act is not None and op in ("add", "max", "min") and len(self.uses.get(producer, ())) == 1
-                and not src.once):
-            # the value's only use is this reduction: ScalarE reduces while it computes it
-            # (activation_reduce), instead of a second pass over the tile on VectorE
-            from ..isa import ActivationReduce
+        if (src.act is None or k != 1 or red_op not in ("add", "max", "min") or post not in (None, "mean")
+                or len(self.uses.get(producer, ())) != 1 or producer in self.outputs):
+            return False
+        act = self.b.instruction(src.act)
+        self.b.replace(src.act, ActivationReduce(act.dst, act.src, act.func, acc.ap, red_op, act.scale, act.bias))
+        return True
 
-            act = self.b.instruction(src.act)
-            self.b.replace(src.act, ActivationReduce(act.dst, act.src, act.func, dst.ap, op, act.scale, act.bias))
-            self._account("act", 64)
+    # ---- drivers ------------------------------------------------------------------------------
+    def _set_order(self, nodes) -> None:
+        order = {n: k for k, n in enumerate(nodes)}
+        self.uses = {}
+        for n in nodes:
+            for a in _tensor_args(n):
+                self.uses.setdefault(a, []).append(order[n])
+        for n in self.outputs:
+            self.uses.setdefault(n, []).append(len(nodes))
+        self.pos = 0
+
+    def emit(self) -> None:
+        """The whole group: one pass per row tile when rows fit, else passes over column chunks."""
+        self._spills: dict = {}
+        if self.d < MIN_CHUNK and not any(is_reduction(packet_name(n.target)) for n in self.nodes) \
+                and all(c in ("row", "scalar") for c in self.cls.values()):
+            # pointwise work on whole rows only: any split of the elements into rows computes
+            # the same thing, so tile the flat elements as the eager lowering does
+            self.rows, self.d = self.rows * self.d, 1
+        k, cw = self._tiling()
+        if cw >= self.d:
+            self._emit_whole_rows(k)
         else:
-            self.b.tensor_reduce(dst, src.tile[:n], op)
-            self._account("dve", self.d)
-        if mean:
-            self.b.tensor_scalar(dst, dst, "multiply", 1.0 / self.d)
-            self._account("dve", 1)
-        return _Val("rowvec", out_dt, dst, width=1)
+            self._emit_chunked(cw)
 
-    def _var(self, env, node, r0, n, out_dt) -> _Val:
-        src = self._operand(env, node.args[0], r0, n)
-        args = node.args
-        correction = node.kwargs.get("correction", args[2] if len(args) > 2 else 1)
-        if correction is None:
-            correction = 1
-        d = self.d
-        chunks = -(-d // 512)
-        stats = self._new_tile(env, node, n, 6 * chunks, "float32")
-        for c in range(chunks):
-            lo, hi = c * 512, min(d, (c + 1) * 512)
-            self.b.bn_stats(stats[:, 6 * c:6 * c + 6], src.tile[:n, lo:hi])
-        mv = self.b.sbuf((n, 2), "float32", site=f"mv:{node.name}")
-        self.b.bn_aggr(mv, stats)
-        dst = self._new_tile(env, node, n, 1, out_dt)
-        # bn_aggr gives the population variance; torch's correction rescales it
-        self.b.tensor_scalar(dst, mv[:, 1:2], "multiply", d / max(d - correction, 1))
-        self._account("dve", d + 2)
-        return _Val("rowvec", out_dt, dst, width=1)
+    def _hoist(self, nodes, blk: _Block) -> list:
+        """Compute once, before the row loop, the values that do not depend on the rows
+        (column-broadcast vectors and scalars); returns the nodes left for every row tile."""
+        left = []
+        for n in nodes:
+            ins = [a for a in _tensor_args(n)]
+            if self.cls[n] in ("colvec", "scalar") and all(
+                    (a in self.once) or (a in self.inputs and self.cls[a] in ("colvec", "scalar")) for a in ins):
+                for a in ins:
+                    if a not in self.once:
+                        self.once[a] = self._load(a, blk)
+                with self.b.provenance(op=f"aten::{packet_name(n.target)}", fx_node=n.name):
+                    self.once[n] = self._emit_node(self.once, n, blk)
+            else:
+                left.append(n)
+        for a in self.inputs:
+            if self.cls[a] in ("colvec", "scalar") and a not in self.once:
+                self.once[a] = self._load(a, blk)
+        return left
 
-    def _where(self, env, node, cond: _Val, x: _Val, y: _Val, out_dt: str, n: int) -> _Val:
-        kinds = {cond.kind, x.kind, y.kind} - {"const"}
-        kind = "row" if "row" in kinds or {"colvec", "rowvec"} <= kinds else (kinds.pop() if kinds else "const")
-        width = self._width(kind)
-        dst = self._new_tile(env, node, n, width, out_dt)
+    def _emit_whole_rows(self, k_max: int) -> None:
+        first = _Block(0, P, 1, 0, self.d)
+        self._env = {}
+        nodes = self._hoist(self.nodes, first)
+        for o in self.outputs:
+            if o in self.once:
+                self._store(self.once, o, first)
+        self._set_order(nodes)
+        for r0, p, k in _row_blocks(self.rows, k_max):
+            blk = _Block(r0, p, k, 0, self.d)
+            self.emit_block(blk, nodes)
 
-        def full(v: _Val, dt: str):
-            if v.kind == "const" or self._width(v.kind) != width:
-                t = self.b.sbuf((n, width), dt, site=f"bc:{node.name}")
-                if v.kind == "const":
-                    self.b.memset(t, v.const)
-                elif v.kind == "rowvec":
-                    self.b.memset(t, 0.0)
-                    self.b.tensor_scalar(t, t, "add", v.tile[:n])
-                else:  # colvec: row-broadcast tile already [P, width]
-                    return v.tile[:n]
-                return t
-            return v.tile[:n]
+    def emit_block(self, blk: _Block, nodes=None) -> None:
+        """One tile: every node in order, then the group's outputs stored (a matmul calls this per
+        output block, with its product in ``self.products``)."""
+        if nodes is None:
+            nodes = self.nodes
+            if not hasattr(self, "uses"):
+                self._set_order(nodes)
+                self._spills = {}
+        env = self._env = dict(self.once)
+        for a in self.inputs:  # row inputs up front: their loads overlap the first compute
+            if self.cls[a] == "row" and a not in env:
+                env[a] = self._load(a, blk)
+        for pos, node in enumerate(nodes):
+            self.pos = pos
+            if node in env:
+                continue
+            with self.b.provenance(op=f"aten::{packet_name(node.target)}", fx_node=node.name):
+                env[node] = self._emit_node(env, node, blk)
+        self.pos = len(nodes)
+        for o in self.outputs:
+            if o not in self.once:
+                self._store(env, o, blk)
 
-        pred = full(cond, cond.dtype if cond.kind != "const" else "float32")
-        on_true = full(x, out_dt)
-        on_false = y.const if y.kind == "const" else full(y, out_dt)
-        self.b.select(dst, pred, on_true, on_false)
-        self._account("dve", 2 * width)
-        return _Val(kind, out_dt, dst, width=width)
+    # ---- rows cut into column chunks ----------------------------------------------------------
+    def _plan_passes(self):
+        """Pass of each node: a reduction over the row is complete only after the pass that
+        streamed its source; what uses it runs in a later pass (recomputing from the inputs)."""
+        pass_of, ready, online = {}, {}, {}
+        for a in self.inputs:
+            pass_of[a] = ready[a] = 0
+        for n in self.nodes:
+            ins = _tensor_args(n)
+            if is_reduction(packet_name(n.target)):
+                src = n.args[0]
+                pass_of[n] = pass_of[src]
+                ready[n] = pass_of[src] + 1
+                pair = self._online_pair(n)
+                if pair is not None:
+                    online[n] = pair
+                    pass_of[n] = pass_of[pair[0]]
+                    ready[n] = ready[pair[0]]
+            elif self.cls[n] in ("row", "colvec"):
+                pass_of[n] = max([pass_of[a] if self.cls[a] in ("row", "colvec") else ready[a] for a in ins],
+                                 default=0)
+                ready[n] = pass_of[n]
+            else:
+                ready[n] = pass_of[n] = max([ready[a] for a in ins], default=0)
+        return pass_of, ready, online
+
+    def _online_pair(self, node):
+        """``sum(exp(x - amax(x)))`` over the row: (the amax node, x, the sub node, the exp node),
+        so the sum is kept with a running max in the amax's own pass."""
+        if packet_name(node.target) != "sum":
+            return None
+        e = node.args[0]
+        if not (isinstance(e, fx.Node) and e in self.cls and e.op == "call_function"
+                and packet_name(e.target) == "exp"):
+            return None
+        s = e.args[0]
+        if not (isinstance(s, fx.Node) and s in self.cls and s.op == "call_function"
+                and packet_name(s.target) == "sub" and named_args(s).get("alpha", 1) == 1):
+            return None
+        x, m = s.args[0], s.args[1]
+        if not (isinstance(m, fx.Node) and m in self.cls and m.op == "call_function"
+                and packet_name(m.target) == "amax" and m.args[0] is x and self.cls.get(x) == "row"):
+            return None
+        return m, x, s, e
+
+    def _emit_chunked(self, cw: int) -> None:
+        chunks = [(c0, min(cw, self.d - c0)) for c0 in range(0, self.d, cw)]
+        pass_of, ready, online = self._plan_passes()
+        row_nodes = [n for n in self.nodes if self.cls[n] in ("row", "colvec") or is_reduction(packet_name(n.target))]
+        n_passes = 1 + max([pass_of[n] for n in row_nodes], default=0)
+        last_ready = max([ready[n] for n in self.nodes], default=0)
+        self.stats.passes = max(self.stats.passes, n_passes)
+        partners = {pair[0]: r for r, pair in online.items()}  # amax -> the sum kept with it
+        per_pass = []
+        for s in range(n_passes):
+            roots = {n for n in self.nodes if pass_of[n] == s and (
+                (self.cls[n] in ("row", "colvec") and n in self.outputs))}
+            reductions = [n for n in self.nodes if is_reduction(packet_name(n.target)) and pass_of[n] == s
+                          and n not in online]
+            roots |= {n.args[0] for n in reductions}
+            need = set(roots)
+            for n in reversed(self.nodes):
+                if n in need and not is_reduction(packet_name(n.target)):
+                    need |= {a for a in _tensor_args(n) if a in self.cls and self.cls[a] in ("row", "colvec")
+                             and a not in self.inputs}
+            need |= set(reductions)
+            per_pass.append([n for n in self.nodes if n in need and (
+                is_reduction(packet_name(n.target)) or self.cls[n] in ("row", "colvec"))])
+        for r0, p, _ in _row_blocks(self.rows, 1):
+            persist: dict = {}
+            for s in range(last_ready + 1):
+                first = _Block(r0, p, 1, 0, chunks[0][1])
+                self._set_order([])
+                for n in self.nodes:  # per-row values whose inputs are complete now
+                    if self.cls[n] in ("rowvec", "scalar") and not is_reduction(packet_name(n.target)) \
+                            and ready[n] == s:
+                        self._env = persist
+                        with self.b.provenance(op=f"aten::{packet_name(n.target)}", fx_node=n.name):
+                            persist[n] = self._emit_node(persist, n, first)
+                        if n in self.outputs:
+                            self._store(persist, n, first)
+                if s >= n_passes:
+                    continue
+                nodes = per_pass[s]
+                self._set_order(nodes)
+                accs: dict = {}
+                for c0, w in chunks:
+                    blk = _Block(r0, p, 1, c0, w)
+                    env = self._env = dict(persist)
+                    for pos, node in enumerate(nodes):
+                        self.pos = pos
+                        with self.b.provenance(op=f"aten::{packet_name(node.target)}", fx_node=node.name):
+                            if is_reduction(packet_name(node.target)):
+                                if node in online:
+                                    continue  # kept with its amax
+                                self._accumulate(env, node, blk, accs, partners.get(node), online)
+                            else:
+                                env[node] = self._emit_node(env, node, blk)
+                    self.pos = len(nodes)
+                    for o in self.outputs:
+                        if o in env and self.cls[o] in ("row", "colvec") and pass_of[o] == s:
+                            self._store(env, o, blk)
+                for node, state in accs.items():
+                    with self.b.provenance(op=f"aten::{packet_name(node.target)}", fx_node=node.name):
+                        persist[node] = self._finish(node, state)
+                    if node in self.outputs:
+                        self._store(persist, node, first)
+
+    def _accumulate(self, env, node, blk: _Block, accs: dict, partner, online) -> None:
+        """Add one column chunk to a reduction over the row (and to the sum kept with an amax)."""
+        src = self._get(env, node.args[0], blk)
+        red_op, post, extra = _reduction_params(node)
+        p, cw = blk.p, blk.cw
+        first = node not in accs
+        b = self.b
+        site = f"acc:{node.name}"
+        if post in ("var", "std"):
+            if first:
+                accs[node] = {"stats": red.bn_stats_tile(b, p, self.d, site=site)}
+            red.bn_stats_into(b, accs[node]["stats"], src.tile, blk.c0)
+            return
+        if partner is None:
+            if first:
+                accs[node] = {"acc": b.sbuf((p, 1), "float32", site=site)}
+            red.reduce_chunk(b, accs[node]["acc"], src.tile, (p, 1, cw), red_op, post, extra, first=first, site=site)
+            return
+        # online log-sum-exp: the running max m and the sum s of exp(x - m), rescaled when m grows
+        _, _, sub, exp = online[partner]
+        m_new = b.sbuf((p, 1), "float32", site=site)
+        if first:
+            b.tensor_reduce(m_new, src.tile, "max")
+        else:
+            m_old, s_old = accs[node]["acc"], accs[partner]["acc"]
+            part = b.sbuf((p, 1), "float32", site=f"{site}.part")
+            b.tensor_reduce(part, src.tile, "max")
+            b.tensor_tensor(m_new, m_old, part, "maximum")
+            corr = b.sbuf((p, 1), "float32", site=f"{site}.corr")
+            b.tensor_tensor(corr, m_old, m_new, "subtract")
+            b.activation(corr, corr, "exp")
+            b.tensor_tensor(s_old, s_old, corr, "multiply")
+        accs[node] = {"acc": m_new}
+        m_val = _Val("rowvec", "float32", m_new)
+        shifted = self._apply_row(env, sub, row_of("sub"), named_args(sub), {"self": src, "other": m_val},
+                                  blk, "row", "float32")
+        e = self._apply_row(env, exp, row_of("exp"), named_args(exp), {"self": shifted}, blk, "row", "float32")
+        s_first = partner not in accs
+        if s_first:
+            accs[partner] = {"acc": b.sbuf((p, 1), "float32", site=f"acc:{partner.name}")}
+        red.reduce_chunk(b, accs[partner]["acc"], e.tile, (p, 1, cw), "add", None, first=s_first,
+                         site=f"acc:{partner.name}")
+
+    def _finish(self, node, state) -> _Val:
+        red_op, post, extra = _reduction_params(node)
+        out_dt = _dt(node_dtype(node))
+        if "stats" in state:
+            p = state["stats"].shape[0]
+            acc = self.b.sbuf((p, 1), "float32", site=f"acc:{node.name}.var")
+            red.variance_from_stats(self.b, acc, state["stats"], self.d, extra, post)
+        else:
+            acc = state["acc"]
+        res = red.finish_reduction(self.b, acc, post, self.d, extra, out_dt, site=f"acc:{node.name}")
+        return _Val("rowvec", out_dt, res)
 
 
-class _Unfusable(Exception):
-    pass
-
-
-def _broadcast_rows(src_view, width: int):
-    """An HBM view of a [width] vector repeated over P partitions (partition stride 0)."""
-    from ..isa import AP
-    from ..program import View
-
-    ap = src_view.ap
-    return View(src_view.buffer, AP(ap.buffer, ap.dtype, ap.offset, ((0, P), (1, width))), (P, width))
-
-
-def _hbm_view(b: TileBuilder, name: str, node, rows: int, d: int, role: str, shape=None, layout=None):
+def _hbm_view(b: TileBuilder, name: str, node, rows: int, d: int, role: str, shape=None):
     dt = _dt(node_dtype(node))
     if shape is not None:
         hshape = shape
-    elif layout is not None and value_class(node_shape(node), rows, d) == "row":
-        hshape = layout  # the same bytes, seen as the group's wider rows
     else:
         cls = value_class(node_shape(node), rows, d)
-        if role == "output" and packet_name(node.target) in (*REDUCTIONS, "var"):
+        if role == "output" and is_reduction(packet_name(node.target)):
             cls = "rowvec"  # a reduction's result is per row, whatever its shape says
         hshape = {"row": (rows, d), "rowvec": (rows, 1), "colvec": (1, d), "scalar": (1, 1)}.get(
             cls, (prod(node_shape(node)) or 1, 1))
-    handle = b.input(name, hshape, dt) if role == "input" else b.output(name, hshape, dt)
-    return handle
-
-
-_LAYOUT_MAX_FREE = 4096  # elements per partition a re-laid-out tile may hold
-
-
-def pointwise_layout(seg: Segment) -> tuple[int, int] | None:
-    """Wider rows for a group that only does pointwise work on full row blocks.
-
-    With no reduction along D and no per-row or per-column operand, any split of the
-    elements into rows computes the same thing; a narrow D (e.g. the W of an NCHW image)
-    would make tiny tiles and DMAs, so take the widest D2 <= 4096 that divides the element
-    count and leaves at least 128 rows. Returns None when the layout must stay.
-    """
-    rows, d = seg.space
-    if d >= 512:
-        return None
-    for node in seg.nodes:
-        name = packet_name(node.target)
-        if name in REDUCTIONS or name == "var":
-            return None
-    values = list(seg.inputs) + list(seg.nodes)
-    for v in values:
-        if value_class(node_shape(v), rows, d) not in ("row", "scalar"):
-            return None
-    total = rows * d
-    for d2 in range(min(_LAYOUT_MAX_FREE, total // P), d, -1):
-        if total % d2 == 0 and (total // d2) % P == 0:
-            return (total // d2, d2)
-    return None
+    return b.input(name, hshape, dt) if role == "input" else b.output(name, hshape, dt)
 
 
 def emit_segments(segments: list[Segment], name: str, spec, *, budget_fraction: float = 0.4):
@@ -458,7 +686,9 @@ def emit_segments(segments: list[Segment], name: str, spec, *, budget_fraction: 
 
     spec = preset(spec)
     last_error = None
-    for bufs, fraction in ((2, budget_fraction), (1, budget_fraction), (1, budget_fraction / 2)):
+    # rotation as deep as the eager lowerings' (3) where the values fit, shallower where not
+    for bufs, fraction in ((3, budget_fraction), (2, budget_fraction), (1, budget_fraction),
+                           (1, budget_fraction / 2)):
         stats = EmitStats(bufs=bufs)
         b = TileBuilder(name, spec, bufs=bufs)
         try:
@@ -470,39 +700,29 @@ def emit_segments(segments: list[Segment], name: str, spec, *, budget_fraction: 
 
 
 def _emit_all(b: TileBuilder, segments, spec, fraction, stats) -> None:
-    from ._matmul import emit_matmul
+    from ._matmul import emit_matmul, matmul_operand_shapes
 
     hbm: dict = {}
-    produced = set()
-    for seg in segments:
-        for n in seg.nodes:
-            produced.add(n)
+    produced = {n for seg in segments for n in seg.nodes}
     externals = []
     for seg in segments:
         for inp in seg.inputs:
             if inp not in produced and inp not in externals:
                 externals.append(inp)
-    outputs = []
-    for seg in segments:
-        outputs.extend(o for o in seg.outputs if o not in outputs)
-    from ._matmul import matmul_operand_shapes
-
     for seg in segments:
         rows, d = seg.space
-        if seg.kind == "rowgroup":
-            seg.layout = pointwise_layout(seg)
         natural = matmul_operand_shapes(seg) if seg.kind == "matmul" else {}
         for inp in seg.inputs:
             if inp not in hbm and inp in externals:
-                hbm[inp] = _hbm_view(b, inp.name, inp, rows, d, "input", natural.get(inp), seg.layout)
+                hbm[inp] = _hbm_view(b, inp.name, inp, rows, d, "input", natural.get(inp))
         for out in seg.outputs:
             if out not in hbm:
-                hbm[out] = _hbm_view(b, out.name, out, rows, d, "output", None, seg.layout)
+                hbm[out] = _hbm_view(b, out.name, out, rows, d, "output")
     budget = int(spec.sbuf_bytes_per_partition * fraction / stats.bufs)
     for seg in segments:
         if seg.kind == "rowgroup":
-            _RowGroupEmitter(b, seg, budget, stats).emit(hbm)
+            _RowGroup(b, seg, hbm, budget, stats).emit()
         elif seg.kind == "matmul":
-            emit_matmul(b, seg, hbm, stats)
+            emit_matmul(b, seg, hbm, stats, budget, int(spec.sbuf_bytes_per_partition * fraction))
         else:
             raise _Unfusable(f"segment kind {seg.kind} is not emitted")

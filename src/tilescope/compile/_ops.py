@@ -1,19 +1,25 @@
-"""What the fuser knows about each aten op, as tables.
+"""What the fuser knows about each aten op: which shared definition computes it.
 
-Each row says how an op of a post-AOT aten graph maps onto tile instructions
-inside a fused row group ``[rows, D]``: a binary ALU op, a ScalarE activation, a
-reduction over the last dim, a metadata-only view, a dtype cast. Anything not in
-these tables is not fused; it runs as its own device execution and
+The tile-level semantics of an op live once, in the eager lowering's tables: pointwise ops in
+:data:`tilescope.lower._elementwise.OPS`, reductions in :data:`tilescope.lower._reduce.REDUCTIONS`
+(and the per-tile functions beside it). The fuser only adds what is structural: metadata-only
+views, constants the graph makes, matmuls, and the names post-AOT graphs give some ops. Anything
+not found here is not fused; it runs as its own device execution and
 ``tilescope.compile.explain`` says why.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.fx as fx
+
+from ..lower._elementwise import OPS
+from ..lower._reduce import REDUCTIONS as _REDUCTIONS
 
 aten = torch.ops.aten
 
-__all__ = ["BINARY", "UNARY", "REDUCTIONS", "VIEWS", "CASTS", "MATMULS", "packet_name", "pow_scalar_rule"]
+__all__ = ["OPS", "ROW_ALIASES", "REDUCTIONS", "VIEWS", "CONSTANTS", "MATMULS", "packet_name", "row_of",
+           "named_args", "is_reduction"]
 
 
 def packet_name(target) -> str:
@@ -23,69 +29,46 @@ def packet_name(target) -> str:
     return name.split(".")[-1]
 
 
-# aten op -> ALU operation of tensor_tensor / tensor_scalar
-BINARY = {
-    "add": "add",
-    "sub": "subtract",
-    "rsub": "subtract",  # reversed operands
-    "mul": "multiply",
-    "div": "divide",
-    "maximum": "maximum",
-    "minimum": "minimum",
-    "pow": "power",  # Tensor_Tensor; Tensor_Scalar goes through pow_scalar_rule
-    "eq": "equal",
-    "ne": "not_equal",
-    "gt": "greater",
-    "ge": "greater_equal",
-    "lt": "less",
-    "le": "less_equal",
-    "logical_and": "logical_and",
-    "logical_or": "logical_or",
-    "fmod": "mod",
-}
+# graph op name -> the OPS row computing it, where the two spell it differently
+ROW_ALIASES = {"convert_element_type": "_to_copy"}
 
-# aten op -> ScalarE activation function
-UNARY = {
-    "exp": "exp",
-    "log": "log",
-    "sqrt": "sqrt",
-    "rsqrt": "rsqrt",
-    "tanh": "tanh",
-    "sigmoid": "sigmoid",
-    "relu": "relu",
-    "silu": "silu",
-    "erf": "erf",
-    "neg": "negative",
-    "abs": "abs",
-    "reciprocal": "reciprocal",
-    "sin": "sin",
-    "cos": "cos",
-    "sign": "sign",
-    "square": "square",
-    "gelu": "gelu",  # approximate="tanh" -> gelu_tanh
-}
+# reductions fused over the last dim: the eager lowering's rows (max/min return indices too)
+REDUCTIONS = {k: v for k, v in _REDUCTIONS.items() if k not in ("max", "min", "norm")}
 
-# aten op -> (reduce op, divide by the reduced size)
-REDUCTIONS = {
-    "sum": ("add", False),
-    "mean": ("add", True),
-    "amax": ("max", False),
-    "amin": ("min", False),
-}
-
-# metadata-only ops: no instruction when the row-group layout is kept
+# metadata-only ops: no instruction when the row-group layout is kept (post-AOT graphs are
+# functional, so a clone or a detach is the same value)
 VIEWS = {
     "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "alias", "clone",
     "detach", "contiguous", "lift_fresh_copy", "broadcast_in_dim",
 }
 
-CASTS = {"_to_copy", "convert_element_type"}
+# ops that make a constant-filled tensor: (index of the fill value in args, or the value itself)
+CONSTANTS = {"full": -1, "scalar_tensor": 0, "full_like": 1, "zeros_like": 0.0, "ones_like": 1.0}
 
 MATMULS = {"mm", "addmm", "bmm", "matmul"}
 
 
-def pow_scalar_rule(exponent: float) -> tuple[str, str | float]:
-    """``x ** c`` as an activation where one exists, else an ALU power with a constant."""
-    table = {2.0: ("act", "square"), 0.5: ("act", "sqrt"), -0.5: ("act", "rsqrt"),
-             -1.0: ("act", "reciprocal"), 1.0: ("act", "copy")}
-    return table.get(float(exponent), ("alu", float(exponent)))
+def row_of(name: str):
+    """The OPS row of graph op ``name``, or None."""
+    return OPS.get(ROW_ALIASES.get(name, name))
+
+
+def is_reduction(name: str) -> bool:
+    return name in REDUCTIONS
+
+
+def named_args(node: fx.Node) -> dict:
+    """Every argument of ``node`` by its schema name (defaults filled in), as the eager rows
+    receive them."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return {f"arg{i}": a for i, a in enumerate(node.args)} | dict(node.kwargs)
+    out = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args) and not arg.kwarg_only:
+            out[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            out[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            out[arg.name] = arg.default_value
+    return out

@@ -21,7 +21,7 @@ from math import prod
 import torch
 import torch.fx as fx
 
-from ._ops import BINARY, CASTS, MATMULS, REDUCTIONS, UNARY, VIEWS, packet_name
+from ._ops import CONSTANTS, MATMULS, VIEWS, is_reduction, named_args, packet_name, row_of
 
 __all__ = ["Segment", "plan_graph", "value_class", "node_shape"]
 
@@ -32,7 +32,6 @@ class Segment:
     nodes: list[fx.Node] = field(default_factory=list)
     space: tuple[int, int] | None = None  # (rows, D)
     reason: str | None = None  # why an eager segment was not fused
-    layout: tuple[int, int] | None = None  # rowgroup: tiles as (rows, D) other than the space
     a_transposed: bool = False  # matmul: A arrives as the transpose of a contiguous [K, M]
     b_transposed: bool = False  # matmul: B arrives as the transpose of a contiguous W[N, K]
     inputs: list[fx.Node] = field(default_factory=list)
@@ -89,7 +88,7 @@ def _is_leading(shape, rows) -> bool:
 def _space_of(node: fx.Node) -> tuple[int, int] | None:
     """The ``[rows, D]`` space an op works in: its output's, or its input's for a reduction."""
     name = packet_name(node.target)
-    if name in REDUCTIONS or name == "var":
+    if is_reduction(name):
         shape = node_shape(node.args[0])
     else:
         shape = node_shape(node)
@@ -112,41 +111,56 @@ def _tensor_args(node: fx.Node) -> list[fx.Node]:
 def _reduction_ok(node: fx.Node) -> str | None:
     """None if the reduction is over the last dim only, else the reason it is not."""
     shape = node_shape(node.args[0])
-    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    if dims is None:
+    named = named_args(node)
+    dims = named.get("dim", named.get("dims"))  # aten spells it dim, prims dims
+    if isinstance(named.get("ord"), fx.Node):
+        return "a norm whose order is a tensor"
+    if dims is None or (isinstance(dims, (list, tuple)) and not dims):
         return "reduces over every dim (a cross-partition reduction)"
     if isinstance(dims, int):
         dims = [dims]
     nd = len(shape)
-    dims = [d % nd for d in dims]
+    if nd == 0:
+        return "reduces a 0-d tensor"
+    dims = sorted({d % nd for d in dims})
     if dims != [nd - 1]:
         return f"reduces over dims {dims} of a {nd}-d tensor, not only the last (a cross-partition reduction)"
     return None
 
 
+def _moves_device(node: fx.Node) -> bool:
+    """A copy to another device (``.cpu()`` inside the graph) is not device work."""
+    val = node.meta.get("val")
+    src = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], fx.Node) else None
+    return (isinstance(val, torch.Tensor) and isinstance(src, torch.Tensor)
+            and val.device.type != src.device.type)
+
+
 def fusible_op(node: fx.Node) -> tuple[str | None, str | None]:
-    """(role, reason): role in elementwise/reduction/view/cast/matmul, or a reason it is not fusible."""
+    """(role, reason): role in elementwise/reduction/view/matmul, or a reason it is not fusible."""
     if node.op != "call_function":
         return None, f"{node.op} nodes are not fused"
     name = packet_name(node.target)
     shape = node_shape(node)
     if shape is None:
         return None, f"{name} does not produce a single tensor"
+    if prod(shape) == 0:
+        return None, "makes a tensor of no elements (nothing to compute)"
     if name in MATMULS:
         operands = node.args[1:3] if name == "addmm" else node.args[:2]
         ok = all(isinstance(a, fx.Node) and len(node_shape(a) or ()) in (2, 3) for a in operands)
         return ("matmul", None) if ok else (None, f"{name} with operands of rank other than 2 or 3")
     if name in _TRANSPOSES:
         return None, "a transpose changes the [rows, D] layout (metadata only on the device)"
-    if name in REDUCTIONS or name == "var":
+    if is_reduction(name):
         why = _reduction_ok(node)
         return ("reduction", None) if why is None else (None, why)
-    if name in BINARY or name in UNARY or name in ("where", "clamp", "pow", "full", "scalar_tensor"):
-        return "elementwise", None
-    if name in CASTS:
-        return "cast", None
+    if _moves_device(node):
+        return None, "copies to another device"
     if name in VIEWS:
         return "view", None
+    if row_of(name) is not None or name in CONSTANTS:
+        return "elementwise", None
     return None, f"no fusion rule for aten.{name}"
 
 
@@ -157,7 +171,7 @@ def _joins(seg: Segment, node: fx.Node, produced: set) -> bool:
     if value_class(node_shape(node), rows, d) is None:
         return False
     name = packet_name(node.target)
-    if (name in REDUCTIONS or name == "var") and value_class(node_shape(node.args[0]), rows, d) != "row":
+    if is_reduction(name) and value_class(node_shape(node.args[0]), rows, d) != "row":
         return False
     for a in _tensor_args(node):
         if a not in produced and value_class(node_shape(a), rows, d) is None:
@@ -193,11 +207,11 @@ def plan_graph(gm: fx.GraphModule, forced: dict | None = None) -> list[Segment]:
             current = Segment("matmul", [node], space=_space_of(node))
             produced = {node}
             continue
-        if role in ("elementwise", "reduction", "cast", "view"):
+        if role in ("elementwise", "reduction", "view"):
             space = _space_of(node)
             if current is not None and current.kind == "matmul":
                 # epilogue: pointwise work on the matmul's output, in its space
-                if role in ("elementwise", "cast", "view") and _joins(current, node, produced) \
+                if role in ("elementwise", "view") and _joins(current, node, produced) \
                         and any(a in produced for a in _tensor_args(node)):
                     current.nodes.append(node)
                     produced.add(node)
@@ -207,7 +221,7 @@ def plan_graph(gm: fx.GraphModule, forced: dict | None = None) -> list[Segment]:
                 current.nodes.append(node)
                 produced.add(node)
                 continue
-            if role == "view":
+            if role == "view" and packet_name(node.target) not in _COPIES:
                 # a view that changes the row layout is free on the device: run it as a view
                 close()
                 segments.append(Segment("view", [node], reason="changes the [rows, D] layout (metadata only)"))
@@ -238,6 +252,8 @@ def plan_graph(gm: fx.GraphModule, forced: dict | None = None) -> list[Segment]:
 
 
 _TRANSPOSES = {"t", "transpose", "permute", "numpy_T"}
+# "views" that copy when they stand alone (inside a group they are the value they copy)
+_COPIES = {"clone", "contiguous", "lift_fresh_copy"}
 # ops that only make views (or pick from a tuple): free on the device when not fused
 _METADATA = _TRANSPOSES | {"getitem", "split", "split_with_sizes", "unbind", "chunk", "slice", "select",
                            "as_strided", "unfold", "diagonal"}
