@@ -108,3 +108,12 @@ def test_dma_small_chunks_are_charged_the_floor():
     dst = AP("t", "float32", 0, ((1, 128), (1, 1)))
     c = dma_cost(DmaCopy(dst, src), TRN1, touches_hbm=True)
     assert c.effective_bytes == 128 * 512
+
+
+def test_generic_routine_cost_is_a_cost_table_row():
+    """The generic lowering's GpSimd routine is priced by the cost table (an assumed one cycle
+    per element per partition of its operands), not by the lowering."""
+    from tilescope.isa import GENERIC_CYCLES_PER_ELEMENT, generic_routine_cycles
+
+    assert GENERIC_CYCLES_PER_ELEMENT == 1.0
+    assert generic_routine_cycles(2048) == 2048.0

@@ -33,7 +33,8 @@ from ._instructions import (
 
 __all__ = [
     "CostRule", "COST_TABLE", "engine_cycles", "engine_ns", "dma_cost", "flops",
-    "load_stationary_cycles", "DmaCost", "dma_indirect_cost",
+    "load_stationary_cycles", "DmaCost", "dma_indirect_cost", "GENERIC_CYCLES_PER_ELEMENT",
+    "generic_routine_cycles",
 ]
 
 _FAST_BF16_OPS = frozenset({"add", "subtract", "multiply"})
@@ -92,6 +93,18 @@ COST_TABLE: dict[type, CostRule] = {
     AffineSelect: CostRule(lambda i: 1, _none, "[isa] affine_select (GpSimd): GPSIMD_START (~150) + N cycles"),
     Reciprocal: CostRule(lambda i: 8, _none, "[isa] reciprocal (VectorE): max(MIN_II, 8N) cycles"),
 }
+
+
+# ASSUMED: GpSimd cycles per element per partition of a generic routine (an aten op without a
+# lowering of its own, run as one GpSimd call): an arbitrary op has no published instruction
+# cost, so every element the routine reads or writes costs one cycle.
+GENERIC_CYCLES_PER_ELEMENT = 1.0
+
+
+def generic_routine_cycles(elements_per_partition: int) -> float:
+    """[assumed] Cycles of a generic GpSimd routine over ``elements_per_partition`` operand
+    elements (the ``cycles`` of its ``gpsimd_call``; the table adds GpSimd's fixed cost)."""
+    return elements_per_partition * GENERIC_CYCLES_PER_ELEMENT
 
 
 def matmul_cycles(instr: Matmul | Transpose, spec: CoreSpec) -> float:

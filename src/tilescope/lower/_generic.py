@@ -11,9 +11,8 @@ Ops without a specific rule still become real Programs, labelled ``generic``:
   chunk (impl ``"aten.model_only"``): the time is modeled, the values come from CPU torch
   on the device worker, and ``run_numerics`` says so.
 
-GpSimd cost of the routine (an assumption, since an arbitrary op has no published
-instruction cost): one cycle per element per partition of every operand it reads or
-writes, on top of the cost table's fixed GpSimd overhead.
+GpSimd cost of the routine comes from the cost table (``isa.generic_routine_cycles``, an
+assumption: an arbitrary op has no published instruction cost).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import ProgramError
-from ..isa import RuntimeScalar
+from ..isa import GENERIC_CYCLES_PER_ELEMENT, RuntimeScalar, generic_routine_cycles
 from ..program import TileBuilder
 from ..sim import register_gpsimd_impl
 from ._call import Call, OutputRef, ScalarArg, TensorMeta
@@ -32,8 +31,6 @@ from ._layout import hbm_input, hbm_output
 
 __all__ = ["lower_generic", "GENERIC_CYCLES_PER_ELEMENT"]
 
-# ASSUMED: GpSimd cycles per element per partition of a generic routine (see module doc)
-GENERIC_CYCLES_PER_ELEMENT = 1.0
 # per-partition SBUF bytes the one-shot form may use (of 192 KiB on trn1)
 _SBUF_BUDGET = 160 * 1024
 _CHUNK_FREE = 2048
@@ -131,7 +128,7 @@ def _one_shot(b, call, inputs, outputs, in_views, out_views, args, kwargs) -> No
     )
     present_in = [t for t in in_tiles if t is not None]
     present_out = [t for t in out_tiles if t is not None]
-    b.gpsimd_call(call.op, "aten", present_in, present_out, cycles * GENERIC_CYCLES_PER_ELEMENT, attrs)
+    b.gpsimd_call(call.op, "aten", present_in, present_out, generic_routine_cycles(cycles), attrs)
     for t, v in zip(out_tiles, out_views):
         if t is not None:
             b.dma_copy(v, t)
@@ -151,10 +148,10 @@ def _streamed(b, call, inputs, outputs, in_views, out_views) -> None:
                 t = b.sbuf((p, f), m.device_dtype, site=f"generic.{role}{i}", bufs=2)
                 if role == "in":
                     b.dma_copy(t, ap)
-                    b.gpsimd_call(call.op, "aten.model_only", [t], [], f * GENERIC_CYCLES_PER_ELEMENT,
+                    b.gpsimd_call(call.op, "aten.model_only", [t], [], generic_routine_cycles(f),
                                   (("op", call.op), ("part", "read")))
                 else:
-                    b.gpsimd_call(call.op, "aten.model_only", [], [t], f * GENERIC_CYCLES_PER_ELEMENT,
+                    b.gpsimd_call(call.op, "aten.model_only", [], [t], generic_routine_cycles(f),
                                   (("op", call.op), ("part", "write")))
                     b.dma_copy(ap, t)
 
