@@ -306,7 +306,7 @@ def test_summary_and_roofline(page):
     page.locator("[data-testid=cards]").wait_for()
     assert "modeled" in page.locator("[data-testid=label]").inner_text()
     cards = page.locator("[data-testid=cards]").inner_text()
-    for k in ("HFU", "MFU", "MBU", "arithmetic intensity", "average DMA size", "spill bytes"):
+    for k in ("HFU", "MFU", "MBU", "arithmetic intensity", "average DMA size", "spill bytes", "generic lowering"):
         assert k in cards
     assert page.locator("[data-testid=engine-active] tr").count() > 2
     shot(page, "summary")

@@ -18,7 +18,10 @@ def test_model_example_profiles_a_warm_step(tmp_path, script, top_op):
     proc = subprocess.run([sys.executable, str(MODELS / script), "--out", str(tmp_path / "prof")],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "tilescope doctor:" not in proc.stderr  # warm: no cold start, nothing pending at export
+    # warm: no cold start, nothing pending at export (the generic share has its own finding, and
+    # tests: it says how much of the modeled time is an estimate, not a profiling mistake)
+    told = [ln for ln in proc.stderr.splitlines() if ln.startswith("tilescope doctor:") and "generic-share" not in ln]
+    assert not told, told
     (path,) = re.findall(r"^profile: (.+)$", proc.stdout, flags=re.M)
     prof = read_profile(path).require_complete()
     assert prof.device["kind"] == "sim" and prof.manifest["stats"]["cold_executions"] == 0

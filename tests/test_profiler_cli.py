@@ -12,7 +12,7 @@ from tilescope.profiler import find_profiles, load
 SCRIPT = textwrap.dedent("""
     import sys, torch, tilescope.device
     tilescope.device.register()
-    x = torch.randn(128, 256, device="sim")
+    x = torch.randn(128, 256).to("sim")  # (made on the host: a random fill on the device is modeled generically)
     y = (x * 2).exp().sum(-1)
     print("ran", y.shape[0], sys.argv[1:])
 """)

@@ -22,7 +22,7 @@ from ._emit import _dt
 from ._ops import packet_name
 from ._plan import node_dtype, node_shape
 
-__all__ = ["explain", "Explanation", "UnfusedOp", "FusedExecution"]
+__all__ = ["explain", "Explanation", "UnfusedOp", "FusedExecution", "ModeledExecution"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,16 @@ class FusedExecution:
     spill_bytes: int
 
 
+@dataclass(frozen=True)
+class ModeledExecution:
+    """One device execution of the compiled call (inputs on the simulated device): what ran,
+    the lowering rule that modeled it (``compiled`` for a fused Program) and its modeled time."""
+
+    op: str
+    lowering: str
+    modeled_ns: float
+
+
 @dataclass
 class Explanation:
     graphs: int = 0
@@ -53,6 +63,18 @@ class Explanation:
     # inputs the code changes in place (BatchNorm's running statistics, an optimizer's state):
     # torch copies each new value back after the graph, one device execution each
     input_writebacks: int = 0
+    # the device executions of one call, when its inputs are on the simulated device (kernels
+    # only: host <-> device copies are not part of the compiled code)
+    executions: list[ModeledExecution] = field(default_factory=list)
+
+    @property
+    def generic_share(self) -> float | None:
+        """Share of the call's modeled device time in ops modeled by the generic lowering
+        (one GpSimd routine, an estimate); None when the call did not run on the device."""
+        total = sum(e.modeled_ns for e in self.executions)
+        if not total:
+            return None
+        return sum(e.modeled_ns for e in self.executions if e.lowering == "generic") / total
 
     @property
     def executions_per_call(self) -> int:
@@ -68,6 +90,8 @@ class Explanation:
             "unfused": [u.__dict__ for u in self.unfused],
             "views": self.views,
             "input_writebacks": self.input_writebacks,
+            "executions": [e.__dict__ for e in self.executions],
+            "generic_share": self.generic_share,
         }
 
     def __str__(self) -> str:
@@ -83,6 +107,16 @@ class Explanation:
         if self.input_writebacks:
             lines.append(f"  after  {self.input_writebacks} copy_ of inputs changed in place (e.g. running "
                          f"statistics): torch writes each back after the graph")
+        if self.executions:
+            total = sum(e.modeled_ns for e in self.executions)
+            generic: dict[str, float] = {}
+            for e in self.executions:
+                if e.lowering == "generic":
+                    generic[e.op] = generic.get(e.op, 0.0) + e.modeled_ns
+            top = ", ".join(f"{op} {ns / total:.1%}" for op, ns in sorted(generic.items(), key=lambda kv: -kv[1])[:5])
+            lines.append(f"  ran    {len(self.executions)} device execution(s), {total / 1e3:,.2f} us modeled; generic "
+                         f"lowering {self.generic_share:.1%} of it" + (f" ({top}: one GpSimd routine each, an "
+                                                                       f"estimate)" if top else ""))
         return "\n".join(lines)
 
 
@@ -104,16 +138,33 @@ def _mutated_inputs() -> int:
         return 0
 
 
+def _on_device(fn, args, kwargs) -> bool:
+    """Whether the call's tensors (its arguments, a module's parameters) are on the simulated device."""
+    tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if isinstance(fn, torch.nn.Module):
+        tensors += list(fn.parameters())
+    return any(t.device.type not in ("cpu", "cuda", "meta") for t in tensors)
+
+
 def explain(fn, *args, **kwargs) -> Explanation:
-    """Compile ``fn`` for ``args`` and report every fused execution and every op left apart."""
+    """Compile ``fn`` for ``args`` and report every fused execution and every op left apart.
+
+    With inputs on the simulated device, the call also runs as the tilescope backend runs it:
+    :attr:`Explanation.executions` holds its device executions (op, lowering rule, modeled
+    time) and :attr:`Explanation.generic_share` the share the generic lowering models."""
     from torch._dynamo.backends.common import aot_autograd
     from ._graph import DECOMPOSITIONS
 
     captured = []
     writebacks = [0]
+    on_device = _on_device(fn, args, kwargs)
 
     def capture(gm, example_inputs):
         captured.append((gm, list(example_inputs)))
+        if on_device:  # run what the tilescope backend runs, to record its executions
+            from ._backend import _compiler
+
+            return _compiler(gm, example_inputs)
         return gm.forward
 
     def capture_forward(gm, example_inputs):
@@ -123,12 +174,21 @@ def explain(fn, *args, **kwargs) -> Explanation:
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=capture_forward, bw_compiler=capture,
                                                       decompositions=DECOMPOSITIONS))
-    compiled(*args, **kwargs)
+    if on_device:
+        from ..device import recording, synchronize
+
+        with recording() as runs:
+            compiled(*args, **kwargs)
+        synchronize()
+        executions = [ModeledExecution(r.op, r.lowering, r.modeled_ns) for r in runs if r.kind != "memcpy"]
+    else:
+        compiled(*args, **kwargs)
+        executions = []
     torch._dynamo.reset()
     from ..spec import preset
 
     spec = preset(None)
-    report = Explanation(graphs=len(captured), input_writebacks=writebacks[0])
+    report = Explanation(graphs=len(captured), input_writebacks=writebacks[0], executions=executions)
     for g, (gm, example) in enumerate(captured):
         steps = build_steps(gm, _signature(example), spec, f"explain_{g}")
         graph_inputs = {n for n in gm.graph.nodes if n.op == "placeholder"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from ..profiler._lowering import GENERIC_SHARE_LIMIT as _GENERIC_LIMIT  # the doctor's threshold
 from ._engine import rows
 
 __all__ = ["summary_page", "DEVICE_RULES", "KINETO_RULES"]
@@ -112,6 +113,7 @@ def _device_metrics(trace, allowed) -> dict:
         pass
     sec = dev_ns * 1e-9
     hbm = facts["hbm_read"] + facts["hbm_write"]
+    generic = trace.generic_share()  # which executions the generic lowering modeled (None: not recorded)
     m = {
         "device_ns": dev_ns, "executions": executions, "span_ns": s["span_ns"], "preset": preset_name,
         "peak_flops": peak_flops, "hbm_bytes_per_ns": hbm_bw,
@@ -125,6 +127,7 @@ def _device_metrics(trace, allowed) -> dict:
         "hfu": (tensor + transpose) / (peak_flops * sec) if peak_flops and sec else None,
         "mfu": tensor / (peak_flops * sec) if peak_flops and sec else None,
         "mbu": hbm / (hbm_bw * dev_ns) if hbm_bw and dev_ns else None,
+        "generic_share": generic["share"] if generic else None, "generic": generic,
         "engines": sorted(({**e, "active_share": e["busy_ns"] / dev_ns if dev_ns else None} for e in engines.values()),
                           key=lambda e: (-round(e["busy_ns"], 3), e["engine"])),
     }
@@ -145,9 +148,16 @@ def _gap_classes(trace) -> dict:
 
 
 # ---- rules: code, applies to metrics m -> message or None, fix -------------------------------
+
 Rule = tuple[str, Callable[[dict], str | None], str]
 
 DEVICE_RULES: tuple[Rule, ...] = (
+    ("generic-share",
+     lambda m: (f"ops modeled by the generic lowering hold {_pct(m['generic_share'])} of modeled kernel time (over "
+                f"{_pct(_GENERIC_LIMIT)}): their time is an estimate (one GpSimd routine), not the engines the hardware "
+                f"would use; top: " + "; ".join(f"{t['op']} {_pct(t['share'])}" for t in m["generic"]["top"][:3])
+                if (m.get("generic_share") or 0) > _GENERIC_LIMIT else None),
+     "read those ops' time as rough; use ops with a specific lowering, torch.compile the region, or write a tile kernel"),
     ("transpose-flops",
      lambda m: (f"transposes are {_pct(m['transpose_flops'] / m['tensore_flops_all'])} of TensorE FLOPs (over 10%)"
                 if m["tensore_flops_all"] and m["transpose_flops"] > 0.10 * m["tensore_flops_all"] else None),

@@ -93,7 +93,9 @@ def lower_generic(call: Call, spec) -> "tuple":
         else:
             _streamed(b, call, inputs, outputs, in_views, out_views)
             faithful = False
-    prog = b.build(meta={"lowering": "generic", "faithful_numerics": faithful})
+    # the operands' shapes: what the profile names when it says which generic ops hold time
+    prog = b.build(meta={"lowering": "generic", "faithful_numerics": faithful,
+                         "shapes": [list(m.shape) for m in inputs]})
     return prog, faithful
 
 

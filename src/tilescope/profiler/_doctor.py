@@ -23,6 +23,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
+from ._lowering import generic_message, lowering_stats
 from ._reader import Profile, ProfileFormatError, read_profile
 
 __all__ = ["Finding", "diagnose", "RULES"]
@@ -233,6 +234,44 @@ def _small_dma(c: _Ctx):
         return f"programs moving data in small DMA transfers (average < 4 KiB, modeled): {names}"
 
 
+def _generic_share(c: _Ctx):
+    if c.device.get("kind") != "sim":
+        return None
+    generic = c.stats.get("generic")
+    if generic is None and not c.trusted:  # written before the stats had it: from the hardware events
+        generic = _generic_from_events(c)
+    return generic_message(generic) if generic else None
+
+
+class _Run:
+    """A hardware event as :func:`lowering_stats` reads an execution record."""
+
+    __slots__ = ("kind", "lowering", "modeled_ns", "op", "program")
+
+    def __init__(self, lowering, ns, op, program):
+        self.kind, self.lowering, self.modeled_ns, self.op, self.program = "kernel", lowering, ns, op, program
+
+
+def _generic_from_events(c: _Ctx) -> dict | None:
+    events = [e for e in c.cat("hardware") if isinstance(e.get("args"), dict) and "lowering" in e["args"]]
+    if not events:
+        return None
+    programs: dict = {}
+
+    def program(h):  # the generic executables only, each read once
+        if h not in programs:
+            try:
+                programs[h] = c.prof.program(h) if h else None
+            except (OSError, ValueError, KeyError):
+                programs[h] = None
+        return programs[h]
+
+    runs = [_Run(a["lowering"], float(e.get("dur") or 0) * 1000.0, a.get("op"),
+                 program(a.get("program_hash")) if a["lowering"] == "generic" else None)
+            for e in events for a in (e["args"],)]
+    return lowering_stats(runs)["generic"]
+
+
 # code, severity, check, fix
 RULES: list[tuple[str, str, Callable[[_Ctx], str | None], str]] = [
     ("incomplete-profile", "error", _incomplete,
@@ -259,6 +298,9 @@ RULES: list[tuple[str, str, Callable[[_Ctx], str | None], str]] = [
      "keep executables/ and itraces/ together; do not mix files from different profiles"),
     ("host-copies", "info", _host_copies,
      "move inputs to the device once, outside the loop; look at the host-side rows of key_averages()"),
+    ("generic-share", "warning", _generic_share,
+     "read those ops' device time as a rough estimate; for the model to price them, use an op with a specific "
+     "lowering (tilescope.lower.RULES), torch.compile the region, or write the op as a tile kernel"),
     ("small-dma", "info", _small_dma,
      "transfer at least 2-4 KiB per partition per DMA (bigger tiles, contiguous rows)"),
 ]

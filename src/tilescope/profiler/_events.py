@@ -322,6 +322,7 @@ def _doctor_slices(rows, cat: str) -> list[dict]:
             ts, dur = row[3], row[4]
         else:
             continue
-        args = {"flow_id": rec.flow_id, "program_hash": rec.program_hash, "op": rec.op, "core": rec.core}
+        args = {"flow_id": rec.flow_id, "program_hash": rec.program_hash, "op": rec.op, "core": rec.core,
+                "lowering": rec.lowering}
         out.append({"ph": "X", "cat": cat, "ts": ts, "dur": dur, "args": args})
     return out

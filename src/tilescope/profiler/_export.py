@@ -33,6 +33,7 @@ from ._doctor import diagnose
 from ._events import (HOST, Framework, Placement, device_events, doctor_events, event_count, framework_events,
                       placement, unrecorded_launch_lanes)
 from ._format import ProfileWriter, itrace_summary, read_file, start_writer
+from ._lowering import lowering_stats
 
 __all__ = ["Profiler"]
 
@@ -150,6 +151,7 @@ class Profiler:
                 "cold_executions": len(cold), "cold_ops": sorted({m.rec.op for m in cold})[:8],
                 "executions_without_op": len(unlinked), "threads_without_ops": len({m.native_tid for m in unlinked}),
                 "launch_interval_us": capture.launch_intervals_us(m.launch_us for m in matched),
+                **lowering_stats(m.rec for m in matched),  # which rule modeled what, the generic share
             }
             # its findings are told once the profile is complete
             findings = _findings(w.path, w.manifest(files=False), checked, summaries)

@@ -48,6 +48,10 @@ def report_dict(trace, top: int = 15) -> dict:
            "roofline": (trace.roofline().slice(0, top) if top else trace.roofline()).to_pylist()}  # 0: all
     if s["instructions"]:
         out["engines"] = trace.engine_breakdown().to_pylist()
+    generic = trace.generic_share() if trace.modeled else None
+    if generic is not None:  # which lowering rule modeled the device time
+        out["lowerings"] = trace.lowerings().to_pylist()
+        out["generic"] = generic
     if s["ranks"] and len(s["ranks"]) > 1:
         out["ranks"] = trace.ranks_summary().to_pylist()
     return out
@@ -82,6 +86,8 @@ def print_report(trace, console, top: int = 15) -> None:
         console.print(f"[yellow]warning:[/yellow] {resc(w)}")
     for n in s["notes"]:
         console.print(f"[dim]note: {resc(n)}[/dim]")
+    if d.get("generic") is not None:
+        _print_lowerings(d, console)
     t = Table(title=f"top ops (host measured; device {label})")
     for c in ("op", "calls", "host total", "host self", "device total", "device self"):
         t.add_column(c, justify="left" if c == "op" else "right")
@@ -131,6 +137,42 @@ def print_report(trace, console, top: int = 15) -> None:
             t.add_row(resc(str(r["name"])[:50]), f"{r['flops']:,.0f}", f"{r['bytes']:,.0f}", f"{r['intensity']:.2f}",
                       f"{r['tflops']:.3f}", f"{r['gbps']:.1f}", pct(r["mfu"]), pct(r["mbu"]), pct(r["pct_of_roofline"]))
         console.print(t)
+
+
+def _shapes_text(shapes) -> str:
+    return ", ".join("x".join(map(str, sh)) or "scalar" for sh in shapes) if shapes else "-"
+
+
+def _print_lowerings(d, console) -> None:
+    """The generic share in one line, and (when any op ran generic) the rules and the generic ops."""
+    from rich.markup import escape as resc
+    from rich.table import Table
+
+    from ..profiler._lowering import GENERIC_SHARE_LIMIT
+
+    g = d["generic"]
+    over = g["share"] > GENERIC_SHARE_LIMIT
+    style = "yellow" if over else "green"
+    console.print(f"[{style}]generic lowering: {g['share']:.1%} of modeled kernel time[/{style}] "
+                  f"({fmt_ns(g['generic_ns'])} of {fmt_ns(g['device_ns'])}, {g['generic_executions']:,} of "
+                  f"{g['executions']:,} executions)"
+                  + (f": over {GENERIC_SHARE_LIMIT:.0%}, this profile's device time is largely an estimate "
+                     f"(`tilescope doctor` says more)" if over else ""))
+    if not g["top"]:
+        return
+    t = Table(title="device time by lowering rule (modeled)")
+    for c in ("lowering", "executions", "time", "share"):
+        t.add_column(c, justify="left" if c == "lowering" else "right")
+    for r in d["lowerings"]:
+        t.add_row(resc(str(r["lowering"])), f"{r['executions']:,}", fmt_ns(r["device_ns"]), f"{r['share']:.1%}")
+    console.print(t)
+    t = Table(title="ops modeled by the generic lowering (modeled; one GpSimd routine, an estimate)")
+    for c in ("op", "shapes", "executions", "time", "share"):
+        t.add_column(c, justify="left" if c in ("op", "shapes") else "right")
+    for r in g["top"]:
+        t.add_row(resc(str(r["op"])[:60]), resc(_shapes_text(r["shapes"])[:60]), f"{r['executions']:,}",
+                  fmt_ns(r["device_ns"]), f"{r['share']:.1%}")
+    console.print(t)
 
 
 def _count(v) -> str:

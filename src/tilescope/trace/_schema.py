@@ -9,7 +9,7 @@ from __future__ import annotations
 __all__ = ["SCHEMA_VERSION", "TABLES", "RAW_JSON_COLUMNS", "TS_EXACT_TYPE", "ARG_COLUMNS", "CATEGORY_KINDS", "kind_case_sql",
            "arg_columns_sql", "arg_paths_sql"]
 
-SCHEMA_VERSION = 4  # 4: the typed args columns are stored at ingest
+SCHEMA_VERSION = 5  # 4: the typed args columns are stored at ingest; 5: executables.shapes
 
 # Columns read from each trace record by DuckDB's JSON reader. Times are microseconds; a
 # double holds them exactly to the nanosecond below 2**53 ns (~104 days: relative clocks,
@@ -101,6 +101,7 @@ TABLES = {
         ("spec", "VARCHAR", "preset it was built for"),
         ("instructions", "BIGINT", "instruction count"),
         ("path", "VARCHAR", "executable file"),
+        ("shapes", "VARCHAR", "operand shapes the Program was lowered for, as JSON (NULL when it does not record them)"),
     ),
     "instructions": (
         ("program_hash", "VARCHAR", "executable"),

@@ -261,6 +261,8 @@ def _write_program_tables(entry: str, pairs: list[tuple[str, int, str]], executa
         ex_rows["spec"].append(ex.get("spec"))
         ex_rows["instructions"].append(len(ex.get("instructions", [])))
         ex_rows["path"].append(executables[h])
+        shapes = (ex.get("meta") or {}).get("shapes")
+        ex_rows["shapes"].append(json.dumps(shapes, separators=(",", ":")) if shapes is not None else None)
         ex_rows["flops"].append(float(s.get("flops", 0.0)) if s else None)
         ex_rows["hbm_bytes"].append(int(s.get("hbm_read_bytes", 0) + s.get("hbm_write_bytes", 0)) if s else None)
         ex_rows["modeled_ns"].append(float(s.get("total_ns", 0.0)) if s else None)

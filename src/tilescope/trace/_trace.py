@@ -189,7 +189,10 @@ class Trace:
             SELECT r.eid, r.rank, l.lane, r.ph, r.cat, r.name, {kind_case_sql('r.cat', 'r.name')} AS kind, l.side,
                    r.ts_ns, CASE WHEN r.dur_ns >= 0 THEN r.dur_ns ELSE NULL END AS dur_ns,
                    r.ts_ns + CASE WHEN r.dur_ns > 0 THEN r.dur_ns ELSE 0 END AS end_ns,
-                   r.pid, r.tid, {', '.join('r.' + c for c, _p, _t in ARG_COLUMNS)}, r.args
+                   r.pid, r.tid, {', '.join('r.' + c for c, _p, _t in ARG_COLUMNS)}, r.args,
+                   -- the lowering rule that modeled a tilescope execution (its runtime and hardware events)
+                   CASE WHEN r.cat IN ('runtime', 'hardware', 'memcpy') THEN json_extract_string(r.args, '$.lowering')
+                   END AS lowering
             FROM raw r JOIN lanes l ON l.rank = r.rank AND l.pid = r.pid AND l.tid IS NOT DISTINCT FROM r.tid
             WHERE r.ph NOT IN ('s', 't', 'f', 'M', 'B', 'E') AND r.ts_ns IS NOT NULL""")
         con.execute("""CREATE OR REPLACE TEMP VIEW flows AS
@@ -201,7 +204,8 @@ class Trace:
             con.execute(f"CREATE OR REPLACE TEMP VIEW executables AS SELECT DISTINCT * FROM read_parquet({ex!r})")
         else:
             con.execute("""CREATE OR REPLACE TEMP VIEW executables AS SELECT NULL::VARCHAR AS program_hash, NULL::VARCHAR AS name,
-              NULL::VARCHAR AS spec, NULL::BIGINT AS instructions, NULL::VARCHAR AS path, NULL::DOUBLE AS flops,
+              NULL::VARCHAR AS spec, NULL::BIGINT AS instructions, NULL::VARCHAR AS path, NULL::VARCHAR AS shapes,
+              NULL::DOUBLE AS flops,
               NULL::BIGINT AS hbm_bytes, NULL::DOUBLE AS modeled_ns WHERE false""")
         if ins:
             isel = " UNION ALL ".join(f"SELECT {r}::INTEGER AS rank, * FROM read_parquet('{f}')" for f, r in ins)
@@ -357,6 +361,16 @@ class Trace:
         from ._lineage import execution
 
         return execution(self, eid)
+
+    def lowerings(self):
+        from ._lowering import lowering_table
+
+        return lowering_table(self)
+
+    def generic_share(self, **kw) -> dict | None:
+        from ._lowering import generic_share
+
+        return generic_share(self, **kw)
 
     def roofline(self, **kw):
         from ._roofline import roofline

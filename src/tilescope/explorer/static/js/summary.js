@@ -26,6 +26,8 @@ export class SummaryView {
       cards = [
         card("device time (modeled)", ns(m.device_ns), "sum of the device executions' modeled durations"),
         card("executions", num(m.executions)),
+        card("generic lowering", pct(m.generic_share), "share of modeled kernel time in ops without a specific lowering: " +
+             "each is one GpSimd routine at an assumed cycle per element, an estimate rather than the engines the hardware would use"),
         card("HFU", pct(m.hfu), "hardware FLOPs utilisation: all TensorE FLOPs (transposes included) / (peak x device time)"),
         card("MFU", pct(m.mfu), "model FLOPs utilisation: matmul FLOPs = 2*MACs / (2*rows*cols*clock*time)"),
         card("MBU", pct(m.mbu), "memory bandwidth utilisation: HBM bytes / (HBM bandwidth x device time)"),
@@ -58,6 +60,15 @@ export class SummaryView {
       engines = `<h3>Per-engine active time <span class="badge modeled">modeled</span></h3>
         <table class="data" data-testid="engine-active"><tr><th class="text">engine</th><th>busy</th><th></th><th>of device time</th><th>instructions</th><th>bytes</th><th>FLOPs</th></tr>${rows}</table>`;
     }
+    let generic = "";
+    if (s.modeled && m.generic && m.generic.top.length) {
+      const shape = (sh) => (sh || []).map((d) => d.join("x") || "scalar").join(", ") || "–";
+      const rows = m.generic.top.map((t) => `<tr><td class="text">${esc(t.op)}</td><td class="text mono">${esc(shape(t.shapes))}</td>
+        <td>${num(t.executions)}</td><td>${ns(t.device_ns)}</td><td>${pct(t.share)}</td></tr>`).join("");
+      generic = `<h3>Ops modeled by the generic lowering <span class="badge modeled">modeled</span></h3>
+        <p class="muted">no specific lowering: one GpSimd routine each, an estimate of their time; ${pct(m.generic_share)} of modeled kernel time</p>
+        <table class="data" data-testid="generic-ops"><tr><th class="text">op</th><th class="text">shapes</th><th>executions</th><th>time</th><th>of kernel time</th></tr>${rows}</table>`;
+    }
     const gaps = Object.entries(s.gaps || {}).map(([k, v]) => `<tr><td class="text">${esc(k.replaceAll("_", " "))}</td><td>${num(v.gaps)}</td><td>${ns(v.ns)}</td></tr>`).join("");
     const recs = s.recommendations.length
       ? s.recommendations.map((r) => `<div class="rec" data-testid="recommendation"><span class="code">${esc(r.code)}</span> ${esc(r.message)}<div class="fix">→ ${esc(r.fix)}</div></div>`).join("")
@@ -71,6 +82,7 @@ export class SummaryView {
       <div class="cards" data-testid="cards">${cards}</div>
       <h3>Recommendations</h3>${recs}
       ${doc ? `<h3>Profile doctor</h3>${doc}` : ""}
+      ${generic}
       ${engines}
       ${gaps ? `<h3>Idle gaps by class</h3><p class="muted">each device lane (a stream, a core) has its own gaps; totals add the lanes up, so they can exceed the span</p><table class="data" style="max-width:600px"><tr><th class="text">class</th><th>gaps</th><th>total</th></tr>${gaps}</table>` : ""}
       <p class="muted">Export: <a href="${href(`/api/p/${this.profile.id}/export/summary.json`)}" download>summary.json</a> ·
