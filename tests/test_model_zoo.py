@@ -22,12 +22,13 @@ pytestmark = pytest.mark.slow
 # its parameter by up to a learning rate)
 TOLERANCE = {"loss": 1e-5, "grads": 1e-5, "params": 5e-3}
 
-# known device defects, each with the failure it causes: strict, so each flips when fixed
+# known defects, each with the failure it causes: strict, so that each flips when fixed
 KNOWN = {
-    "lstm": pytest.mark.xfail(raises=NotImplementedError, strict=True,
-                              reason="nn.LSTM on sim: aten::_thnn_fused_lstm_cell has no device kernel"),
-    "gpt2": pytest.mark.xfail(raises=AssertionError, strict=True,
-                              reason="nn.Module.to('sim') unties tied weights (lm_head / wte): 29 Parameters, not 28"),
+    ("lstm", "compiled"): pytest.mark.xfail(
+        strict=True,
+        reason="torch.compile of nn.LSTM on sim: dynamo traces into the device's LSTM code; run first in a process "
+               "the backend gets float64 tensor constants it cannot lay out (BackendCompilerFailed), after an "
+               "eager LSTM it compiles no Program at all (the step runs op by op)"),
 }
 
 _RUNS: dict = {}
@@ -40,8 +41,8 @@ def _run(name: str, mode: str) -> zoo.ZooRun:
     return _RUNS[key]
 
 
-@pytest.mark.parametrize("mode", ["eager", "compiled"])
-@pytest.mark.parametrize("name", [pytest.param(n, marks=KNOWN[n]) if n in KNOWN else n for n in zoo.MODELS])
+@pytest.mark.parametrize("name, mode", [pytest.param(n, m, marks=KNOWN.get((n, m), ()))
+                                        for n in zoo.MODELS for m in ("eager", "compiled")])
 def test_a_training_step_matches_cpu_and_is_modeled(sim_virtual, name, mode):
     r = _run(name, mode)
     assert r.parameters[0] == r.parameters[1], f"{r.parameters[0]} Parameters on CPU, {r.parameters[1]} on sim"
