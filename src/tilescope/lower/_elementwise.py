@@ -446,8 +446,35 @@ def _silu_backward(E, a):
     E.tt(E.out, t, g, "multiply")
 
 
+_GELU_K = 0.7978845608028654  # sqrt(2 / pi)
+_GELU_C = 0.044715
+
+
+def _gelu_tanh_backward(E, g, x):
+    """d/dx of 0.5 x (1 + tanh(u)), u = k (x + c x^3). With s = sigmoid(2u) = 0.5 (1 + tanh u)
+    and 1 - tanh(u)^2 = 4 s (1 - s): s (1 + 2 x (1 - s) k (1 + 3 c x^2)). The affine steps and the
+    square run on ScalarE (func(scale * x + bias) in one pass), the products on VectorE."""
+    x2 = E.tmp()
+    E.act(x2, x, "square")
+    s = E.tmp()
+    E.act(s, x2, "identity", scale=_GELU_C * _GELU_K, bias=_GELU_K)  # u / x
+    E.tt(s, s, x, "multiply")  # u
+    E.act(s, s, "sigmoid", scale=2.0)
+    du = E.tmp()
+    E.act(du, x2, "identity", scale=6 * _GELU_C * _GELU_K, bias=2 * _GELU_K)  # 2 du/dx
+    t = E.tmp()
+    E.act(t, s, "identity", scale=-1.0, bias=1.0)  # 1 - s
+    E.tt(t, t, x, "multiply")
+    E.tt(t, t, du, "multiply")
+    E.act(t, t, "identity", bias=1.0)
+    E.tt(t, t, s, "multiply")
+    E.tt(E.out, t, g, "multiply")
+
+
 def _gelu_backward(E, a):
     g, x = a["grad_output"], a["self"]
+    if a.get("approximate", "none") == "tanh":
+        return _gelu_tanh_backward(E, g, x)
     if a.get("approximate", "none") != "none":
         return False
     cdf = E.tmp()

@@ -46,6 +46,7 @@ def _load() -> None:
     from . import _elementwise, _reduce, _matmul, _movement  # noqa: F401  (they add rows)
     from . import _vocab  # noqa: F401  (long rows: after the any-dim softmax, before the fused kernels)
     from . import _fused, _gather, _scatter, _nll  # noqa: F401
+    from . import _triangle  # noqa: F401
 
 
 _load()
