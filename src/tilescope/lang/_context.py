@@ -116,6 +116,9 @@ class KernelContext:
         self.consts: dict = {}  # tiles made once per kernel (ones rows, engine registers, constants)
         self.constants: dict = {}  # Program input name -> values of a shared_constant
         self.last_emit = None  # (file, line) of the user's line that emitted the last instruction
+        self.loops: list = []  # language loops being traced, outermost first (see _loops)
+        self.touch_log: list[str] = []  # buffers touched, in order (what a loop iteration touched)
+        self.loop_stats: dict = {}  # (file, line) -> [label, iterations, replicated, why not]
 
     # ---- where we are -----------------------------------------------------
     def enter(self, frame, label: str) -> None:
@@ -154,6 +157,8 @@ class KernelContext:
     # ---- buffers and emission ----------------------------------------------
     def state(self, buffer, *, temp: bool) -> BufState:
         st = self.states[buffer.name] = BufState(buffer.name, buffer.size, buffer.nbytes, temp)
+        if self.loops:
+            self.touch_log.append(buffer.name)
         return st
 
     def emit(self, instr) -> int:
@@ -162,6 +167,12 @@ class KernelContext:
         states = self.states
         reads = instr.reads()
         writes = instr.writes()
+        if self.loops:
+            log = self.touch_log
+            for ap in reads:
+                log.append(ap.buffer)
+            for ap in writes:
+                log.append(ap.buffer)
         for ap in reads:
             st = states.get(ap.buffer)
             if st is not None:

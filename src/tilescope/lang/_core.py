@@ -26,6 +26,7 @@ from . import _isa_ops as O
 from . import _semantic as S
 from ._analysis import fresh_lines
 from ._context import builtin, current
+from ._loops import loop_range
 from ._types import Memory, sbuf
 from ._values import Tensor, Tile, View
 
@@ -349,7 +350,11 @@ def _range(label: str, doc: str):
             if isinstance(v, bool) or not hasattr(v, "__index__"):
                 raise KernelError(f"{label}() takes integers (loop bounds are known when the kernel is traced), "
                                   f"got {type(v).__name__} {v!r}")
-        return range(int(start), int(stop), int(step))
+        start, stop, step = int(start), int(stop), int(step)
+        if step == 0:
+            raise KernelError(f"{label}() step must not be zero")
+        ctx = current(label)
+        return loop_range(ctx, label, start, stop, step, ctx.frame)
 
     fn.__name__ = fn.__qualname__ = label.rsplit(".", 1)[-1]
     fn.__doc__ = doc

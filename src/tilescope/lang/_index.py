@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 from ..errors import IndexRangeError, KernelError
 from ._frames import surface
+from ._sym import Sym, count as _count
 
 __all__ = [
     "IndexExpr", "Predicate", "MGrid", "arange", "mgrid", "Check", "resolve_index",
@@ -100,7 +101,7 @@ class IndexExpr:
                 merged[(v, a)] = merged.get((v, a), 0) + c
             terms = tuple((v, a, c) for (v, a), c in merged.items() if c)
             return IndexExpr(shape, self.const + other.const, terms)
-        n = _as_int(other, "+")
+        n = other if other.__class__ is Sym else _as_int(other, "+")  # a loop index shifts the constant
         return IndexExpr(self.shape, self.const + n, self.terms)
 
     __radd__ = __add__
@@ -409,7 +410,15 @@ def resolve_index(dims, index, *, what, shape: tuple[int, ...], normalized: bool
     offset = 0
     out, kept = [], []
     for d, (ix, (stride, size)) in enumerate(zip(index, dims)):
-        if isinstance(ix, slice):
+        if isinstance(ix, slice) and (ix.start.__class__ is Sym or ix.stop.__class__ is Sym):
+            start, stop, step = _sym_slice(ix, size, d, what, shape)
+            n = _count(max(0, _ceildiv(stop - start, step)))
+            if n == 0:
+                raise IndexRangeError(f"empty slice {ix} on dim {d} of {_w(what)} (size {size})")
+            offset += start * stride
+            out.append((stride * step, n))
+            kept.append(d)
+        elif isinstance(ix, slice):
             start, stop, step = ix.indices(size)
             if step <= 0:
                 raise IndexRangeError(f"negative slice steps are not supported (dim {d} of {_w(what)})")
@@ -431,7 +440,30 @@ def resolve_index(dims, index, *, what, shape: tuple[int, ...], normalized: bool
     return Indexed(offset, tuple(out), (), (), tuple(kept), False)
 
 
+def _sym_slice(ix: slice, size: int, d: int, what, shape):
+    """``slice.indices`` for bounds that are loop indices (every decision is a guard)."""
+    step = 1 if ix.step is None else _as_int(ix.step, "slice")
+    if step <= 0:
+        raise IndexRangeError(f"negative slice steps are not supported (dim {d} of {_w(what)})")
+    start = 0 if ix.start is None else ix.start
+    stop = size if ix.stop is None else ix.stop
+    for v in (start, stop):
+        if v.__class__ is not Sym:
+            _as_int(v, "slice")
+    if start < 0:
+        start = start + size
+    if stop < 0:
+        stop = stop + size
+    if stop > size or start >= size or start < 0:
+        hi = stop - 1
+        raise IndexRangeError(
+            f"index range [{start}, {hi}] exceeds dimension size {size} (dim {d} of {_w(what)}, shape {shape})")
+    return start, stop, step
+
+
 def _int_index(ix, d: int, what: str) -> int:
+    if ix.__class__ is Sym:
+        return ix
     if isinstance(ix, bool) or not hasattr(ix, "__index__"):
         raise KernelError(
             f"dim {d} of {_w(what)} is indexed by {type(ix).__name__} {ix!r}; indices are integers, "
@@ -446,7 +478,7 @@ def _int_position(ix, d: int, size: int, what: str, shape) -> int:
         i += size
     if not 0 <= i < size:
         raise IndexRangeError(
-            f"index {int(ix)} is out of range for dimension size {size} (dim {d} of {_w(what)}, shape {shape})")
+            f"index {ix} is out of range for dimension size {size} (dim {d} of {_w(what)}, shape {shape})")
     return i
 
 
@@ -513,7 +545,7 @@ def apply_box(offset: int, dims, checks, box: dict[int, tuple[int, int]] | None,
             return None
         ranges.append((lo, hi))
         offset += stride * lo
-    new_dims = tuple((stride, hi - lo) for (stride, _), (lo, hi) in zip(dims, ranges))
+    new_dims = tuple((stride, _count(hi - lo)) for (stride, _), (lo, hi) in zip(dims, ranges))
     for chk in checks:
         lo_v = hi_v = chk.const
         for a, c in chk.coefs:

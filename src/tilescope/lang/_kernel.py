@@ -333,7 +333,7 @@ class Kernel:
         if b.instruction_count == 0:
             raise KernelError(f"kernel {self.name!r} emitted no instructions (it loads, computes and stores nothing)")
         meta = {"kind": "tile_kernel", "kernel": self.name, "grid": list(grid), "bufs": self.bufs,
-                "sources": _sources(ctx)}
+                "sources": _sources(ctx), "traced_loops": _loop_report(ctx)}
         try:
             program = b.build(meta, describe_site=ctx.describe_site, spill=self.spill)
         except CapacityError as e:
@@ -388,6 +388,15 @@ def _plan(ret, b: TileBuilder | None, kernel: str):
     if isinstance(ret, (tuple, list)):
         return type(ret)(_plan(v, b, kernel) for v in ret)
     raise KernelError(f"kernel {kernel!r} returns a {type(ret).__name__}; return HBM tensors (or None)")
+
+
+def _loop_report(ctx: KernelContext) -> list[dict]:
+    """Per language loop of the kernel: iterations, how many were replicated rather than traced,
+    and why not all (see tilescope.lang._loops)."""
+    from ._frames import display_path
+
+    return [{"file": display_path(f), "line": line, "loop": label, "iterations": n, "replicated": rep,
+             "why_not": why} for (f, line), (label, n, rep, why) in ctx.loop_stats.items()]
 
 
 def _sources(ctx: KernelContext) -> dict[str, str]:

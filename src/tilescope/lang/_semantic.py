@@ -38,6 +38,7 @@ from ..isa import (
 )
 from ._context import KernelContext, current
 from ._index import Check, IndexExpr, Predicate, broadcast_shapes
+from ._sym import Sym
 from ._types import Memory, par_dim, sbuf, to_dtype
 from ._values import Tensor, Tile, View
 
@@ -80,7 +81,7 @@ def promote(a: str, b: str) -> str:
 
 
 def is_scalar(x) -> bool:
-    return isinstance(x, (int, float, np.number, np.bool_)) and not isinstance(x, IndexExpr)
+    return (isinstance(x, (int, float, np.number, np.bool_)) or x.__class__ is Sym) and not isinstance(x, IndexExpr)
 
 
 def _scalar_dtype(tile_dtype: str, s) -> str:
@@ -974,13 +975,21 @@ def device_print(prefix: str, x, *, label: str = "device_print") -> None:
 
 def _index_key(t: Tile, index):
     """A hashable description of ``t[index]`` (None when an index part is not a plain value)."""
+    if t.offset.__class__ is Sym:
+        return None
     parts = [t.buffer.name, t.offset, t.dims, t.pdim]
     for ix in index if isinstance(index, tuple) else (index,):
         c = ix.__class__
         if c is IndexExpr:
+            if ix.const.__class__ is Sym:
+                return None
             parts.append((ix.shape, ix.const, ix.terms))
-        elif c is int or c is slice or ix is Ellipsis:
-            parts.append((c.__name__, ix.start, ix.stop, ix.step) if c is slice else ix)
+        elif c is slice:
+            if ix.start.__class__ is Sym or ix.stop.__class__ is Sym or ix.step.__class__ is Sym:
+                return None  # views at loop indices are not cached: a Sym is not hashed
+            parts.append((c.__name__, ix.start, ix.stop, ix.step))
+        elif c is int or ix is Ellipsis:
+            parts.append(ix)
         else:
             return None
     return tuple(parts)
@@ -1021,10 +1030,13 @@ def _tile_index(t: Tile, index) -> Tile:
     if not advanced:
         ix = idx[pd]
         if not isinstance(ix, slice):  # an integer partition index keeps a partition dim of 1
-            i = int(ix.__index__()) if hasattr(ix, "__index__") and not isinstance(ix, bool) else ix
-            if isinstance(i, int) and i < 0:
+            if ix.__class__ is Sym:
+                i = ix
+            else:
+                i = int(ix.__index__()) if hasattr(ix, "__index__") and not isinstance(ix, bool) else ix
+            if (isinstance(i, int) or i.__class__ is Sym) and i < 0:
                 i += t.dims[pd][1]
-            idx = idx[:pd] + (slice(i, i + 1) if isinstance(i, int) else ix,) + idx[pd + 1:]
+            idx = idx[:pd] + (slice(i, i + 1) if isinstance(i, int) or i.__class__ is Sym else ix,) + idx[pd + 1:]
         r = resolve_index(t.dims, idx, what=t, shape=t.shape, normalized=True)
         pdim = sum(1 for d in r.kept if d < pd)
         return Tile(t.buffer, t.offset + r.offset, r.dims, pdim=pdim, state=t.state)

@@ -24,6 +24,7 @@ from ..errors import KernelError
 from ..isa import AP
 from ._frames import surface
 from ._index import Check, apply_box, resolve_index
+from ._sym import Sym
 from ._types import dtype_name as _dtype_name
 
 __all__ = ["Tensor", "Tile", "View", "TENSOR_METHODS_LACK"]
@@ -105,6 +106,8 @@ class View:
         if r is None:
             return None
         offset, dims = r
+        if offset.__class__ is Sym:  # instructions hold integers; the loop compares iterations' offsets
+            offset = offset.value
         return AP(self.buffer.name, self.buffer.dtype, offset, dims or ((1, 1),))
 
     def is_whole(self) -> bool:

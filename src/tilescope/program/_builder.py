@@ -166,6 +166,7 @@ class TileBuilder:
         self._outputs: list[str] = []
         self._counter = 0
         self.check = True
+        self.buffer_order: list[str] = []  # buffer names in the order they were made
 
     # ---- buffers ---------------------------------------------------------
     def _new_buffer(self, name: str | None, prefix: str, **kw) -> Buffer:
@@ -182,7 +183,15 @@ class TileBuilder:
         b = Buffer(name=name, **kw)
         check_buffer(b, self.spec)
         self._buffers[name] = b
+        self.buffer_order.append(name)
         return b
+
+    def add_buffer(self, b: Buffer) -> None:
+        """Add a buffer made elsewhere (a replica of a checked one: loop replication)."""
+        if b.name in self._buffers:
+            raise ProgramError(f"a buffer named {b.name!r} already exists in {self.name!r}")
+        self._buffers[b.name] = b
+        self.buffer_order.append(b.name)
 
     def input(self, name: str, shape, dtype) -> Handle:
         """An HBM tensor the caller provides."""
@@ -277,6 +286,27 @@ class TileBuilder:
         self._instructions.append(instr)
         self._instr_prov.append(idx)
         return len(self._instructions) - 1
+
+    def extend_replicas(self, instrs: list, prov: list[int]) -> None:
+        """Append instructions that repeat already checked ones at shifted offsets (loop
+        replication); their offset-dependent limits are checked by :meth:`check_replicas`."""
+        self._instructions.extend(instrs)
+        self._instr_prov.extend(prov)
+
+    def check_replicas(self, first: int, templates: int, count: int) -> None:
+        """Check replicated instructions ``[first, first + templates * count)``: operands are
+        affine in the replica number, so bounds hold if they hold for the first and last
+        replica; start-partition rules are checked for every replica of an on-chip operand
+        whose offset moves."""
+        if not self.check or count == 0:
+            return
+        instrs = self._instructions
+        for j in list(range(templates)) + list(range((count - 1) * templates, count * templates)):
+            check_instruction(instrs[first + j], self._buffers, self.spec)
+        if count > 2:
+            from ._checks import check_start_partitions
+
+            check_start_partitions(instrs, first, templates, count, self._buffers)
 
     def replace(self, index: int, instr: Instruction) -> None:
         """Swap the instruction at ``index`` for ``instr`` (checked like a new one).

@@ -1,0 +1,660 @@
+"""Loops traced once and replicated: how a 100k-instruction kernel traces in about a second.
+
+``tl.affine_range`` / ``sequential_range`` / ``static_range`` loops of four or more
+iterations are traced like this:
+
+1. Iterations 0, 1 and 2 run as Python normally would, their index a
+   :class:`~tilescope.lang._sym.Sym`, so every use of the index is known: affine
+   arithmetic, comparisons (recorded as *guards*), or anything else (the loop is
+   *tainted*).
+2. If the loop is not tainted and iteration 2 is iteration 1 shifted -- the same
+   instructions with the same operands except for the loop's buffers (those made in the
+   iteration, or in the one before) and offsets; the kernel's local variables and the
+   tracer's state of every buffer alike up to that shift -- then every later iteration
+   whose guards all keep their outcomes is iteration 2 shifted again: its buffers and
+   instructions are written by arithmetic on iteration 2's, with no Python run, and the
+   local variables are set to what they would be after them.
+3. From the first iteration whose guards change (a ragged last tile, ``if i == n - 1``),
+   or for the whole loop if it is tainted, iterations run one by one.
+
+Nested loops replicate inside out: an outer iteration holds its inner loops' replicas,
+and the inner loops' guards, over the inner ranges they were checked on, must keep their
+outcomes over the outer range too.
+
+What is compared is what the body can observe: its local variables (values,
+containers, tiles and tensors by buffer and view, Syms by their affine form), the
+tracer's state of each buffer it touched, and the instructions. Objects of other types
+are compared by identity: a body that mutates such an object (or a global) in a way that
+changes what later iterations emit is outside this scheme. ``TILESCOPE_TRACE_REPLICATE=0``
+traces every iteration: the reference path, which gives the same Program (the tests
+check that on many kernels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..isa import AP
+from ._sym import Sym
+
+__all__ = ["Loop", "Guard", "record_guard", "loop_range", "replication_enabled"]
+
+_MIN_ITERATIONS = 4  # three samples and at least one replica
+
+
+def replication_enabled() -> bool:
+    from .._env import flag
+
+    return flag("TILESCOPE_TRACE_REPLICATE", True)
+
+
+def record_guard(coefs: dict, diff: int, op: str, outcome: bool) -> None:
+    """A comparison ``sum(coef_L * x_L) + base  op  0`` gave ``outcome`` (``diff`` is the
+    compared difference's value now): keep it with the innermost loop tracing samples."""
+    from ._context import maybe_current
+
+    ctx = maybe_current()
+    if ctx is None or not ctx.loops:
+        return
+    if any(not lp.active for lp in coefs):
+        for lp in coefs:
+            lp.taint("a value computed from a finished loop's index is compared")
+        return
+    base = diff - sum(c * lp.x for lp, c in coefs.items())
+    ctx.loops[-1].guards.append(Guard(tuple(coefs.items()), base, op, outcome, ()))
+
+
+@dataclass(frozen=True)
+class Guard:
+    """``outcome == (sum(coef * x) + base  op  0)``, asserted over ``boxes`` ((loop, lo, hi):
+    ranges of inner loops' indices); other loops' indices take their current values."""
+
+    coefs: tuple
+    base: int
+    op: str
+    outcome: bool
+    boxes: tuple
+
+    def key(self) -> tuple:
+        return (tuple((lp.key, c) for lp, c in self.coefs), self.base, self.op, self.outcome,
+                tuple((lp.key, lo, hi) for lp, lo, hi in self.boxes))
+
+    def holds(self, loop: "Loop", xs: np.ndarray) -> np.ndarray:
+        """Per value in ``xs`` of ``loop``'s index: is the outcome the same over the boxes?"""
+        box = {lp: (lo, hi) for lp, lo, hi in self.boxes}
+        lo = np.full(len(xs), self.base, dtype=np.int64)
+        hi = lo.copy()
+        for lp, c in self.coefs:
+            if lp is loop:
+                lo += c * xs
+                hi += c * xs
+            elif lp in box:
+                a, b = box[lp]
+                lo += min(c * a, c * b)
+                hi += max(c * a, c * b)
+            else:
+                lo += c * lp.x
+                hi += c * lp.x
+        op = self.op
+        if op == "<":
+            t, f = hi < 0, lo >= 0
+        elif op == "<=":
+            t, f = hi <= 0, lo > 0
+        elif op == ">":
+            t, f = lo > 0, hi <= 0
+        elif op == ">=":
+            t, f = lo >= 0, hi < 0
+        elif op == "==":
+            t, f = (lo == 0) & (hi == 0), (lo > 0) | (hi < 0)
+        else:  # !=
+            t, f = (lo > 0) | (hi < 0), (lo == 0) & (hi == 0)
+        return t if self.outcome else f
+
+
+def _boxed(guards, loop: "Loop", lo: int, hi: int) -> list:
+    """Guards of ``loop``'s iterations over index values [lo, hi], for its parent."""
+    out = []
+    for g in guards:
+        if any(lp is loop for lp, _ in g.coefs):
+            out.append(Guard(g.coefs, g.base, g.op, g.outcome, g.boxes + ((loop, min(lo, hi), max(lo, hi)),)))
+        else:
+            out.append(g)
+    return out
+
+
+@dataclass
+class _Iteration:
+    k: int
+    x: int
+    instr0: int
+    buf0: int
+    log0: int
+    instr1: int = -1
+    buf1: int = -1
+    log1: int = -1
+    guards: list = field(default_factory=list)
+    locals_raw: dict | None = None
+    snapshot: object = None
+    states: object = None
+
+
+def loop_range(ctx, label: str, start: int, stop: int, step: int, frame):
+    """The iterable of a language loop: a :class:`Loop` when it may be replicated, else a range."""
+    n = len(range(start, stop, step))
+    if n < _MIN_ITERATIONS or ctx is None or ctx.fail_at is not None or not replication_enabled():
+        return range(start, stop, step)
+    return Loop(ctx, label, start, step, n, frame)
+
+
+class Loop:
+    """One traced language loop (see the module docs)."""
+
+    def __init__(self, ctx, label: str, start: int, step: int, n: int, frame):
+        self.ctx = ctx
+        self.label = label
+        self.start, self.step, self.n = start, step, n
+        self.frame = frame  # the frame running the `for` statement
+        # the same loop of every iteration of enclosing loops has the same key
+        self.key = (id(frame.f_code), frame.f_lasti, len(ctx.loops))
+        self.k = -1
+        self.x = start
+        self.serial = 0
+        self.active = False
+        self.finished = False
+        self.tainted: str | None = None
+        self.concrete = False
+        self.iters: list[_Iteration] = []
+        self.guards: list = []  # of the iteration running
+        self.done_guards: list = []  # of finished iterations, boxed: handed to the parent
+        self.replicated = 0
+        self.why_not: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<loop {self.label} at {self.x}>"
+
+    def taint(self, why: str) -> None:
+        if self.tainted is None:
+            self.tainted = why
+
+    def __iter__(self):
+        return self
+
+    # ---- the iteration protocol --------------------------------------------------------------
+    def __next__(self):
+        if self.k >= 0:
+            self._end_iteration()
+        else:
+            self.active = True
+            self.ctx.loops.append(self)
+        loops = self.ctx.loops
+        while loops and loops[-1] is not self:  # an inner loop left by `break`: done
+            loops[-1]._finish()
+        self.k += 1
+        if self.k == 3 and not self.concrete:
+            self.k = self._replicate()
+        if self.k >= self.n:
+            self._finish()
+            raise StopIteration
+        self.x = self.start + self.k * self.step
+        self.serial += 1
+        b = self.ctx.b
+        self.iters.append(_Iteration(self.k, self.x, b.instruction_count, len(b.buffer_order),
+                                     len(self.ctx.touch_log)))
+        self.guards = []
+        if self.concrete:
+            return self.x
+        return Sym(self.x, {self: 1}, ((self, self.serial),))
+
+    def _end_iteration(self) -> None:
+        it = self.iters[-1]
+        ctx = self.ctx
+        it.instr1, it.buf1, it.log1 = ctx.b.instruction_count, len(ctx.b.buffer_order), len(ctx.touch_log)
+        it.guards = self.guards
+        self.done_guards.extend(_boxed(self.guards, self, it.x, it.x))
+        self.guards = []
+        if it.k in (1, 2) and not self.concrete and self.tainted is None:
+            it.locals_raw = dict(self.frame.f_locals)
+            canon = _Canon(self, it)
+            it.snapshot = tuple(sorted((name, canon(v)) for name, v in it.locals_raw.items()))
+            it.states = _states(ctx, canon, it)
+        if len(self.iters) > 3:  # keep what replication and the locals need
+            self.iters[-4] = None
+
+    def _finish(self) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.active = False
+        f = self.frame
+        key = (f.f_code.co_filename, f.f_lineno if f is not None else 0)
+        stat = self.ctx.loop_stats.setdefault(key, [self.label, 0, 0, None])
+        stat[1] += self.n
+        stat[2] += self.replicated
+        if self.why_not and stat[3] is None:
+            stat[3] = self.why_not
+        loops = self.ctx.loops
+        if self in loops:
+            while loops and loops[-1] is not self:  # inner loops left by a break
+                loops[-1]._finish()
+            loops.pop()
+        if loops:  # (guards of an iteration left by `break` too)
+            loops[-1].guards.extend(self.done_guards + _boxed(self.guards, self, self.x, self.x))
+        self.iters = []
+        self.frame = None  # (the frame holds Syms that hold this loop)
+
+    # ---- replication ------------------------------------------------------------------------
+    def _replicate(self) -> int:
+        """Write iterations 3.. as iteration 2 shifted while that is sound; returns the first
+        iteration still to run (the loop's end if all were written)."""
+        it0, it1, it2 = self.iters[0], self.iters[1], self.iters[2]
+        plan = None
+        if self.tainted is not None or it1.snapshot is None or it2.snapshot is None:
+            self.why_not = self.tainted or "not sampled"
+        elif it1.snapshot != it2.snapshot:
+            self.why_not = "the local variables differ between iterations: " + ", ".join(
+                a[0] for a, b in zip(it1.snapshot, it2.snapshot) if a != b)[:200]
+        elif it1.states != it2.states:
+            self.why_not = "the tracer's buffer states differ between iterations"
+            import os
+            if os.environ.get("TILESCOPE_DEBUG_LOOPS"):
+                a, b = it1.states, it2.states
+                print("STATES", self, a[1:], b[1:])
+                for x, y in zip(a[0], b[0]):
+                    if x != y:
+                        print("  ", x, "\n  ", y)
+                        break
+                print(len(a[0]), len(b[0]))
+        elif not _same_guards(it1.guards, it2.guards):
+            self.why_not = "the iterations compared different values"
+        else:
+            plan = _plan(self.ctx, it0, it1, it2)
+            if plan is not None:
+                plan.depth = self.key[2]
+            if plan is None:
+                self.why_not = "the iterations' instructions differ beyond a shift"
+        if plan is None:
+            self.concrete = True
+            return 3
+        xs = self.start + np.arange(3, self.n, dtype=np.int64) * self.step
+        ok = np.ones(len(xs), dtype=bool)
+        for g in it2.guards:
+            ok &= g.holds(self, xs)
+        bad = np.flatnonzero(~ok)
+        end = 3 + (int(bad[0]) if len(bad) else len(xs))
+        self.concrete = True
+        if end == 3:
+            return 3
+        count = end - 3
+        _emit_replicas(self.ctx, plan, it2, count)
+        self.replicated = count
+        last = end - 1
+        # iterations 1 .. last keep the template's guards (iterations 1 and 2 had the same ones)
+        self.done_guards = [g for g in self.done_guards if not _about(g, self, it1.x, it2.x)]
+        self.done_guards.extend(_boxed(it2.guards, self, it1.x, self.start + last * self.step))
+        _patch_states(self.ctx, plan, it2, last)
+        _patch_locals(self, plan, it1, it2, last)
+        return end
+
+
+def _about(g: Guard, loop: Loop, lo: int, hi: int) -> bool:
+    """Is ``g`` a guard of ``loop`` boxed to one of its iterations in [lo, hi]?"""
+    for lp, a, b in g.boxes:
+        if lp is loop:
+            return lo <= a and b <= hi and a == b
+    return False
+
+
+def _same_guards(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x.key() == y.key() for x, y in zip(a, b))
+
+
+# ---- what an iteration leaves: locals and buffer states, canonical ------------------------------
+
+class _Canon:
+    """Canonical forms relative to one iteration: buffers it made are ``new``, buffers the
+    iteration before made are ``prev``; Syms by their affine form; index variables by order."""
+
+    def __init__(self, loop: Loop, it: _Iteration):
+        order = loop.ctx.b.buffer_order
+        self.new = {name: q for q, name in enumerate(order[it.buf0:it.buf1])}
+        prev = loop.iters[it.k - 1] if it.k >= 1 and len(loop.iters) >= 2 else None
+        self.prev = {name: q for q, name in enumerate(order[prev.buf0:prev.buf1])} if prev is not None else {}
+        self.vars: dict[int, int] = {}
+
+    def buf(self, name: str):
+        q = self.new.get(name)
+        if q is not None:
+            return ("new", q)
+        q = self.prev.get(name)
+        if q is not None:
+            return ("prev", q)
+        return ("old", name)
+
+    @staticmethod
+    def int_(v):
+        if v.__class__ is Sym:
+            for lp, serial in v.stamp:
+                if lp.serial != serial or not lp.active:
+                    return ("stale", id(v))
+            return ("sym", v.value - sum(c * lp.x for lp, c in v.coefs.items()),
+                    tuple(sorted((id(lp), c) for lp, c in v.coefs.items())))
+        return v
+
+    def var(self, v: int) -> int:
+        return self.vars.setdefault(v, len(self.vars))
+
+    def __call__(self, v, depth: int = 0):
+        from ._index import IndexExpr, MGrid, Predicate
+        from ._values import Tensor, Tile
+
+        c = v.__class__
+        if v is None or c in (bool, int, float, str, bytes, complex):
+            return v
+        if c is Sym:
+            return self.int_(v)
+        if depth > 6:
+            return ("deep", id(v))
+        if c is Tile or c is Tensor:
+            return (c.__name__, self.buf(v.buffer.name), self.int_(v.offset), v.dims,
+                    tuple((ch.dim, ch.size, self.int_(ch.const), ch.coefs) for ch in v.checks),
+                    tuple((self.var(var), a) for var, a in v.axis_vars), getattr(v, "pdim", 0),
+                    getattr(v, "inplace", False))
+        if c is IndexExpr:
+            return ("ix", v.shape, self.int_(v.const), tuple((self.var(var), a, k) for var, a, k in v.terms))
+        if c is MGrid:
+            return ("mgrid", tuple(self(e, depth + 1) for e in v.exprs))
+        if c is Predicate:
+            return ("pred", tuple((self(e, depth + 1), op) for e, op in v.conditions))
+        if c is slice:
+            return ("slice", self(v.start, depth + 1), self(v.stop, depth + 1), self(v.step, depth + 1))
+        if c is tuple or c is list:
+            return (c.__name__, tuple(self(x, depth + 1) for x in v))
+        if c is dict:
+            return ("dict", tuple((self(k, depth + 1), self(x, depth + 1)) for k, x in v.items()))
+        if isinstance(v, np.generic):
+            return ("np", v.dtype.str, v.item())
+        return ("obj", id(v))
+
+
+def _states(ctx, canon: _Canon, it: _Iteration):
+    """The tracer's state of every buffer the iteration touched (writers relative to it)."""
+    out = []
+    for name in sorted(set(ctx.touch_log[it.log0:it.log1])):
+        st = ctx.states.get(name)
+        if st is None:
+            continue
+        key = canon.buf(name)
+        writer = st.writer - it.instr0 if st.writer >= it.instr0 else ("before",)
+        writes = st.writes if key[0] != "old" else st.writes > 0
+        out.append((key, st.fill, st.temp, st.read, writes, writer, tuple(sorted(st.acc_open))))
+    out.sort(key=repr)
+    return (tuple(out), len(ctx.consts), len(ctx.constants), len(ctx.hooks), len(ctx.hbm_shared))
+
+
+# ---- iteration 2 as a template -----------------------------------------------------------------
+
+@dataclass
+class _Plan:
+    """How iteration k is iteration 2 shifted: per instruction, each operand's buffer kind
+    (``new``: made by the iteration; ``prev``: by the one before; ``old``: earlier) and its
+    offset step per iteration."""
+
+    n_instr: int
+    recipes: list  # (template instruction, [(field, sub-index, kind, ref, offset step)])
+    new2: list  # buffers made in iteration 2, in order
+    new1: list  # ... in iteration 1
+    touched_old: set
+    depth: int = 0  # the loop's nesting depth: replica names stay unique across nested loops
+
+    def name(self, k: int, q: int) -> str:
+        """Buffer ``q`` of iteration ``k`` (>= 1)."""
+        if k == 1:
+            return self.new1[q]
+        if k == 2:
+            return self.new2[q]
+        return f"{self.new2[q]}~{self.depth}.{k}"
+
+
+def _ap_fields(instr):
+    """(field, sub-index or None, AP) of every operand."""
+    from ..isa._instructions import field_access
+
+    names, values = field_access(type(instr))
+    out = []
+    for name, v in zip(names, values(instr)):
+        if v.__class__ is AP:
+            out.append((name, None, v))
+        elif v.__class__ is tuple:
+            out.extend((name, j, x) for j, x in enumerate(v) if x.__class__ is AP)
+    return out
+
+
+def _plain_fields(instr) -> tuple:
+    from ..isa._instructions import field_access
+
+    names, values = field_access(type(instr))
+    out = []
+    for name, v in zip(names, values(instr)):
+        if v.__class__ is AP:
+            continue
+        if v.__class__ is tuple and any(x.__class__ is AP for x in v):
+            v = tuple(None if x.__class__ is AP else x for x in v)
+        if isinstance(v, float) and v != v:
+            v = "nan"
+        out.append((name, v))
+    return tuple(out)
+
+
+_BUFFER_FIELDS = ("memory", "shape", "dtype", "role", "site", "bufs")
+
+
+def _plan(ctx, it0: _Iteration, it1: _Iteration, it2: _Iteration) -> _Plan | None:
+    """Iteration 2 as iteration 1 shifted (a template for later ones), or None."""
+    b = ctx.b
+    n1, n2 = it1.instr1 - it1.instr0, it2.instr1 - it2.instr0
+    if n1 != n2 or n2 == 0:
+        return None
+    order, buffers = b.buffer_order, b._buffers
+    new0 = {name: q for q, name in enumerate(order[it0.buf0:it0.buf1])}
+    new1, new2 = order[it1.buf0:it1.buf1], order[it2.buf0:it2.buf1]
+    if len(new1) != len(new2):
+        return None
+    for a, c in zip(new1, new2):
+        ba, bc = buffers[a], buffers[c]
+        if any(getattr(ba, f) != getattr(bc, f) for f in _BUFFER_FIELDS):
+            return None
+    q1 = {name: q for q, name in enumerate(new1)}
+    q2 = {name: q for q, name in enumerate(new2)}
+    prov, instrs = b._instr_prov, b._instructions
+    recipes, touched_old = [], set()
+    for j in range(n2):
+        i1, i2 = instrs[it1.instr0 + j], instrs[it2.instr0 + j]
+        if i1.__class__ is not i2.__class__ or prov[it1.instr0 + j] != prov[it2.instr0 + j]:
+            return None
+        if _plain_fields(i1) != _plain_fields(i2):
+            return None
+        f1, f2 = _ap_fields(i1), _ap_fields(i2)
+        if len(f1) != len(f2):
+            return None
+        ops = []
+        for (name1, sub1, a1), (name2, sub2, a2) in zip(f1, f2):
+            if name1 != name2 or sub1 != sub2 or a1.dtype != a2.dtype or a1.dims != a2.dims:
+                return None
+            if a2.buffer in q2:
+                if q1.get(a1.buffer) != q2[a2.buffer]:
+                    return None
+                kind, ref = "new", q2[a2.buffer]
+            elif a2.buffer in q1:  # a buffer the previous iteration made: carried
+                if new0.get(a1.buffer) != q1[a2.buffer]:
+                    return None
+                kind, ref = "prev", q1[a2.buffer]
+            else:
+                if a1.buffer != a2.buffer:
+                    return None
+                kind, ref = "old", a2.buffer
+                touched_old.add(a2.buffer)
+            ops.append((name2, sub2, kind, ref, a2.offset - a1.offset))
+        recipes.append((i2, ops))
+    return _Plan(n2, recipes, list(new2), list(new1), touched_old)
+
+
+def _emit_replicas(ctx, plan: _Plan, it2: _Iteration, count: int) -> None:
+    """Append iterations 3 .. 2+count: their buffers and instructions (iteration 2's, shifted)."""
+    b = ctx.b
+    templates = [b._buffers[name] for name in plan.new2]
+    for k in range(3, 3 + count):
+        for q, tb in enumerate(templates):
+            b.add_buffer(dataclasses.replace(tb, name=plan.name(k, q)))
+    prov = b._instr_prov[it2.instr0:it2.instr1]
+    fields: dict[type, list[str]] = {}
+    makers = []
+    for instr, ops in plan.recipes:
+        cls = instr.__class__
+        names = fields.get(cls)
+        if names is None:
+            names = fields[cls] = [f.name for f in dataclasses.fields(cls)]
+        values = [getattr(instr, f) for f in names]
+        slots = []
+        for name, sub, kind, ref, delta in ops:
+            pos = names.index(name)
+            ap = values[pos] if sub is None else values[pos][sub]
+            slots.append((pos, sub, kind, ref, ap, delta))
+        makers.append((cls, values, slots))
+    first = b.instruction_count
+    out = []
+    for k in range(3, 3 + count):
+        step = k - 2
+        names_k = {}
+        for cls, values, slots in makers:
+            vals = list(values)
+            for pos, sub, kind, ref, ap, delta in slots:
+                if kind == "new":
+                    buf = names_k.get(ref)
+                    if buf is None:
+                        buf = names_k[ref] = plan.name(k, ref)
+                elif kind == "prev":
+                    buf = plan.name(k - 1, ref)
+                else:
+                    buf = ref
+                new_ap = AP(buf, ap.dtype, ap.offset + step * delta, ap.dims)
+                if sub is None:
+                    vals[pos] = new_ap
+                else:
+                    lst = list(vals[pos])
+                    lst[sub] = new_ap
+                    vals[pos] = tuple(lst)
+            out.append(cls(*vals))
+    b.extend_replicas(out, prov * count)
+    b.check_replicas(first, plan.n_instr, count)
+
+
+def _patch_states(ctx, plan: _Plan, it2: _Iteration, last: int) -> None:
+    """The tracer's state of the buffers after iteration ``last``: iteration 2's, shifted."""
+    from ._context import BufState
+
+    shift = (last - 2) * plan.n_instr
+
+    def moved(writer: int, k: int) -> int:
+        return writer + (k - 2) * plan.n_instr if writer >= it2.instr0 else writer
+
+    for name in plan.touched_old:
+        st = ctx.states.get(name)
+        if st is not None and st.writer >= it2.instr0:
+            st.writer += shift
+    for k in (last - 1, last):
+        if k < 3:
+            continue
+        for q, name in enumerate(plan.new2):
+            st = ctx.states.get(name)
+            if st is None:
+                continue
+            new = BufState(plan.name(k, q), st.size, st.nbytes, st.temp)
+            new.fill, new.fill_prov, new.writes, new.read = st.fill, st.fill_prov, st.writes, st.read
+            new.writer = moved(st.writer, k)
+            new.acc_open = set(st.acc_open)
+            ctx.states[new.name] = new
+
+
+# ---- the kernel's local variables after the written iterations ----------------------------------
+
+def _patch_locals(loop: Loop, plan: _Plan, it1: _Iteration, it2: _Iteration, last: int) -> None:
+    """Set the loop frame's locals to what iteration ``last`` leaves (iteration 2's, shifted);
+    the loop index becomes its value there."""
+    from ._index import Check, IndexExpr
+    from ._values import Tensor, Tile
+
+    ctx = loop.ctx
+    b = ctx.b
+    q2 = {name: q for q, name in enumerate(plan.new2)}
+    q1 = {name: q for q, name in enumerate(plan.new1)}
+    steps = last - 2
+    x_last = loop.start + last * loop.step
+
+    def int_(v2, v1):
+        if v2.__class__ is Sym:
+            c = v2.coefs.get(loop, 0)
+            value = v2.value + c * (x_last - it2.x)
+            coefs = {lp: cc for lp, cc in v2.coefs.items() if lp is not loop}
+            return Sym._make(value, coefs) if coefs else value
+        if v1.__class__ is Sym:
+            v1 = v1.value
+        if v2.__class__ is int and v1.__class__ is int:
+            return v2 + steps * (v2 - v1)
+        return v2
+
+    def name_of(name: str) -> str:
+        q = q2.get(name)
+        if q is not None:
+            return plan.name(last, q)
+        q = q1.get(name)
+        if q is not None:
+            return plan.name(last - 1, q)
+        return name
+
+    def shift(v2, v1, depth=0):
+        c = v2.__class__
+        if c is Sym:
+            return int_(v2, v1)
+        if c is Tile or c is Tensor:
+            name = name_of(v2.buffer.name)
+            buf = b._buffers[name] if name != v2.buffer.name else v2.buffer
+            off = int_(v2.offset, v1.offset)
+            checks = tuple(Check(ch.dim, ch.size, int_(ch.const, c1.const), ch.coefs)
+                           for ch, c1 in zip(v2.checks, v1.checks))
+            if c is Tile:
+                t = Tile(buf, off, v2.dims, checks, v2.axis_vars, pdim=v2.pdim,
+                         state=ctx.states.get(buf.name, v2.state))
+                t.inplace = v2.inplace
+                return t
+            return Tensor(buf, off, v2.dims, checks, v2.axis_vars)
+        if c is IndexExpr:
+            return IndexExpr(v2.shape, int_(v2.const, v1.const), v2.terms)
+        if depth < 6 and (c is tuple or c is list) and len(v1) == len(v2):
+            return c(shift(a, a1, depth + 1) for a, a1 in zip(v2, v1))
+        if depth < 6 and c is dict:
+            return {key: shift(a, v1[key], depth + 1) for key, a in v2.items()}
+        return v2
+
+    updates = {}
+    for name, v2 in it2.locals_raw.items():
+        nv = shift(v2, it1.locals_raw.get(name, v2))
+        if nv is not v2:
+            updates[name] = nv
+    if updates:
+        _write_locals(loop.frame, updates)
+
+
+def _write_locals(frame, updates: dict) -> None:
+    if sys.version_info >= (3, 13):  # pragma: no cover - PEP 667: frame locals write through
+        for k, v in updates.items():
+            frame.f_locals[k] = v
+        return
+    import ctypes
+
+    local = frame.f_locals
+    local.update(updates)
+    ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))

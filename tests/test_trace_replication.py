@@ -1,0 +1,260 @@
+"""Loops traced once and replicated (tilescope.lang._loops) give the same Program as loops
+traced iteration by iteration (TILESCOPE_TRACE_REPLICATE=0, the reference path): the same
+instructions, operands, provenance, buffers and addresses, on the examples, the NKI test
+kernels and kernels written to stress what replication must notice."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import tilescope
+import tilescope.isa as nisa
+import tilescope.lang as tl
+from tilescope.lang import TensorSpec as S
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def canonical(p):
+    """The Program with buffers named by first use (replica names differ from unrolled ones)."""
+    ids: dict[str, int] = {}
+
+    def cid(name):
+        return ids.setdefault(name, len(ids))
+
+    out = []
+    for i, ins in enumerate(p.instructions):
+        d = ins.to_json()
+        for k, v in list(d.items()):
+            if isinstance(v, dict) and "ap" in v:
+                b, dt, off, dims = v["ap"]
+                d[k] = (cid(b), dt, off, tuple(map(tuple, dims)))
+            elif isinstance(v, dict) and "tuple" in v:
+                d[k] = repr([(cid(x["ap"][0]),) + tuple(map(str, x["ap"][1:])) if isinstance(x, dict) and "ap" in x
+                             else x for x in v["tuple"]])
+        out.append((tuple(sorted(d.items(), key=str)), p.prov_of(i)))
+    bufs = {}
+    for name, k in ids.items():
+        b = p.buffers[name]
+        slot = p.slots[p.placement[name]] if name in p.placement else None
+        bufs[k] = (b.memory, b.shape, b.dtype, b.role, b.site, slot.addr if slot else None)
+    return out, bufs, sorted(p.outputs) == sorted(p.outputs)
+
+
+def both(kernel, *args, monkeypatch, **kwargs):
+    """(replicated, unrolled) Programs of one signature."""
+    out = []
+    for mode in ("1", "0"):
+        monkeypatch.setenv("TILESCOPE_TRACE_REPLICATE", mode)
+        kernel.cache_clear()
+        out.append(kernel.program_for(*args, **kwargs).program)
+    kernel.cache_clear()
+    return out
+
+
+def assert_same(kernel, *args, monkeypatch, replicated=True, **kwargs):
+    rep, ref = both(kernel, *args, monkeypatch=monkeypatch, **kwargs)
+    a, b = canonical(rep), canonical(ref)
+    assert len(a[0]) == len(b[0])
+    for i, (x, y) in enumerate(zip(a[0], b[0])):
+        assert x == y, f"instruction {i}: {x} != {y}"
+    assert a[1] == b[1]
+    return rep
+
+
+def _example(name):
+    sys.path.insert(0, os.path.join(ROOT, "examples", name.split("/")[0]))
+    try:
+        import importlib
+
+        return importlib.import_module(name.split("/")[1])
+    finally:
+        sys.path.pop(0)
+
+
+def test_matmul_examples(monkeypatch):
+    mk = _example("matmul/matmul_kernels")
+    assert_same(mk.matmul_naive, *mk.inputs(1024, 1024, 2048, data=False), monkeypatch=monkeypatch)
+    assert_same(mk.matmul_optimized, *mk.inputs(2048, 4096, 2048, data=False), monkeypatch=monkeypatch)
+
+
+def test_norm_and_softmax_examples(monkeypatch):
+    ln = _example("layernorm/layernorm_kernel")
+    for k in (ln.layernorm_two_pass, ln.layernorm_bn_stats):
+        assert_same(k, S((1000, 1000), "float32"), S((1000,), "float32"), S((1000,), "float32"),
+                    monkeypatch=monkeypatch)
+    sm = _example("softmax/softmax_kernel")
+    kernels = [getattr(sm, n) for n in dir(sm) if isinstance(getattr(sm, n), tl.Kernel)]
+    assert kernels
+    for k in kernels:
+        assert_same(k, S((1000, 700), "float32"), monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("name", ["matmul", "flash_attention", "selective_scan", "rmsnorm", "layernorm"])
+def test_nki_test_kernels(name, monkeypatch):
+    from tilescope.nki import nki_imports
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "nki_kernels"))
+    try:
+        with nki_imports():
+            import importlib
+
+            mod = importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+    cases = {
+        "matmul": lambda m: [(m.matmul_tiled, (S((512, 512), "bfloat16"), S((512, 2048), "bfloat16")), {}),
+                             (m.matmul_blocked, (S((512, 512), "bfloat16"), S((512, 2048), "bfloat16")), {})],
+        "flash_attention": lambda m: [(m.flash_attention, (S((64, 1024), "float32"), S((64, 1024), "float32"),
+                                                           S((1024, 64), "float32")), {"causal": c})
+                                      for c in (True, False)],
+        "selective_scan": lambda m: [(m.selective_scan, (S((256, 96), "float32"), S((256, 96), "float32"),
+                                                         S((256, 6), "float32"), S((6, 96), "float32"),
+                                                         S((6, 96), "float32")), {})],
+        "rmsnorm": lambda m: [(m.rmsnorm, (S((1024, 384), "float32"), S((384,), "float32")), {})],
+        "layernorm": lambda m: [(m.layernorm, (S((1024, 1024), "float32"), S((1024,), "float32"),
+                                               S((1024,), "float32")), {})],
+    }[name](mod)
+    for kernel, args, kwargs in cases:
+        assert_same(kernel.kernel, *args, monkeypatch=monkeypatch, **kwargs)
+
+
+# ---- kernels that test what replication must notice ------------------------------------------
+
+@tilescope.kernel
+def ragged(x, out):
+    """A masked last tile: its guard changes on the last iteration."""
+    n, d = x.shape
+    i_p, i_f = tl.mgrid[0:128, 0:d]
+    for t in tl.affine_range((n + 127) // 128):
+        r = t * 128 + i_p
+        v = tl.load(x[r, i_f], mask=(r < n))
+        tl.store(out[r, i_f], tl.exp(v), mask=(r < n))
+
+
+@tilescope.kernel
+def special_cases(x, out):
+    """Python branches on the index: first and last iterations differ."""
+    n = x.shape[0] // 128
+    acc = tl.zeros((128, x.shape[1]), tl.float32)
+    for i in tl.sequential_range(n):
+        t = tl.load(x[i * 128:(i + 1) * 128, :])
+        if i == 0:
+            acc[...] = tl.copy(t)
+        elif i == n - 1:
+            acc[...] = tl.maximum(acc, t)
+        else:
+            acc[...] = tl.add(acc, t)
+    tl.store(out, acc)
+
+
+@tilescope.kernel
+def carried(x, out):
+    """Each iteration reads the tile the previous one made (a rebound local)."""
+    run = tl.zeros((128, x.shape[1]), tl.float32)
+    for i in tl.sequential_range(x.shape[0] // 128):
+        run = tl.add(run, tl.load(x[i * 128:(i + 1) * 128, :]))
+    tl.store(out, run)
+
+
+@tilescope.kernel
+def index_after_loop(x, out):
+    """The loop index and a body tile are used after the loop (their last iteration's)."""
+    for i in tl.affine_range(x.shape[0] // 128):
+        t = tl.load(x[i * 128:(i + 1) * 128, :])
+        u = t * 2.0
+        tl.store(out[i * 128:(i + 1) * 128, :], u)
+    tl.store(out[i * 128:(i + 1) * 128, 0:1], tl.copy(u[:, 1:2]))
+
+
+@tilescope.kernel
+def python_state(x, out):
+    """A counter and a list kept by the body: not a shift of the first iterations."""
+    j = 0
+    tiles = []
+    for i in tl.affine_range(x.shape[0] // 128):
+        tiles.append(tl.load(x[j * 128:(j + 1) * 128, :]))
+        j += 1
+    total = tiles[0]
+    for t in tiles[1:]:
+        total = total + t
+    tl.store(out, total)
+
+
+@tilescope.kernel
+def nonaffine(x, out):
+    """Index arithmetic that is not affine (i % 2, a list indexed by i): traced one by one."""
+    scale = [1.0, -1.0]
+    for i in tl.affine_range(x.shape[0] // 128):
+        t = tl.load(x[i * 128:(i + 1) * 128, :])
+        tl.store(out[i * 128:(i + 1) * 128, :], t * scale[i % 2])
+
+
+@tilescope.kernel
+def breaks(x, out):
+    for i in tl.affine_range(x.shape[0] // 128):
+        if i == 5:
+            break
+        tl.store(out[i * 128:(i + 1) * 128, :], tl.load(x[i * 128:(i + 1) * 128, :]))
+
+
+@tilescope.kernel
+def nested_blocks(x, out):
+    """Nested loops over blocks of an SBUF tile, an inner loop whose range depends on the outer."""
+    n, d = x.shape
+    for b in tl.affine_range(n // 512):
+        blk = tl.ndarray((4, tl.par_dim(128), d), tl.float32)
+        for k in tl.affine_range(4):
+            blk[k] = tl.load(x[b * 512 + k * 128:b * 512 + (k + 1) * 128, :])
+        for k in tl.affine_range(4):
+            tl.store(out[b * 512 + k * 128:b * 512 + (k + 1) * 128, :], blk[k] * float(2))
+    for b in tl.affine_range(4):
+        for k in tl.affine_range(b + 1):  # a range that depends on the outer index
+            tl.store(out[k * 128:(k + 1) * 128, 0:8], tl.load(x[k * 128:(k + 1) * 128, 0:8]))
+
+
+KERNELS = [
+    (ragged, (S((1000, 64), "float32"), S((1000, 64), "float32"))),
+    (special_cases, (S((1280, 64), "float32"), S((128, 64), "float32"))),
+    (carried, (S((1280, 64), "float32"), S((128, 64), "float32"))),
+    (index_after_loop, (S((1280, 64), "float32"), S((1280, 64), "float32"))),
+    (python_state, (S((1280, 64), "float32"), S((128, 64), "float32"))),
+    (nonaffine, (S((1280, 64), "float32"), S((1280, 64), "float32"))),
+    (breaks, (S((1280, 64), "float32"), S((1280, 64), "float32"))),
+    (nested_blocks, (S((4096, 64), "float32"), S((4096, 64), "float32"))),
+]
+
+
+@pytest.mark.parametrize("kernel, args", KERNELS, ids=[k.name for k, _ in KERNELS])
+def test_replicated_equals_unrolled(kernel, args, monkeypatch):
+    assert_same(kernel, *args, monkeypatch=monkeypatch)
+
+
+@pytest.mark.parametrize("kernel, args", KERNELS, ids=[k.name for k, _ in KERNELS])
+def test_replicated_values_match_numpy(kernel, args, monkeypatch):
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(a.shape).astype(np.float32) for a in args]
+    results = []
+    for mode in ("1", "0"):
+        monkeypatch.setenv("TILESCOPE_TRACE_REPLICATE", mode)
+        kernel.cache_clear()
+        outs = [a.copy() for a in arrays]
+        tilescope.simulate(kernel, *outs)
+        results.append(outs[-1])
+    kernel.cache_clear()
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_most_iterations_are_replicated_and_the_program_says_which(monkeypatch):
+    mk = _example("matmul/matmul_kernels")
+    monkeypatch.setenv("TILESCOPE_TRACE_REPLICATE", "1")
+    mk.matmul_naive.cache_clear()
+    p = mk.matmul_naive.program_for(*mk.inputs(1024, 1024, 2048, data=False)).program
+    loops = p.meta["traced_loops"]
+    assert loops and sum(lp["replicated"] for lp in loops) > 0
+    assert all(lp["why_not"] is None for lp in loops), loops
+    mk.matmul_naive.cache_clear()
