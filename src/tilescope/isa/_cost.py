@@ -27,6 +27,7 @@ from ..spec import CoreSpec
 from ._ap import AP
 from ._instructions import (
     Activation, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, DmaIndirect, GpsimdCall, Instruction,
+    MatchReplace8, Max8,
     Iota, Matmul, Memset, Reciprocal, Select, TensorCopy, TensorReduce, TensorScalar,
     TensorScalarReduce, TensorTensor, TensorTensorScan, Transpose,
 )
@@ -92,6 +93,9 @@ COST_TABLE: dict[type, CostRule] = {
         lambda i: 1, lambda i, s: s.vector.min_ii_cycles, "[isa] tensor_scalar_reduce: max(MIN_II, N) + MIN_II"),
     AffineSelect: CostRule(lambda i: 1, _none, "[isa] affine_select (GpSimd): GPSIMD_START (~150) + N cycles"),
     Reciprocal: CostRule(lambda i: 8, _none, "[isa] reciprocal (VectorE): max(MIN_II, 8N) cycles"),
+    Max8: CostRule(lambda i: 1, _none, "[isa] max8: N cycles, N the elements read per partition"),
+    # ASSUMED: no cost note is published for nc_match_replace8; it reads the data once, as max8 does
+    MatchReplace8: CostRule(lambda i: 1, _none, "assumed as max8: N cycles (one read of the data)"),
 }
 
 
@@ -208,7 +212,7 @@ def flops(instr: Instruction) -> float:
     n = out.size if out is not None else 0
     if isinstance(instr, TensorScalar):
         return float(n * (2 if instr.op1 else 1))
-    if isinstance(instr, (TensorReduce, ActivationReduce, BnStats)):
+    if isinstance(instr, (TensorReduce, ActivationReduce, BnStats, Max8)):
         return float(instr.src.size)
     if isinstance(instr, (TensorTensorScan, TensorScalarReduce)):
         return float(2 * n)

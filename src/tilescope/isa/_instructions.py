@@ -19,7 +19,8 @@ __all__ = [
     "Instruction", "DmaCopy", "DmaIndirect", "TensorTensor", "TensorScalar", "Activation",
     "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
     "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "TensorTensorScan",
-    "TensorScalarReduce", "AffineSelect", "Reciprocal", "INSTRUCTION_KINDS", "ENGINE_NAMES",
+    "TensorScalarReduce", "AffineSelect", "Reciprocal", "Max8", "MatchReplace8", "INSTRUCTION_KINDS",
+    "ENGINE_NAMES",
 ]
 
 # engine id -> display name
@@ -439,3 +440,29 @@ class Reciprocal(Instruction):
     dst: AP
     src: AP
     engine: str = "dve"
+
+
+@_instruction("max8", ("dve",), ("src",))
+class Max8(Instruction):
+    """The 8 largest values of each partition of ``src`` (8..16384 elements), in descending order,
+    into ``dst`` ``[P, 8]`` (nki.isa.max8; NaN counts as the largest, as torch orders it)."""
+
+    dst: AP
+    src: AP
+    engine: str = "dve"
+
+
+@_instruction("match_replace8", ("dve",), ("data", "vals"), ("dst", "dst_idx"))
+class MatchReplace8(Instruction):
+    """``dst`` = ``data`` with the first occurrence of each of the 8 ``vals`` per partition replaced
+    by ``imm``; ``dst_idx`` ``[P, 8]`` (optional) gets the positions matched
+    (nki.isa.nc_match_replace8: vals are taken in reverse order, so repeated values pair with
+    distinct positions, the first position with the highest slot)."""
+
+    dst: AP
+    data: AP
+    vals: AP
+    imm: float
+    dst_idx: AP | None = None
+    engine: str = "dve"
+

@@ -68,12 +68,15 @@ class RowSplit:
     (4, 12565, True)
     """
 
-    def __init__(self, rows: int, v: int, bytes_per_elem: int, budget: int, partitions: int):
+    def __init__(self, rows: int, v: int, bytes_per_elem: int, budget: int, partitions: int,
+                 pieces: int | None = None):
         f = _pow2_floor(partitions // rows) if rows < partitions else 1
         while f < partitions and -(-v // f) * bytes_per_elem > budget:
             f *= 2
         while f > 1 and (-(-v // f) < _MIN_PIECE or v - (f - 1) * -(-v // f) < 1):
             f //= 2
+        if pieces is not None:
+            f = pieces
         self.f = f
         self.w = -(-v // f)
         self.wl = v - (f - 1) * self.w

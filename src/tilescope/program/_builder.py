@@ -31,6 +31,7 @@ from ..dtypes import canonical
 from ..errors import IndexRangeError, ProgramError
 from ..isa import (
     AP, Activation, ActivationReduce, BnAggr, BnStats, DmaCopy, DmaIndirect, GpsimdCall, Instruction,
+    MatchReplace8, Max8,
     Iota, Matmul, Memset, RuntimeScalar, Select, TensorCopy, TensorReduce, TensorScalar,
     TensorTensor, Transpose,
 )
@@ -337,6 +338,15 @@ class TileBuilder:
         """Gather (``indirect="src"``) or scatter (``"dst"``) rows by an SBUF index tile; see
         :class:`~tilescope.isa.DmaIndirect` (the indirect operand's first dim spans the table)."""
         return self.emit(DmaIndirect(as_ap(dst), as_ap(src), queue, "dma", as_ap(index), indirect))
+
+    def max8(self, dst, src) -> int:
+        """The 8 largest values of each partition, descending (VectorE)."""
+        return self.emit(Max8(as_ap(dst), as_ap(src)))
+
+    def match_replace8(self, dst, data, vals, imm: float, dst_idx=None) -> int:
+        """``data`` with each of the 8 ``vals`` per partition replaced by ``imm``; positions to ``dst_idx``."""
+        return self.emit(MatchReplace8(as_ap(dst), as_ap(data), as_ap(vals), float(imm),
+                                       as_ap(dst_idx) if dst_idx is not None else None))
 
     def tensor_tensor(self, dst, a, b, op: str, *, engine: str = "dve") -> int:
         return self.emit(TensorTensor(as_ap(dst), as_ap(a), as_ap(b), op, engine))

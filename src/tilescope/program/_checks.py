@@ -12,7 +12,8 @@ from __future__ import annotations
 from ..dtypes import itemsize
 from ..errors import CapacityError, IndexRangeError, ProgramError, TileLimitError
 from ..isa import (
-    AP, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, DmaIndirect, GpsimdCall, Instruction, Matmul,
+    AP, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, DmaIndirect, GpsimdCall, Instruction,
+    MatchReplace8, Matmul, Max8,
     TensorReduce, TensorScalarReduce, Transpose,
 )
 from ..spec import CoreSpec
@@ -261,6 +262,8 @@ def check_instruction(instr: Instruction, buffers, spec: CoreSpec) -> None:
         if n != instr.dst.free_size:
             raise ProgramError(f"affine_select pattern {instr.pattern} covers {n} elements per partition; dst "
                                f"{instr.dst.shape} has {instr.dst.free_size}")
+    elif isinstance(instr, (Max8, MatchReplace8)):
+        _check_top8(instr)
     elif isinstance(instr, GpsimdCall):
         pass
     else:
@@ -301,6 +304,27 @@ def _check_one_bank(instr, buffers, spec: CoreSpec) -> None:
             f"{dst.buffer!r} {b.shape}, which spans banks {first}..{last}; a TensorE result stays inside one "
             f"{bank}-byte bank ({per_bank} {dst.dtype} elements): index one bank of the tile, e.g. "
             f"t[:, k, :] of a (P, banks, {per_bank}) tile")
+
+
+TOP8_FREE = (8, 16384)  # nki.isa.max8 / nc_find_index8: elements read per partition
+
+
+def _check_top8(instr) -> None:
+    kind = instr.KIND
+    data = instr.src if isinstance(instr, Max8) else instr.data
+    lo, hi = TOP8_FREE
+    if not lo <= data.free_size <= hi:
+        raise TileLimitError(
+            f"{kind} reads {data.free_size} elements per partition; it takes {lo} to {hi}: split the row "
+            f"into chunks of at most {hi} and merge their top 8s"
+        )
+    eights = [("dst", instr.dst)] if isinstance(instr, Max8) else [("vals", instr.vals)] + (
+        [("dst_idx", instr.dst_idx)] if instr.dst_idx is not None else [])
+    for role, ap in eights:
+        if ap.free_size != 8 or ap.partitions != data.partitions:
+            raise ProgramError(f"{kind}: {role!r} must be [{data.partitions}, 8], got {ap.shape}")
+    if isinstance(instr, MatchReplace8):
+        _same_size(kind, "data", data, "dst", instr.dst)
 
 
 def _check_indirect(instr: DmaIndirect, buffers, spec: CoreSpec) -> None:

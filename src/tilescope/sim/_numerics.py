@@ -19,7 +19,7 @@ from ..dtypes import is_float, to_numpy
 from ..errors import ProgramError
 from ..isa import (
     ACTIVATIONS, ALU_OPS, AP, REDUCE_OPS, Activation, ActivationReduce, AffineSelect, BnAggr,
-    BnStats, DmaCopy, DmaIndirect, GpsimdCall, Iota, Matmul, Memset, Reciprocal, RuntimeScalar, Select,
+    BnStats, DmaCopy, DmaIndirect, GpsimdCall, Iota, MatchReplace8, Matmul, Max8, Memset, Reciprocal, RuntimeScalar, Select,
     TensorCopy, TensorReduce, TensorScalar, TensorScalarReduce, TensorTensor, TensorTensorScan,
     Transpose,
 )
@@ -283,6 +283,12 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
             mem.write(instr.dst, mem.read(instr.src))
     elif t is DmaIndirect:
         _indirect(mem, instr)
+    elif t is Max8:
+        x = mem.read(instr.src).astype(np.float32)
+        order = np.argsort(x, axis=1, kind="stable")  # NaN sorts last: the largest, as torch has it
+        mem.write(instr.dst, np.take_along_axis(x, order[:, :-9:-1], axis=1))
+    elif t is MatchReplace8:
+        _match_replace8(mem, instr)
     elif t is TensorTensor:
         with np.errstate(all="ignore"):
             fn = ALU_OPS[instr.op]
@@ -434,6 +440,24 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
            dict(_resolve_runtime(instr.attrs, scalars)))
     else:  # pragma: no cover - every kind is handled above
         raise ProgramError(f"no numerics for instruction kind {instr.KIND!r}")
+
+
+def _match_replace8(mem: _Memory, instr) -> None:
+    """Replace the first occurrence of each value (taken from the last to the first) by ``imm``."""
+    data = mem.read(instr.data).astype(np.float32).copy()
+    vals = mem.read(instr.vals).astype(np.float32)
+    idx = np.full(vals.shape, np.iinfo(np.int32).max, dtype=np.int64)
+    for p in range(data.shape[0]):
+        row = data[p]
+        for i in range(7, -1, -1):
+            v = vals[p, i]
+            hit = np.flatnonzero(np.isnan(row) if np.isnan(v) else row == v)
+            if hit.size:
+                idx[p, i] = hit[0]
+                row[hit[0]] = instr.imm
+    mem.write(instr.dst, data)
+    if instr.dst_idx is not None:
+        mem.write(instr.dst_idx, idx)
 
 
 def _indirect(mem: _Memory, instr: DmaIndirect) -> None:
