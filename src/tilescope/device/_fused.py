@@ -14,9 +14,10 @@ Program (:mod:`tilescope.lower.kernels`). Three need registrations here:
   calls ``native_layer_norm`` (one execution; its backward ``native_layer_norm_backward``
   another, both tile kernels), as on CPU.
 * ``scaled_dot_product_attention``: the native runtime picks PyTorch's "overrideable"
-  fused-attention backend for this device (4-D inputs, no dropout, no grouped-query
-  expansion); forward and backward are one execution each. Numerics use PyTorch's math
-  formulation on the worker.
+  fused-attention backend for this device (3-D/4-D inputs, masks, dropout, query heads
+  sharing key/value heads); forward and backward are one execution each, modeled by the
+  flash-style Programs of :mod:`tilescope.lower._attention`. Values are CPU torch's, dropout
+  drawn from the device generator as every random op of this device.
 """
 
 from __future__ import annotations
@@ -52,41 +53,97 @@ def _aten_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudn
 
 
 # ---- scaled dot-product attention -------------------------------------------------------------
+# The native runtime picks PyTorch's "overrideable" fused backend for this device whenever the
+# kernel takes the call (see _csrc/runtime.cpp): one execution forward, one backward. Values are
+# computed as CPU computes them: the same torch call on the worker, and with dropout the same
+# draws (the device generator's state on a CPU twin, as every random op of this device), so a
+# seeded run matches CPU. The twin's state before the draws travels to the backward in the
+# ``philox_seed`` output (what CUDA's kernels keep there: how to replay the mask).
 
 def _scale(q, scale):
     return scale if scale is not None else 1.0 / (q.shape[-1] ** 0.5)
 
 
+def _gqa(q, k, v):
+    """Keys and values repeated for the query heads that share them (torch's enable_gqa)."""
+    rep = q.shape[-3] // k.shape[-3]
+    if rep == 1:
+        return k, v
+    return k.repeat_interleave(rep, -3), v.repeat_interleave(rep, -3)
+
+
 def _scores(q, k, bias, is_causal, scale):
-    s = (q.float() @ k.float().transpose(-2, -1)) * _scale(q, scale)
+    """``scale * q @ k^T`` with the masks added, in float32 (float64 stays float64)."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    k, _ = _gqa(q, k, k)
+    s = (q.to(acc) @ k.to(acc).transpose(-2, -1)) * _scale(q, scale)
     if is_causal:
         L, S = s.shape[-2], s.shape[-1]
         s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), float("-inf"))
     if bias is not None:
-        s = s.masked_fill(~bias, float("-inf")) if bias.dtype == torch.bool else s + bias.float()
+        s = s.masked_fill(~bias, float("-inf")) if bias.dtype == torch.bool else s + bias.to(acc)
     return s
 
 
-def _sdpa_numerics(ins, outs, has_bias, is_causal, scale):
+def _dropout_attention(q, k, v, bias, p, is_causal, scale, generator):
+    """CPU's math path with dropout (``_scaled_dot_product_attention_math``): softmax in float32,
+    then ``dropout``'s ``empty_like(attn).bernoulli_(1 - p) / (1 - p)`` drawn from ``generator``."""
+    s = _scores(q, k, bias, is_causal, scale)
+    attn = torch.ops.aten._safe_softmax(s, -1)
+    noise = torch.empty_like(attn).bernoulli_(1 - p, generator=generator).div_(1 - p)
+    _, v = _gqa(q, v, v)
+    return ((attn * noise) @ v.to(attn.dtype)).to(q.dtype)
+
+
+def _with_twin_generator(core, fn, state=None):
+    """Run ``fn(generator)`` on the worker with the device generator's CPU twin (or a generator
+    restored to ``state``: a replay that leaves the device generator alone)."""
+    from . import _special
+
+    if state is not None:
+        gen = torch.Generator()
+        gen.set_state(state)
+        return fn(gen)
+    box = {"generator": None}
+    result = []
+    _special.run_with_generator((lambda: result.append(fn(box["generator"])), (), {}, "sdpa"), box,
+                                "generator", None, core)
+    return result[0]
+
+
+def _sdpa_numerics(ins, outs, has_bias, dropout_p, is_causal, scale, core):
     q, k, v = ins[:3]
     bias = ins[3] if has_bias else None
-    out = torch.ops.aten._scaled_dot_product_attention_math(q, k, v, bias, 0.0, is_causal, scale=scale)[0]
-    outs[0].copy_(out)
-    outs[1].copy_(torch.logsumexp(_scores(q, k, bias, is_causal, scale), -1))
+    out, lse = outs[0], outs[1]
+    if dropout_p:
+        def run(gen):
+            outs[2].copy_(gen.get_state())  # philox_seed: the state the mask is drawn from
+            return _dropout_attention(q, k, v, bias, dropout_p, is_causal, scale, gen)
+        out.copy_(_with_twin_generator(core, run))
+    else:
+        out.copy_(torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias, is_causal=is_causal, scale=scale, enable_gqa=q.shape[-3] != k.shape[-3]))
+    lse.copy_(torch.logsumexp(_scores(q, k, bias, is_causal, scale), -1).reshape(lse.shape))
 
 
-def _sdpa_backward_numerics(ins, outs, has_bias, is_causal, scale, mask):
+def _sdpa_backward_numerics(ins, outs, has_bias, want_bias, dropout_p, is_causal, scale, state):
     grad, q, k, v = ins[:4]
     bias = ins[4] if has_bias else None
     with torch.enable_grad():
         leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-        b = bias.detach().clone().requires_grad_(bias.is_floating_point()) if bias is not None else None
-        out = torch.ops.aten._scaled_dot_product_attention_math(*leaves, b, 0.0, is_causal, scale=scale)[0]
-        wrt = leaves + ([b] if b is not None and b.requires_grad else [])
+        b = bias.detach().clone().requires_grad_(want_bias) if bias is not None else None
+        if dropout_p:
+            seed = ins[-1]
+            out = _with_twin_generator(None, lambda gen: _dropout_attention(*leaves, b, dropout_p, is_causal, scale,
+                                                                            gen), state=seed.clone())
+        else:
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *leaves, attn_mask=b, is_causal=is_causal, scale=scale, enable_gqa=q.shape[-3] != k.shape[-3])
+        wrt = leaves + ([b] if want_bias else [])
         grads = torch.autograd.grad(out, wrt, grad, allow_unused=True)
     for o, g in zip(outs, grads):
-        if o.numel() and g is not None:
-            o.copy_(g.sum_to_size(o.shape) if g.shape != o.shape else g)
+        if o.numel():
+            o.copy_(torch.zeros_like(o) if g is None else g.sum_to_size(o.shape) if g.shape != o.shape else g)
 
 
 def _matching_layout(query, shape):
@@ -102,41 +159,60 @@ def _matching_layout(query, shape):
     return torch.empty_strided(shape, strides, dtype=query.dtype, device=query.device)
 
 
-def _lowered(op, inputs, outputs, **consts):
-    args = tuple(_lower.meta_of(t) if isinstance(t, torch.Tensor) else t for t in inputs)
-    call = _lower.Call(op, args, tuple(sorted(consts.items())), tuple(_lower.meta_of(t) for t in outputs))
+def _lowered(op, args, outputs, **consts):
+    def meta(t):
+        if isinstance(t, torch.Tensor):
+            return _lower.meta_of(t)
+        return tuple(t) if isinstance(t, list) else t
+
+    call = _lower.Call(op, tuple(meta(t) for t in args), tuple(sorted(consts.items())),
+                       tuple(_lower.meta_of(t) for t in outputs))
     return _lower.lower(call, _runtime.settings().preset)
+
+
+_SDPA = "aten::_scaled_dot_product_fused_attention_overrideable"
 
 
 def _sdpa_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False,
                   *, scale=None):
-    B, H, L, _ = query.shape
-    S, Ev = key.shape[2], value.shape[3]
+    L, Ev = query.shape[-2], value.shape[-1]
+    H = query.shape[-3]
+    B = query.shape[0] if query.dim() == 4 else 1
     dev = query.device
-    out = _matching_layout(query, (B, H, L, Ev))
+    out = _matching_layout(query, tuple(query.shape[:-1]) + (Ev,))
     lse = torch.empty((B, H, L), dtype=torch.float32, device=dev)
+    dropout_p = float(dropout_p)
+    if dropout_p:  # the generator state the dropout mask is drawn from (replayed by the backward)
+        seed = torch.empty(torch.Generator().get_state().numel(), dtype=torch.uint8, device=dev)
+    else:
+        seed = torch.empty((), dtype=torch.int64, device=dev)
     ins = [query, key, value] + ([attn_bias] if attn_bias is not None else [])
-    low = _lowered("aten::_scaled_dot_product_fused_attention_overrideable", [query, key, value, attn_bias],
-                   [out, lse], dropout_p=dropout_p, is_causal=is_causal, scale=scale)
-    launch("aten::_scaled_dot_product_fused_attention_overrideable", low.program, ins, [out, lse],
-           lambda i, o: _sdpa_numerics(i, o, attn_bias is not None, is_causal, scale), lowering=low.rule)
+    outs = [out, lse] + ([seed] if dropout_p else [])
+    low = _lowered(_SDPA, [query, key, value, attn_bias], [out, lse], dropout_p=dropout_p, is_causal=is_causal,
+                   scale=scale)
+    core = dev.index
+    launch(_SDPA, low.program, ins, outs,
+           lambda i, o: _sdpa_numerics(i, o, attn_bias is not None, dropout_p, is_causal, scale, core),
+           lowering=low.rule)
     empty = torch.empty(0, dtype=torch.int64, device=dev)
-    seed = torch.empty((), dtype=torch.int64, device=dev)
-    return out, lse, empty, empty, L, S, seed, seed, torch.empty(0, dtype=query.dtype, device=dev)
+    offset = torch.empty((), dtype=torch.int64, device=dev)
+    return out, lse, empty, empty, L, key.shape[-2], seed, offset, torch.empty(0, dtype=query.dtype, device=dev)
 
 
 def _sdpa_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k,
                    max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
     has_bias = attn_bias is not None and attn_bias.numel() > 0
+    want_bias = bool(has_bias and attn_bias.is_floating_point() and len(grad_input_mask) > 3 and grad_input_mask[3])
     grads = [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
-             torch.empty_like(attn_bias) if has_bias and attn_bias.is_floating_point() else
-             torch.empty(0, dtype=query.dtype, device=query.device)]
-    ins = [grad_out, query, key, value] + ([attn_bias] if has_bias else [])
+             torch.empty_like(attn_bias) if want_bias else torch.empty(0, dtype=query.dtype, device=query.device)]
+    dropout_p = float(dropout_p)
+    ins = [grad_out, query, key, value] + ([attn_bias] if has_bias else []) + ([philox_seed] if dropout_p else [])
     outs = [g for g in grads if g.numel()]
-    low = _lowered("aten::_scaled_dot_product_fused_attention_overrideable_backward", ins, outs,
-                   is_causal=is_causal, scale=scale)
-    launch("aten::_scaled_dot_product_fused_attention_overrideable_backward", low.program, ins, outs,
-           lambda i, o: _sdpa_backward_numerics(i, o, has_bias, is_causal, scale, grad_input_mask),
+    low = _lowered(_SDPA + "_backward",
+                   [grad_out, query, key, value, attn_bias if has_bias else None, list(grad_input_mask), out,
+                    logsumexp], outs, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
+    launch(_SDPA + "_backward", low.program, ins, outs,
+           lambda i, o: _sdpa_backward_numerics(i, o, has_bias, want_bias, dropout_p, is_causal, scale, None),
            lowering=low.rule)
     return tuple(grads)
 

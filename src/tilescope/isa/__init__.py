@@ -12,7 +12,7 @@ from ._cost import (
 )
 from ._instructions import (
     ENGINE_NAMES, INSTRUCTION_KINDS, Activation, ActivationReduce, BnAggr, BnStats,
-    AffineSelect, DmaCopy, DmaIndirect, GpsimdCall, Instruction, Iota, MatchReplace8, Matmul, Max8, Memset,
+    AffineSelect, DmaCopy, DmaIndirect, Dropout, GpsimdCall, Instruction, Iota, MatchReplace8, Matmul, Max8, Memset,
     Reciprocal, Select,
     TensorCopy, TensorReduce, TensorScalar, TensorScalarReduce, TensorTensor, TensorTensorScan,
     Transpose,
@@ -29,7 +29,7 @@ __all__ = [
     "Instruction", "DmaCopy", "DmaIndirect", "TensorTensor", "TensorScalar", "Activation",
     "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
     "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "TensorTensorScan",
-    "TensorScalarReduce", "AffineSelect", "Reciprocal", "Max8", "MatchReplace8",
+    "TensorScalarReduce", "AffineSelect", "Reciprocal", "Max8", "MatchReplace8", "Dropout",
     "INSTRUCTION_KINDS", "ENGINE_NAMES", "ALU_OPS", "ACTIVATIONS", "REDUCE_OPS",
     "COST_TABLE", "CostRule", "DmaCost", "dma_cost", "dma_indirect_cost", "engine_cycles", "engine_ns",
     "matmul_cycles", "load_stationary_cycles", "flops", "generic_routine_cycles", "GENERIC_CYCLES_PER_ELEMENT",

@@ -26,7 +26,7 @@ from typing import Callable
 from ..spec import CoreSpec
 from ._ap import AP
 from ._instructions import (
-    Activation, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, DmaIndirect, GpsimdCall, Instruction,
+    Activation, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, DmaIndirect, Dropout, GpsimdCall, Instruction,
     MatchReplace8, Max8,
     Iota, Matmul, Memset, Reciprocal, Select, TensorCopy, TensorReduce, TensorScalar,
     TensorScalarReduce, TensorTensor, TensorTensorScan, Transpose,
@@ -86,6 +86,7 @@ COST_TABLE: dict[type, CostRule] = {
     Memset: CostRule(lambda i: 1, _none, "[isa] memset: max(MIN_II, N) cycles"),
     BnStats: CostRule(lambda i: 1, _none, "[isa] bn_stats: max(MIN_II, N) cycles"),
     BnAggr: CostRule(lambda i: 1, _none, "[isa] bn_aggr: max(MIN_II, N) cycles"),
+    Dropout: CostRule(lambda i: 1, _none, "[isa] dropout: max(MIN_II, N) VectorE cycles"),
     Iota: CostRule(lambda i: 1, _none, "[isa] iota (GpSimd): ~150 + N cycles"),
     GpsimdCall: CostRule(lambda i: 0, lambda i, s: i.cycles, "cycles given by the emitter + GpSimd fixed cost"),
     TensorTensorScan: CostRule(lambda i: 2, _none, "[isa] tensor_tensor_scan: max(MIN_II, 2N) cycles"),

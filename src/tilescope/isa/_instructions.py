@@ -19,7 +19,7 @@ __all__ = [
     "Instruction", "DmaCopy", "DmaIndirect", "TensorTensor", "TensorScalar", "Activation",
     "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
     "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "TensorTensorScan",
-    "TensorScalarReduce", "AffineSelect", "Reciprocal", "Max8", "MatchReplace8", "INSTRUCTION_KINDS",
+    "TensorScalarReduce", "AffineSelect", "Reciprocal", "Max8", "MatchReplace8", "Dropout", "INSTRUCTION_KINDS",
     "ENGINE_NAMES",
 ]
 
@@ -355,6 +355,17 @@ class BnAggr(Instruction):
 
     dst: AP
     src: AP
+    engine: str = "dve"
+
+
+@_instruction("dropout", ("dve",), ("src",))
+class Dropout(Instruction):
+    """``dst = src`` with each element zeroed with probability ``prob`` (VectorE's random
+    number generator, as ``nki.isa.dropout``); survivors are not rescaled."""
+
+    dst: AP
+    src: AP
+    prob: float
     engine: str = "dve"
 
 

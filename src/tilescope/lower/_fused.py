@@ -2,9 +2,8 @@
 
 Each rule reshapes the call into the kernel's ``[rows, d]`` form (the op's last dim
 is ``d``) and asks the kernel for its cached Program (``Kernel.program_for``); calls
-outside a kernel's form (a softmax over another dim, a strided input, an attention
-with a mask or longer than one PSUM bank) are declined and take the elementwise or
-generic lowering.
+outside a kernel's form (a softmax over another dim, a strided input) are declined and
+take the elementwise or generic lowering. Attention has its own module (:mod:`._attention`).
 """
 
 from __future__ import annotations
@@ -168,26 +167,6 @@ def _rms_norm(call: Call, spec):
                     None if w is None else _spec((d,), w.dtype), float(eps))
 
 
-def _attention(call: Call, spec):
-    from . import kernels
-
-    named = call.named()
-    q, k, v = named.get("query"), named.get("key"), named.get("value")
-    if not all(isinstance(t, TensorMeta) and t.ndim == 4 and t.is_contiguous and t.dtype in _KERNEL_DTYPES
-               for t in (q, k, v)):
-        return None
-    if named.get("attn_bias") is not None or named.get("dropout_p", 0.0):
-        return None
-    B, H, L, E = q.shape
-    S, Ev = k.shape[2], v.shape[3]
-    if E > 128 or S > 512 or Ev > 512 or k.shape[:2] != (B, H) or v.shape[:3] != (B, H, S):
-        return None
-    scale = named.get("scale")
-    scale = float(scale) if scale is not None else 1.0 / (E ** 0.5)
-    return _program(kernels.attention_kernel, spec, _spec((B * H, L, E), q.dtype), _spec((B * H, S, E), k.dtype),
-                    _spec((B * H, S, Ev), v.dtype), scale, bool(named.get("is_causal", False)))
-
-
 FUSED = {
     "_softmax": Rule("fused:softmax", _softmax_like("softmax_kernel"), "softmax_kernel"),
     "_log_softmax": Rule("fused:log_softmax", _softmax_like("log_softmax_kernel"), "log_softmax_kernel"),
@@ -201,7 +180,6 @@ FUSED = {
                                        "log_softmax_backward_kernel"),
     "tilescope::rms_norm": Rule("fused:rms_norm", _rms_norm, "rms_norm_kernel"),
     "tilescope::rms_norm_backward": Rule("fused:rms_norm_backward", _rms_norm_backward, "rms_norm_backward_kernel"),
-    "_scaled_dot_product_fused_attention_overrideable": Rule("fused:attention", _attention, "attention_kernel"),
 }
 
 for _name, _rule in FUSED.items():

@@ -46,7 +46,7 @@ def _load() -> None:
     from . import _elementwise, _reduce, _matmul, _movement  # noqa: F401  (they add rows)
     from . import _vocab  # noqa: F401  (long rows: after the any-dim softmax, before the fused kernels)
     from . import _fused, _gather, _scatter, _nll, _scan, _topk, _sort  # noqa: F401
-    from . import _triangle  # noqa: F401
+    from . import _triangle, _attention  # noqa: F401
 
 
 _load()

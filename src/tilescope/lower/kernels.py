@@ -1,10 +1,11 @@
 """The fused built-ins of the simulated device, written as tile kernels.
 
-``torch.rms_norm``, ``layer_norm``, ``softmax``, ``log_softmax``, ``gelu``, ``silu`` and
-``scaled_dot_product_attention`` on the ``sim`` device each run as one device
-execution whose Program is traced from a kernel below (``tilescope.lang``): read them
-to see how a Trainium-class core does the job, and run them yourself with
-``tilescope.simulate(kernel, *arrays)``.
+``torch.rms_norm``, ``layer_norm``, ``softmax``, ``log_softmax``, ``gelu`` and ``silu``
+on the ``sim`` device each run as one device execution whose Program is traced from a
+kernel below (``tilescope.lang``): read them to see how a Trainium-class core does the
+job, and run them yourself with ``tilescope.simulate(kernel, *arrays)``.
+``scaled_dot_product_attention`` (strided views, masks, shared key/value heads, dropout)
+is built with the tile builder directly: :mod:`tilescope.lower._attention`.
 
 All kernels take row-major ``[rows, d]`` views of their tensors (the op's last dim is
 ``d``); 128 rows go to the partitions, the last tile is masked when ``rows`` is not a
@@ -28,7 +29,7 @@ import tilescope.lang as tl
 
 __all__ = [
     "rms_norm_kernel", "layer_norm_kernel", "softmax_kernel", "log_softmax_kernel", "gelu_kernel",
-    "silu_kernel", "attention_kernel", "softmax_backward_kernel", "log_softmax_backward_kernel",
+    "silu_kernel", "softmax_backward_kernel", "log_softmax_backward_kernel",
     "layer_norm_backward_kernel", "rms_norm_backward_kernel",
 ]
 
@@ -276,49 +277,3 @@ def silu_kernel(x):
         xt = tl.load(x[r, i_f], mask=(r < rows))
         tl.store(out[r, i_f], tl.silu(xt, mask=(r < rows)), mask=(r < rows))
     return out
-
-
-@tilescope.kernel
-def attention_kernel(q, k, v, scale, causal):
-    """``softmax(q @ k.T * scale [+ causal mask]) @ v`` per head; also returns the row
-    log-sum-exp (for the backward pass).
-
-    q: [BH, L, E], k: [BH, S, E], v: [BH, S, Ev] with E <= 128, S <= 512, Ev <= 512.
-    Per head, k is transposed once on TensorE into [E, S]; per 128 query rows, TensorE
-    computes the scores into one PSUM bank, VectorE/ScalarE take the softmax in SBUF,
-    and the probabilities go back through TensorE (transposed 128 columns at a time)
-    against v -- the whole score matrix never leaves the chip.
-    """
-    BH, L, E = q.shape
-    S = k.shape[1]
-    Ev = v.shape[2]
-    out = tl.ndarray((BH, L, Ev), q.dtype, buffer=tl.hbm, name="out")
-    lse = tl.ndarray((BH, L), tl.float32, buffer=tl.hbm, name="lse")
-    for h in tl.affine_range(BH):
-        kT = tl.ndarray((E, S), tl.float32)
-        for s0 in tl.static_range(0, S, P):
-            sw = min(P, S - s0)
-            kT[:, s0:s0 + sw] = tl.copy(tl.transpose(tl.load(k[h, s0:s0 + sw, :])), dtype=tl.float32)
-        for l0 in tl.static_range(0, L, P):
-            lt = min(P, L - l0)
-            qT = tl.copy(tl.transpose(tl.load(q[h, l0:l0 + lt, :])), dtype=tl.float32)      # [E, lt]
-            s = tl.copy(tl.matmul(qT, kT, transpose_x=True)) * scale                        # [lt, S]
-            if causal:
-                # keep column j of row i when j <= l0 + i (top-left aligned, as torch)
-                allowed = nisa.iota(tl.arange(lt)[:, None] - tl.arange(S)[None, :] + l0, tl.float32)
-                s = tl.where(tl.greater_equal(allowed, 0.0), s, -3.0e38)
-            neg_max = nisa.tensor_reduce(np.max, s, axis=1, negate=True, keepdims=True)
-            total = tl.ndarray((lt, 1), tl.float32)
-            p = nisa.activation_reduce(tl.exp, s, bias=neg_max, reduce_op=np.add, reduce_res=total,
-                                       dtype=tl.float32)
-            p = nisa.tensor_scalar(p, np.divide, total)
-            acc = tl.zeros((lt, Ev), tl.float32, buffer=tl.psum)
-            for s0 in tl.static_range(0, S, P):
-                sw = min(P, S - s0)
-                pT = tl.copy(tl.transpose(p[:, s0:s0 + sw]), dtype=tl.float32)             # [sw, lt]
-                vt = tl.copy(tl.load(v[h, s0:s0 + sw, :]), dtype=tl.float32)                # [sw, Ev]
-                acc += tl.matmul(pT, vt, transpose_x=True)
-            tl.store(out[h, l0:l0 + lt, :], tl.copy(acc, dtype=q.dtype))
-            lse_t = tl.subtract(tl.log(total), neg_max)                                     # max + log(sum)
-            tl.store(lse[h, l0:l0 + lt], lse_t)
-    return out, lse

@@ -30,7 +30,7 @@ from typing import Iterator
 from ..dtypes import canonical
 from ..errors import IndexRangeError, ProgramError
 from ..isa import (
-    AP, Activation, ActivationReduce, BnAggr, BnStats, DmaCopy, DmaIndirect, GpsimdCall, Instruction,
+    AP, Activation, ActivationReduce, BnAggr, BnStats, DmaCopy, DmaIndirect, Dropout, GpsimdCall, Instruction,
     MatchReplace8, Max8,
     Iota, Matmul, Memset, RuntimeScalar, Select, TensorCopy, TensorReduce, TensorScalar,
     TensorTensor, Transpose,
@@ -391,6 +391,9 @@ class TileBuilder:
 
     def bn_aggr(self, dst, src) -> int:
         return self.emit(BnAggr(as_ap(dst), as_ap(src)))
+
+    def dropout(self, dst, src, prob: float) -> int:
+        return self.emit(Dropout(as_ap(dst), as_ap(src), float(prob)))
 
     def gpsimd_call(self, name: str, impl: str, inputs, outputs, cycles: float, attrs: tuple = ()) -> int:
         return self.emit(GpsimdCall(name, impl, tuple(as_ap(x) for x in inputs),

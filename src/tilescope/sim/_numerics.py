@@ -19,7 +19,8 @@ from ..dtypes import is_float, to_numpy
 from ..errors import ProgramError
 from ..isa import (
     ACTIVATIONS, ALU_OPS, AP, REDUCE_OPS, Activation, ActivationReduce, AffineSelect, BnAggr,
-    BnStats, DmaCopy, DmaIndirect, GpsimdCall, Iota, MatchReplace8, Matmul, Max8, Memset, Reciprocal, RuntimeScalar, Select,
+    BnStats, DmaCopy, DmaIndirect, Dropout, GpsimdCall, Iota, MatchReplace8, Matmul, Max8, Memset, Reciprocal,
+    RuntimeScalar, Select,
     TensorCopy, TensorReduce, TensorScalar, TensorScalarReduce, TensorTensor, TensorTensorScan,
     Transpose,
 )
@@ -41,13 +42,14 @@ def poison_value(dtype: str):
 
 
 class _Memory:
-    __slots__ = ("arrays", "buffers", "overwritten", "backing")
+    __slots__ = ("arrays", "buffers", "overwritten", "backing", "rng")
 
     def __init__(self, buffers, overwritten: frozenset = frozenset(), backing: dict | None = None):
         self.buffers = buffers
         self.arrays: dict[str, np.ndarray] = {}
         self.overwritten = overwritten  # first access writes every element: no poison needed
         self.backing = backing or {}  # such on-chip buffers -> memory of their physical slot
+        self.rng = None  # the random stream of dropout instructions, made on first use
 
     def flat(self, name: str) -> np.ndarray:
         arr = self.arrays.get(name)
@@ -384,6 +386,12 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
         mem.write(instr.dst, np.broadcast_to(r, shape))
     elif t is Memset:
         mem.view(instr.dst)[...] = instr.value
+    elif t is Dropout:
+        # one seeded stream per run: a Program's numerics are reproducible, draws follow program order
+        if mem.rng is None:
+            mem.rng = np.random.default_rng(0)
+        x = mem.read(instr.src)
+        mem.write(instr.dst, np.where(mem.rng.random(x.shape) < instr.prob, np.float32(0), x))
     elif t is Matmul:
         st = mem.read(instr.stationary)
         mv = mem.read(instr.moving)

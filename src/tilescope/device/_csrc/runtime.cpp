@@ -431,14 +431,33 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 namespace tilescope_sim {
 
 // scaled_dot_product_attention on this device: the fused ("overrideable") kernel, whose
-// forward and backward are single device executions defined in Python, unless the
-// call needs dropout or grouped-query expansion (then the math decomposition).
+// forward and backward are single device executions defined in Python (dropout included),
+// for 3-D/4-D inputs whose key/value heads the query heads share evenly (enable_gqa, or a
+// single key/value head, which the math path broadcasts too). Otherwise -- or when the user
+// disables the fused backends (torch.nn.attention.sdpa_kernel) -- the math decomposition,
+// which also raises torch's own errors for inconsistent inputs.
 int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa) {
-  const bool simple = dropout_p == 0.0 && !enable_gqa && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
-                      q.size(1) == k.size(1) && k.size(1) == v.size(1);
-  return static_cast<int64_t>(simple ? sdp::SDPBackend::overrideable : sdp::SDPBackend::math);
+  const auto& ctx = at::globalContext();
+  const bool fused_on = ctx.userEnabledOverrideableSDP() || ctx.userEnabledFlashSDP() ||
+                        ctx.userEnabledMemEfficientSDP() || ctx.userEnabledCuDNNSDP();
+  const int64_t d = q.dim();
+  bool fits = (d == 3 || d == 4) && k.dim() == d && v.dim() == d && !(is_causal && mask.has_value()) &&
+              q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
+              at::isFloatingType(q.scalar_type());
+  if (fits) {
+    const int64_t hq = q.size(-3), hk = k.size(-3);
+    fits = hk >= 1 && v.size(-3) == hk && (hq == hk || (hq % hk == 0 && (enable_gqa || hk == 1))) &&
+           q.size(-1) == k.size(-1) && k.size(-2) == v.size(-2) &&
+           (d == 3 || (q.size(0) == k.size(0) && k.size(0) == v.size(0)));
+  }
+  if (fits && fused_on) return static_cast<int64_t>(sdp::SDPBackend::overrideable);
+  TORCH_CHECK(ctx.userEnabledMathSDP(),
+              "scaled_dot_product_attention on the sim device: no enabled backend takes this call (the fused "
+              "kernel needs 3-D/4-D query, key and value of one floating dtype, query heads a multiple of the "
+              "key/value heads); enable the math backend or change the inputs");
+  return static_cast<int64_t>(sdp::SDPBackend::math);
 }
 
 // ---- functions for the Python runtime ----------------------------------------------

@@ -1,0 +1,1034 @@
+"""Scaled dot-product attention as flash-style Programs: one forward, one backward.
+
+``softmax(scale * q @ k.T + mask) @ v`` per (batch, head), never materialising the score
+matrix in HBM. Both Programs are built with the tile builder over the tensors *as stored*:
+``q``/``k``/``v`` may be strided views (the usual ``view(B, L, H, E).transpose(1, 2)`` of one
+projection), the mask any broadcast of ``[B, H, L, S]``, and key/value heads may be shared
+by several query heads (GQA/MQA: ``Hq % Hk == 0``, or an ``expand`` with stride 0) -- then
+each distinct key/value head is loaded once for all the query heads that use it.
+
+Forward (two passes per block of up to 512 queries; PSUM is the only place TensorE
+writes, and ScalarE and VectorE share its port [arch], so each score element crosses that
+port exactly twice):
+
+1. **row max** -- ``S = Q K^T`` per 128 queries x 512 keys into one PSUM bank, VectorE
+   ``tensor_reduce(max)``. Masks enter the accumulation on TensorE (a ``[2, S]`` hi/lo row
+   for masks broadcast over queries, identity x mask tiles for full masks, a constant
+   lower-triangular bias tile on the causal diagonal), so VectorE reads each score once.
+2. **probabilities and output** -- ``S^T = K Q^T`` per 128 keys x 512 queries, with the
+   row max folded in as one more contraction row, so ScalarE's ``exp`` writes ``P^T``
+   straight out of PSUM in the layout the ``P @ V`` matmul needs (keys on partitions):
+   no transposes of ``P``. A column of ones beside ``V`` yields the softmax denominator in
+   the same matmuls. Row masks are ScalarE's per-partition bias; full masks are added
+   exactly by transposing matmuls of their hi/lo bf16 parts.
+
+Backward (FlashAttention-2 order: key/value tiles outer, query tiles inner; ``dK``/``dV``
+accumulate in PSUM, ``dQ`` in SBUF): ``S`` again, ``P = exp(scale*S - lse)`` (ScalarE,
+per-partition bias), ``dP = dO V^T``, ``dS = P * (dP - D)`` with ``D = rowsum(dO * O)``,
+``dV += P^T dO``, ``dK += dS^T Q``, ``dQ += dS K`` (``dS`` transposed on TensorE).
+
+Dropout uses VectorE's ``dropout`` instruction (the Program draws its own random numbers;
+the device's values come from CPU torch with the device generator's state). Causal is
+top-left aligned, as torch's ``is_causal``; fully masked blocks are skipped.
+
+>>> from tilescope.lower import TensorMeta
+>>> q = TensorMeta((1, 2, 256, 64), (32768, 16384, 64, 1), "bfloat16")
+>>> prog = attention_forward(q, q, q, None, causal=True, scale=0.125, dropout_p=0.0)
+>>> prog.summary_counts()["matmul"] > 0, [b for b in prog.outputs]
+(True, ['out', 'logsumexp'])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from ..errors import ProgramError, TilescopeError
+from ..program import TileBuilder, View
+from ..spec import CoreSpec, preset
+from ._call import TensorMeta
+from ._elementwise import broadcast_strides
+from ._layout import hbm_input, hbm_output, strided_view
+
+__all__ = ["attention_forward", "attention_backward", "lower_attention", "lower_attention_backward",
+           "AttentionForm", "attention_form", "BIG"]
+
+BIG = 1.0e30  # masked logits are clamped to -BIG: finite, so 0 * mask never makes NaN on TensorE
+_PE_DTYPES = ("float32", "bfloat16", "float16")
+_KB = 512  # keys per pass-1 block / backward tile (one PSUM bank of fp32)
+_QB = 4  # query tiles (of 128) per forward query block (512 queries: one PSUM bank of fp32)
+# per partition: K^T and V kept on chip for all query blocks up to this; three heads are alive at once
+# (the one finishing, the current one, the prefetched one)
+_RESIDENT_BYTES = 40 * 1024
+_MASK_CACHE_BYTES = 48 * 1024  # per partition: a full mask's blocks kept from pass 1 to pass 2 up to this
+
+
+class _Decline(TilescopeError):
+    """The call is outside this kernel's form (the rule returns None, the generic lowering runs)."""
+
+
+@dataclass(frozen=True)
+class AttentionForm:
+    """The validated problem: 4-D metadata, head mapping, mask kind.
+
+    ``mask_kind``: None, ``"row"`` (broadcast over queries: a padding mask ``[B, 1, 1, S]``)
+    or ``"full"``. ``kv_head(h)`` is the key/value head of query head ``h``.
+    """
+
+    q: TensorMeta
+    k: TensorMeta
+    v: TensorMeta
+    mask: TensorMeta | None
+    mask_strides: tuple[int, int, int, int] | None
+    mask_kind: str | None
+
+    @property
+    def B(self):
+        return self.q.shape[0]
+
+    @property
+    def H(self):
+        return self.q.shape[1]
+
+    @property
+    def L(self):
+        return self.q.shape[2]
+
+    @property
+    def S(self):
+        return self.k.shape[2]
+
+    @property
+    def E(self):
+        return self.q.shape[3]
+
+    @property
+    def Ev(self):
+        return self.v.shape[3]
+
+    def kv_head(self, h: int) -> int:
+        hk = self.k.shape[1]
+        return h // (self.H // hk)
+
+    def kv_key(self, b: int, h: int) -> tuple[int, int]:
+        """Element offsets of the key and value head that query head ``(b, h)`` reads."""
+        kh = self.kv_head(h)
+        return (b * self.k.stride[0] + kh * self.k.stride[1], b * self.v.stride[0] + kh * self.v.stride[1])
+
+
+def _as4d(m: TensorMeta) -> TensorMeta:
+    if m.ndim == 4:
+        return m
+    if m.ndim == 3:  # (H, L, E): one batch
+        return TensorMeta((1,) + m.shape, (m.extent or 1,) + m.stride, m.dtype)
+    raise _Decline(f"attention operands must be 3-D or 4-D, got {m.shape}")
+
+
+def attention_form(q, k, v, mask) -> AttentionForm:
+    """Validate and canonicalise the operands (raises ``_Decline`` outside the kernel's form)."""
+    if not all(isinstance(t, TensorMeta) for t in (q, k, v)):
+        raise _Decline("query, key and value must be tensors")
+    q, k, v = _as4d(q), _as4d(k), _as4d(v)
+    if q.dtype not in _PE_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise _Decline(f"dtypes {q.dtype}/{k.dtype}/{v.dtype}: the kernel takes one of {_PE_DTYPES}")
+    B, H, L, E = q.shape
+    Bk, Hk, S, Ek = k.shape
+    if Ek != E or v.shape[:3] != (Bk, Hk, S) or Bk != B or Hk < 1 or H % Hk:
+        raise _Decline(f"shapes q {q.shape}, k {k.shape}, v {v.shape} are not one attention")
+    if min(B, H, L, S, E, v.shape[3]) == 0:
+        raise _Decline("empty attention")
+    if any(t.stride[3] != 1 for t in (q, k, v) if t.shape[3] > 1):
+        raise _Decline("the head dim must be contiguous (stride 1)")
+    if v.shape[3] > 511:
+        raise _Decline(f"value head dim {v.shape[3]} > 511: its accumulator (and the row sum) exceeds a PSUM bank")
+    strides, kind = None, None
+    if mask is not None:
+        if not isinstance(mask, TensorMeta) or mask.dtype not in _PE_DTYPES + ("bool",) or mask.ndim > 4:
+            raise _Decline("attn_mask must be a float or bool tensor of at most 4 dims")
+        try:
+            strides = broadcast_strides(mask, (B, H, L, S))
+        except Exception:  # noqa: BLE001 - not broadcastable: not this kernel's call
+            raise _Decline(f"attn_mask {mask.shape} does not broadcast to {(B, H, L, S)}") from None
+        if any(n not in (1, want) for n, want in zip(((1,) * (4 - mask.ndim)) + mask.shape, (B, H, L, S))):
+            raise _Decline(f"attn_mask {mask.shape} does not broadcast to {(B, H, L, S)}")
+        kind = "row" if (L == 1 or strides[2] == 0) else "full"
+    return AttentionForm(q, k, v, mask, strides, kind)
+
+
+# ---- shared building blocks -----------------------------------------------------------------
+
+def _mat(view: View, offset: int, rows: int, rs: int, cols: int, cs: int) -> View:
+    """A [rows, cols] region of an HBM view at element ``offset`` (relative to the view)."""
+    ap = view.ap
+    from ..isa import AP
+
+    return View(view.buffer, AP(ap.buffer, ap.dtype, ap.offset + offset, ((rs, rows), (cs, cols))), (rows, cols))
+
+
+def _chunks(n: int, size: int):
+    return [(s, min(size, n - s)) for s in range(0, n, size)]
+
+
+class _Consts:
+    """Constant tiles made once per Program on GpSimd/VectorE: identity, ones, causal bias."""
+
+    def __init__(self, b: TileBuilder, pe_dt: str):
+        self.b = b
+        self.pe_dt = pe_dt
+        self._ident = self._ones = self._causal = self._ones_col = None
+
+    def _iota_diff(self, site):
+        t = self.b.sbuf((128, 128), "float32", site=site, bufs=1)
+        self.b.iota(t, base=0, partition_step=1, steps=(-1,))  # t[p, j] = p - j
+        return t
+
+    @property
+    def ident(self) -> View:
+        if self._ident is None:
+            d = self._iota_diff("attn.c.iota_i")
+            self._ident = self.b.sbuf((128, 128), self.pe_dt, site="attn.c.ident", bufs=1)
+            self.b.tensor_scalar(self._ident, d, "equal", 0.0, engine="pool")
+        return self._ident
+
+    @property
+    def causal(self) -> View:
+        """``[q, s]``: 0 where ``s <= q`` (kept), ``-BIG`` above the diagonal (bf16 holds both exactly)."""
+        if self._causal is None:
+            d = self._iota_diff("attn.c.iota_c")
+            keep = self.b.sbuf((128, 128), "float32", site="attn.c.keep", bufs=1)
+            self.b.tensor_scalar(keep, d, "greater_equal", 0.0, engine="pool")
+            self._causal = self.b.sbuf((128, 128), self.pe_dt, site="attn.c.causal", bufs=1)
+            self.b.tensor_scalar(self._causal, keep, "subtract", 1.0, "multiply", BIG, engine="pool")
+        return self._causal
+
+    @property
+    def ones(self) -> View:
+        """``[2, 512]`` of ones: the stationary side of the hi/lo contraction rows."""
+        if self._ones is None:
+            self._ones = self.b.sbuf((2, 512), self.pe_dt, site="attn.c.ones", bufs=1)
+            self.b.memset(self._ones, 1.0, engine="pool")
+        return self._ones
+
+    @property
+    def ones_col(self) -> View:
+        if self._ones_col is None:
+            self._ones_col = self.b.sbuf((128, 1), self.pe_dt, site="attn.c.ones_col", bufs=1)
+            self.b.memset(self._ones_col, 1.0, engine="pool")
+        return self._ones_col
+
+
+def _load_rows(b: TileBuilder, src: View, base: int, rs: int, rows: int, cols: int, dtype: str, site: str,
+               ones: int = 0, bufs: int | None = None):
+    """DMA ``rows`` x ``cols`` of a row-major HBM matrix (row stride ``rs``) into ``[128, cols + ones]``
+    tiles, rows on the partitions (contiguous runs of ``cols`` elements: the DMA is priced by the real
+    access pattern); ``ones`` extra columns of ones. Returns ``[(r0, blocks, tiles)]`` per 512 rows."""
+    width = cols + ones
+    groups = []
+    for r0, rw in _chunks(rows, 512):
+        blocks = _chunks(rw, 128)
+        loaded = []
+        for k0, kw in blocks:
+            t = b.sbuf((128, width), dtype, site=site + ".rows", bufs=bufs)
+            b.dma_copy(t[:kw, :cols], _mat(src, base + (r0 + k0) * rs, kw, rs, cols, 1))
+            if ones:
+                b.memset(t[:kw, cols:width], 1.0, engine="pool")
+            loaded.append(t)
+        groups.append((r0, blocks, loaded))
+    return groups
+
+
+def _transpose_groups(b: TileBuilder, groups, width: int, dtype: str, dst_tiles, col0: int = 0,
+                      engine: str = "act") -> None:
+    for r0, blocks, loaded in groups:
+        _transpose_into(b, loaded, blocks, width, dtype, dst_tiles, col0 + r0, engine)
+
+
+def _load_transposed(b: TileBuilder, src: View, base: int, rs: int, rows: int, cols: int, dtype: str,
+                     dst_tiles, col0: int, site: str, ones: int = 0) -> None:
+    """Load rows (:func:`_load_rows`) and write their transpose into ``dst_tiles`` (one ``[<=128, *]``
+    SBUF tile per 128 columns) at column ``col0``: TensorE transposes 128-row blocks into PSUM (four
+    per bank), one copy per bank takes them back to SBUF. Extra ``ones`` columns become rows of ones."""
+    groups = _load_rows(b, src, base, rs, rows, cols, dtype, site, ones)
+    _transpose_groups(b, groups, cols + ones, dtype, dst_tiles, col0)
+
+
+def _transpose_into(b: TileBuilder, loaded, blocks, width: int, dtype: str, dst_tiles, col: int,
+                    engine: str = "act") -> None:
+    """Transpose row tiles ``loaded[k][:rows_k, :width]`` into ``dst_tiles`` (per 128 columns) at
+    ``col``; ``engine`` copies them out of PSUM (the one that next works on them, to keep order)."""
+    total = sum(kw for _, kw in blocks)
+    for ci, (c0, cw) in enumerate(_chunks(width, 128)):
+        ps = b.psum((128, 512), dtype, site="attn.ps.a")
+        for (k0, kw), t in zip(blocks, loaded):
+            b.transpose(ps[:cw, k0:k0 + kw], t[:kw, c0:c0 + cw])
+        b.tensor_copy(dst_tiles[ci][:cw, col:col + total], ps[:cw, :total], engine=engine)
+
+
+class _KV:
+    """One key/value head on chip: ``K^T`` (per 128 rows of the head dim) and ``V`` rows.
+
+    Resident (loaded once, shared by every query head and block that uses it) when it fits
+    ``_RESIDENT_BYTES`` per partition; otherwise each block loads what it uses. ``ones``
+    rows of ones follow ``K^T``'s last head-dim row (the forward's stabiliser contraction);
+    ``ones_column``: a column of ones beside ``V`` (the softmax denominator).
+    """
+
+    def __init__(self, b, form: AttentionForm, K: View, V: View, k_off: int, v_off: int, pe_dt: str,
+                 ones_column: bool, ones: int = 0, resident: bool | None = None):
+        self.b, self.form, self.K, self.V = b, form, K, V
+        self.k_off, self.v_off, self.pe_dt, self.ones = k_off, v_off, pe_dt, ones
+        S, E, Ev = form.S, form.E, form.Ev
+        self.echunks = _chunks(E, 128)
+        self.vcols = Ev + (1 if ones_column else 0)
+        isz = 4 if pe_dt == "float32" else 2
+        need = (S * len(self.echunks) + -(-S // 128) * self.vcols) * isz
+        self.resident = need <= _RESIDENT_BYTES if resident is None else resident
+        self.ones_column = ones_column
+        self._kt = self._v = self._rows = None
+        if self.resident:  # the DMAs now; the transposes when finish() is called (a block later)
+            # a head's rows stay until the next block transposes them, while the next head's arrive
+            self._rows = _load_rows(b, K, k_off, form.k.stride[2], S, E, pe_dt, "attn.kload",
+                                    bufs=2 * -(-S // 128) * len(self.echunks))
+            self._v = self._load_v(0, S, site="attn.v", bufs=3)
+
+    def finish(self) -> None:
+        """Transpose the loaded ``K`` rows into ``K^T`` (resident mode; idempotent)."""
+        if self._rows is not None:
+            self._kt = [self.b.sbuf((128, self.form.S), self.pe_dt, site=f"attn.kt{c}", bufs=3)
+                        for c in range(len(self.echunks))]
+            _transpose_groups(self.b, self._rows, self.form.E, self.pe_dt, self._kt, engine="dve")
+            self._rows = None
+            self._ones_rows(self._kt[-1], self.form.S)
+
+    def _ones_rows(self, tile: View, n: int) -> None:
+        """Rows of ones after the last head-dim row of a ``K^T`` tile (once per tile, not per row block)."""
+        if not self.ones:
+            return
+        e = self.echunks[-1][1]
+        if e % 32 == 0:  # an engine may start there (two partitions: 0, 32, 64 or 96)
+            self.b.memset(tile[e:e + self.ones, :n], 1.0, engine="pool")
+            return
+        ones = self.b.sbuf((self.ones, 512), self.pe_dt, site="attn.c.ones_dma", bufs=1)
+        self.b.memset(ones, 1.0, engine="pool")
+        for c0, cw in _chunks(n, 512):  # DMA may write any partition
+            self.b.dma_copy(tile[e:e + self.ones, c0:c0 + cw], ones[:, :cw])
+
+    def _load_v(self, s0: int, n: int, site: str, bufs: int = 3) -> View:
+        b, form = self.b, self.form
+        nch = -(-n // 128)
+        t = b.sbuf((128, nch, self.vcols), self.pe_dt, site=site, bufs=bufs)
+        for c, (c0, cw) in enumerate(_chunks(n, 128)):
+            b.dma_copy(t[:cw, c, :form.Ev], _mat(self.V, self.v_off + (s0 + c0) * form.v.stride[2], cw,
+                                                form.v.stride[2], form.Ev, 1))
+        if self.ones_column:
+            b.memset(t[:, :, form.Ev:form.Ev + 1], 1.0, engine="pool")
+        return t
+
+    def kt(self, s0: int, n: int, ones: bool = False) -> list[View]:
+        """``K^T[:, s0:s0+n]`` per head-dim chunk (``[ec, n]`` views; ``ones``: with the rows of ones)."""
+        extra = self.ones if ones else 0
+        if self.resident:
+            return [t[:ec + (extra if c == len(self.echunks) - 1 else 0), s0:s0 + n]
+                    for c, (t, (_, ec)) in enumerate(zip(self._kt, self.echunks))]
+        tiles = [self.b.sbuf((128, n), self.pe_dt, site=f"attn.kts{c}") for c in range(len(self.echunks))]
+        _load_transposed(self.b, self.K, self.k_off + s0 * self.form.k.stride[2], self.form.k.stride[2], n,
+                         self.form.E, self.pe_dt, tiles, 0, "attn.kload")
+        if extra:
+            self._ones_rows(tiles[-1], n)
+        return [t[:ec + (extra if c == len(self.echunks) - 1 else 0), :n]
+                for c, (t, (_, ec)) in enumerate(zip(tiles, self.echunks))]
+
+    def v_rows(self, s0: int, n: int) -> View:
+        """``V[s0:s0+n]`` as ``[n, vcols]`` (n <= 128, s0 a multiple of 128)."""
+        if self.resident:
+            return self._v[:n, s0 // 128, :]
+        return self._load_v(s0, n, site="attn.vs")[:n, 0, :]
+
+
+class _Mask:
+    """Mask operand tiles, prepared on GpSimd (clamped to ``-BIG``, divided by ``scale``)."""
+
+    def __init__(self, b: TileBuilder, form: AttentionForm, M: View, scale: float, pe_dt: str):
+        self.b, self.form, self.M, self.scale, self.pe_dt = b, form, M, scale, pe_dt
+        self.kind = form.mask_kind
+        self.strides = form.mask_strides
+        self._rows: dict = {}
+
+    def _clamped(self, dst, src):
+        """``dst = max(src, -BIG) / scale`` in fp32 (bool masks: 0 kept, -BIG/scale dropped)."""
+        if self.form.mask.dtype == "bool":
+            self.b.tensor_scalar(dst, src, "subtract", 1.0, "multiply", BIG / self.scale, engine="pool")
+        else:
+            self.b.tensor_scalar(dst, src, "maximum", -BIG, "multiply", 1.0 / self.scale, engine="pool")
+
+    def _hilo(self, x: View, rows: int, cols: int, site: str) -> tuple[View, View]:
+        """Split fp32 ``x`` into bf16 ``hi + lo`` (exact to ~2^-16): TensorE adds both."""
+        b = self.b
+        hi = b.sbuf((128, cols), self.pe_dt, site=site + ".hi")
+        b.tensor_copy(hi[:rows, :], x, engine="pool")
+        lo = b.sbuf((128, cols), self.pe_dt, site=site + ".lo")
+        b.tensor_tensor(lo[:rows, :], x, hi[:rows, :], "subtract", engine="pool")
+        return hi[:rows, :], lo[:rows, :]
+
+    def row(self, bi: int, h: int):
+        """For a row mask: (``[2, S]`` hi/lo rows in ``pe_dt``, ``[128, nS]`` fp32 per-key column).
+
+        ``col[p, c]`` is the clamped mask (unscaled) of key ``c*128 + p``: ScalarE's bias.
+        """
+        mb, mh, _, ms = self.strides
+        off = bi * mb + h * mh
+        hit = self._rows.get(off)
+        if hit is not None:
+            return hit
+        b, S = self.b, self.form.S
+        src_dt = self.form.mask.device_dtype
+        raw = b.sbuf((1, S), src_dt, site="attn.m.raw", bufs=2)
+        b.dma_copy(raw, _mat(self.M, off, 1, 0, S, ms))
+        x = b.sbuf((1, S), "float32", site="attn.m.x", bufs=2)
+        self._clamped(x, raw)
+        hi, lo = self._hilo(x, 1, S, "attn.m.row")
+        hl = b.sbuf((2, S), self.pe_dt, site="attn.m.hl", bufs=2)
+        b.dma_copy(hl[0:1, :], hi)
+        b.dma_copy(hl[1:2, :], lo)
+        nS = -(-S // 128)
+        rawc = b.sbuf((128, nS), src_dt, site="attn.m.rawc", bufs=2)
+        full = S // 128
+        if full:
+            b.dma_copy(rawc[:, :full], View(self.M.buffer, _ap(self.M, off, ((ms, 128), (128 * ms, full))),
+                                            (128, full)))
+        if S % 128:
+            t = S % 128
+            b.dma_copy(rawc[:t, full:full + 1], _mat(self.M, off + full * 128 * ms, t, ms, 1, 1))
+        col = b.sbuf((128, nS), "float32", site="attn.m.col", bufs=2)
+        if self.form.mask.dtype == "bool":
+            b.tensor_scalar(col, rawc, "subtract", 1.0, "multiply", BIG, engine="pool")
+        else:
+            b.tensor_scalar(col, rawc, "maximum", -BIG, engine="pool")
+        self._rows[off] = (hl, col)
+        return hl, col
+
+    def block(self, bi: int, h: int, q0: int, lt: int, s0: int, kw: int, site: str):
+        """A full mask's ``[lt, kw]`` block as bf16 ``(hi, lo)`` of ``clamp(mask) / scale``."""
+        mb, mh, ml, ms = self.strides
+        b = self.b
+        raw = b.sbuf((128, kw), self.form.mask.device_dtype, site=site + ".raw")
+        b.dma_copy(raw[:lt, :], _mat(self.M, bi * mb + h * mh + q0 * ml + s0 * ms, lt, ml, kw, ms))
+        x = b.sbuf((128, kw), "float32", site=site + ".x")
+        self._clamped(x[:lt, :], raw[:lt, :])
+        return self._hilo(x[:lt, :], lt, kw, site)
+
+
+def _ap(view: View, offset: int, dims):
+    from ..isa import AP
+
+    return AP(view.ap.buffer, view.ap.dtype, view.ap.offset + offset, dims)
+
+
+def _head_order(form: AttentionForm, bi: int) -> list[int]:
+    """Query heads of batch ``bi`` ordered so that heads sharing a key/value head are adjacent."""
+    return sorted(range(form.H), key=lambda h: (form.kv_key(bi, h), h))
+
+
+# ---- forward ----------------------------------------------------------------------------------
+
+def attention_forward(q, k, v, mask, *, causal: bool, scale: float | None, dropout_p: float,
+                      out: TensorMeta | None = None, spec: str | CoreSpec | None = None,
+                      name: str = "aten::_scaled_dot_product_fused_attention_overrideable"):
+    """The forward Program: inputs ``query``, ``key``, ``value`` (, ``attn_mask``); outputs
+    ``out`` (``out``'s layout, default contiguous) and ``logsumexp`` ``[B, H, L]`` fp32."""
+    spec = preset(spec)
+    form = attention_form(q, k, v, mask)
+    B, H, L, S, E, Ev = form.B, form.H, form.L, form.S, form.E, form.Ev
+    scale = float(scale) if scale is not None else 1.0 / (E ** 0.5)
+    dropout_p = float(dropout_p or 0.0)
+    if not 0.0 <= dropout_p < 1.0:
+        raise _Decline(f"dropout_p {dropout_p} outside [0, 1)")
+    out = _as4d(out) if out is not None else TensorMeta((B, H, L, Ev), _contig((B, H, L, Ev)), form.q.dtype)
+    pe_dt = form.q.device_dtype
+    b = TileBuilder(name, spec)
+    with b.provenance(op=name):
+        Q = hbm_input(b, "query", form.q)
+        K = hbm_input(b, "key", form.k)
+        V = hbm_input(b, "value", form.v)
+        Mv = hbm_input(b, "attn_mask", form.mask) if form.mask is not None else None
+        O = hbm_output(b, "out", out)
+        lse_meta = TensorMeta((B, H, L), _contig((B, H, L)), "float32")
+        LSE = hbm_output(b, "logsumexp", lse_meta)
+        consts = _Consts(b, pe_dt)
+        masks = _Mask(b, form, Mv, scale, pe_dt) if Mv is not None else None
+        _Forward(b, form, Q, K, V, O, out, LSE, consts, masks, causal, scale, dropout_p, pe_dt).run()
+    return b.build(meta={"lowering": "attention"}, shrink_rotation=True)
+
+
+def _contig(shape):
+    from ._call import contiguous_strides
+
+    return contiguous_strides(shape)
+
+
+class _Forward:
+    def __init__(self, b, form, Q, K, V, O, out, LSE, consts, masks, causal, scale, dropout_p, pe_dt):
+        self.b, self.form, self.Q, self.K, self.V, self.O, self.out, self.LSE = b, form, Q, K, V, O, out, LSE
+        self.c, self.masks, self.causal, self.scale, self.p, self.pe_dt = consts, masks, causal, scale, dropout_p, pe_dt
+        self.ones_column = dropout_p == 0.0
+        # the stabiliser (-row max, as bf16 hi + lo) rides in pass 2's contraction as two more rows
+        # when the last head-dim chunk leaves room; else it is one more K=2 matmul per key chunk
+        self.aug = 0 < form.E % 128 <= 126
+
+    def run(self):
+        """Query blocks in a software pipeline (program order is issue order on every engine):
+
+        ``DMA(n+2)`` is issued a whole block before its data is transposed (``TR(n+1)``), and the
+        next block's row maxima (pass 1, VectorE) are interleaved with this block's probabilities
+        (pass 2, ScalarE), so the PSUM port the two engines share is never idle between blocks.
+        """
+        f = self.form
+        items = [_Block(bi, h, qb0, min(_QB * 128, f.L - qb0))
+                 for bi in range(f.B) for h in _head_order(f, bi) for qb0 in range(0, f.L, _QB * 128)]
+        self._kv, self._key = None, None
+        self._dma(items[0])
+        self._transposes(items[0])
+        for _ in self._pass1(items[0]):
+            pass
+        if len(items) > 1:
+            self._dma(items[1])
+        for n, blk in enumerate(items):
+            nxt = items[n + 1] if n + 1 < len(items) else None
+            if nxt is not None:
+                self._transposes(nxt)
+            if n + 2 < len(items):
+                self._dma(items[n + 2])
+            p1 = self._pass1(nxt) if nxt is not None else iter(())
+            self._pass2(blk, p1)
+            for _ in p1:
+                pass
+            self._epilogue(blk)
+
+    def _dma(self, blk: "_Block") -> None:
+        """Issue a block's loads: its query rows, and its key/value head when that changes."""
+        f, b = self.form, self.b
+        if f.kv_key(blk.bi, blk.h) != self._key:
+            self._key = f.kv_key(blk.bi, blk.h)
+            self._kv = _KV(b, f, self.K, self.V, self._key[0], self._key[1], self.pe_dt, self.ones_column,
+                           ones=2 if self.aug else 0)
+        blk.kv = self._kv
+        E = f.E
+        blk.qtiles = _chunks(blk.nq, 128)
+        q_off = blk.bi * f.q.stride[0] + blk.h * f.q.stride[1]
+        # query rows [lt, E | r_hi | r_lo] per tile; pass 1 uses their transpose without the r columns
+        blk.qrows = b.sbuf((128, _QB, E + 2), self.pe_dt, site="attn.qrows", bufs=4)
+        for i, (t0, lt) in enumerate(blk.qtiles):
+            b.dma_copy(blk.qrows[:lt, i, :E],
+                       _mat(self.Q, q_off + (blk.qb0 + t0) * f.q.stride[2], lt, f.q.stride[2], E, 1))
+
+    def _transposes(self, blk: "_Block") -> None:
+        blk.kv.finish()
+        blk.qt = [self.b.sbuf((128, 512), self.pe_dt, site=f"attn.qt{e}") for e in range(len(blk.kv.echunks))]
+        self._transpose_rows(blk.qrows, blk.qtiles, self.form.E, blk.qt, engine="dve")  # pass 1 is VectorE's
+        masks = self.masks
+        blk.rows = masks.row(blk.bi, blk.h) if masks is not None and masks.kind == "row" else None
+        n = len(blk.qtiles) * -(-self.form.S // _KB) * _KB * 4
+        blk.full_cache = {} if n <= _MASK_CACHE_BYTES else None
+
+    def _pass1(self, blk: "_Block"):
+        """Row maxima of a block's queries (the softmax's stabiliser: approximate is fine), one
+        score block per step; then the stabiliser rows pass 2 contracts with."""
+        f, b, c = self.form, self.b, self.c
+        E = f.E
+        kv, qt, rows, qtiles = blk.kv, blk.qt, blk.rows, blk.qtiles
+        nt = len(qtiles)
+        nblk = -(-f.S // _KB)
+        parts = b.psum((128, _QB, nblk), "float32", site="attn.ps.parts", bufs=1)
+        for i, (t0, lt) in enumerate(qtiles):
+            q0 = blk.qb0 + t0
+            hi_s = min(f.S, q0 + lt) if self.causal else f.S  # keys any of these queries may see
+            blocks = _chunks(hi_s, _KB)
+            for j, (s0, kw) in enumerate(blocks):
+                ps = b.psum((128, _KB), "float32", site="attn.ps.s1", bufs=2)
+                kts = kv.kt(s0, kw)
+                for e, (e0, ec) in enumerate(kv.echunks):
+                    b.matmul(ps[:lt, :kw], qt[e][:ec, t0:t0 + lt], kts[e], accumulate=e > 0)
+                if rows is not None:
+                    b.matmul(ps[:lt, :kw], c.ones[:2, :lt], rows[0][:2, s0:s0 + kw], accumulate=True)
+                elif self.masks is not None:  # the stabiliser needs no more than the hi part
+                    hi, lo = self._full_block(blk, i, q0, lt, j, s0, kw)
+                    b.matmul(ps[:lt, :kw], c.ident[:lt, :lt], hi, accumulate=True)
+                if self.causal and s0 <= q0 < s0 + kw:
+                    cw = min(128, s0 + kw - q0)
+                    b.matmul(ps[:lt, q0 - s0:q0 - s0 + cw], c.ident[:lt, :lt], c.causal[:lt, :cw], accumulate=True)
+                b.tensor_reduce(parts[:lt, i, j:j + 1], ps[:lt, :kw], "max")
+                yield
+            if len(blocks) < nblk:  # causal: blocks this tile skips do not count
+                b.memset(parts[:lt, i, len(blocks):nblk], -BIG, engine="dve")
+        m = b.sbuf((128, _QB), "float32", site="attn.m")
+        b.tensor_reduce(m[:, :nt], parts[:, :nt, :nblk], "max", axes=(2,))
+        # r = -max, clamped at a quarter of the mask floor: a row whose every key is masked keeps
+        # its logits 0.75 * BIG below the stabiliser (exp gives exactly 0, never a cancellation)
+        neg = b.sbuf((128, _QB), "float32", site="attn.neg")
+        b.tensor_scalar(neg[:, :nt], m[:, :nt], "maximum", -0.25 * BIG / self.scale, "multiply", -1.0)
+        qrows = blk.qrows
+        b.tensor_copy(qrows[:, :nt, E], neg[:, :nt])  # r as bf16 hi + lo: exact to ~2^-16
+        b.tensor_tensor(qrows[:, :nt, E + 1], neg[:, :nt], qrows[:, :nt, E], "subtract")
+        if self.aug:
+            blk.qt2 = [b.sbuf((128, 512), self.pe_dt, site=f"attn.qt2{e}") for e in range(len(kv.echunks))]
+            self._transpose_rows(qrows, qtiles, E + 2, blk.qt2)
+            blk.stab = None
+        else:
+            blk.qt2 = qt
+            blk.stab = [b.sbuf((128, 512), self.pe_dt, site="attn.stab")]
+            _transpose_into(b, [qrows[:, i, E:E + 2] for i in range(nt)], qtiles, 2, self.pe_dt, blk.stab, 0)
+
+    def _pass2(self, blk: "_Block", interleave) -> None:
+        """``P^T = exp(scale * (K Q^T + mask - max))`` per 128 keys, then ``O += P V``; one step of
+        ``interleave`` (the next block's pass 1) after each chunk."""
+        f, b, c = self.form, self.b, self.c
+        kv, qtiles = blk.kv, blk.qtiles
+        nt = len(qtiles)
+        vcols = kv.vcols
+        per_bank = max(1, 512 // vcols)
+        blk.per_bank = per_bank
+        blk.accs = [b.psum((128, min(per_bank, nt - a0), vcols), "float32", site=f"attn.ps.o{a0 // per_bank}",
+                           bufs=1) for a0 in range(0, nt, per_bank)]
+        blk.lacc = None if self.ones_column else b.psum((128, _QB), "float32", site="attn.ps.l", bufs=1)
+        hi_s = min(f.S, blk.qb0 + blk.nq) if self.causal else f.S
+        chunks = _chunks(hi_s, 128)
+        # software pipelined: the scores of chunk n+1 are issued before chunk n's P @ V, so TensorE
+        # never waits for ScalarE's exp in program order
+        pending = self._scores(blk, chunks[0])
+        for n in range(len(chunks)):
+            nxt = self._scores(blk, chunks[n + 1]) if n + 1 < len(chunks) else None
+            next(interleave, None)  # before this chunk's P @ V, which waits for ScalarE
+            s0, sw, lo_col, ncols, pt_ps, live = pending
+            pt = b.sbuf((128, 512), self.pe_dt, site="attn.pt")
+            bias = blk.rows[1][:sw, s0 // 128:s0 // 128 + 1] if blk.rows is not None else None
+            b.activation(pt[:sw, :ncols], pt_ps[:sw, :ncols], "exp", scale=self.scale, bias=bias)
+            pv = pt
+            if self.p:
+                pv = b.sbuf((128, 512), self.pe_dt, site="attn.ptd")
+                b.dropout(pv[:sw, :ncols], pt[:sw, :ncols], self.p)
+            vr = kv.v_rows(s0, sw)
+            for i, t0, lt in live:
+                cols = slice(t0 - lo_col, t0 - lo_col + lt)
+                b.matmul(blk.acc(i)[:lt, :], pv[:sw, cols], vr, accumulate=s0 > 0)
+                if blk.lacc is not None:
+                    b.matmul(blk.lacc[:lt, i:i + 1], pt[:sw, cols], c.ones_col[:sw, :], accumulate=s0 > 0)
+            pending = nxt
+
+    def _transpose_rows(self, qrows, qtiles, width, dst, engine="act"):
+        loaded = [qrows[:, i, :width] for i in range(len(qtiles))]
+        _transpose_into(self.b, loaded, qtiles, width, self.pe_dt, dst, 0, engine)
+
+    def _scores(self, blk: "_Block", chunk):
+        """Issue ``S^T - max`` (+ masks) of one 128-key chunk into PSUM; returns what pass 2 needs."""
+        f, b, c = self.form, self.b, self.c
+        kv, qb0, qtiles, rows = blk.kv, blk.qb0, blk.qtiles, blk.rows
+        s0, sw = chunk
+        nq = blk.nq
+        lo_col = max(qb0, s0) - qb0 if self.causal else 0  # a multiple of 128: whole query tiles
+        ncols = nq - lo_col
+        pt_ps = b.psum((128, 512), "float32", site="attn.ps.s2", bufs=2)
+        kts = kv.kt(s0, sw, ones=self.aug)
+        last = len(kv.echunks) - 1
+        for e, (e0, ec) in enumerate(kv.echunks):
+            rows_e = ec + (2 if self.aug and e == last else 0)
+            b.matmul(pt_ps[:sw, :ncols], kts[e], blk.qt2[e][:rows_e, lo_col:nq], accumulate=e > 0)
+        if blk.stab is not None:
+            b.matmul(pt_ps[:sw, :ncols], c.ones[:2, :sw], blk.stab[0][:2, lo_col:nq], accumulate=True)
+        live = [(i, t0, lt) for i, (t0, lt) in enumerate(qtiles) if t0 >= lo_col]
+        if self.masks is not None and rows is None:
+            for i, t0, lt in live:
+                if blk.full_cache is not None:  # pass 1's blocks, still on chip
+                    j, sb0 = s0 // _KB, (s0 // _KB) * _KB
+                    hi, lo = self._full_block(blk, i, qb0 + t0, lt, j, sb0,
+                                              min(_KB, min(f.S, qb0 + t0 + lt if self.causal else f.S) - sb0))
+                    hi, lo = hi[:lt, s0 - sb0:s0 - sb0 + sw], lo[:lt, s0 - sb0:s0 - sb0 + sw]
+                else:
+                    hi, lo = self.masks.block(blk.bi, blk.h, qb0 + t0, lt, s0, sw, site="attn.mf2")
+                # transposing matmuls: S^T[s, q] += mask[q, s] (hi and lo: exact to ~2^-16)
+                cols = pt_ps[:sw, t0 - lo_col:t0 - lo_col + lt]
+                b.matmul(cols, hi, c.ident[:lt, :lt], accumulate=True)
+                b.matmul(cols, lo, c.ident[:lt, :lt], accumulate=True)
+        if self.causal:
+            for i, t0, lt in live:
+                if qb0 + t0 == s0:
+                    b.matmul(pt_ps[:sw, t0 - lo_col:t0 - lo_col + lt], c.causal[:lt, :sw], c.ident[:lt, :lt],
+                             accumulate=True)
+        return s0, sw, lo_col, ncols, pt_ps, live
+
+    def _epilogue(self, blk: "_Block"):
+        """``O = acc / l``, ``lse = ln(l) - scale * r``; a row whose every key is masked gives 0 / -inf.
+
+        Statistics of the whole block are [128, tiles] tiles: one instruction each, on GpSimd and
+        ScalarE (VectorE starts the next block's row maxima meanwhile).
+        """
+        f, b = self.form, self.b
+        E, Ev = f.E, f.Ev
+        bi, h, qb0, qtiles, qrows, accs, per_bank, lacc = (blk.bi, blk.h, blk.qb0, blk.qtiles, blk.qrows, blk.accs,
+                                                           blk.per_bank, blk.lacc)
+        nt = len(qtiles)
+        l_sb = b.sbuf((128, _QB), "float32", site="attn.l")
+        if lacc is not None:
+            b.tensor_copy(l_sb[:, :nt], lacc[:, :nt], engine="act")
+        else:
+            for a, acc in enumerate(accs):
+                n = acc.shape[1]
+                b.tensor_copy(l_sb[:, a * per_bank:a * per_bank + n], acc[:, :, Ev], engine="act")
+        r = b.sbuf((128, _QB), "float32", site="attn.r")
+        b.tensor_tensor(r[:, :nt], qrows[:, :nt, E], qrows[:, :nt, E + 1], "add", engine="pool")
+        live = b.sbuf((128, _QB), "float32", site="attn.live")  # the max stayed above the mask floor
+        b.tensor_scalar(live[:, :nt], r[:, :nt], "less", 0.1 * BIG / self.scale, "multiply",
+                        1.0 / (1.0 - self.p), engine="pool")
+        safe = b.sbuf((128, _QB), "float32", site="attn.safe")
+        b.tensor_scalar(safe[:, :nt], l_sb[:, :nt], "maximum", 1e-30, engine="pool")
+        inv = b.sbuf((128, _QB), "float32", site="attn.inv")
+        b.tensor_tensor(inv[:, :nt], live[:, :nt], safe[:, :nt], "divide", engine="pool")
+        ost = self.out.stride
+        for i, (t0, lt) in enumerate(qtiles):
+            acc = accs[i // per_bank][:, i % per_bank, :]
+            o = b.sbuf((128, Ev), self.out.device_dtype, site="attn.o", bufs=2 * _QB)
+            b.tensor_scalar(o[:lt, :], acc[:lt, :Ev], "multiply", inv[:lt, i:i + 1], engine="act")
+            q0 = qb0 + t0
+            b.dma_copy(_mat(self.O, bi * ost[0] + h * ost[1] + q0 * ost[2], lt, ost[2], Ev, ost[3]), o[:lt, :])
+        ln = b.sbuf((128, _QB), "float32", site="attn.ln")
+        b.activation(ln[:, :nt], safe[:, :nt], "log")
+        lse = b.sbuf((128, _QB), "float32", site="attn.lse")
+        b.tensor_scalar(lse[:, :nt], r[:, :nt], "multiply", -self.scale, engine="act")
+        b.tensor_tensor(lse[:, :nt], lse[:, :nt], ln[:, :nt], "add", engine="pool")
+        b.select(lse[:, :nt], live[:, :nt], lse[:, :nt], float("-inf"), engine="pool")
+        base = (bi * f.H + h) * f.L + qb0
+        full = [i for i, (_, lt) in enumerate(qtiles) if lt == 128]
+        if full:  # one store for the full tiles: element (p, i) is query qb0 + 128 i + p
+            b.dma_copy(View(self.LSE.buffer, _ap(self.LSE, base, ((1, 128), (128, len(full)))), (128, len(full))),
+                       lse[:, :len(full)])
+        for i, (t0, lt) in enumerate(qtiles):
+            if lt < 128:
+                b.dma_copy(_mat(self.LSE, base + t0, lt, 1, 1, 1), lse[:lt, i:i + 1])
+
+    def _full_block(self, blk, i, q0, lt, j, s0, kw):
+        cache = blk.full_cache
+        if cache is None:
+            return self.masks.block(blk.bi, blk.h, q0, lt, s0, kw, site="attn.mf1")
+        hit = cache.get((i, j))
+        if hit is None:
+            hit = cache[(i, j)] = self.masks.block(blk.bi, blk.h, q0, lt, s0, kw, site="attn.mf")
+        return hit
+
+
+class _Block:
+    """One forward query block (up to 512 queries of one head) and the tiles made for it."""
+
+    def __init__(self, bi: int, h: int, qb0: int, nq: int):
+        self.bi, self.h, self.qb0, self.nq = bi, h, qb0, nq
+
+    def acc(self, i: int) -> View:
+        return self.accs[i // self.per_bank][:, i % self.per_bank, :]
+
+
+# ---- backward ---------------------------------------------------------------------------------
+
+def attention_backward(grad_out, q, k, v, out, lse, mask, *, causal: bool, scale: float | None,
+                       dropout_p: float, grad_mask: bool = False, grads: tuple | None = None,
+                       spec: str | CoreSpec | None = None,
+                       name: str = "aten::_scaled_dot_product_fused_attention_overrideable_backward"):
+    """The backward Program: inputs ``grad_out``, ``query``, ``key``, ``value``, ``out``,
+    ``logsumexp`` (, ``attn_mask``); outputs ``grad_query``, ``grad_key``, ``grad_value``
+    (, ``grad_attn_mask`` when ``grad_mask``: only for a mask of the full ``[B, H, L, S]``)."""
+    spec = preset(spec)
+    form = attention_form(q, k, v, mask)
+    B, H, L, S, E, Ev = form.B, form.H, form.L, form.S, form.E, form.Ev
+    if E > 512:
+        raise _Decline(f"head dim {E} > 512: the backward's dK accumulator exceeds a PSUM bank")
+    scale = float(scale) if scale is not None else 1.0 / (E ** 0.5)
+    dropout_p = float(dropout_p or 0.0)
+    if grad_mask and (form.mask is None or form.mask.dtype == "bool" or form.mask.shape != (B, H, L, S)
+                      and _as4d_shape(form.mask) != (B, H, L, S)):
+        raise _Decline("the mask gradient is built for a [B, H, L, S] float mask only")
+    g = _as4d(grad_out)
+    o = _as4d(out)
+    if g.shape != (B, H, L, Ev) or o.shape != (B, H, L, Ev) or g.stride[3] != 1 or o.stride[3] != 1:
+        raise _Decline("grad_out / out do not match the attention's output")
+    gq, gk, gv = (grads or (None, None, None))[:3]
+    gq = _as4d(gq) if gq is not None else TensorMeta(form.q.shape, _contig(form.q.shape), form.q.dtype)
+    gk = _as4d(gk) if gk is not None else TensorMeta(form.k.shape, _contig(form.k.shape), form.k.dtype)
+    gv = _as4d(gv) if gv is not None else TensorMeta(form.v.shape, _contig(form.v.shape), form.v.dtype)
+    pe_dt = form.q.device_dtype
+    b = TileBuilder(name, spec)
+    with b.provenance(op=name):
+        ins = {
+            "grad_out": hbm_input(b, "grad_out", g), "query": hbm_input(b, "query", form.q),
+            "key": hbm_input(b, "key", form.k), "value": hbm_input(b, "value", form.v),
+            "out": hbm_input(b, "out", o),
+            "logsumexp": hbm_input(b, "logsumexp", TensorMeta((B, H, L), _contig((B, H, L)), "float32")),
+        }
+        Mv = hbm_input(b, "attn_mask", form.mask) if form.mask is not None else None
+        outs = {"grad_query": (hbm_output(b, "grad_query", gq), gq), "grad_key": (hbm_output(b, "grad_key", gk), gk),
+                "grad_value": (hbm_output(b, "grad_value", gv), gv)}
+        if grad_mask:
+            gm = TensorMeta((B, H, L, S), _contig((B, H, L, S)), form.mask.dtype)
+            outs["grad_attn_mask"] = (hbm_output(b, "grad_attn_mask", gm), gm)
+        consts = _Consts(b, pe_dt)
+        masks = _Mask(b, form, Mv, scale, pe_dt) if Mv is not None else None
+        _Backward(b, form, ins, g, o, outs, consts, masks, causal, scale, dropout_p, pe_dt).run()
+    return b.build(meta={"lowering": "attention_backward"}, shrink_rotation=True)
+
+
+def _as4d_shape(m: TensorMeta):
+    return (1,) * (4 - m.ndim) + m.shape
+
+
+class _Backward:
+    def __init__(self, b, form, ins, g, o, outs, consts, masks, causal, scale, dropout_p, pe_dt):
+        self.b, self.form, self.ins, self.g, self.o, self.outs = b, form, ins, g, o, outs
+        self.c, self.masks, self.causal, self.scale, self.p, self.pe_dt = consts, masks, causal, scale, dropout_p, pe_dt
+        E, Ev = form.E, form.Ev
+        # keys per tile: dK/dV accumulators [128, keys/128, E] fp32 in one PSUM bank each
+        self.kb = 128 * max(1, min(_KB // 128, 512 // max(E, Ev)))
+
+    def run(self):
+        f, b = self.form, self.b
+        for bi in range(f.B):
+            order = _head_order(f, bi)
+            groups: dict = {}
+            for h in order:
+                groups.setdefault(f.kv_key(bi, h), []).append(h)
+            for key, heads in groups.items():
+                group_acc = None
+                if len(heads) > 1:  # dK, dV summed over the query heads that share this key/value head
+                    nS = -(-f.S // 128)
+                    group_acc = (b.sbuf((128, nS, f.E), "float32", site="attn.b.gk", bufs=1),
+                                 b.sbuf((128, nS, f.Ev), "float32", site="attn.b.gv", bufs=1))
+                for n, h in enumerate(heads):
+                    self.head(bi, h, key, group_acc, first=n == 0, last=n == len(heads) - 1)
+
+    def _rows_of(self, view: View, meta: TensorMeta, off: int, nL: int, cols: int, site: str) -> View:
+        """A head's ``[L, cols]`` rows as ``[128, nL, cols]`` (query tile ``i`` in column block ``i``)."""
+        b = self.b
+        t = b.sbuf((128, nL, cols), meta.device_dtype, site=site, bufs=2)
+        for i, (q0, lt) in enumerate(_chunks(self.form.L, 128)):
+            b.dma_copy(t[:lt, i, :], _mat(view, off + q0 * meta.stride[2], lt, meta.stride[2], cols, 1))
+        return t
+
+    def head(self, bi, h, key, group_acc, first, last):
+        f, b, c, ins = self.form, self.b, self.c, self.ins
+        L, S, E, Ev = f.L, f.S, f.E, f.Ev
+        nL = -(-L // 128)
+        qtiles = _chunks(L, 128)
+        q_off = bi * f.q.stride[0] + h * f.q.stride[1]
+        g_off = bi * self.g.stride[0] + h * self.g.stride[1]
+        o_off = bi * self.o.stride[0] + h * self.o.stride[1]
+        echunks, vchunks = _chunks(E, 128), _chunks(Ev, 128)
+        # per head: Q^T, dO^T (transposed on TensorE), Q and dO rows, -lse, D = rowsum(dO * O)
+        qt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.qt{e}", bufs=2) for e in range(len(echunks))]
+        _load_transposed(b, ins["query"], q_off, f.q.stride[2], L, E, self.pe_dt, qt, 0, "attn.b.qload")
+        gt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.gt{e}", bufs=2) for e in range(len(vchunks))]
+        _load_transposed(b, ins["grad_out"], g_off, self.g.stride[2], L, Ev, self.pe_dt, gt, 0, "attn.b.gload")
+        qn = self._rows_of(ins["query"], f.q, q_off, nL, E, "attn.b.qn")
+        gn = self._rows_of(ins["grad_out"], self.g, g_off, nL, Ev, "attn.b.gn")
+        on = self._rows_of(ins["out"], self.o, o_off, nL, Ev, "attn.b.on")
+        neg_lse = b.sbuf((128, nL), "float32", site="attn.b.lse", bufs=2)
+        neg_d = b.sbuf((128, nL), "float32", site="attn.b.d", bufs=2)
+        for i, (q0, lt) in enumerate(qtiles):
+            raw = b.sbuf((128, 1), "float32", site="attn.b.lraw")
+            b.dma_copy(raw[:lt, :], _mat(ins["logsumexp"], (bi * f.H + h) * L + q0, lt, 1, 1, 1))
+            # -lse, capped: a row whose every key is masked has lse = -inf and P = 0
+            b.tensor_scalar(neg_lse[:lt, i:i + 1], raw[:lt, :], "multiply", -1.0, "minimum", 1e20)
+            prod_ = b.sbuf((128, Ev), "float32", site="attn.b.do_o")
+            b.tensor_tensor(prod_[:lt, :], gn[:lt, i, :], on[:lt, i, :], "multiply")
+            b.tensor_reduce(neg_d[:lt, i:i + 1], prod_[:lt, :], "add", negate=True)
+        dq = b.sbuf((128, nL, E), "float32", site="attn.b.dq", bufs=1)
+        rows = self.masks.row(bi, h) if self.masks is not None and self.masks.kind == "row" else None
+        k_off, v_off = key
+        kb = self.kb
+        for s0, kw in _chunks(S, kb):
+            subs = _chunks(kw, 128)
+            kn = b.sbuf((128, len(subs), E), self.pe_dt, site="attn.b.kn")
+            for u, (u0, uw) in enumerate(subs):
+                b.dma_copy(kn[:uw, u, :], _mat(ins["key"], k_off + (s0 + u0) * f.k.stride[2], uw, f.k.stride[2], E, 1))
+            kt = [b.sbuf((128, kb), self.pe_dt, site=f"attn.b.kt{e}") for e in range(len(echunks))]
+            _load_transposed(b, ins["key"], k_off + s0 * f.k.stride[2], f.k.stride[2], kw, E, self.pe_dt, kt, 0,
+                             "attn.b.kload")
+            vt = [b.sbuf((128, kb), self.pe_dt, site=f"attn.b.vt{e}") for e in range(len(vchunks))]
+            _load_transposed(b, ins["value"], v_off + s0 * f.v.stride[2], f.v.stride[2], kw, Ev, self.pe_dt, vt, 0,
+                             "attn.b.vload")
+            dk = b.psum((128, len(subs), E), "float32", site="attn.b.ps.dk", bufs=1)
+            dv = b.psum((128, len(subs), Ev), "float32", site="attn.b.ps.dv", bufs=1)
+            written = [0] * len(subs)  # rows of each dK/dV accumulator some query wrote (causal: fewer)
+            for i, (q0, lt) in enumerate(qtiles):
+                span = min(kw, q0 + lt - s0) if self.causal else kw  # keys these queries may see
+                if span < kw:
+                    self._zero_mask_grad(bi, h, q0, lt, s0 + max(span, 0), kw - max(span, 0))
+                if span <= 0:
+                    continue
+                self.block(bi, h, i, q0, lt, s0, span, subs, qt, gt, qn, gn, kt, vt, kn, neg_lse, neg_d, dq, dk, dv,
+                           written, rows, echunks, vchunks)
+            self._finish_kv(bi, h, key, s0, subs, dk, dv, written, group_acc, first, last)
+        # dQ = scale * sum over key tiles
+        gq, gq_meta = self.outs["grad_query"]
+        st = gq_meta.stride
+        for i, (q0, lt) in enumerate(qtiles):
+            res = b.sbuf((128, E), gq_meta.device_dtype, site="attn.b.dqo")
+            b.tensor_scalar(res[:lt, :], dq[:lt, i, :], "multiply", self.scale, engine="act")
+            b.dma_copy(_mat(gq, bi * st[0] + h * st[1] + q0 * st[2], lt, st[2], E, st[3]), res[:lt, :])
+
+    def block(self, bi, h, i, q0, lt, s0, span, subs, qt, gt, qn, gn, kt, vt, kn, neg_lse, neg_d, dq, dk, dv,
+              written, rows, echunks, vchunks):
+        f, b, c = self.form, self.b, self.c
+        pdt = self.pe_dt
+        s_ps = b.psum((128, _KB), "float32", site="attn.ps.a")
+        for e, (e0, ec) in enumerate(echunks):
+            b.matmul(s_ps[:lt, :span], qt[e][:ec, q0:q0 + lt], kt[e][:ec, :span], accumulate=e > 0)
+        if rows is not None:
+            b.matmul(s_ps[:lt, :span], c.ones[:2, :lt], rows[0][:2, s0:s0 + span], accumulate=True)
+        elif self.masks is not None:
+            hi, lo = self.masks.block(bi, h, q0, lt, s0, span, site="attn.b.mf")
+            b.matmul(s_ps[:lt, :span], c.ident[:lt, :lt], hi, accumulate=True)
+            b.matmul(s_ps[:lt, :span], c.ident[:lt, :lt], lo, accumulate=True)
+        if self.causal and s0 <= q0 < s0 + span:
+            cw = min(128, s0 + span - q0)
+            b.matmul(s_ps[:lt, q0 - s0:q0 - s0 + cw], c.ident[:lt, :lt], c.causal[:lt, :cw], accumulate=True)
+        p = b.sbuf((128, _KB), pdt, site="attn.b.p")
+        b.activation(p[:lt, :span], s_ps[:lt, :span], "exp", scale=self.scale, bias=neg_lse[:lt, i:i + 1])
+        dp_ps = b.psum((128, _KB), "float32", site="attn.b.ps.dp")
+        for e, (e0, ec) in enumerate(vchunks):
+            b.matmul(dp_ps[:lt, :span], gt[e][:ec, q0:q0 + lt], vt[e][:ec, :span], accumulate=e > 0)
+        t = b.sbuf((128, _KB), pdt, site="attn.b.t")
+        pv = p
+        if self.p:
+            keep = b.sbuf((128, _KB), pdt, site="attn.b.keep")
+            b.memset(keep[:lt, :span], 1.0 / (1.0 - self.p), engine="pool")
+            b.dropout(keep[:lt, :span], keep[:lt, :span], self.p)
+            pv = b.sbuf((128, _KB), pdt, site="attn.b.pd")
+            b.tensor_tensor(pv[:lt, :span], p[:lt, :span], keep[:lt, :span], "multiply")
+            dpk = b.sbuf((128, _KB), "float32", site="attn.b.dpk")
+            b.tensor_tensor(dpk[:lt, :span], dp_ps[:lt, :span], keep[:lt, :span], "multiply")
+            b.activation(t[:lt, :span], dpk[:lt, :span], "identity", bias=neg_d[:lt, i:i + 1])
+        else:
+            b.activation(t[:lt, :span], dp_ps[:lt, :span], "identity", bias=neg_d[:lt, i:i + 1])
+        ds = b.sbuf((128, _KB), pdt, site="attn.b.ds")
+        b.tensor_tensor(ds[:lt, :span], t[:lt, :span], p[:lt, :span], "multiply")
+        if "grad_attn_mask" in self.outs:
+            gm, gm_meta = self.outs["grad_attn_mask"]
+            st = gm_meta.stride
+            src = ds
+            if gm_meta.device_dtype != pdt:
+                src = b.sbuf((128, _KB), gm_meta.device_dtype, site="attn.b.gm")
+                b.tensor_copy(src[:lt, :span], ds[:lt, :span], engine="pool")
+            b.dma_copy(_mat(gm, bi * st[0] + h * st[1] + q0 * st[2] + s0 * st[3], lt, st[2], span, st[3]),
+                       src[:lt, :span])
+        dst_ps = b.psum((128, 4, 128), pdt, site="attn.b.ps.dst", bufs=1)
+        live = [(u, u0, min(uw, span - u0)) for u, (u0, uw) in enumerate(subs) if u0 < span]
+        for u, u0, uw in live:
+            # queries come in increasing order, so a later tile never sees keys of a sub-tile that an
+            # earlier one wrote fewer rows of (the causal diagonal tile is a full 128 unless it is the last)
+            b.matmul(dv[:uw, u, :], pv[:lt, u0:u0 + uw], gn[:lt, i, :], accumulate=written[u] > 0)
+            b.matmul(dk[:uw, u, :], ds[:lt, u0:u0 + uw], qn[:lt, i, :], accumulate=written[u] > 0)
+            written[u] = max(written[u], uw)
+            b.transpose(dst_ps[:uw, u, :lt], ds[:lt, u0:u0 + uw])
+        dst = b.sbuf((128, 4, 128), pdt, site="attn.b.dst")
+        if all(uw == 128 for _, _, uw in live):  # one copy out of the bank
+            b.tensor_copy(dst[:, :len(live), :lt], dst_ps[:, :len(live), :lt], engine="act")
+        else:
+            for u, _, uw in live:
+                b.tensor_copy(dst[:uw, u, :lt], dst_ps[:uw, u, :lt], engine="act")
+        dq_ps = b.psum((128, f.E), "float32", site="attn.b.ps.dq", bufs=1)
+        for k_, (u, u0, uw) in enumerate(live):
+            b.matmul(dq_ps[:lt, :], dst[:uw, u, :lt], kn[:uw, u, :], accumulate=k_ > 0)
+        if s0 == 0:
+            b.tensor_copy(dq[:lt, i, :], dq_ps[:lt, :])
+        else:
+            b.tensor_tensor(dq[:lt, i, :], dq[:lt, i, :], dq_ps[:lt, :], "add")
+
+    def _zero_mask_grad(self, bi, h, q0, lt, s0, n):
+        """Masked-out (skipped) scores have a zero gradient: write it."""
+        if "grad_attn_mask" not in self.outs or n <= 0:
+            return
+        gm, meta = self.outs["grad_attn_mask"]
+        zero = self.b.sbuf((128, _KB), meta.device_dtype, site="attn.b.gmzero", bufs=1)
+        self.b.memset(zero, 0.0, engine="pool")
+        st = meta.stride
+        for c0, cw in _chunks(n, _KB):
+            self.b.dma_copy(_mat(gm, bi * st[0] + h * st[1] + q0 * st[2] + (s0 + c0) * st[3], lt, st[2], cw, st[3]),
+                            zero[:lt, :cw])
+
+    def _finish_kv(self, bi, h, key, s0, subs, dk, dv, written, group_acc, first, last):
+        """Scale and store this key tile's dK / dV (or add them to the group's accumulators)."""
+        f, b = self.form, self.b
+        gk, gk_meta = self.outs["grad_key"]
+        gv, gv_meta = self.outs["grad_value"]
+        kh = f.kv_head(h)
+        for u, (u0, uw) in enumerate(subs):
+            r0 = s0 + u0
+            for acc, meta, view, cols, factor, gi in ((dk, gk_meta, gk, f.E, self.scale, 0),
+                                                      (dv, gv_meta, gv, f.Ev, 1.0, 1)):
+                src = acc[:uw, u, :]
+                if written[u] < uw:  # keys no query sees (causal, L < S): their gradient is zero
+                    zero = b.sbuf((128, cols), "float32", site="attn.b.zero")
+                    b.memset(zero[:uw, :], 0.0, engine="pool")
+                    if written[u]:
+                        b.tensor_copy(zero[:written[u], :], acc[:written[u], u, :])
+                    src = zero[:uw, :]
+                if group_acc is not None:
+                    g = group_acc[gi][:uw, r0 // 128, :]
+                    if first:
+                        b.tensor_copy(g, src)
+                    else:
+                        b.tensor_tensor(g, g, src, "add")
+                    if not last:
+                        continue
+                    src = g
+                res = b.sbuf((128, cols), meta.device_dtype, site=f"attn.b.res{gi}")
+                b.tensor_scalar(res[:uw, :], src, "multiply", factor, engine="act")
+                st = meta.stride
+                b.dma_copy(_mat(view, bi * st[0] + kh * st[1] + r0 * st[2], uw, st[2], cols, st[3]), res[:uw, :])
+
+
+# ---- lowering rules ---------------------------------------------------------------------------
+
+def _dropout(named) -> float:
+    p = named.get("dropout_p", 0.0)
+    return float(p) if isinstance(p, (int, float)) else 0.0
+
+
+def lower_attention(call, spec):
+    """``_scaled_dot_product_fused_attention_overrideable``: outputs (out, logsumexp, ...)."""
+    named = call.named()
+    if named.get("return_debug_mask") or len(call.outputs) < 2:
+        return None
+    try:
+        return attention_forward(named.get("query"), named.get("key"), named.get("value"), named.get("attn_bias"),
+                                 causal=bool(named.get("is_causal")), scale=named.get("scale"),
+                                 dropout_p=_dropout(named), out=call.outputs[0], spec=spec, name=call.op)
+    except (_Decline, ProgramError):  # outside the kernel's form, or its tiles do not fit: generic
+        return None
+
+
+def lower_attention_backward(call, spec):
+    """``_scaled_dot_product_fused_attention_overrideable_backward``: outputs the gradients of
+    query, key, value (and of a float ``attn_bias`` when ``grad_input_mask[3]``)."""
+    named = call.named()
+    bias = named.get("attn_bias")
+    want = tuple(named.get("grad_input_mask") or (True, True, True, False))
+    grad_mask = bool(len(want) > 3 and want[3] and isinstance(bias, TensorMeta) and bias.dtype != "bool")
+    if len(call.outputs) != 3 + grad_mask:
+        return None
+    try:
+        return attention_backward(named.get("grad_out"), named.get("query"), named.get("key"), named.get("value"),
+                                  named.get("out"), named.get("logsumexp"), bias,
+                                  causal=bool(named.get("is_causal")), scale=named.get("scale"),
+                                  dropout_p=_dropout(named), grad_mask=grad_mask, grads=call.outputs[:3],
+                                  spec=spec, name=call.op)
+    except (_Decline, ProgramError):
+        return None
+
+
+def _register() -> None:
+    from ._rules import Rule, add_rules
+
+    add_rules(["_scaled_dot_product_fused_attention_overrideable"],
+              Rule("fused:attention", lower_attention, "flash-style attention forward (lower/_attention.py)"))
+    add_rules(["_scaled_dot_product_fused_attention_overrideable_backward"],
+              Rule("fused:attention_backward", lower_attention_backward,
+                   "flash-style attention backward (lower/_attention.py)"))
+
+
+_register()
