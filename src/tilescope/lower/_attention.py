@@ -172,9 +172,9 @@ def _chunks(n: int, size: int):
 class _Consts:
     """Constant tiles made once per Program on GpSimd/VectorE: identity, ones, causal bias."""
 
-    def __init__(self, b: TileBuilder, pe_dt: str):
+    def __init__(self, b: TileBuilder, aux_dt: str, pe_dt: str):
         self.b = b
-        self.pe_dt = pe_dt
+        self.aux_dt, self.pe_dt = aux_dt, pe_dt
         self._ident = self._ones = self._causal = self._ones_col = None
 
     def _iota_diff(self, site):
@@ -186,7 +186,7 @@ class _Consts:
     def ident(self) -> View:
         if self._ident is None:
             d = self._iota_diff("attn.c.iota_i")
-            self._ident = self.b.sbuf((128, 128), self.pe_dt, site="attn.c.ident", bufs=1)
+            self._ident = self.b.sbuf((128, 128), self.aux_dt, site="attn.c.ident", bufs=1)
             self.b.tensor_scalar(self._ident, d, "equal", 0.0, engine="pool")
         return self._ident
 
@@ -197,7 +197,7 @@ class _Consts:
             d = self._iota_diff("attn.c.iota_c")
             keep = self.b.sbuf((128, 128), "float32", site="attn.c.keep", bufs=1)
             self.b.tensor_scalar(keep, d, "greater_equal", 0.0, engine="pool")
-            self._causal = self.b.sbuf((128, 128), self.pe_dt, site="attn.c.causal", bufs=1)
+            self._causal = self.b.sbuf((128, 128), self.aux_dt, site="attn.c.causal", bufs=1)
             self.b.tensor_scalar(self._causal, keep, "subtract", 1.0, "multiply", BIG, engine="pool")
         return self._causal
 
@@ -205,7 +205,7 @@ class _Consts:
     def ones(self) -> View:
         """``[2, 512]`` of ones: the stationary side of the hi/lo contraction rows."""
         if self._ones is None:
-            self._ones = self.b.sbuf((2, 512), self.pe_dt, site="attn.c.ones", bufs=1)
+            self._ones = self.b.sbuf((2, 512), self.aux_dt, site="attn.c.ones", bufs=1)
             self.b.memset(self._ones, 1.0, engine="pool")
         return self._ones
 
@@ -445,6 +445,7 @@ def attention_forward(q, k, v, mask, *, causal: bool, scale: float | None, dropo
         raise _Decline(f"dropout_p {dropout_p} outside [0, 1)")
     out = _as4d(out) if out is not None else TensorMeta((B, H, L, Ev), _contig((B, H, L, Ev)), form.q.dtype)
     pe_dt = form.q.device_dtype
+    aux_dt = _aux_dtype(pe_dt)
     b = TileBuilder(name, spec)
     with b.provenance(op=name):
         Q = hbm_input(b, "query", form.q)
@@ -454,10 +455,16 @@ def attention_forward(q, k, v, mask, *, causal: bool, scale: float | None, dropo
         O = hbm_output(b, "out", out)
         lse_meta = TensorMeta((B, H, L), _contig((B, H, L)), "float32")
         LSE = hbm_output(b, "logsumexp", lse_meta)
-        consts = _Consts(b, pe_dt)
-        masks = _Mask(b, form, Mv, scale, pe_dt) if Mv is not None else None
+        consts = _Consts(b, aux_dt, pe_dt)
+        masks = _Mask(b, form, Mv, scale, aux_dt) if Mv is not None else None
         _Forward(b, form, Q, K, V, O, out, LSE, consts, masks, causal, scale, dropout_p, pe_dt).run()
     return b.build(meta={"lowering": "attention"}, shrink_rotation=True)
+
+
+def _aux_dtype(pe_dt: str) -> str:
+    """The dtype of the masks, the stabiliser and the constants that TensorE adds to the scores:
+    fp16 cannot hold the mask floor (-BIG), so fp16 attention adds them in bf16."""
+    return "bfloat16" if pe_dt == "float16" else pe_dt
 
 
 def _contig(shape):
@@ -471,9 +478,10 @@ class _Forward:
         self.b, self.form, self.Q, self.K, self.V, self.O, self.out, self.LSE = b, form, Q, K, V, O, out, LSE
         self.c, self.masks, self.causal, self.scale, self.p, self.pe_dt = consts, masks, causal, scale, dropout_p, pe_dt
         self.ones_column = dropout_p == 0.0
+        self.aux_dt = _aux_dtype(pe_dt)
         # the stabiliser (-row max, as bf16 hi + lo) rides in pass 2's contraction as two more rows
         # when the last head-dim chunk leaves room; else it is one more K=2 matmul per key chunk
-        self.aug = 0 < form.E % 128 <= 126
+        self.aug = 0 < form.E % 128 <= 126 and self.aux_dt == pe_dt
 
     def run(self):
         """Query blocks in a software pipeline (program order is issue order on every engine):
@@ -517,6 +525,9 @@ class _Forward:
         q_off = blk.bi * f.q.stride[0] + blk.h * f.q.stride[1]
         # query rows [lt, E | r_hi | r_lo] per tile; pass 1 uses their transpose without the r columns
         blk.qrows = b.sbuf((128, _QB, E + 2), self.pe_dt, site="attn.qrows", bufs=4)
+        # -max as hi + lo: beside the query rows when it rides in their contraction, else its own tile
+        blk.rc = blk.qrows[:, :, E:E + 2] if self.aug else b.sbuf((128, _QB, 2), self.aux_dt, site="attn.rc",
+                                                                    bufs=4)
         for i, (t0, lt) in enumerate(blk.qtiles):
             b.dma_copy(blk.qrows[:lt, i, :E],
                        _mat(self.Q, q_off + (blk.qb0 + t0) * f.q.stride[2], lt, f.q.stride[2], E, 1))
@@ -566,17 +577,17 @@ class _Forward:
         # its logits 0.75 * BIG below the stabiliser (exp gives exactly 0, never a cancellation)
         neg = b.sbuf((128, _QB), "float32", site="attn.neg")
         b.tensor_scalar(neg[:, :nt], m[:, :nt], "maximum", -0.25 * BIG / self.scale, "multiply", -1.0)
-        qrows = blk.qrows
-        b.tensor_copy(qrows[:, :nt, E], neg[:, :nt])  # r as bf16 hi + lo: exact to ~2^-16
-        b.tensor_tensor(qrows[:, :nt, E + 1], neg[:, :nt], qrows[:, :nt, E], "subtract")
+        qrows, rc = blk.qrows, blk.rc
+        b.tensor_copy(rc[:, :nt, 0], neg[:, :nt])  # r as bf16 hi + lo: exact to ~2^-16
+        b.tensor_tensor(rc[:, :nt, 1], neg[:, :nt], rc[:, :nt, 0], "subtract")
         if self.aug:
             blk.qt2 = [b.sbuf((128, 512), self.pe_dt, site=f"attn.qt2{e}") for e in range(len(kv.echunks))]
             self._transpose_rows(qrows, qtiles, E + 2, blk.qt2)
             blk.stab = None
         else:
             blk.qt2 = qt
-            blk.stab = [b.sbuf((128, 512), self.pe_dt, site="attn.stab")]
-            _transpose_into(b, [qrows[:, i, E:E + 2] for i in range(nt)], qtiles, 2, self.pe_dt, blk.stab, 0)
+            blk.stab = [b.sbuf((128, 512), self.aux_dt, site="attn.stab")]
+            _transpose_into(b, [rc[:, i, :] for i in range(nt)], qtiles, 2, self.aux_dt, blk.stab, 0)
 
     def _pass2(self, blk: "_Block", interleave) -> None:
         """``P^T = exp(scale * (K Q^T + mask - max))`` per 128 keys, then ``O += P V``; one step of
@@ -663,8 +674,8 @@ class _Forward:
         """
         f, b = self.form, self.b
         E, Ev = f.E, f.Ev
-        bi, h, qb0, qtiles, qrows, accs, per_bank, lacc = (blk.bi, blk.h, blk.qb0, blk.qtiles, blk.qrows, blk.accs,
-                                                           blk.per_bank, blk.lacc)
+        bi, h, qb0, qtiles, rc, accs, per_bank, lacc = (blk.bi, blk.h, blk.qb0, blk.qtiles, blk.rc, blk.accs,
+                                                        blk.per_bank, blk.lacc)
         nt = len(qtiles)
         l_sb = b.sbuf((128, _QB), "float32", site="attn.l")
         if lacc is not None:
@@ -674,7 +685,7 @@ class _Forward:
                 n = acc.shape[1]
                 b.tensor_copy(l_sb[:, a * per_bank:a * per_bank + n], acc[:, :, Ev], engine="act")
         r = b.sbuf((128, _QB), "float32", site="attn.r")
-        b.tensor_tensor(r[:, :nt], qrows[:, :nt, E], qrows[:, :nt, E + 1], "add", engine="pool")
+        b.tensor_tensor(r[:, :nt], rc[:, :nt, 0], rc[:, :nt, 1], "add", engine="pool")
         live = b.sbuf((128, _QB), "float32", site="attn.live")  # the max stayed above the mask floor
         b.tensor_scalar(live[:, :nt], r[:, :nt], "less", 0.1 * BIG / self.scale, "multiply",
                         1.0 / (1.0 - self.p), engine="pool")
@@ -752,6 +763,7 @@ def attention_backward(grad_out, q, k, v, out, lse, mask, *, causal: bool, scale
     gk = _as4d(gk) if gk is not None else TensorMeta(form.k.shape, _contig(form.k.shape), form.k.dtype)
     gv = _as4d(gv) if gv is not None else TensorMeta(form.v.shape, _contig(form.v.shape), form.v.dtype)
     pe_dt = form.q.device_dtype
+    aux_dt = _aux_dtype(pe_dt)
     b = TileBuilder(name, spec)
     with b.provenance(op=name):
         ins = {
@@ -766,8 +778,8 @@ def attention_backward(grad_out, q, k, v, out, lse, mask, *, causal: bool, scale
         if grad_mask:
             gm = TensorMeta((B, H, L, S), _contig((B, H, L, S)), form.mask.dtype)
             outs["grad_attn_mask"] = (hbm_output(b, "grad_attn_mask", gm), gm)
-        consts = _Consts(b, pe_dt)
-        masks = _Mask(b, form, Mv, scale, pe_dt) if Mv is not None else None
+        consts = _Consts(b, aux_dt, pe_dt)
+        masks = _Mask(b, form, Mv, scale, aux_dt) if Mv is not None else None
         _Backward(b, form, ins, g, o, outs, consts, masks, causal, scale, dropout_p, pe_dt).run()
     return b.build(meta={"lowering": "attention_backward"}, shrink_rotation=True)
 

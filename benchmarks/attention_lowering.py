@@ -1,0 +1,139 @@
+"""Attention on the modeled core: the flash-style Programs at model shapes, against their bounds.
+
+For each shape (bf16, preset trn1), forward and backward, it prints (all times *modeled*):
+  * time: the Program's modeled duration (the simulator, one execution)
+  * bound: max(FLOPs at TensorE's peak, HBM bytes at the DMA/HBM peak), from the spec's fields;
+    FLOPs count only the scored (query, key) pairs (causal: the lower triangle)
+  * x bound: time / bound (the issue's target: <= 2x at large shapes)
+  * % PE: achieved FLOP/s as a share of TensorE's peak (target: >= 50%)
+  * port floor: the time the PSUM port alone needs -- every score passes VectorE (max) and
+    ScalarE (exp) in the forward, ScalarE (exp, dP - D, dS^T copy) in the backward, and those
+    engines share the port [arch] -- the engine floor of this algorithm on this core
+  * bound by: the busiest engine of the timeline
+
+Then HF GPT-2's eager attention (matmul, scale, where with the causal bias, softmax, matmul) on
+the sim device, priced by the per-op lowerings, beside the fused forward of the same shape.
+
+Run: .venv/bin/python benchmarks/attention_lowering.py [--quick]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tilescope.lower import TensorMeta, contiguous_strides
+from tilescope.lower._attention import attention_backward, attention_forward
+from tilescope.sim import simulate
+from tilescope.spec import preset
+
+SPEC = preset("trn1")
+DT = "bfloat16"
+
+# (name, B, Hq, Hkv, L, E, causal, mask): model-sized heads
+SHAPES = [
+    ("ViT-B/16", 8, 12, 12, 197, 64, False, None),
+    ("BERT-base, padding", 4, 12, 12, 512, 64, False, "row"),
+    ("GPT-2 small", 2, 12, 12, 1024, 64, True, None),
+    ("GPT-2 medium seq 2048", 1, 16, 16, 2048, 64, True, None),
+    ("d=128, seq 2048", 1, 16, 16, 2048, 128, False, None),
+    ("Llama GQA 32/8, d=128", 1, 32, 8, 2048, 128, True, None),
+]
+QUICK = [s for s in SHAPES if s[0] in ("ViT-B/16", "GPT-2 small", "d=128, seq 2048")]
+
+
+def meta(shape, dtype=DT):
+    return TensorMeta(tuple(shape), contiguous_strides(shape), dtype)
+
+
+def pe_peak_per_ns(dtype: str) -> float:
+    peak = 2 * SPEC.pe_rows * SPEC.pe_cols * SPEC.tensor.clock_ghz
+    return peak / SPEC.pe_fp32_slowdown if dtype == "float32" else peak
+
+
+def dma_peak_per_ns() -> float:
+    return min(SPEC.dma.engines * SPEC.dma.bytes_per_ns_per_engine, SPEC.hbm_bytes_per_ns)
+
+
+def pairs(L: int, S: int, causal: bool) -> int:
+    return sum(min(q + 1, S) for q in range(L)) if causal else L * S
+
+
+def port_floor_ns(n_scores: float, dve_passes: int, act_passes: int) -> float:
+    """Score elements through the shared PSUM port: N cycles per instruction per partition [isa]."""
+    per_lane = n_scores / SPEC.partitions
+    return per_lane * (dve_passes / SPEC.vector.clock_ghz + act_passes / SPEC.scalar.clock_ghz)
+
+
+def row(label, summary, flops, nbytes, floor):
+    t = summary.total_ns
+    bound = max(flops / pe_peak_per_ns(DT), nbytes / dma_peak_per_ns())
+    pct = flops / t / pe_peak_per_ns(DT) * 100
+    print(f"  {label:4s} {t / 1e3:10.1f} us  bound {bound / 1e3:8.1f} us  x bound {t / bound:5.2f}  "
+          f"{pct:5.1f}% PE  port floor {floor / 1e3:8.1f} us  bound by {summary.bound_by}")
+    return t / bound, pct
+
+
+def fused(name, B, H, Hk, L, E, causal, mask_kind):
+    q, kv = meta((B, H, L, E)), meta((B, Hk, L, E))
+    mask = meta((B, 1, 1, L), "bool") if mask_kind == "row" else None
+    n = B * H * pairs(L, L, causal)
+    t0 = time.perf_counter()
+    fwd = simulate(attention_forward(q, kv, kv, mask, causal=causal, scale=None, dropout_p=0.0, spec=SPEC), SPEC)
+    lse = meta((B, H, L), "float32")
+    bwd = simulate(attention_backward(q, q, kv, kv, q, lse, mask, causal=causal, scale=None, dropout_p=0.0,
+                                      spec=SPEC), SPEC)
+    wall = time.perf_counter() - t0
+    isz = 2
+    io = (2 * B * H * L * E + 2 * B * Hk * L * E) * isz + B * H * L * 4
+    print(f"{name}: B={B} H={H}/{Hk} L=S={L} d={E} causal={causal} mask={mask_kind or '-'} "
+          f"({fwd.summary.instructions + bwd.summary.instructions} instructions, built+simulated in {wall:.1f} s)")
+    f = row("fwd", fwd.summary, 4 * n * E, io, port_floor_ns(n, 1, 1))
+    b_ = row("bwd", bwd.summary, 10 * n * E, 2 * io + 2 * B * H * L * E * isz, port_floor_ns(n, 0, 3))
+    return f, b_
+
+
+def manual_gpt2(B=1, H=12, L=1024, E=64):
+    """HF GPT-2's eager attention on the sim device, op by op (modeled, per-op lowerings)."""
+    import torch
+
+    import tilescope.device as dev
+
+    dev.register()
+    dev.configure(numerics=False)
+    q, k, v = (torch.empty(B, H, L, E, dtype=torch.bfloat16, device="sim") for _ in range(3))
+    bias = torch.ones(L, L, dtype=torch.bool, device="sim").tril().view(1, 1, L, L)
+    masked = torch.full([], torch.finfo(torch.bfloat16).min, dtype=torch.bfloat16, device="sim")
+    torch.sim.synchronize()
+    with dev.recording() as recs:
+        w = torch.matmul(q, k.transpose(-1, -2))
+        w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype, device=w.device)
+        w = torch.where(bias, w, masked)
+        w = torch.nn.functional.softmax(w, dim=-1)
+        out = torch.matmul(w, v)
+        torch.sim.synchronize()
+    with dev.recording() as frecs:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.sim.synchronize()
+    dev.configure(numerics=True)
+    total = sum(r.modeled_ns for r in recs if r.kind == "kernel")
+    fused_ns = sum(r.modeled_ns for r in frecs if r.kind == "kernel")
+    print(f"\nHF GPT-2 eager attention, B={B} H={H} L={L} d={E} bf16 on the sim device (modeled):")
+    for r in recs:
+        if r.kind == "kernel":
+            print(f"  {r.op:28s} {r.lowering:16s} {r.modeled_ns / 1e3:9.1f} us")
+    print(f"  total {total / 1e3:.1f} us; sdpa (one fused execution) {fused_ns / 1e3:.1f} us: "
+          f"manual / fused = {total / fused_ns:.2f}")
+    del out
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    print(f"Attention Programs on {SPEC.name}, {DT} (all times modeled); targets: <= 2.00x bound, >= 50% PE\n")
+    for shape in QUICK if quick else SHAPES:
+        fused(*shape)
+    manual_gpt2(L=512 if quick else 1024)
+
+
+if __name__ == "__main__":
+    main()
