@@ -788,121 +788,195 @@ def _as4d_shape(m: TensorMeta):
     return (1,) * (4 - m.ndim) + m.shape
 
 
+class _Head:
+    """One query head of the backward: its tiles (made by ``_head_dma`` / ``_head_prep``)."""
+
+    def __init__(self, bi, h, key, group, first, last):
+        self.bi, self.h, self.key, self.group, self.first, self.last = bi, h, key, group, first, last
+
+
+class _KTile:
+    """One tile of keys of one head's backward, and its accumulators."""
+
+    def __init__(self, head: _Head, s0: int, kw: int, last: bool):
+        self.head, self.s0, self.kw, self.last = head, s0, kw, last
+        self.subs = _chunks(kw, 128)
+        self.written = [0] * len(self.subs)  # rows of each dK/dV accumulator written (causal: fewer)
+        self.dk = self.dv = None
+
+
 class _Backward:
+    """FlashAttention-2 order, software pipelined (program order is issue order on every engine):
+    each block's scores, probabilities and ``dS`` (TensorE, ScalarE, VectorE) are issued before
+    the previous block's gradient matmuls and ``dS^T`` copy, and each tile's and head's loads one
+    tile ahead, so TensorE never waits in program order for the other engines."""
+
     def __init__(self, b, form, ins, g, o, outs, consts, masks, causal, scale, dropout_p, pe_dt):
         self.b, self.form, self.ins, self.g, self.o, self.outs = b, form, ins, g, o, outs
         self.c, self.masks, self.causal, self.scale, self.p, self.pe_dt = consts, masks, causal, scale, dropout_p, pe_dt
         E, Ev = form.E, form.Ev
         # keys per tile: dK/dV accumulators [128, keys/128, E] fp32 in one PSUM bank each
         self.kb = 128 * max(1, min(_KB // 128, 512 // max(E, Ev)))
+        self.echunks, self.vchunks = _chunks(E, 128), _chunks(Ev, 128)
 
     def run(self):
         f, b = self.form, self.b
+        heads = []
         for bi in range(f.B):
-            order = _head_order(f, bi)
             groups: dict = {}
-            for h in order:
+            for h in _head_order(f, bi):
                 groups.setdefault(f.kv_key(bi, h), []).append(h)
-            for key, heads in groups.items():
-                group_acc = None
-                if len(heads) > 1:  # dK, dV summed over the query heads that share this key/value head
-                    nS = -(-f.S // 128)
-                    group_acc = (b.sbuf((128, nS, f.E), "float32", site="attn.b.gk", bufs=1),
-                                 b.sbuf((128, nS, f.Ev), "float32", site="attn.b.gv", bufs=1))
-                for n, h in enumerate(heads):
-                    self.head(bi, h, key, group_acc, first=n == 0, last=n == len(heads) - 1)
+            for key, hs in groups.items():
+                group = None
+                if len(hs) > 1:  # dK, dV summed over the query heads that share this key/value head
+                    group = []
+                for n, h in enumerate(hs):
+                    heads.append(_Head(bi, h, key, group, n == 0, n == len(hs) - 1))
+        tiles = [_KTile(hd, s0, kw, s0 + kw >= f.S) for hd in heads for s0, kw in _chunks(f.S, self.kb)]
+        self._head_dma(tiles[0].head)
+        self._kv_dma(tiles[0])
+        pending = None
+        for n, tile in enumerate(tiles):
+            hd = tile.head
+            if tile.s0 == 0:
+                self._head_prep(hd)
+            nxt = tiles[n + 1] if n + 1 < len(tiles) else None
+            if nxt is not None:
+                if nxt.head is not hd:
+                    self._head_dma(nxt.head)
+                self._kv_dma(nxt)
+            self._kv_prep(tile)
+            blocks = 0
+            for i, (q0, lt) in enumerate(_chunks(f.L, 128)):
+                span = min(tile.kw, q0 + lt - tile.s0) if self.causal else tile.kw  # keys these queries see
+                if span < tile.kw:
+                    self._zero_mask_grad(hd, q0, lt, tile.s0 + max(span, 0), tile.kw - max(span, 0))
+                if span <= 0:
+                    continue
+                front = self._front(tile, i, q0, lt, span)
+                blocks += 1
+                pending = self._advance(pending, (tile, front))
+            if not blocks:  # causal with L < S: no query sees these keys (zero gradients)
+                pending = self._drain(pending)
+                self._finish_kv(tile)
+                if tile.last:
+                    self._finish_head(hd)
+        self._drain(pending)
 
-    def _rows_of(self, view: View, meta: TensorMeta, off: int, nL: int, cols: int, site: str) -> View:
+    def _advance(self, pending, new):
+        """Three stages in flight: ``new``'s front was just issued; the previous block gets its dV,
+        dK and dS^T; the one before gets dQ (whose dS^T copy is done by now)."""
+        mid, old = pending if pending is not None else (None, None)
+        if mid is not None:
+            mid = (mid[0], mid[1], self._back(*mid))
+        if old is not None:
+            self._back_dq(*old)
+        return new, mid
+
+    def _drain(self, pending):
+        while pending is not None and any(x is not None for x in pending):
+            pending = self._advance(pending, None)
+        return None
+
+    # -- loads and per-head preparation ---------------------------------------------------------
+    def _rows_of(self, view: View, meta: TensorMeta, off: int, cols: int, site: str) -> View:
         """A head's ``[L, cols]`` rows as ``[128, nL, cols]`` (query tile ``i`` in column block ``i``)."""
-        b = self.b
-        t = b.sbuf((128, nL, cols), meta.device_dtype, site=site, bufs=2)
-        for i, (q0, lt) in enumerate(_chunks(self.form.L, 128)):
+        b, L = self.b, self.form.L
+        t = b.sbuf((128, -(-L // 128), cols), meta.device_dtype, site=site, bufs=2)
+        for i, (q0, lt) in enumerate(_chunks(L, 128)):
             b.dma_copy(t[:lt, i, :], _mat(view, off + q0 * meta.stride[2], lt, meta.stride[2], cols, 1))
         return t
 
-    def head(self, bi, h, key, group_acc, first, last):
-        f, b, c, ins = self.form, self.b, self.c, self.ins
-        L, S, E, Ev = f.L, f.S, f.E, f.Ev
+    def _head_dma(self, hd: _Head) -> None:
+        f, b, ins = self.form, self.b, self.ins
+        bi, h, L = hd.bi, hd.h, f.L
+        hd.qn = self._rows_of(ins["query"], f.q, bi * f.q.stride[0] + h * f.q.stride[1], f.E, "attn.b.qn")
+        hd.gn = self._rows_of(ins["grad_out"], self.g, bi * self.g.stride[0] + h * self.g.stride[1], f.Ev,
+                              "attn.b.gn")
+        hd.on = self._rows_of(ins["out"], self.o, bi * self.o.stride[0] + h * self.o.stride[1], f.Ev, "attn.b.on")
         nL = -(-L // 128)
-        qtiles = _chunks(L, 128)
-        q_off = bi * f.q.stride[0] + h * f.q.stride[1]
-        g_off = bi * self.g.stride[0] + h * self.g.stride[1]
-        o_off = bi * self.o.stride[0] + h * self.o.stride[1]
-        echunks, vchunks = _chunks(E, 128), _chunks(Ev, 128)
-        # per head: Q^T, dO^T (transposed on TensorE), Q and dO rows, -lse, D = rowsum(dO * O)
-        qt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.qt{e}", bufs=2) for e in range(len(echunks))]
-        _load_transposed(b, ins["query"], q_off, f.q.stride[2], L, E, self.pe_dt, qt, 0, "attn.b.qload")
-        gt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.gt{e}", bufs=2) for e in range(len(vchunks))]
-        _load_transposed(b, ins["grad_out"], g_off, self.g.stride[2], L, Ev, self.pe_dt, gt, 0, "attn.b.gload")
-        qn = self._rows_of(ins["query"], f.q, q_off, nL, E, "attn.b.qn")
-        gn = self._rows_of(ins["grad_out"], self.g, g_off, nL, Ev, "attn.b.gn")
-        on = self._rows_of(ins["out"], self.o, o_off, nL, Ev, "attn.b.on")
-        neg_lse = b.sbuf((128, nL), "float32", site="attn.b.lse", bufs=2)
-        neg_d = b.sbuf((128, nL), "float32", site="attn.b.d", bufs=2)
-        for i, (q0, lt) in enumerate(qtiles):
-            raw = b.sbuf((128, 1), "float32", site="attn.b.lraw")
-            b.dma_copy(raw[:lt, :], _mat(ins["logsumexp"], (bi * f.H + h) * L + q0, lt, 1, 1, 1))
-            # -lse, capped: a row whose every key is masked has lse = -inf and P = 0
-            b.tensor_scalar(neg_lse[:lt, i:i + 1], raw[:lt, :], "multiply", -1.0, "minimum", 1e20)
-            prod_ = b.sbuf((128, Ev), "float32", site="attn.b.do_o")
-            b.tensor_tensor(prod_[:lt, :], gn[:lt, i, :], on[:lt, i, :], "multiply")
-            b.tensor_reduce(neg_d[:lt, i:i + 1], prod_[:lt, :], "add", negate=True)
-        dq = b.sbuf((128, nL, E), "float32", site="attn.b.dq", bufs=1)
-        rows = self.masks.row(bi, h) if self.masks is not None and self.masks.kind == "row" else None
-        k_off, v_off = key
-        kb = self.kb
-        for s0, kw in _chunks(S, kb):
-            subs = _chunks(kw, 128)
-            kn = b.sbuf((128, len(subs), E), self.pe_dt, site="attn.b.kn")
-            for u, (u0, uw) in enumerate(subs):
-                b.dma_copy(kn[:uw, u, :], _mat(ins["key"], k_off + (s0 + u0) * f.k.stride[2], uw, f.k.stride[2], E, 1))
-            kt = [b.sbuf((128, kb), self.pe_dt, site=f"attn.b.kt{e}") for e in range(len(echunks))]
-            _load_transposed(b, ins["key"], k_off + s0 * f.k.stride[2], f.k.stride[2], kw, E, self.pe_dt, kt, 0,
-                             "attn.b.kload")
-            vt = [b.sbuf((128, kb), self.pe_dt, site=f"attn.b.vt{e}") for e in range(len(vchunks))]
-            _load_transposed(b, ins["value"], v_off + s0 * f.v.stride[2], f.v.stride[2], kw, Ev, self.pe_dt, vt, 0,
-                             "attn.b.vload")
-            dk = b.psum((128, len(subs), E), "float32", site="attn.b.ps.dk", bufs=1)
-            dv = b.psum((128, len(subs), Ev), "float32", site="attn.b.ps.dv", bufs=1)
-            written = [0] * len(subs)  # rows of each dK/dV accumulator some query wrote (causal: fewer)
-            for i, (q0, lt) in enumerate(qtiles):
-                span = min(kw, q0 + lt - s0) if self.causal else kw  # keys these queries may see
-                if span < kw:
-                    self._zero_mask_grad(bi, h, q0, lt, s0 + max(span, 0), kw - max(span, 0))
-                if span <= 0:
-                    continue
-                self.block(bi, h, i, q0, lt, s0, span, subs, qt, gt, qn, gn, kt, vt, kn, neg_lse, neg_d, dq, dk, dv,
-                           written, rows, echunks, vchunks)
-            self._finish_kv(bi, h, key, s0, subs, dk, dv, written, group_acc, first, last)
-        # dQ = scale * sum over key tiles
-        gq, gq_meta = self.outs["grad_query"]
-        st = gq_meta.stride
-        for i, (q0, lt) in enumerate(qtiles):
-            res = b.sbuf((128, E), gq_meta.device_dtype, site="attn.b.dqo")
-            b.tensor_scalar(res[:lt, :], dq[:lt, i, :], "multiply", self.scale, engine="act")
-            b.dma_copy(_mat(gq, bi * st[0] + h * st[1] + q0 * st[2], lt, st[2], E, st[3]), res[:lt, :])
+        hd.lraw = b.sbuf((128, nL), "float32", site="attn.b.lraw", bufs=2)
+        base, full = (bi * f.H + h) * L, L // 128
+        if full:  # one transfer: element (p, i) is query 128 i + p
+            b.dma_copy(hd.lraw[:, :full], View(ins["logsumexp"].buffer, _ap(ins["logsumexp"], base,
+                                                                              ((1, 128), (128, full))), (128, full)))
+        if L % 128:
+            b.dma_copy(hd.lraw[:L % 128, full:full + 1], _mat(ins["logsumexp"], base + full * 128, L % 128, 1, 1, 1))
 
-    def block(self, bi, h, i, q0, lt, s0, span, subs, qt, gt, qn, gn, kt, vt, kn, neg_lse, neg_d, dq, dk, dv,
-              written, rows, echunks, vchunks):
+    def _head_prep(self, hd: _Head) -> None:
+        """Q^T and dO^T (TensorE transposes of the loaded rows), -lse and -D = -rowsum(dO * O)."""
+        f, b = self.form, self.b
+        L, nL = f.L, -(-f.L // 128)
+        qtiles = _chunks(L, 128)
+        hd.qt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.qt{e}", bufs=2) for e in range(len(self.echunks))]
+        hd.gt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.gt{e}", bufs=2) for e in range(len(self.vchunks))]
+        for r0, rw in _chunks(L, 512):
+            blocks = [(q0 - r0, lt) for q0, lt in qtiles if r0 <= q0 < r0 + rw]
+            i0 = r0 // 128
+            _transpose_into(b, [hd.qn[:, i0 + k, :] for k in range(len(blocks))], blocks, f.E, self.pe_dt, hd.qt,
+                            r0)
+            _transpose_into(b, [hd.gn[:, i0 + k, :] for k in range(len(blocks))], blocks, f.Ev, self.pe_dt, hd.gt,
+                            r0)
+        # -lse, capped: a row whose every key is masked has lse = -inf and P = 0
+        hd.neg_lse = b.sbuf((128, nL), "float32", site="attn.b.lse", bufs=2)
+        b.tensor_scalar(hd.neg_lse, hd.lraw, "multiply", -1.0, "minimum", 1e20, engine="pool")
+        prod_ = b.sbuf((128, nL, f.Ev), "float32", site="attn.b.do_o", bufs=1)
+        b.tensor_tensor(prod_, hd.gn, hd.on, "multiply", engine="pool")
+        hd.neg_d = b.sbuf((128, nL), "float32", site="attn.b.d", bufs=2)
+        b.tensor_reduce(hd.neg_d, prod_, "add", axes=(2,), negate=True, engine="pool")
+        # dQ accumulates in one PSUM bank across all key tiles when it fits (no VectorE pass per block)
+        hd.dq_psum = nL * f.E * 4 <= self.b.spec.psum_bank_bytes
+        if hd.dq_psum:
+            hd.dq = b.psum((128, nL, f.E), "float32", site="attn.b.ps.dq", bufs=1)
+        else:
+            hd.dq = b.sbuf((128, nL, f.E), "float32", site="attn.b.dq", bufs=2)
+        m = self.masks
+        hd.rows = m.row(hd.bi, hd.h) if m is not None and m.kind == "row" else None
+        if hd.group is not None and hd.first:  # the group's dK / dV accumulators
+            nS = -(-f.S // 128)
+            hd.group.extend([b.sbuf((128, nS, f.E), "float32", site="attn.b.gk", bufs=1),
+                             b.sbuf((128, nS, f.Ev), "float32", site="attn.b.gv", bufs=1)])
+
+    def _kv_dma(self, tile: _KTile) -> None:
+        f, ins, b = self.form, self.ins, self.b
+        k_off, v_off = tile.head.key
+        s0, kw = tile.s0, tile.kw
+        tile.kn = b.sbuf((128, len(tile.subs), f.E), self.pe_dt, site="attn.b.kn")
+        for u, (u0, uw) in enumerate(tile.subs):
+            b.dma_copy(tile.kn[:uw, u, :], _mat(ins["key"], k_off + (s0 + u0) * f.k.stride[2], uw, f.k.stride[2],
+                                                f.E, 1))
+        tile.vrows = _load_rows(b, ins["value"], v_off + s0 * f.v.stride[2], f.v.stride[2], kw, f.Ev, self.pe_dt,
+                                "attn.b.vload")
+
+    def _kv_prep(self, tile: _KTile) -> None:
+        b, f = self.b, self.form
+        tile.kt = [b.sbuf((128, self.kb), self.pe_dt, site=f"attn.b.kt{e}") for e in range(len(self.echunks))]
+        _transpose_into(b, [tile.kn[:, u, :] for u in range(len(tile.subs))], tile.subs, f.E, self.pe_dt, tile.kt, 0)
+        tile.vt = [b.sbuf((128, self.kb), self.pe_dt, site=f"attn.b.vt{e}") for e in range(len(self.vchunks))]
+        _transpose_groups(b, tile.vrows, f.Ev, self.pe_dt, tile.vt)
+
+    # -- one block: 128 queries x up to one tile of keys ------------------------------------------
+    def _front(self, tile: _KTile, i, q0, lt, span):
+        """``S``, ``P``, ``dP`` and ``dS`` of one block (everything before its gradient matmuls)."""
         f, b, c = self.form, self.b, self.c
-        pdt = self.pe_dt
+        hd, s0, pdt = tile.head, tile.s0, self.pe_dt
         s_ps = b.psum((128, _KB), "float32", site="attn.ps.a")
-        for e, (e0, ec) in enumerate(echunks):
-            b.matmul(s_ps[:lt, :span], qt[e][:ec, q0:q0 + lt], kt[e][:ec, :span], accumulate=e > 0)
-        if rows is not None:
-            b.matmul(s_ps[:lt, :span], c.ones[:2, :lt], rows[0][:2, s0:s0 + span], accumulate=True)
+        for e, (e0, ec) in enumerate(self.echunks):
+            b.matmul(s_ps[:lt, :span], hd.qt[e][:ec, q0:q0 + lt], tile.kt[e][:ec, :span], accumulate=e > 0)
+        if hd.rows is not None:
+            b.matmul(s_ps[:lt, :span], c.ones[:2, :lt], hd.rows[0][:2, s0:s0 + span], accumulate=True)
         elif self.masks is not None:
-            hi, lo = self.masks.block(bi, h, q0, lt, s0, span, site="attn.b.mf")
+            hi, lo = self.masks.block(hd.bi, hd.h, q0, lt, s0, span, site="attn.b.mf")
             b.matmul(s_ps[:lt, :span], c.ident[:lt, :lt], hi, accumulate=True)
             b.matmul(s_ps[:lt, :span], c.ident[:lt, :lt], lo, accumulate=True)
         if self.causal and s0 <= q0 < s0 + span:
             cw = min(128, s0 + span - q0)
             b.matmul(s_ps[:lt, q0 - s0:q0 - s0 + cw], c.ident[:lt, :lt], c.causal[:lt, :cw], accumulate=True)
-        p = b.sbuf((128, _KB), pdt, site="attn.b.p")
-        b.activation(p[:lt, :span], s_ps[:lt, :span], "exp", scale=self.scale, bias=neg_lse[:lt, i:i + 1])
         dp_ps = b.psum((128, _KB), "float32", site="attn.b.ps.dp")
-        for e, (e0, ec) in enumerate(vchunks):
-            b.matmul(dp_ps[:lt, :span], gt[e][:ec, q0:q0 + lt], vt[e][:ec, :span], accumulate=e > 0)
+        for e, (e0, ec) in enumerate(self.vchunks):
+            b.matmul(dp_ps[:lt, :span], hd.gt[e][:ec, q0:q0 + lt], tile.vt[e][:ec, :span], accumulate=e > 0)
+        p = b.sbuf((128, _KB), pdt, site="attn.b.p")
+        b.activation(p[:lt, :span], s_ps[:lt, :span], "exp", scale=self.scale, bias=hd.neg_lse[:lt, i:i + 1])
         t = b.sbuf((128, _KB), pdt, site="attn.b.t")
         pv = p
         if self.p:
@@ -913,9 +987,9 @@ class _Backward:
             b.tensor_tensor(pv[:lt, :span], p[:lt, :span], keep[:lt, :span], "multiply")
             dpk = b.sbuf((128, _KB), "float32", site="attn.b.dpk")
             b.tensor_tensor(dpk[:lt, :span], dp_ps[:lt, :span], keep[:lt, :span], "multiply")
-            b.activation(t[:lt, :span], dpk[:lt, :span], "identity", bias=neg_d[:lt, i:i + 1])
-        else:
-            b.activation(t[:lt, :span], dp_ps[:lt, :span], "identity", bias=neg_d[:lt, i:i + 1])
+            b.activation(t[:lt, :span], dpk[:lt, :span], "identity", bias=hd.neg_d[:lt, i:i + 1])
+        else:  # dP - D on ScalarE (the per-partition bias), rounded once to the matmul dtype
+            b.activation(t[:lt, :span], dp_ps[:lt, :span], "identity", bias=hd.neg_d[:lt, i:i + 1])
         ds = b.sbuf((128, _KB), pdt, site="attn.b.ds")
         b.tensor_tensor(ds[:lt, :span], t[:lt, :span], p[:lt, :span], "multiply")
         if "grad_attn_mask" in self.outs:
@@ -925,16 +999,26 @@ class _Backward:
             if gm_meta.device_dtype != pdt:
                 src = b.sbuf((128, _KB), gm_meta.device_dtype, site="attn.b.gm")
                 b.tensor_copy(src[:lt, :span], ds[:lt, :span], engine="pool")
-            b.dma_copy(_mat(gm, bi * st[0] + h * st[1] + q0 * st[2] + s0 * st[3], lt, st[2], span, st[3]),
+            b.dma_copy(_mat(gm, hd.bi * st[0] + hd.h * st[1] + q0 * st[2] + s0 * st[3], lt, st[2], span, st[3]),
                        src[:lt, :span])
+        return i, q0, lt, span, pv, ds
+
+    def _back(self, tile: _KTile, front):
+        """dV += P^T dO, dK += dS^T Q, and dS^T (transposed on TensorE, copied out by ScalarE)."""
+        f, b = self.form, self.b
+        i, q0, lt, span, pv, ds = front
+        hd, pdt = tile.head, self.pe_dt
+        if tile.dk is None:
+            tile.dk = b.psum((128, len(tile.subs), f.E), "float32", site="attn.b.ps.dk", bufs=1)
+            tile.dv = b.psum((128, len(tile.subs), f.Ev), "float32", site="attn.b.ps.dv", bufs=1)
         dst_ps = b.psum((128, 4, 128), pdt, site="attn.b.ps.dst", bufs=1)
-        live = [(u, u0, min(uw, span - u0)) for u, (u0, uw) in enumerate(subs) if u0 < span]
+        live = [(u, u0, min(uw, span - u0)) for u, (u0, uw) in enumerate(tile.subs) if u0 < span]
         for u, u0, uw in live:
             # queries come in increasing order, so a later tile never sees keys of a sub-tile that an
             # earlier one wrote fewer rows of (the causal diagonal tile is a full 128 unless it is the last)
-            b.matmul(dv[:uw, u, :], pv[:lt, u0:u0 + uw], gn[:lt, i, :], accumulate=written[u] > 0)
-            b.matmul(dk[:uw, u, :], ds[:lt, u0:u0 + uw], qn[:lt, i, :], accumulate=written[u] > 0)
-            written[u] = max(written[u], uw)
+            b.matmul(tile.dv[:uw, u, :], pv[:lt, u0:u0 + uw], hd.gn[:lt, i, :], accumulate=tile.written[u] > 0)
+            b.matmul(tile.dk[:uw, u, :], ds[:lt, u0:u0 + uw], hd.qn[:lt, i, :], accumulate=tile.written[u] > 0)
+            tile.written[u] = max(tile.written[u], uw)
             b.transpose(dst_ps[:uw, u, :lt], ds[:lt, u0:u0 + uw])
         dst = b.sbuf((128, 4, 128), pdt, site="attn.b.dst")
         if all(uw == 128 for _, _, uw in live):  # one copy out of the bank
@@ -942,15 +1026,43 @@ class _Backward:
         else:
             for u, _, uw in live:
                 b.tensor_copy(dst[:uw, u, :lt], dst_ps[:uw, u, :lt], engine="act")
-        dq_ps = b.psum((128, f.E), "float32", site="attn.b.ps.dq", bufs=1)
-        for k_, (u, u0, uw) in enumerate(live):
-            b.matmul(dq_ps[:lt, :], dst[:uw, u, :lt], kn[:uw, u, :], accumulate=k_ > 0)
-        if s0 == 0:
-            b.tensor_copy(dq[:lt, i, :], dq_ps[:lt, :])
-        else:
-            b.tensor_tensor(dq[:lt, i, :], dq[:lt, i, :], dq_ps[:lt, :], "add")
+        if q0 + lt >= f.L:  # the last query tile: every dK / dV matmul of this key tile is issued
+            self._finish_kv(tile)
+        return dst, live
 
-    def _zero_mask_grad(self, bi, h, q0, lt, s0, n):
+    def _back_dq(self, tile: _KTile, front, back) -> None:
+        """dQ += dS K: in PSUM across all key tiles when the head's dQ fits one bank, else summed in
+        SBUF; the head's dQ once its last block is done."""
+        f, b = self.form, self.b
+        i, q0, lt, span, pv, ds = front
+        dst, live = back
+        hd = tile.head
+        if hd.dq_psum:
+            for k_, (u, u0, uw) in enumerate(live):
+                b.matmul(hd.dq[:lt, i, :], dst[:uw, u, :lt], tile.kn[:uw, u, :],
+                         accumulate=tile.s0 > 0 or k_ > 0)
+        else:
+            dq_ps = b.psum((128, f.E), "float32", site="attn.b.ps.dq", bufs=1)
+            for k_, (u, u0, uw) in enumerate(live):
+                b.matmul(dq_ps[:lt, :], dst[:uw, u, :lt], tile.kn[:uw, u, :], accumulate=k_ > 0)
+            if tile.s0 == 0:
+                b.tensor_copy(hd.dq[:lt, i, :], dq_ps[:lt, :])
+            else:
+                b.tensor_tensor(hd.dq[:lt, i, :], hd.dq[:lt, i, :], dq_ps[:lt, :], "add")
+        if tile.last and q0 + lt >= f.L:
+            self._finish_head(hd)
+
+    def _finish_head(self, hd: _Head) -> None:
+        """dQ = scale * the sum over key tiles."""
+        f, b = self.form, self.b
+        gq, gq_meta = self.outs["grad_query"]
+        st = gq_meta.stride
+        for i, (q0, lt) in enumerate(_chunks(f.L, 128)):
+            res = b.sbuf((128, f.E), gq_meta.device_dtype, site="attn.b.dqo", bufs=4)
+            b.tensor_scalar(res[:lt, :], hd.dq[:lt, i, :], "multiply", self.scale, engine="pool")
+            b.dma_copy(_mat(gq, hd.bi * st[0] + hd.h * st[1] + q0 * st[2], lt, st[2], f.E, st[3]), res[:lt, :])
+
+    def _zero_mask_grad(self, hd: _Head, q0, lt, s0, n):
         """Masked-out (skipped) scores have a zero gradient: write it."""
         if "grad_attn_mask" not in self.outs or n <= 0:
             return
@@ -959,39 +1071,43 @@ class _Backward:
         self.b.memset(zero, 0.0, engine="pool")
         st = meta.stride
         for c0, cw in _chunks(n, _KB):
-            self.b.dma_copy(_mat(gm, bi * st[0] + h * st[1] + q0 * st[2] + (s0 + c0) * st[3], lt, st[2], cw, st[3]),
-                            zero[:lt, :cw])
+            self.b.dma_copy(_mat(gm, hd.bi * st[0] + hd.h * st[1] + q0 * st[2] + (s0 + c0) * st[3], lt, st[2], cw,
+                                 st[3]), zero[:lt, :cw])
 
-    def _finish_kv(self, bi, h, key, s0, subs, dk, dv, written, group_acc, first, last):
+    def _finish_kv(self, tile: _KTile) -> None:
         """Scale and store this key tile's dK / dV (or add them to the group's accumulators)."""
         f, b = self.form, self.b
+        hd = tile.head
         gk, gk_meta = self.outs["grad_key"]
         gv, gv_meta = self.outs["grad_value"]
-        kh = f.kv_head(h)
-        for u, (u0, uw) in enumerate(subs):
-            r0 = s0 + u0
-            for acc, meta, view, cols, factor, gi in ((dk, gk_meta, gk, f.E, self.scale, 0),
-                                                      (dv, gv_meta, gv, f.Ev, 1.0, 1)):
-                src = acc[:uw, u, :]
-                if written[u] < uw:  # keys no query sees (causal, L < S): their gradient is zero
+        kh = f.kv_head(hd.h)
+        for u, (u0, uw) in enumerate(tile.subs):
+            r0 = tile.s0 + u0
+            for gi, (meta, view, cols, factor) in enumerate(((gk_meta, gk, f.E, self.scale),
+                                                              (gv_meta, gv, f.Ev, 1.0))):
+                acc = tile.dk if gi == 0 else tile.dv
+                written = tile.written[u]
+                if written < uw:  # keys no query sees (causal, L < S): their gradient is zero
                     zero = b.sbuf((128, cols), "float32", site="attn.b.zero")
                     b.memset(zero[:uw, :], 0.0, engine="pool")
-                    if written[u]:
-                        b.tensor_copy(zero[:written[u], :], acc[:written[u], u, :])
+                    if written:
+                        b.tensor_copy(zero[:written, :], acc[:written, u, :])
                     src = zero[:uw, :]
-                if group_acc is not None:
-                    g = group_acc[gi][:uw, r0 // 128, :]
-                    if first:
+                else:
+                    src = acc[:uw, u, :]
+                if hd.group is not None:
+                    g = hd.group[gi][:uw, r0 // 128, :]
+                    if hd.first:
                         b.tensor_copy(g, src)
                     else:
                         b.tensor_tensor(g, g, src, "add")
-                    if not last:
+                    if not hd.last:
                         continue
                     src = g
-                res = b.sbuf((128, cols), meta.device_dtype, site=f"attn.b.res{gi}")
-                b.tensor_scalar(res[:uw, :], src, "multiply", factor, engine="act")
+                res = b.sbuf((128, cols), meta.device_dtype, site=f"attn.b.res{gi}", bufs=4)
+                b.tensor_scalar(res[:uw, :], src, "multiply", factor, engine="pool")
                 st = meta.stride
-                b.dma_copy(_mat(view, bi * st[0] + kh * st[1] + r0 * st[2], uw, st[2], cols, st[3]), res[:uw, :])
+                b.dma_copy(_mat(view, hd.bi * st[0] + kh * st[1] + r0 * st[2], uw, st[2], cols, st[3]), res[:uw, :])
 
 
 # ---- lowering rules ---------------------------------------------------------------------------
