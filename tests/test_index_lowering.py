@@ -17,7 +17,10 @@ import pytest
 import torch
 
 from tilescope.errors import ProgramError
-from tilescope.isa import AP, DmaIndirect, dma_indirect_cost
+from tilescope.isa import (
+    AP, DGE_CYCLES_PER_DESCRIPTOR, DmaIndirect, MatchReplace8, Max8, dge_cycles, dma_indirect_cost, engine_cycles,
+    local_gather_cycles,
+)
 from tilescope.lower import Call, ScalarArg, TensorMeta, contiguous_strides, lower, meta_of
 from tilescope.sim import run_numerics
 from tilescope.spec import preset
@@ -118,6 +121,18 @@ def test_indirect_dma_cost_follows_rows_not_table():
     narrow = gather(1000, 64, d=8)
     assert narrow.effective_bytes == 64 * max(8 * 4, SPEC.dma.chunk_floor_bytes)
     assert small.fixed_ns == SPEC.dma.fixed_ns
+
+
+def test_descriptor_gather_and_top8_cost_rows():
+    # software DGE: the busiest GpSimd core writes the descriptors of its 16 partitions (assumed rate)
+    assert dge_cycles(128, 4) == DGE_CYCLES_PER_DESCRIPTOR * 16 * 4
+    assert dge_cycles(2, 1) == DGE_CYCLES_PER_DESCRIPTOR * 2
+    assert local_gather_cycles(400, 8) == 408.0
+    data = AP("d", "float32", 0, ((1000, 128), (1, 1000)))
+    eight = AP("e", "float32", 0, ((8, 128), (1, 8)))
+    v = SPEC.vector
+    assert engine_cycles(Max8(eight, data), SPEC) == v.access_cycles + 1000  # [isa] max8: N cycles
+    assert engine_cycles(MatchReplace8(data, data, eight, float("-inf")), SPEC) == v.access_cycles + 1000
 
 
 def test_out_of_range_index_is_an_error_not_a_value():

@@ -35,7 +35,8 @@ from ._instructions import (
 __all__ = [
     "CostRule", "COST_TABLE", "engine_cycles", "engine_ns", "dma_cost", "flops",
     "load_stationary_cycles", "DmaCost", "dma_indirect_cost", "GENERIC_CYCLES_PER_ELEMENT",
-    "generic_routine_cycles",
+    "generic_routine_cycles", "DGE_CYCLES_PER_DESCRIPTOR", "dge_cycles", "LOCAL_GATHER_CYCLES_PER_ELEMENT",
+    "local_gather_cycles",
 ]
 
 _FAST_BF16_OPS = frozenset({"add", "subtract", "multiply"})
@@ -110,6 +111,29 @@ def generic_routine_cycles(elements_per_partition: int) -> float:
     """[assumed] Cycles of a generic GpSimd routine over ``elements_per_partition`` operand
     elements (the ``cycles`` of its ``gpsimd_call``; the table adds GpSimd's fixed cost)."""
     return elements_per_partition * GENERIC_CYCLES_PER_ELEMENT
+
+
+# ASSUMED: GpSimd cycles to write one DMA descriptor (software DGE, nki/deep-dives/nki-dge.rst:
+# "consumes GpSimd Engine cycles for descriptor generation"; no figure is published). A GpSimd
+# core (512-bit SIMD at 1.4 GHz) computes an address and stores a descriptor of a few words in
+# a handful of cycles.
+DGE_CYCLES_PER_DESCRIPTOR = 8.0
+# ASSUMED: GpSimd cycles per element of a gather within each partition (nki.isa.nc_n_gather /
+# local_gather publish no cost note): one per element read or written, the generic rate.
+LOCAL_GATHER_CYCLES_PER_ELEMENT = 1.0
+
+
+def dge_cycles(partitions: int, per_partition: int) -> float:
+    """[assumed] Cycles of the GpSimd routine that writes the descriptors of ``per_partition``
+    indices on each of ``partitions`` partitions: each of the 8 cores serves the 16 partitions
+    wired to it, so the busiest core writes ``min(partitions, 16) * per_partition``."""
+    return DGE_CYCLES_PER_DESCRIPTOR * min(partitions, 16) * per_partition
+
+
+def local_gather_cycles(read: int, written: int) -> float:
+    """[assumed] Cycles of a per-partition gather reading ``read`` and writing ``written`` elements
+    per partition (the ``cycles`` of its ``gpsimd_call``)."""
+    return LOCAL_GATHER_CYCLES_PER_ELEMENT * (read + written)
 
 
 def matmul_cycles(instr: Matmul | Transpose, spec: CoreSpec) -> float:

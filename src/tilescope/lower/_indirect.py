@@ -15,9 +15,9 @@ entry gets the combined value of all entries with its index (on TensorE as
 masked reduction for single elements); equal indices then write equal values. Tiles run
 one after another (each scatter may touch any row the next gather reads).
 
->>> from tilescope.lower._indirect import DGE_CYCLES_PER_DESCRIPTOR
->>> DGE_CYCLES_PER_DESCRIPTOR
-8.0
+>>> from tilescope.lower._indirect import row_blocks
+>>> list(row_blocks(300, 2, 128))  # (first entry, partitions, entries per partition)
+[(0, 128, 2), (256, 44, 1)]
 """
 
 from __future__ import annotations
@@ -27,20 +27,15 @@ from math import prod
 import numpy as np
 
 from ..errors import ProgramError
-from ..isa import AP
+from ..isa import AP, dge_cycles
 from ..program import TileBuilder, View
 from ..sim import register_gpsimd_impl
 
 __all__ = [
-    "DGE_CYCLES_PER_DESCRIPTOR", "sb", "descriptors", "table_ap", "build_eq", "merge_chunks", "merge_elements",
+    "sb", "descriptors", "table_ap", "build_eq", "merge_chunks", "merge_elements",
     "wrap_negative", "row_blocks", "INDEX_DTYPES", "ELEMENT_OPS", "as_vectors",
 ]
 
-# ASSUMED: GpSimd cycles to write one DMA descriptor (software DGE). No public figure gives
-# it; a GpSimd core (512-bit SIMD at 1.4 GHz) computes an address and stores a descriptor of
-# a few words in a handful of cycles. Each of the 8 cores writes the descriptors of the 16
-# partitions wired to it, so a tile costs this times the busiest core's descriptors.
-DGE_CYCLES_PER_DESCRIPTOR = 8.0
 INDEX_DTYPES = ("int64", "int32")
 
 
@@ -81,9 +76,7 @@ def descriptors(b: TileBuilder, shape: tuple[int, ...], indices, *, base: View |
     the end as in Python -- are an error, as with ``oob_mode.error``) and its multiplier.
     """
     desc = b.sbuf(shape, "int64", site=site)
-    p = shape[0]
-    k = prod(shape[1:])
-    cycles = DGE_CYCLES_PER_DESCRIPTOR * min(p, 16) * k
+    cycles = dge_cycles(shape[0], prod(shape[1:]))  # the cost table's (assumed) descriptor rate
     inputs = ([base] if base is not None else []) + [t for t, _, _ in indices]
     attrs = (("sizes", tuple(int(s) for _, s, _ in indices)), ("mults", tuple(int(m) for _, _, m in indices)),
              ("wrap", bool(wrap)), ("base", base is not None))

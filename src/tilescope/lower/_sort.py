@@ -21,7 +21,7 @@ from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
 from ._layout import hbm_input, hbm_output
 from ._rules import Rule, add_rules
-from ._topk import GATHER_CYCLES_PER_ELEMENT
+from ._topk import gather_positions
 from ._vocab import rows_form
 
 __all__ = ["lower_sort", "bitonic_stages"]
@@ -131,8 +131,7 @@ def lower_sort(call: Call, spec):
                             (p, n)), ii)
             if vo is not None:  # the values themselves (NaN included), by the sorted indices
                 vals = b.sbuf((p, n), vout.device_dtype, site="sort.vals", bufs=1)
-                b.gpsimd_call("local_gather", "local_gather", [raw, idx[:, 0:n]], [vals],
-                              GATHER_CYCLES_PER_ELEMENT * (N + n), (("what", "sorted values"),))
+                gather_positions(b, raw, idx[:, 0:n], p, n, "sort.values", out=vals)
                 b.dma_copy(View(vo.buffer, AP(vo.ap.buffer, vo.ap.dtype, vo.ap.offset + r0 * fv[2],
                                               ((fv[2], p), (1, n))), (p, n)), vals)
     return b.build(meta={"lowering": "bitonic"})

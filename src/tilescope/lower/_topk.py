@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..isa import AP
+from ..isa import AP, local_gather_cycles
 from ..program import TileBuilder, View
 from ..sim import register_gpsimd_impl
 from ._call import Call, TensorMeta
@@ -25,15 +25,12 @@ from ._layout import hbm_input, hbm_output
 from ._rules import Rule, add_rules
 from ._vocab import RowSplit, rows_form
 
-__all__ = ["lower_topk", "GATHER_CYCLES_PER_ELEMENT"]
+__all__ = ["lower_topk", "gather_positions"]
 
 _MAX8 = 16384  # elements max8 reads per partition at most (nki.isa.max8)
 _SEG = 8192  # elements per partition of one segment (32 KiB of float32: two in flight fit SBUF)
 _MERGE = 2048  # candidates one partition merges per level of the tree
 _FLOATS = ("float32", "bfloat16", "float16")
-# ASSUMED: GpSimd cycles per element of a per-partition gather (nki.isa.nc_n_gather publishes no
-# cost note): one cycle per element read or written, the generic GpSimd rate.
-GATHER_CYCLES_PER_ELEMENT = 1.0
 
 
 def _local_gather(inputs, outputs, attrs) -> None:
@@ -59,11 +56,12 @@ def _rounds(b: TileBuilder, data: View, p: int, rounds: int, site: str):
     return vals, pos
 
 
-def _gather_positions(b: TileBuilder, src: View, pos: View, p: int, n: int, site: str) -> View:
-    """``out[q, c] = src[q, pos[q, c]]`` on GpSimd (a gather within each partition)."""
-    out = b.sbuf((p, n), src.dtype, site=f"{site}.g")
-    cycles = GATHER_CYCLES_PER_ELEMENT * (src.shape[1] + n)
-    b.gpsimd_call("local_gather", "local_gather", [src, pos], [out], cycles, (("what", "candidate positions"),))
+def gather_positions(b: TileBuilder, src: View, pos: View, p: int, n: int, site: str, out: View | None = None) -> View:
+    """``out[q, c] = src[q, pos[q, c]]`` on GpSimd (a gather within each partition, nc_n_gather)."""
+    if out is None:
+        out = b.sbuf((p, n), src.dtype, site=f"{site}.g")
+    b.gpsimd_call("local_gather", "local_gather", [src, pos], [out], local_gather_cycles(src.shape[1], n),
+                  (("what", site),))
     return out
 
 
@@ -124,7 +122,7 @@ def lower_topk(call: Call, spec):
                 b.tensor_scalar(ci[:, s * K8:(s + 1) * K8], pos, "add", float(c0), "add", start)
             if len(segs) > 1:  # the segments of a piece: one more set of rounds on its candidates
                 vals, pos = _rounds(b, cv, p, rounds, "topk.segm")
-                ci = _gather_positions(b, ci, pos, p, K8, "topk.segm")
+                ci = gather_positions(b, ci, pos, p, K8, "topk.segm")
                 cv = vals
             pieces = f
             while pieces > 1:  # the tree: G pieces' candidates onto one partition, then rounds
@@ -141,7 +139,7 @@ def lower_topk(call: Call, spec):
                         d_ap = AP(dst.ap.buffer, "float32", dst.ap.offset + j * nr * G * K8, ((G * K8, nr), (1, G * K8)))
                         b.dma_copy(View(dst.buffer, d_ap, (nr, G * K8)), View(src.buffer, s_ap, (nr, G, K8)))
                 vals, pos = _rounds(b, mv, pn, rounds, "topk.tree")
-                ci = _gather_positions(b, mi, pos, pn, K8, "topk.tree")
+                ci = gather_positions(b, mi, pos, pn, K8, "topk.tree")
                 cv, pieces = vals, nxt
             res = b.sbuf((nr, k), vout.device_dtype, site="topk.vals")
             b.tensor_scalar(res, cv[:nr, 0:k], "multiply", 1.0 if largest else -1.0)
