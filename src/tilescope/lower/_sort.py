@@ -5,8 +5,11 @@ each of the ``log2(N) * (log2(N) + 1) / 2`` stages compares ``N / 2`` pairs at o
 two positions are two access patterns over the row (the bitonic directions fold into the
 patterns' strides, so every pair sorts "ascending" into its own slots), and one stage is nine
 VectorE instructions over ``N / 2`` elements: the swap mask from (value, index) compared
-lexicographically -- so equal values keep their original order, as a stable sort does -- and a
-select per output for the values and for the indices, into the other of two ping-pong tiles.
+lexicographically -- so equal values keep their original order, as a stable sort does, and the
+padding (``+inf``, or ``-inf`` descending) always lands after the row's own infinities and NaNs
+-- and a select per output for the values and for the indices, into the other of two ping-pong
+tiles. (Without the index, a tie between padding and a real infinity could put a padding slot
+among the first ``n``: five instructions a stage would not be exact.)
 
 Rows go on partitions, padded to a power of two with values that sort last. NaN sorts as the
 largest value (as torch does): the network compares ``+inf`` in its place, and the output
