@@ -21,7 +21,7 @@ from math import prod
 from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
-from ._indirect import INDEX_DTYPES, as_vectors, descriptors, row_blocks, sb, table_ap
+from ._indirect import INDEX_DTYPES, as_vectors, descriptors, fits_or_declines, row_blocks, sb, table_ap
 from ._layout import TilePlan, coalesce, hbm_input, hbm_output
 from ._rules import Rule, add_rules
 
@@ -298,7 +298,7 @@ def lower_take(call: Call, spec):
     return b.build(meta={"lowering": "indirect"})
 
 
-add_rules(["index_select"], Rule("indirect", lower_index_select, "rows by index: indirect DMA"))
-add_rules(["aten::index.Tensor"], Rule("indirect", lower_index, "advanced indexing: indirect DMA of rows"))
-add_rules(["gather"], Rule("indirect", lower_gather, "gather: one descriptor per element"))
-add_rules(["take"], Rule("indirect", lower_take, "take: elements of the flattened tensor"))
+add_rules(["index_select"], Rule("indirect", fits_or_declines(lower_index_select), "rows by index: indirect DMA"))
+add_rules(["aten::index.Tensor"], Rule("indirect", fits_or_declines(lower_index), "advanced indexing: indirect DMA of rows"))
+add_rules(["gather"], Rule("indirect", fits_or_declines(lower_gather), "gather: one descriptor per element"))
+add_rules(["take"], Rule("indirect", fits_or_declines(lower_take), "take: elements of the flattened tensor"))

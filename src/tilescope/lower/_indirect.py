@@ -33,10 +33,27 @@ from ..sim import register_gpsimd_impl
 
 __all__ = [
     "sb", "descriptors", "table_ap", "build_eq", "merge_chunks", "merge_elements",
-    "wrap_negative", "row_blocks", "INDEX_DTYPES", "ELEMENT_OPS", "as_vectors",
+    "wrap_negative", "row_blocks", "INDEX_DTYPES", "ELEMENT_OPS", "as_vectors", "fits_or_declines",
 ]
 
 INDEX_DTYPES = ("int64", "int32")
+
+
+def fits_or_declines(build):
+    """A rule's ``build`` that declines (returns None: the next rule, then generic, takes the call)
+    when its tiles do not fit a shape's extremes (SBUF/PSUM capacity, tile limits)."""
+    import functools
+
+    from ..errors import CapacityError, TileLimitError
+
+    @functools.wraps(build)
+    def rule(call, spec):
+        try:
+            return build(call, spec)
+        except (CapacityError, TileLimitError):
+            return None
+
+    return rule
 
 
 def as_vectors(call):

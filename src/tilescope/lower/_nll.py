@@ -18,7 +18,7 @@ from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
 from ._gather import element_offsets, element_plan
-from ._indirect import INDEX_DTYPES, descriptors, sb, table_ap
+from ._indirect import INDEX_DTYPES, descriptors, fits_or_declines, sb, table_ap
 from ._layout import TilePlan, hbm_input, hbm_output
 from ._movement import _fill
 from ._rules import Rule, add_rules
@@ -217,7 +217,7 @@ def lower_nll_loss_backward(call: Call, spec):
     return b.build(meta={"lowering": "indirect"})
 
 
-add_rules(["nll_loss_forward", "nll_loss2d_forward"], Rule("indirect", lower_nll_loss,
+add_rules(["nll_loss_forward", "nll_loss2d_forward"], Rule("indirect", fits_or_declines(lower_nll_loss),
                                                            "nll_loss: picked log-probabilities by indirect DMA"))
-add_rules(["nll_loss_backward", "nll_loss2d_backward"], Rule("indirect", lower_nll_loss_backward,
+add_rules(["nll_loss_backward", "nll_loss2d_backward"], Rule("indirect", fits_or_declines(lower_nll_loss_backward),
                                                              "nll_loss backward: zeros, -w*grad scattered"))

@@ -20,7 +20,7 @@ from itertools import product
 from ..isa import AP, TensorTensorScan
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
-from ._indirect import row_blocks, sb
+from ._indirect import fits_or_declines, row_blocks, sb
 from ._layout import coalesce, hbm_input, hbm_output
 from ._rules import Rule, add_rules
 
@@ -151,5 +151,5 @@ def _across_rows(b, spec, x, out, xv, ov, n, xs, os_, oshape, ox, oo, cols, cx, 
                                               ((os_, p), (co, cw))), (p, cw)), o)
 
 
-add_rules(["cumsum", "cumsum_", "cumprod", "cumprod_"], Rule("scan", lower_cumulative,
+add_rules(["cumsum", "cumsum_", "cumprod", "cumprod_"], Rule("scan", fits_or_declines(lower_cumulative),
                                                             "cumulative sums/products: VectorE scan or TensorE"))

@@ -29,7 +29,8 @@ from ..program import TileBuilder, View
 from ._call import Call, ScalarArg, TensorMeta
 from ._gather import RowGather, _broadcast, _bstrides, _flat_stride, _index_layout, _index_ok
 from ._indirect import (
-    ELEMENT_OPS, as_vectors, build_eq, descriptors, merge_chunks, merge_elements, row_blocks, sb, table_ap, wrap_negative,
+    ELEMENT_OPS, as_vectors, build_eq, descriptors, fits_or_declines, merge_chunks, merge_elements, row_blocks, sb,
+    table_ap, wrap_negative,
 )
 from ._layout import coalesce, hbm_input, hbm_output
 from ._movement import _copy_into, _fill
@@ -342,10 +343,10 @@ def _scatter_elements(b, spec, x: TensorMeta, tv: View, idx: TensorMeta, iv: Vie
                     b.dma_indirect(table, new, desc, indirect="dst")
 
 
-add_rules(["index_add", "index_add_"], Rule("indirect", lower_index_add, "index_add: merge, gather, add, scatter"))
-add_rules(["embedding_dense_backward"], Rule("indirect", lower_embedding_backward,
+add_rules(["index_add", "index_add_"], Rule("indirect", fits_or_declines(lower_index_add), "index_add: merge, gather, add, scatter"))
+add_rules(["embedding_dense_backward"], Rule("indirect", fits_or_declines(lower_embedding_backward),
                                              "embedding backward: zeros, then rows added by index"))
-add_rules(["index_put", "index_put_", "_index_put_impl_"], Rule("indirect", lower_index_put,
+add_rules(["index_put", "index_put_", "_index_put_impl_"], Rule("indirect", fits_or_declines(lower_index_put),
                                                                  "index_put: rows scattered (or added) by index"))
 add_rules(["scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_"],
-          Rule("indirect", lower_scatter, "scatter family: elements scattered by index, duplicates merged"))
+          Rule("indirect", fits_or_declines(lower_scatter), "scatter family: elements scattered by index, duplicates merged"))

@@ -23,6 +23,7 @@ from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
 from ._layout import hbm_input, hbm_output
+from ._indirect import fits_or_declines
 from ._rules import Rule, add_rules
 from ._topk import gather_positions
 from ._vocab import rows_form
@@ -150,4 +151,4 @@ def _flat_as(t: View, shape) -> View:
     return View(t.buffer, AP(ap.buffer, ap.dtype, ap.offset, ((step, shape[0]),) + tuple(reversed(dims))), tuple(shape))
 
 
-add_rules(["sort", "argsort"], Rule("bitonic", lower_sort, "sort: a bitonic network on VectorE"))
+add_rules(["sort", "argsort"], Rule("bitonic", fits_or_declines(lower_sort), "sort: a bitonic network on VectorE"))

@@ -22,6 +22,7 @@ from ..program import TileBuilder, View
 from ..sim import register_gpsimd_impl
 from ._call import Call, TensorMeta
 from ._layout import hbm_input, hbm_output
+from ._indirect import fits_or_declines
 from ._rules import Rule, add_rules
 from ._vocab import RowSplit, rows_form
 
@@ -151,4 +152,4 @@ def lower_topk(call: Call, spec):
     return b.build(meta={"lowering": "topk8"})
 
 
-add_rules(["topk"], Rule("topk8", lower_topk, "topk: VectorE max8 / match_replace8 rounds, merged in a tree"))
+add_rules(["topk"], Rule("topk8", fits_or_declines(lower_topk), "topk: VectorE max8 / match_replace8 rounds, merged in a tree"))

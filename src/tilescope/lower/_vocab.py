@@ -26,6 +26,7 @@ from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
 from ._layout import coalesce, hbm_input, hbm_output
+from ._indirect import fits_or_declines
 from ._rules import Rule, add_rules
 
 __all__ = ["lower_vocab_softmax", "lower_vocab_softmax_backward", "rows_form", "RowSplit"]
@@ -341,7 +342,7 @@ def lower_vocab_softmax_backward(call: Call, spec):
     return b.build(meta={"lowering": "vocab_tiled"})
 
 
-add_rules(["_softmax", "_log_softmax"], Rule("vocab_tiled", lower_vocab_softmax,
+add_rules(["_softmax", "_log_softmax"], Rule("vocab_tiled", fits_or_declines(lower_vocab_softmax),
                                             "softmax over long rows: online max / log-sum-exp, chunked"))
 add_rules(["_softmax_backward_data", "_log_softmax_backward_data"],
-          Rule("vocab_tiled", lower_vocab_softmax_backward, "softmax backward over long rows, chunked"))
+          Rule("vocab_tiled", fits_or_declines(lower_vocab_softmax_backward), "softmax backward over long rows, chunked"))
