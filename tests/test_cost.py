@@ -9,7 +9,7 @@ import pytest
 from tilescope.isa import (
     AP, Activation, ActivationReduce, BnStats, DmaCopy, GpsimdCall, Iota, Matmul, Memset,
     Select, TensorCopy, TensorReduce, TensorScalar, TensorTensor, Transpose, dma_cost,
-    engine_cycles, engine_ns, flops, load_stationary_cycles,
+    dma_engines, engine_cycles, engine_ns, flops, load_stationary_cycles,
 )
 from tilescope.spec import preset
 
@@ -93,21 +93,49 @@ def test_transpose_costs_a_matmul_against_identity():
 
 
 def test_dma_cost_large_transfer():
+    # [128, 512] fp32 rows of an HBM matrix into an SBUF tile: one 2 KiB descriptor per partition
     src = AP("x", "float32", 0, ((512, 128), (1, 512)))
     dst = AP("t", "float32", 0, ((512, 128), (1, 512)))
-    c = dma_cost(DmaCopy(dst, src), TRN1, touches_hbm=True)
-    assert c.fixed_ns == 1300.0
-    assert c.nbytes == 128 * 512 * 4
-    assert c.effective_bytes == c.nbytes
-    assert c.bytes_per_ns == 272.0  # min(16 x 17, 410)
+    c = dma_cost(DmaCopy(dst, src), TRN1, "hbm", "sbuf")
+    assert c.fixed_ns == 1300.0  # [dmabw] per DMA instruction, on its queue
+    assert (c.nbytes, c.descriptors, c.partitions) == (128 * 512 * 4, 128, 128)
+    assert (c.hbm_read, c.hbm_write) == (c.nbytes, 0)
+    first, count, piece = dma_engines(c.partitions, c.descriptors, c.nbytes, 0, TRN1)
+    assert (first, count) == (0, 16)  # [dmaintro] 8 partitions per engine
+    # each engine: its 8 rows of 2 KiB at 17 B/ns, plus 12 ns per descriptor
+    assert piece == pytest.approx(8 * 2048 / 17 + 8 * 12)
 
 
-def test_dma_small_chunks_are_charged_the_floor():
-    # 4-byte chunks: a column of a row-major matrix
+def test_sbuf_partitions_are_never_one_contiguous_run():
+    # a tile whose rows happen to be adjacent in the flat buffer still has one run per partition
+    x = AP("x", "float32", 0, ((2048, 128), (1, 2048)))
+    t = AP("t", "float32", 0, ((2048, 128), (1, 2048)))
+    assert dma_cost(DmaCopy(t, x), TRN1, "hbm", "sbuf").descriptors == 128 * 2  # 8 KiB rows: 2 packets
+    # DRAM to DRAM, one contiguous MiB: 4 KiB packets [overlap] dealt to all 16 engines
+    a = AP("a", "float32", 0, ((1, 262144),))
+    c = dma_cost(DmaCopy(a, a), TRN1, "hbm", "hbm")
+    assert (c.descriptors, c.partitions, c.hbm_read, c.hbm_write) == (256, 0, 1 << 20, 1 << 20)
+    assert dma_engines(c.partitions, c.descriptors, c.nbytes, 0, TRN1)[1] == 16
+
+
+def test_dma_small_chunks_pay_per_descriptor():
+    # 4-byte chunks: a column of a row-major matrix, one descriptor per element
     src = AP("x", "float32", 0, ((1000, 128), (1, 1)))
     dst = AP("t", "float32", 0, ((1, 128), (1, 1)))
-    c = dma_cost(DmaCopy(dst, src), TRN1, touches_hbm=True)
-    assert c.effective_bytes == 128 * 512
+    c = dma_cost(DmaCopy(dst, src), TRN1, "hbm", "sbuf")
+    assert c.descriptors == 128
+    piece = dma_engines(c.partitions, c.descriptors, c.nbytes, 0, TRN1)[2]
+    assert piece == pytest.approx(8 * 4 / 17 + 8 * 12)  # the descriptors dominate
+
+
+def test_dma_engines_follow_the_partitions_touched():
+    # [dmaintro] Example 1: A[4, 4096] into partitions 0..3 -- one engine
+    assert tuple(map(int, dma_engines(4, 4, 32768, 0, TRN1)[:2])) == (0, 1)
+    # 8 partitions starting at partition 60 straddle engines 7 and 8
+    assert tuple(map(int, dma_engines(8, 8, 8192, 60, TRN1)[:2])) == (7, 2)
+    # trn2: one engine moves 32 KiB at 23 B/ns (+ 8 descriptors of 4 KiB): [dmaintro] measured 1416 ns
+    trn2 = preset("trn2")
+    assert float(dma_engines(4, 8, 32768, 0, trn2)[2]) == pytest.approx(32768 / 23 + 8 * 12)
 
 
 def test_generic_routine_cost_is_a_cost_table_row():

@@ -113,14 +113,14 @@ def test_indirect_dma_cost_follows_rows_not_table():
         table = AP("t", "float32", 0, ((d, rows_in_table), (1, d)))
         dst = AP("s", "float32", 0, ((d, n), (1, d)))
         idx = AP("i", "int64", 0, ((1, n), (1, 1)))
-        return dma_indirect_cost(DmaIndirect(dst, table, None, "dma", idx, "src"), SPEC, True)
+        return dma_indirect_cost(DmaIndirect(dst, table, None, "dma", idx, "src"), SPEC, "hbm", "sbuf")
 
     small, big = gather(1000, 2), gather(500_000, 2)
     assert small == big  # the table's size does not enter
     assert small.nbytes == 2 * 128 * 4
-    # each row is its own descriptor: a row under the DMA's chunk floor costs the floor
+    # each row is its own descriptor (a DMA buffer), whatever its size
     narrow = gather(1000, 64, d=8)
-    assert narrow.effective_bytes == 64 * max(8 * 4, SPEC.dma.chunk_floor_bytes)
+    assert (narrow.descriptors, narrow.nbytes) == (64, 64 * 8 * 4)
     assert small.fixed_ns == SPEC.dma.fixed_ns
 
 

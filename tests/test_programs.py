@@ -1,7 +1,8 @@
 """Builder-made Programs: numerics equal numpy, totals match closed-form estimates.
 
 The estimates are written here from the preset's published numbers (trn1: DMA
-16 x 17 B/ns, ~1.3 us fixed per transfer; ScalarE 1.4 GHz, VectorE 1.12 GHz,
+~1.3 us to issue a transfer on its queue, then 16 engines of 8 partitions each moving
+17 B/ns plus 12 ns per descriptor of at most 4 KiB; ScalarE 1.4 GHz, VectorE 1.12 GHz,
 TensorE 2.8 GHz; N cycles per element pass; 60 cycles fixed access), not from the
 code under test.
 """
@@ -15,8 +16,13 @@ import pytest
 from tilescope.program import Program, TileBuilder
 from tilescope.sim import run_numerics, simulate
 
-DMA_BW = 16 * 17.0  # B/ns
-DMA_FIXED = 1300.0  # ns
+DMA_FIXED = 1300.0  # ns to issue one transfer on its queue
+
+
+def engine_ns(partitions, bytes_per_partition):
+    """One DMA engine's share of a [partitions, bytes] transfer (its 8 partitions' rows)."""
+    rows = min(8, partitions)
+    return rows * (bytes_per_partition / 17.0 + -(-bytes_per_partition // 4096) * 12.0)
 
 
 def elementwise(rows, cols, bufs=3):
@@ -39,11 +45,11 @@ def test_tiled_elementwise_numerics_and_time():
     out = run_numerics(prog, {"x": x})["y"]
     np.testing.assert_allclose(out, np.exp(0.5 * x) * 3 + 1, rtol=1e-6)
 
-    tile_bytes = 128 * cols * 4
-    # DMA-bound: every byte crosses the shared DMA bandwidth once in, once out;
-    # the first load's fixed cost and the last tile's compute + store are exposed.
+    # DMA-bound: each tile crosses every engine once in, once out (loads and stores on
+    # their own queues, each issuing faster than the engines move a tile); the first
+    # load's issue cost and the last tile's compute + store are exposed.
     compute_last = (60 + cols) / 1.4 + (60 + cols) / 1.12
-    estimate = DMA_FIXED + 2 * 16 * tile_bytes / DMA_BW + compute_last + DMA_FIXED
+    estimate = DMA_FIXED + 2 * 16 * engine_ns(128, cols * 4) + compute_last + DMA_FIXED
     total = simulate(prog).summary.total_ns
     assert total == pytest.approx(estimate, rel=0.10)
 
@@ -64,10 +70,9 @@ def test_row_reduction_numerics_and_time():
     out = run_numerics(prog, {"x": xv})["y"]
     np.testing.assert_allclose(out, xv.sum(axis=1, keepdims=True), rtol=1e-4, atol=1e-4)
 
-    load = 128 * cols * 4 / DMA_BW
     reduce_ns = (60 + cols) / 1.12
-    # loads stream back to back; the last reduce and its (small) store are exposed
-    estimate = DMA_FIXED + 8 * load + reduce_ns + DMA_FIXED + 512 / DMA_BW
+    # loads stream back to back on the engines; the last reduce and its (small) store are exposed
+    estimate = DMA_FIXED + 8 * engine_ns(128, cols * 4) + reduce_ns + DMA_FIXED + engine_ns(128, 4)
     assert simulate(prog).summary.total_ns == pytest.approx(estimate, rel=0.10)
 
 
@@ -112,10 +117,11 @@ def test_compute_bound_matmul_time():
     s = simulate(prog).summary
     # loads: 32 KiB + 128 KiB; then reps matmuls of 512 cycles at 2.8 GHz (one stationary
     # load of 32 cycles first); copy-out on VectorE reading PSUM; one 256 KiB store.
-    loads = DMA_FIXED + (128 * 128 * 2 + 128 * 512 * 2) / DMA_BW
+    # the two loads issue one after the other (one queue: same site), their data in parallel
+    loads = 2 * DMA_FIXED + engine_ns(128, 512 * 2)
     pe = 32 / 2.8 + reps * 512 / 2.8
     copy = (60 + 512) / 1.12
-    store = DMA_FIXED + 128 * 512 * 4 / DMA_BW
+    store = DMA_FIXED + engine_ns(128, 512 * 4)
     assert s.total_ns == pytest.approx(loads + pe + copy + store, rel=0.05)
     assert s.bound_by == "TensorE"
     assert s.tensor_flops == reps * 2 * 128 * 128 * 512

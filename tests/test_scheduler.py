@@ -1,5 +1,6 @@
 """Scheduler properties on small hand-built Programs."""
 
+import numpy as np
 import pytest
 
 from tilescope.program import TileBuilder
@@ -42,21 +43,76 @@ def test_war_dependency_orders_a_write_after_a_read():
     assert start[1] >= end[0]
 
 
-def test_dmas_share_bandwidth():
-    def loads(n):
-        b = TileBuilder(f"loads{n}")
-        x = b.input("x", (128 * n, 2048), "float32")
-        for k in range(n):
-            t = b.sbuf((128, 2048), "float32", site=f"t{k}")
-            b.dma_copy(t, x[128 * k:128 * (k + 1)])
-        return simulate(b.build()).summary.total_ns
+def _loads(n, cols, queues=None, partitions=128, spec=None):
+    b = TileBuilder(f"loads{n}x{cols}x{partitions}")
+    x = b.input("x", (partitions * n, cols), "float32")
+    for k in range(n):
+        t = b.sbuf((partitions, cols), "float32", site=f"t{k}")
+        b.dma_copy(t, x[partitions * k:partitions * (k + 1)], queue=None if queues is None else queues[k])
+    return simulate(b.build(), spec).summary.total_ns
 
-    one, two = loads(1), loads(2)
-    nbytes = 128 * 2048 * 4
-    # alone: fixed cost + bytes at the aggregate DMA rate (16 x 17 B/ns)
-    assert one == pytest.approx(1300 + nbytes / 272.0)
-    # two at once: the fixed costs overlap, the bytes share the bandwidth
-    assert two == pytest.approx(1300 + 2 * nbytes / 272.0)
+
+def _piece(partitions, cols):
+    """One engine's share: its (at most 8) partition rows at 17 B/ns, 12 ns per <= 4 KiB descriptor."""
+    row = cols * 4
+    return min(8, partitions) * (row / 17 + -(-row // 4096) * 12)
+
+
+def test_a_queue_issues_one_transfer_after_another_pipelined_with_the_data():
+    big = _piece(128, 2048)  # 8 KiB rows: 3.9 us of data per engine, more than the 1.3 us issue
+    assert _loads(1, 2048) == pytest.approx(1300 + big)
+    # same site, same queue: the second issues during the first's data, its data follows in order
+    assert _loads(2, 2048) == pytest.approx(1300 + 2 * big)
+    small = _piece(128, 64)  # 256 B rows: issue-bound, one transfer per 1.3 us
+    assert _loads(4, 64) == pytest.approx(4 * 1300 + small)
+
+
+def test_transfers_on_different_queues_overlap_their_issue_and_share_the_engines():
+    small = _piece(128, 64)
+    assert _loads(4, 64, queues=[0, 1, 2, 3]) == pytest.approx(1300 + 4 * small)
+    big = _piece(128, 2048)
+    assert _loads(2, 2048, queues=[0, 1]) == pytest.approx(1300 + 2 * big)  # the engines are shared
+
+
+def test_fewer_partitions_use_fewer_engines():
+    # [dmaintro] 8 partitions per engine: 4 rows land on one engine, at one engine's rate
+    assert _loads(1, 2048, partitions=4) == pytest.approx(1300 + _piece(4, 2048))
+    assert _loads(1, 2048, partitions=4) > _loads(1, 2048, partitions=128) * 0.45
+
+
+def test_queue_policy_free_lets_one_site_use_every_queue():
+    from tilescope.spec import preset
+
+    free = preset("trn1").replace(name="trn1-free", dma={"queue_policy": "free"})
+    small = _piece(128, 64)
+    assert _loads(4, 64, spec=free) == pytest.approx(1300 + 4 * small)
+    assert _loads(4, 64) == pytest.approx(4 * 1300 + small)
+
+
+def test_an_instruction_reading_its_predecessor_pays_the_pipeline_drain():
+    b = TileBuilder("drain")
+    t = b.sbuf((128, 1), "float32", site="t")
+    u = b.sbuf((128, 1), "float32", site="u")
+    for _ in range(4):
+        b.activation(t, t, "exp")  # each reads the previous one's output
+    for _ in range(4):
+        b.activation(u, t, "exp")  # independent of each other (same input, WAW only on u)
+    start, end = _starts(simulate(b.build()))
+    fast = (60 + 64) / 1.4  # access + MIN_II at 1.4 GHz
+    assert end[0] - start[0] == pytest.approx(fast)
+    assert end[1] - start[1] == pytest.approx(fast + 100 / 1.4)  # [arch] ~100-cycle static overhead
+
+
+def test_accumulating_matmuls_load_the_next_stationary_in_the_background():
+    b = TileBuilder("accum")
+    ws = [b.sbuf((128, 128), "bfloat16", site=f"w{k}") for k in range(8)]
+    v = b.sbuf((128, 1), "bfloat16", site="v")
+    acc = b.psum((128, 1), site="acc")
+    for k, w in enumerate(ws):
+        b.matmul(acc, w, v, accumulate=k > 0)  # a new stationary every time, one PSUM accumulation group
+    start, _ = _starts(simulate(b.build()))
+    # [perf] Opt #7: a matmul every ~64 cycles, LoadStationary (128/4 = 32 cycles) hidden behind it
+    assert np.diff(start[1:]) == pytest.approx(64 / 2.8)
 
 
 def test_vector_and_gpsimd_share_the_sbuf_port():

@@ -62,7 +62,7 @@ def test_assumed_fields_are_documented_as_assumed():
     from tilescope.spec.presets import trn1
 
     src = inspect.getsource(trn1)
-    for field in ("runtime_exec_us", "host_dispatch_us", "chunk_floor_bytes"):
+    for field in ("runtime_exec_us", "host_dispatch_us", "descriptor_ns", "queue_policy"):
         before = src[: src.index(field + "=")]
         assert "ASSUMED" in before[-700:], field
     assert isinstance(preset("trn1"), CoreSpec)

@@ -199,9 +199,11 @@ def _study(args) -> int:
           f"execution ({spec.runtime_exec_us:g} us, assumed) + host dispatch ({spec.host_dispatch_us:g} us per op, "
           f"assumed) where they do not overlap.")
     est = lib["giou"].estimate(b1, b2, EPS, preset=spec)
-    print(f"C++ compute estimate: slowest core {max(c.gpsimd_cycles for c in est.cores):,.0f} GpSimd cycles, "
-          f"measured spread +-{est.spread:.0%}, GpSimd/host cycle ratio "
-          f"{est.model.gpsimd_cycles_per_host_cycle:g} (assumed); see docs/cpp-operators.md")
+    slowest = max(est.cores, key=lambda c: c.gpsimd_cycles)
+    print(f"C++ compute estimate: slowest core {slowest.gpsimd_cycles:,.0f} GpSimd cycles from "
+          f"{slowest.instructions:,} counted instructions ({est.model.cycles_per_instruction:g} cycle each, "
+          f"assumed; {slowest.memory_accesses:,} TCM operands at {est.model.tcm_access_cycles} cycles), the same "
+          f"on every run; see docs/cpp-operators.md")
 
     from tilescope.bench import bench
 

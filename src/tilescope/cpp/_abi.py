@@ -16,10 +16,10 @@ import numpy as np
 
 from ._errors import CppError
 
-__all__ = ["NativeLibrary", "NativeOp", "TensorDesc", "Arg", "RunStats", "LOG_DTYPE", "DTYPE_CODES",
+__all__ = ["NativeLibrary", "NativeOp", "TensorDesc", "Arg", "RunStats", "LOG_DTYPE", "COUNT_DTYPE", "DTYPE_CODES",
            "ABI_VERSION", "MAX_DIMS"]
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 MAX_DIMS = 8
 
 # tilescope dtype name -> code of tilescope::ScalarType (gpsimd.h)
@@ -51,15 +51,18 @@ class Arg(ctypes.Structure):
 
 class RunStats(ctypes.Structure):
     _fields_ = [
-        ("thread_cpu_ns", ctypes.c_int64),
-        ("runtime_ns", ctypes.c_int64),
-        ("runtime_calls", ctypes.c_int64),
+        ("blocks", ctypes.c_int64),  # distinct basic blocks counted (counting builds)
+        ("executed", ctypes.c_int64),  # basic blocks executed (counting builds)
         ("tcm_peak", ctypes.c_int64),
         ("tcm_leaked", ctypes.c_int64),
         ("leaks", ctypes.c_int32),
         ("dst_requested", ctypes.c_int32),
     ]
 
+
+# executions of one basic block (counting builds): its probe's return address, relative to the
+# library's load base, and how often the block ran
+COUNT_DTYPE = np.dtype([("offset", np.uint64), ("count", np.uint64)])
 
 # one record per accessor copy: direction 0 = tensor -> TCM, 1 = TCM -> tensor
 LOG_DTYPE = np.dtype([
@@ -128,8 +131,10 @@ class NativeLibrary:
         dll.ts_log_size.restype = ctypes.c_int64
         dll.ts_log_data.restype = ctypes.c_void_p
         dll.ts_log_file_count.restype = ctypes.c_int
-        dll.ts_host_ghz.restype = ctypes.c_double
-        dll.ts_host_ghz.argtypes = [ctypes.c_int64, ctypes.c_int]
+        dll.ts_count_size.restype = ctypes.c_int64
+        dll.ts_count_size.argtypes = [ctypes.c_int]
+        dll.ts_count_data.restype = ctypes.c_void_p
+        dll.ts_count_data.argtypes = [ctypes.c_int]
         err = dll.ts_registration_error().decode()
         if err:
             raise CppError(err)
@@ -148,14 +153,15 @@ class NativeLibrary:
         return out
 
     def run(self, op: NativeOp, args, dst: TensorDesc, cores: int, tcm_bytes: int, log: bool,
-            timing: bool) -> tuple[int | None, str, list[RunStats]]:
+            count: bool = False) -> tuple[int | None, str, list[RunStats]]:
         """Run the kernel as cores 0 .. cores-1, one after another, in one native call.
 
+        ``count``: count the basic blocks each core executes (libraries built for counting).
         Returns (index of the failing core or None, its error message, stats per core run).
         """
         stats = (RunStats * cores)()
         err = ctypes.create_string_buffer(_ERR_LEN)
-        flags = (1 if log else 0) | (2 if timing else 0)
+        flags = (1 if log else 0) | (4 if count else 0)
         rc = self._dll.ts_run(op.index, args, len(args), ctypes.byref(dst), 0, cores, cores, tcm_bytes, flags,
                               stats, err, _ERR_LEN)
         failed = rc - 1 if rc else None
@@ -177,5 +183,10 @@ class NativeLibrary:
         """Live TCM allocations when core run ``k`` of the last :meth:`run` returned (leaks)."""
         return self._dll.ts_note(k).decode(errors="replace")
 
-    def host_ghz(self, iterations: int = 200_000, trials: int = 5) -> float:
-        return float(self._dll.ts_host_ghz(iterations, trials))
+    def take_counts(self, k: int) -> np.ndarray:
+        """Executed blocks of core run ``k`` of the last counting :meth:`run` on this thread."""
+        n = self._dll.ts_count_size(k)
+        if n == 0:
+            return np.zeros(0, COUNT_DTYPE)
+        buf = (ctypes.c_char * (n * COUNT_DTYPE.itemsize)).from_address(self._dll.ts_count_data(k))
+        return np.frombuffer(buf, COUNT_DTYPE).copy()

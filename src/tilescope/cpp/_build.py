@@ -7,6 +7,12 @@ includes (from the compiler's ``-MMD`` dependency list), the flags and the compi
 version -- and the library is named by the hash of its objects. An unchanged load
 therefore compiles nothing and links nothing; an edit recompiles only the edited source.
 
+Each library gets a manifest (``lib<name>.<hash>.json``: its sources and flags), from which
+:func:`build_counting` builds the same sources once more for the device model's compute
+estimate: the user's sources with ``-fsanitize-coverage=trace-pc`` (a probe at the start of
+every basic block, which the runtime counts) and without auto-vectorization (the estimate
+counts scalar instructions; see :mod:`tilescope.cpp._count`), into ``<build dir>/count``.
+
 >>> from tilescope.cpp._build import include_dir, runtime_source
 >>> (include_dir() / "tilescope" / "gpsimd.h").is_file(), runtime_source().name
 (True, 'gpsimd_runtime.cpp')
@@ -28,10 +34,13 @@ from pathlib import Path
 
 from ._errors import CompileError
 
-__all__ = ["BuildResult", "build", "include_dir", "runtime_source", "compiler_command", "default_build_root"]
+__all__ = ["BuildResult", "build", "build_counting", "include_dir", "runtime_source", "compiler_command",
+           "default_build_root", "COUNT_FLAGS"]
 
 _HERE = Path(__file__).resolve().parent
 _FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall")
+# the user's sources in a counting build: a probe per basic block, scalar code
+COUNT_FLAGS = ("-fsanitize-coverage=trace-pc", "-fno-tree-vectorize", "-fno-tree-slp-vectorize")
 _COMPILER_IDS: dict[tuple[str, ...], str] = {}
 
 
@@ -163,11 +172,13 @@ def _compile(cxx: list[str], flags: tuple[str, ...], src: _Source, obj: Path, de
 
 
 def build(name: str, sources: list[str | os.PathLike], build_directory: str | os.PathLike | None = None,
-          extra_cflags: list[str] | None = None, verbose: bool = False) -> BuildResult:
+          extra_cflags: list[str] | None = None, verbose: bool = False, *, counting: bool = False) -> BuildResult:
     """Build ``lib<name>.so`` from ``sources`` (plus tilescope's runtime); reuse it when unchanged.
 
     Returns the path of a content-named library (``lib<name>.<hash>.so``); ``lib<name>.so``
     next to it always points at the newest build, for :func:`tilescope.cpp.load_library`.
+    ``counting=True`` compiles the user's sources with :data:`COUNT_FLAGS` (see
+    :func:`build_counting`).
     """
     t0 = time.perf_counter()
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -187,18 +198,20 @@ def build(name: str, sources: list[str | os.PathLike], build_directory: str | os
 
     cxx = compiler_command()
     flags = _FLAGS + tuple(extra_cflags or ())
+    runtime = srcs[-1]
     cxx_id = _compiler_id(cxx)
     plan = []
     for src in srcs:
-        key = _source_key(src, cxx_id, flags)
+        src_flags = flags + (COUNT_FLAGS if counting and src is not runtime else ())
+        key = _source_key(src, cxx_id, src_flags)
         obj, deps = _object_paths(obj_dir, src, key)
-        plan.append((src, key, obj, deps, _object_is_fresh(obj, deps)))
+        plan.append((src, key, obj, deps, _object_is_fresh(obj, deps), src_flags))
     stale = [p for p in plan if not p[4]]
     if stale:
         workers = max(1, min(len(stale), os.cpu_count() or 1))
         with ThreadPoolExecutor(workers) as pool:
-            futures = [pool.submit(_compile, cxx, flags, src, obj, deps, srcs, verbose)
-                       for src, _, obj, deps, _ in stale]
+            futures = [pool.submit(_compile, cxx, src_flags, src, obj, deps, srcs, verbose)
+                       for src, _, obj, deps, _, src_flags in stale]
             errors = []
             for f in futures:
                 try:
@@ -209,13 +222,13 @@ def build(name: str, sources: list[str | os.PathLike], build_directory: str | os
                 raise errors[0] if len(errors) == 1 else CompileError.combine(errors)
 
     # the library: named by its objects (each object's name already hashes its inputs)
-    lib_key = _sha(json.dumps([cxx_id, flags, [key for _, key, _, _, _ in plan],
-                               [json.loads(deps.read_text()) for *_, deps, _ in plan]]).encode())
+    lib_key = _sha(json.dumps([cxx_id, flags, counting, [p[1] for p in plan],
+                               [json.loads(p[3].read_text()) for p in plan]]).encode())
     lib_path = out_dir / f"lib{name}.{lib_key[:16]}.so"
     cached = not stale and lib_path.exists()
     if not lib_path.exists():
         tmp = lib_path.with_name(lib_path.name + f".{os.getpid()}.tmp")
-        cmd = cxx + ["-shared", "-Wl,--no-undefined"] + [str(obj) for _, _, obj, _, _ in plan] + ["-o", str(tmp)]
+        cmd = cxx + ["-shared", "-Wl,--no-undefined"] + [str(p[2]) for p in plan] + ["-o", str(tmp)]
         if verbose:
             print(" ".join(cmd), flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -223,12 +236,42 @@ def build(name: str, sources: list[str | os.PathLike], build_directory: str | os
             tmp.unlink(missing_ok=True)
             raise CompileError.from_output(f"lib{name}.so (link)", _shown(proc.stdout + proc.stderr, srcs))
         os.replace(tmp, lib_path)
+    _write_manifest(lib_path, name, srcs[:-1], extra_cflags)
     _point_stable_name(out_dir / f"lib{name}.so", lib_path)
     _prune(out_dir, f"lib{name}.*.so", keep={lib_path})
-    for src, _, obj, deps, _ in plan:
-        _prune(obj_dir, obj.name.rsplit("-", 1)[0] + "-*.o", keep={obj})
-    compiled = tuple(src.shown for src, *_ in stale)
+    for p in plan:
+        _prune(obj_dir, p[2].name.rsplit("-", 1)[0] + "-*.o", keep={p[2]})
+    compiled = tuple(p[0].shown for p in stale)
     return BuildResult(lib_path, cached, time.perf_counter() - t0, compiled)
+
+
+def _write_manifest(lib_path: Path, name: str, sources: list[_Source], extra_cflags) -> None:
+    manifest = lib_path.with_suffix(".json")
+    data = {"name": name, "sources": [str(s.path) for s in sources], "shown": [s.shown for s in sources],
+            "extra_cflags": list(extra_cflags or ())}
+    if not manifest.exists() or json.loads(manifest.read_text() or "{}") != data:
+        tmp = manifest.with_name(manifest.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, manifest)
+
+
+def build_counting(library: str | os.PathLike, verbose: bool = False) -> BuildResult:
+    """The counting build of a library built by :func:`build`: the same sources and flags,
+    the user's sources instrumented (:data:`COUNT_FLAGS`), in ``<its directory>/count``."""
+    path = Path(library).resolve()
+    manifest = path.with_suffix(".json")
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        raise CompileError(
+            f"{path} has no build manifest ({manifest.name}): the device model counts the instructions of "
+            f"a kernel by building its sources again; load the library with tilescope.cpp.load(...)"
+        ) from None
+    missing = [s for s in data["sources"] if not Path(s).exists()]
+    if missing:
+        raise CompileError(f"the sources of {path.name} moved or were deleted ({missing[0]}): the device model "
+                           f"needs them to count the kernel's instructions; load the library again from its sources")
+    return build(data["name"], data["sources"], path.parent / "count", data["extra_cflags"], verbose, counting=True)
 
 
 def _prune(folder: Path, pattern: str, keep: set[Path], newest: int = 4) -> None:
@@ -237,7 +280,8 @@ def _prune(folder: Path, pattern: str, keep: set[Path], newest: int = 4) -> None
     for p in found[newest:]:
         if p in keep:
             continue
-        for q in (p, p.with_name(p.name[:-2] + ".deps.json") if p.suffix == ".o" else None):
+        sibling = p.with_name(p.name[:-2] + ".deps.json") if p.suffix == ".o" else p.with_suffix(".json")
+        for q in (p, sibling):
             if q is not None:
                 q.unlink(missing_ok=True)
 

@@ -1,28 +1,33 @@
 """The device model of one C++ operator call: a Program of DMA transfers and one GpSimd call.
 
-What the model charges (all figures *modeled*; the compute part is also *estimated*):
+What the model charges (all figures *modeled*; the compute part is also *estimated*, the
+same for the same operator and inputs on every run):
 
 * **TCM accessor traffic** -- every ``tensor_to_tcm`` / ``tcm_to_tensor`` call of every core
   becomes one ``dma_copy`` between the HBM tensor and that core's TCM, so it pays the DMA
-  path's cost from the cost table: ~1.3 us fixed per transfer, bytes at the DMA engines'
-  bandwidth shared by all transfers in flight [dmabw]. Accessor copies block the calling
+  path's cost from the cost table: ~1.3 us to issue on its queue [dmabw], then its bytes on
+  one DMA engine (a single contiguous run) [dmaintro]. Accessor copies block the calling
   core, so one core has one transfer in flight: core ``c`` issues on DMA queue ``c``
   (ASSUMED: the public documents do not say how GpSimd cores map to DMA queues).
-* **Compute** -- for each core, the host thread CPU time of the kernel with the time inside
-  runtime calls (accessor copies, ``tcm_malloc``/``tcm_free``) taken out, best of
-  ``repeats`` runs (cores run one after another during measurement), times the host clock
-  (measured with a chain of dependent adds, one per cycle), times
-  ``gpsimd_cycles_per_host_cycle`` (ASSUMED, see :class:`CostModel`). The slowest core
-  bounds the GpSimd call; the cost table adds GpSimd's fixed ~150 cycles [isa] and the
-  ~60-cycle access latency [arch].
+* **Compute** -- for each core, the instructions its kernel run executes, counted in a build
+  of the user's sources with a probe per basic block (:mod:`tilescope.cpp._count`): each
+  instruction one GpSimd cycle (``cycles_per_instruction``, ASSUMED: no public source gives
+  the cores' instructions per cycle; one is an in-order scalar core), each instruction with a
+  memory operand ``tcm_access_cycles - 1`` more (the TCM's 3-cycle access latency [arch], not
+  hidden by an in-order core). The code is counted as scalar x86-64 code compiled at -O2
+  without auto-vectorisation (no public source says the custom-op toolchain vectorises for the
+  cores' 512-bit SIMD); the probe itself is not counted, the spills it causes are. The
+  slowest core bounds the GpSimd call; the cost table adds GpSimd's fixed ~150 cycles [isa]
+  and the ~60-cycle access latency [arch].
 * **Order** -- all input transfers, then the call, then all output transfers. On the device
   each core interleaves them, but a core is blocked during its own transfers either way,
   so for balanced cores the sum is the same; for unbalanced ones this bound is higher.
 
 The simulator has no TCM memory kind, so each core's TCM is drawn as one partition row of
-an on-chip tile per dtype (``tcm.float32`` ...): the DMA cost does not depend on where on
-chip the bytes land, and the instruction's provenance points at the accessor call's source
-line. Values do not come from this Program: they come from running the compiled kernel
+an on-chip tile per dtype (``tcm.float32`` ...): core ``c``'s row is partition ``16 c``, the
+first of the 16 partitions it is wired to [arch], so its transfers use the DMA engine that
+serves those partitions (cores do not queue behind one engine), and the instruction's
+provenance points at the accessor call's source line. Values do not come from this Program: they come from running the compiled kernel
 (as built-in ops' values come from CPU torch), so its ``gpsimd_call`` numerics refuse to
 run (see :func:`_refuse_numerics`).
 
@@ -56,38 +61,38 @@ class CostModel:
     """How one C++ operator call becomes modeled time. Vary the assumed fields in studies.
 
     Attributes:
-        gpsimd_cycles_per_host_cycle: ASSUMED. GpSimd core cycles per host core cycle for the
-            same C++ code. No public source gives the GpSimd cores' instructions per cycle;
-            an out-of-order x86-64 server core sustains about 2 instructions per cycle on
-            scalar loops, an in-order core with one integer pipeline about 1, hence 2.0.
-        repeats: fewest timed runs per core; the best is taken (thread CPU time is noisy, its
-            minimum much less so). Runs continue, up to 4x as many, while the best improves.
-        host_ghz: host cycles per ns; ``None`` measures it once per process.
+        cycles_per_instruction: ASSUMED. GpSimd cycles per executed instruction. No public
+            source gives the GpSimd cores' instructions per cycle; 1.0 is a single-issue
+            in-order core.
+        tcm_access_cycles: [arch] the TCM's access latency (3 cycles); an instruction with a
+            memory operand waits for it.
         queue_per_core: ASSUMED. Core ``c``'s transfers go to DMA queue ``c`` (one in flight per
             core, as accessor copies block); ``False`` lets the scheduler pick any free queue.
     """
 
-    gpsimd_cycles_per_host_cycle: float = 2.0
-    repeats: int = 7
-    host_ghz: float | None = None
+    cycles_per_instruction: float = 1.0
+    tcm_access_cycles: int = 3
     queue_per_core: bool = True
 
     def __post_init__(self) -> None:
-        if self.gpsimd_cycles_per_host_cycle <= 0:
-            raise ValueError(f"gpsimd_cycles_per_host_cycle must be > 0, got {self.gpsimd_cycles_per_host_cycle}")
-        if self.repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
-        if self.host_ghz is not None and self.host_ghz <= 0:
-            raise ValueError(f"host_ghz must be > 0 (or None to measure it), got {self.host_ghz}")
+        if self.cycles_per_instruction <= 0:
+            raise ValueError(f"cycles_per_instruction must be > 0, got {self.cycles_per_instruction}")
+        if self.tcm_access_cycles < 1:
+            raise ValueError(f"tcm_access_cycles must be >= 1, got {self.tcm_access_cycles}")
+
+    def cycles(self, instructions: int, memory: int) -> float:
+        """GpSimd cycles of ``instructions`` executed, ``memory`` of them with a memory operand."""
+        return instructions * self.cycles_per_instruction + memory * (self.tcm_access_cycles - 1)
 
 
 @dataclass(frozen=True)
 class CoreEstimate:
-    """The estimated compute of one core (host figures measured, GpSimd figures *estimated*)."""
+    """The estimated compute of one core: what its kernel run executed, and its GpSimd cycles."""
 
     core: int
-    host_compute_ns: float  # best of the runs, runtime calls excluded
-    host_compute_ns_median: float
+    instructions: int  # executed, counted
+    memory_accesses: int  # executed instructions with a memory operand
+    blocks: int  # basic blocks executed
     gpsimd_cycles: float
     transfers_in: int
     transfers_out: int
@@ -95,11 +100,6 @@ class CoreEstimate:
     bytes_out: int
     elements_written: int
     tcm_peak_bytes: int
-
-    @property
-    def spread(self) -> float:
-        """(median - best) / best of the measured runs: the measurement's uncertainty."""
-        return (self.host_compute_ns_median - self.host_compute_ns) / self.host_compute_ns if self.host_compute_ns else 0.0
 
 
 def _refuse_numerics(inputs, outputs, attrs) -> None:
@@ -135,7 +135,10 @@ def build_program(qualname: str, arg_specs: list[tuple[str, tuple[int, ...], str
     cores = len(core_logs)
     pool = spec.gpsimd_user_tcm_bytes
     dtypes = sorted({hbm[int(a)][1] for log in core_logs for a in np.unique(log["arg"])} or {hbm[-1][1]})
-    windows = {dt: b.sbuf((cores, max(1, pool // itemsize(dt))), dt, name=f"tcm.{dt}", site=f"tcm.{dt}", bufs=1)
+    # core c's window is partition c * per_core: [arch] each GpSimd core is wired to 16 partitions
+    per_core = max(1, spec.partitions // max(spec.gpsimd_cores, cores))
+    windows = {dt: b.sbuf((cores * per_core, max(1, pool // itemsize(dt))), dt, name=f"tcm.{dt}",
+                          site=f"tcm.{dt}", bufs=1)
                for dt in dtypes}
 
     provs: dict[tuple, Provenance] = {}
@@ -146,7 +149,7 @@ def build_program(qualname: str, arg_specs: list[tuple[str, tuple[int, ...], str
         if count <= 0:
             return
         row = windows[dt].buffer.row_elems
-        tcm = AP(windows[dt].name, dt, c * row, ((row, 1), (1, count)))
+        tcm = AP(windows[dt].name, dt, c * per_core * row, ((row, 1), (1, count)))
         tensor = AP(buf, dt, int(rec["offset"]), ((1, count),))
         key = (c, int(rec["file"]), int(rec["line"]))
         prov = provs.get(key)
@@ -156,7 +159,7 @@ def build_program(qualname: str, arg_specs: list[tuple[str, tuple[int, ...], str
             prov = provs[key] = Provenance(op=qualname, file=f, line=key[2] or None,
                                            label=f"GpSimd core {c} TCM accessor")
         b.set_provenance(prov)
-        q = c % spec.dma.engines if model.queue_per_core else None
+        q = c % spec.dma.queues if model.queue_per_core else None
         b.dma_copy(tcm, tensor, queue=q) if direction == 0 else b.dma_copy(tensor, tcm, queue=q)
 
     # every operand is built here from checked accessor records (offset + count <= numel,
@@ -166,9 +169,8 @@ def build_program(qualname: str, arg_specs: list[tuple[str, tuple[int, ...], str
         for rec in log[log["dir"] == 0]:
             emit(c, rec, 0)
     slowest = max(estimates, key=lambda e: e.gpsimd_cycles)
-    spread = max(e.spread for e in estimates)
-    label = (f"estimated compute: slowest core {slowest.core}, +-{spread:.0%} measured spread; "
-             f"x{model.gpsimd_cycles_per_host_cycle:g} GpSimd/host cycles (assumed)")
+    label = (f"estimated compute: slowest core {slowest.core}, {slowest.instructions:,} instructions counted "
+             f"({model.cycles_per_instruction:g} cycle each, assumed; TCM operands {model.tcm_access_cycles} cycles)")
     tiles = [w for w in windows.values()]
     b.check = True
     with b.provenance(op=qualname, label=label):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import statistics
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,60 +11,50 @@ import torch
 
 from ..spec import CoreSpec, preset
 from ._abi import NativeLibrary, NativeOp
+from ._build import build_counting
+from ._count import block_costs, count_work
 from ._errors import CppError
 from ._model import CoreEstimate, CostModel, build_program
 from ._run import CallRecord, execute, out_from_shape, torch_dtype
 
-__all__ = ["CppLibrary", "CppOp", "Estimate", "host_ghz"]
+__all__ = ["CppLibrary", "CppOp", "Estimate"]
 
 _SCHEMA_TYPES = {"t": "Tensor", "f": "float", "i": "int", "b": "bool"}
 _RESERVED = {"aten", "prim", "prims", "torch", "_", "tilescope"}
 _LOCK = threading.Lock()
 _LIBRARIES: dict[str, "CppLibrary"] = {}  # torch namespace -> the library registered there
-_HOST_GHZ: list[float] = []
-
-
-def host_ghz(lib: NativeLibrary) -> float:
-    """Host core cycles per ns, measured once per process (dependent-add chain, best of 5)."""
-    if not _HOST_GHZ:
-        _HOST_GHZ.append(lib.host_ghz())
-    return _HOST_GHZ[0]
 
 
 @dataclass(frozen=True)
 class Estimate:
     """The modeled time of one call: its Program, the simulator's result and each core's estimate.
 
-    Every time here is *modeled*; the compute part is also *estimated* from host measurements
-    (see :class:`tilescope.cpp.CostModel`).
+    Every time here is *modeled*; the compute part is *estimated* from the instructions each
+    core's run executed (see :class:`tilescope.cpp.CostModel`): the same operator on the same
+    inputs gives the same estimate on every run.
     """
 
     program: object
     result: object  # tilescope.sim.SimResult
     cores: tuple[CoreEstimate, ...]
     model: CostModel
-    host_ghz: float
 
     @property
     def total_ns(self) -> float:
         return self.result.summary.total_ns
 
-    @property
-    def spread(self) -> float:
-        return max(c.spread for c in self.cores)
-
     def text(self) -> str:
         s = self.result.summary
         lines = [
-            f"{self.program.name}: {s.total_us:,.2f} us modeled on {s.preset} (compute estimated, "
-            f"+-{self.spread:.0%} measured spread; GpSimd/host cycle ratio "
-            f"{self.model.gpsimd_cycles_per_host_cycle:g} assumed; host {self.host_ghz:.2f} GHz measured)",
-            f"{'core':>4} {'host compute':>13} {'GpSimd cycles':>14} {'transfers in/out':>17} "
+            f"{self.program.name}: {s.total_us:,.2f} us modeled on {s.preset} (compute estimated from counted "
+            f"instructions: {self.model.cycles_per_instruction:g} GpSimd cycle each, assumed; TCM operands "
+            f"{self.model.tcm_access_cycles} cycles)",
+            f"{'core':>4} {'instructions':>13} {'TCM operands':>13} {'GpSimd cycles':>14} {'transfers in/out':>17} "
             f"{'bytes in/out':>19} {'elements out':>13} {'TCM peak':>9}",
         ]
         for c in self.cores:
             lines.append(
-                f"{c.core:>4} {c.host_compute_ns / 1000:>10.1f} us {c.gpsimd_cycles:>14,.0f} "
+                f"{c.core:>4} {c.instructions:>13,} {c.memory_accesses:>13,} {c.gpsimd_cycles:>14,.0f} "
                 f"{c.transfers_in:>8,}/{c.transfers_out:<8,} {c.bytes_in:>9,}/{c.bytes_out:<9,} "
                 f"{c.elements_written:>13,} {c.tcm_peak_bytes:>8,}B"
             )
@@ -107,11 +96,23 @@ class CppOp:
         return f"<C++ operator torch.ops.{self.native.lib}.{self.schema}, {mode}, from {self.native.file}:{self.native.line}>"
 
     # ---- execution ----------------------------------------------------------------------
-    def run(self, *args, repeats: int = 0, out: torch.Tensor | None = None) -> tuple[torch.Tensor, CallRecord]:
+    def run(self, *args, out: torch.Tensor | None = None) -> tuple[torch.Tensor, CallRecord]:
         """Run the kernel on CPU tensors with every check; returns the output and the call record."""
         lib = self.library
         return execute(lib.native, self.native, args, self.arg_names, cores=lib.cores, tcm_bytes=lib.tcm_bytes,
-                       check=lib.check, repeats=repeats, show=lib.show, out=out)
+                       check=lib.check, show=lib.show, out=out)
+
+    def count(self, *args) -> CallRecord:
+        """Run the kernel in the library's counting build: the call record with each core's
+        executed blocks (builds the counting library the first time)."""
+        lib = self.library
+        counting = lib.counting_native()
+        native = next((o for o in counting.ops if o.qualname == self.qualname), None)
+        if native is None:
+            raise CppError(f"the counting build of {lib.path.name} has no operator {self.qualname}")
+        _, record = execute(counting, native, args, self.arg_names, cores=lib.cores, tcm_bytes=lib.tcm_bytes,
+                            check="off", count=True, show=lib.show)
+        return record
 
     def output_spec(self, *args) -> tuple[tuple[int, ...], torch.dtype]:
         """(shape, dtype) of the output for these arguments, from the shape function."""
@@ -122,15 +123,15 @@ class CppOp:
                  refresh: bool = False) -> Estimate:
         """Run once with the checks, then model the call: Program, simulated timeline, per-core table.
 
-        The compute estimate is measured once per (argument shapes, transfer pattern, preset,
-        cost model) and reused, so repeated calls give the same Program; ``refresh=True``
-        measures again.
+        The compute estimate counts the instructions each core executes (in the library's
+        counting build), once per (argument shapes, transfer pattern, preset, cost model); it
+        is reused, and ``refresh=True`` counts again -- with the same result for the same inputs.
         """
         out, record = self.run(*args)
         return self.estimate_from(record, args, preset=preset, cost_model=cost_model, refresh=refresh)
 
     def estimate_from(self, record: CallRecord, args, *, preset=None, cost_model=None, refresh=False) -> Estimate:
-        """The Estimate of a call already run (measuring the compute if not cached)."""
+        """The Estimate of a call already run (counting its instructions if not cached)."""
         from ..sim import simulate
 
         spec = _preset(preset)
@@ -138,32 +139,30 @@ class CppOp:
         key = (record.digest(), spec.fingerprint, model)
         hit = None if refresh else self._programs.get(key)
         if hit is None:
-            _, timed = self.run(*args, repeats=model.repeats)
-            ghz = model.host_ghz or host_ghz(self.library.native)
-            cores = tuple(_core_estimate(r, ghz, model) for r in timed.cores)
+            counted = self.count(*args)
+            costs = block_costs(self.library.counting_native().path)
+            cores = tuple(_core_estimate(r, costs, model) for r in counted.cores)
             program = build_program(self.qualname, record.arg_specs, record.out_spec,
                                     [r.log for r in record.cores], [r.files for r in record.cores], list(cores),
-                                    spec, model, meta={"cores": len(cores), "host_ghz": ghz})
-            hit = (program, cores, ghz)
+                                    spec, model, meta={"cores": len(cores)})
+            hit = (program, cores)
             with _LOCK:
                 self._programs[key] = hit
-        program, cores, ghz = hit
-        return Estimate(program, simulate(program, spec), cores, model, ghz)
+        program, cores = hit
+        return Estimate(program, simulate(program, spec), cores, model)
 
 
-def _core_estimate(run, ghz: float, model: CostModel) -> CoreEstimate:
-    # best of the runs: min total minus min runtime-call time (each minimum is the undisturbed
-    # figure; subtracting per run would let one preempted runtime call make a run look fast)
-    best = max(0.0, min(run.total_ns) - min(run.runtime_ns))
-    median = max(best, statistics.median(run.compute_ns))
+def _core_estimate(run, costs, model: CostModel) -> CoreEstimate:
+    instructions, memory = count_work(run.counts, costs)
     log = run.log
     ins, outs = log[log["dir"] == 0], log[log["dir"] == 1]
     to_out = outs[outs["arg"] == -1]
     return CoreEstimate(
         core=run.core,
-        host_compute_ns=best,
-        host_compute_ns_median=median,
-        gpsimd_cycles=best * ghz * model.gpsimd_cycles_per_host_cycle,
+        instructions=instructions,
+        memory_accesses=memory,
+        blocks=int(run.counts["count"].sum()),
+        gpsimd_cycles=model.cycles(instructions, memory),
         transfers_in=len(ins),
         transfers_out=len(outs),
         bytes_in=int((ins["count"] * ins["elem_size"]).sum()),
@@ -186,6 +185,7 @@ class CppLibrary:
         if check not in ("raise", "warn", "off"):
             raise ValueError(f"check must be 'raise', 'warn' or 'off', got {check!r}")
         self.native = native
+        self._counting: NativeLibrary | None = None
         self.multicore = bool(multicore)
         self.check = check
         self.cost_model = cost_model or CostModel()
@@ -209,6 +209,14 @@ class CppLibrary:
     @property
     def tcm_bytes(self) -> int:
         return self.spec.gpsimd_user_tcm_bytes
+
+    def counting_native(self) -> NativeLibrary:
+        """The library's counting build (its sources with a probe per basic block), opened
+        once; built from the library's manifest the first time (cached by content)."""
+        with _LOCK:
+            if self._counting is None:
+                self._counting = NativeLibrary(build_counting(self.path).path)
+            return self._counting
 
     @property
     def namespaces(self) -> list[str]:

@@ -3,15 +3,15 @@
 With ``cores = 8`` the kernel runs eight times, one after another, each time seeing its
 own ``get_cpu_id()``, its own empty TCM pool and the same output tensor, which starts
 filled with NaN (the most negative value for integers). Afterwards every core's writes
-are checked (:mod:`._coverage`). With ``repeats > 1`` each core runs again that many
-times for the compute estimate of the device model.
+are checked (:mod:`._coverage`). On a library built for counting, ``count=True`` also
+records the basic blocks each core executed (the device model's compute estimate).
 """
 
 from __future__ import annotations
 
 import hashlib
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,9 +39,7 @@ class CoreRun:
     core: int
     log: np.ndarray  # accessor copies (see _abi.LOG_DTYPE)
     files: list[str]
-    compute_ns: list[float] = field(default_factory=list)  # per run: thread CPU time minus runtime calls
-    total_ns: list[float] = field(default_factory=list)
-    runtime_ns: list[float] = field(default_factory=list)
+    counts: np.ndarray | None = None  # executed blocks (see _abi.COUNT_DTYPE), counting runs only
     tcm_peak: int = 0
     dst_requested: bool = False
 
@@ -147,14 +145,13 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, cores: int, tcm_bytes: int,
-            check: str = "raise", repeats: int = 0, show=lambda s: s,
+            check: str = "raise", count: bool = False, show=lambda s: s,
             out: torch.Tensor | None = None) -> tuple[torch.Tensor, CallRecord]:
     """Run ``op`` on ``cores`` emulated GpSimd cores; returns the output and the call record.
 
     ``check``: ``"raise"`` (default), ``"warn"`` or ``"off"`` for the coverage check.
-    ``repeats``: timed runs per core (0: no compute estimate); more follow, up to 4x as
-    many, while the best time still improves by more than 0.5% within 3 rounds. ``show`` rewrites file
-    paths in messages the way the user wrote them.
+    ``count``: record each core's executed blocks (``lib`` must be a counting build).
+    ``show`` rewrites file paths in messages the way the user wrote them.
     """
     shape, dtype = out_from_shape(lib, op, args, names, show)
     if out is None:
@@ -162,7 +159,7 @@ def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, 
     _poison(out)
     packed, keep = pack_args(op, args, names)
     dst = _desc(out, ROLE_OUTPUT, -1, f"the output of {op.qualname}")
-    failed, msg, stats = lib.run(op, packed, dst, cores, tcm_bytes, log=True, timing=repeats > 0)
+    failed, msg, stats = lib.run(op, packed, dst, cores, tcm_bytes, log=True, count=count)
     if failed is not None:
         where = f" (GpSimd core {failed} of {cores})" if cores > 1 and "GpSimd core" not in msg else ""
         raise CppKernelError(f"{op.qualname}{where}: {show(msg)}")
@@ -171,9 +168,8 @@ def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, 
     runs: list[CoreRun] = []
     leaks = []
     for c, st in enumerate(stats):
-        run = CoreRun(c, log[log["core"] == c], files, tcm_peak=int(st.tcm_peak), dst_requested=bool(st.dst_requested))
-        if repeats > 0:
-            _record_time(run, st)
+        run = CoreRun(c, log[log["core"] == c], files, counts=lib.take_counts(c) if count else None,
+                      tcm_peak=int(st.tcm_peak), dst_requested=bool(st.dst_requested))
         if st.leaks:
             leaks.append(f"GpSimd core {c} returned without tcm_free of {st.leaks} TCM buffer(s), "
                          f"{st.tcm_leaked} bytes ({show(lib.note(c))})")
@@ -197,25 +193,5 @@ def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, 
         if check == "raise":
             raise CoverageError(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-    # timing: rounds over all cores (one after another) until the best time stops improving
-    best = [min(r.compute_ns) for r in runs] if repeats > 0 else []
-    stale = 0
-    for rnd in range(1, repeats * 4 if repeats > 0 else 0):
-        failed, msg, stats = lib.run(op, packed, dst, cores, tcm_bytes, log=False, timing=True)
-        if failed is not None:  # a data-independent kernel cannot fail now; report it all the same
-            raise CppKernelError(f"{op.qualname} (timing run, GpSimd core {failed}): {show(msg)}")
-        for run, st in zip(runs, stats):
-            _record_time(run, st)
-        now = [min(r.compute_ns) for r in runs]
-        stale = stale + 1 if sum(now) > 0.995 * sum(best) else 0
-        best = now
-        if rnd + 1 >= repeats and stale >= 3:
-            break
     del keep
     return out, record
-
-
-def _record_time(run: CoreRun, stats) -> None:
-    run.total_ns.append(float(stats.thread_cpu_ns))
-    run.runtime_ns.append(float(stats.runtime_ns))
-    run.compute_ns.append(max(0.0, float(stats.thread_cpu_ns - stats.runtime_ns)))

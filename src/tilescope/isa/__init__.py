@@ -7,9 +7,9 @@ classes every Program is made of.
 
 from ._ap import AP, RuntimeScalar, Scalar
 from ._cost import (
-    COST_TABLE, GENERIC_CYCLES_PER_ELEMENT, CostRule, DmaCost, dma_cost, dma_indirect_cost, engine_cycles,
-    engine_ns, flops, generic_routine_cycles, load_stationary_cycles, matmul_cycles, DGE_CYCLES_PER_DESCRIPTOR,
-    dge_cycles, LOCAL_GATHER_CYCLES_PER_ELEMENT, local_gather_cycles,
+    COST_TABLE, DGE_CYCLES_PER_DESCRIPTOR, GENERIC_CYCLES_PER_ELEMENT, LOCAL_GATHER_CYCLES_PER_ELEMENT,
+    CostRule, DmaCost, dge_cycles, dma_cost, dma_engines, dma_indirect_cost, engine_cycles, engine_ns, flops,
+    generic_routine_cycles, load_stationary_cycles, local_gather_cycles, matmul_cycles,
 )
 from ._instructions import (
     ENGINE_NAMES, INSTRUCTION_KINDS, Activation, ActivationReduce, BnAggr, BnStats,
@@ -32,7 +32,7 @@ __all__ = [
     "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "TensorTensorScan",
     "TensorScalarReduce", "AffineSelect", "Reciprocal", "Max8", "MatchReplace8", "Dropout",
     "INSTRUCTION_KINDS", "ENGINE_NAMES", "ALU_OPS", "ACTIVATIONS", "REDUCE_OPS",
-    "COST_TABLE", "CostRule", "DmaCost", "dma_cost", "dma_indirect_cost", "engine_cycles", "engine_ns",
+    "COST_TABLE", "CostRule", "DmaCost", "dma_cost", "dma_engines", "dma_indirect_cost", "engine_cycles", "engine_ns",
     "matmul_cycles", "load_stationary_cycles", "flops", "generic_routine_cycles", "GENERIC_CYCLES_PER_ELEMENT",
     "dge_cycles", "DGE_CYCLES_PER_DESCRIPTOR", "local_gather_cycles", "LOCAL_GATHER_CYCLES_PER_ELEMENT",
     # kernel calls: one instruction each, inside a tile kernel

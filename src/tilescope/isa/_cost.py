@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from ..spec import CoreSpec
 from ._ap import AP
 from ._instructions import (
@@ -34,7 +36,7 @@ from ._instructions import (
 
 __all__ = [
     "CostRule", "COST_TABLE", "engine_cycles", "engine_ns", "dma_cost", "flops",
-    "load_stationary_cycles", "DmaCost", "dma_indirect_cost", "GENERIC_CYCLES_PER_ELEMENT",
+    "load_stationary_cycles", "DmaCost", "dma_engines", "dma_indirect_cost", "GENERIC_CYCLES_PER_ELEMENT",
     "generic_routine_cycles", "DGE_CYCLES_PER_DESCRIPTOR", "dge_cycles", "LOCAL_GATHER_CYCLES_PER_ELEMENT",
     "local_gather_cycles",
 ]
@@ -182,46 +184,131 @@ def engine_ns(instr: Instruction, spec: CoreSpec) -> float:
     return spec.engines[instr.engine].ns(engine_cycles(instr, spec))
 
 
+_ON_CHIP = frozenset({"sbuf", "psum"})
+
+
+def _run_elems(ap: AP, on_chip: bool) -> int:
+    """Elements of the longest run of ``ap`` that is contiguous in the device address map.
+
+    On-chip operands never run across partitions: [arch] SBUF addresses advance along one
+    partition's free dimension, then jump to the next partition, so each partition's slice
+    is its own DMA buffer.
+    """
+    run, expected = 1, 1
+    for stride, count in reversed(ap.dims[1:] if on_chip else ap.dims):
+        if count == 1:
+            continue
+        if stride != expected:
+            break
+        run *= count
+        expected = stride * count
+    return run
+
+
 @dataclass(frozen=True, slots=True)
 class DmaCost:
-    fixed_ns: float  # latency, overlaps with other transfers
-    effective_bytes: float  # bytes charged against bandwidth (small chunks rounded up)
-    bytes_per_ns: float  # bandwidth of the path (shared by concurrent transfers)
-    nbytes: int  # bytes actually moved
+    """What one DMA instruction costs, before the scheduler places it (see :func:`dma_cost`)."""
+
+    fixed_ns: float  # issue cost on its queue, pipelined with the queue's previous transfer
+    nbytes: int  # bytes moved
+    descriptors: int  # contiguous runs (DMA buffers), each at most one packet
+    partitions: int  # on-chip partitions the transfer touches (0: DRAM to DRAM)
+    hbm_read: int  # bytes read from HBM
+    hbm_write: int  # bytes written to HBM
+
+    def engine_ns(self, spec: CoreSpec, first_partition: int = 0) -> float:
+        """Time of each engine's piece of this transfer (see :func:`dma_engines`)."""
+        return float(dma_engines(self.partitions, self.descriptors, self.nbytes, first_partition, spec)[2])
 
 
-def dma_cost(instr: DmaCopy, spec: CoreSpec, touches_hbm: bool) -> DmaCost:
-    """[dmabw] fixed ~1.3 us per transfer, then bytes at the DMA engines' aggregate rate.
+def dma_cost(instr: DmaCopy, spec: CoreSpec, src_mem: str = "hbm", dst_mem: str = "sbuf") -> DmaCost:
+    """The structure of one DMA transfer [arch], [dmaintro], [dmabw]: bytes, descriptors,
+    partitions (which decide the engines it spans) and HBM traffic.
 
-    A transfer touching HBM is also capped by HBM bandwidth [arch]. Each contiguous
-    chunk is charged at least ``DmaSpec.chunk_floor_bytes`` (an assumed figure; see the
-    preset) because [dmabw] small payloads under-use the DMA engines.
+    A descriptor is one contiguous run on both sides, cut into ``DmaSpec.packet_bytes``
+    packets [overlap]; on-chip runs end at each partition.
+
+    >>> from tilescope.spec import preset
+    >>> x = AP("x", "bfloat16", 0, ((8192, 128), (1, 512)))  # rows of an HBM matrix
+    >>> t = AP("t", "bfloat16", 0, ((512, 128), (1, 512)))   # an SBUF tile
+    >>> c = dma_cost(DmaCopy(t, x), preset("trn1"), "hbm", "sbuf")
+    >>> c.descriptors, c.partitions, c.hbm_read
+    (128, 128, 131072)
+    >>> round(c.engine_ns(preset("trn1")), 1)  # on each of 16 engines: 8 KiB at 17 B/ns + 8 x 12 ns
+    577.9
     """
     nbytes = instr.dst.nbytes
-    chunk = max(1, min(instr.src.contiguous_bytes(), instr.dst.contiguous_bytes()))
-    chunks = -(-nbytes // chunk)
-    effective = chunks * max(chunk, spec.dma.chunk_floor_bytes) if chunk < spec.dma.chunk_floor_bytes else nbytes
-    bw = spec.dma_bytes_per_ns if touches_hbm else spec.dma.bytes_per_ns
-    return DmaCost(spec.dma.fixed_ns, float(effective), bw, nbytes)
+    size = max(1, instr.dst.size)
+    run = max(1, min(_run_elems(instr.src, src_mem in _ON_CHIP), _run_elems(instr.dst, dst_mem in _ON_CHIP)))
+    run = min(run, size)
+    run_bytes = run * instr.dst.itemsize
+    packets = -(-run_bytes // spec.dma.packet_bytes)
+    descriptors = -(-size // run) * packets
+    if dst_mem in _ON_CHIP:
+        partitions = instr.dst.partitions
+    elif src_mem in _ON_CHIP:
+        partitions = instr.src.partitions
+    else:
+        partitions = 0
+    return DmaCost(spec.dma.fixed_ns, nbytes, descriptors, partitions,
+                   nbytes if src_mem == "hbm" else 0, nbytes if dst_mem == "hbm" else 0)
 
 
-def dma_indirect_cost(instr: DmaIndirect, spec: CoreSpec, touches_hbm: bool) -> DmaCost:
-    """[dge] an indirect DMA moves one descriptor per index: every row is its own chunk.
+def dma_engines(partitions, descriptors, nbytes, first_partition, spec: CoreSpec):
+    """``(first engine, engines spanned, ns of each engine's piece)`` of transfers (numpy
+    arrays or plain numbers).
 
-    The fixed cost and bandwidth are a plain transfer's ([dmabw]); the bytes are the rows
-    touched (the direct operand), each row charged as a separate contiguous chunk, so a
-    gather of a few rows costs what those rows cost, never the table's size.
-    ([dge] nki/deep-dives/nki-dge.rst: software DGE writes the descriptors of a gather or
-    scatter with dynamic indices.)
+    [dmaintro] each engine serves ``partitions / engines`` consecutive SBUF partitions (8 of
+    128), so a transfer uses the engines of the partitions it touches; a DRAM-to-DRAM
+    transfer ("each DMA transfer is by default parallelized up to 16 DMA engines") spreads
+    its descriptors over all of them. Each engine moves an even share of the bytes at its
+    own bandwidth [dmabw] and pays ``descriptor_ns`` per descriptor of its share.
+
+    >>> from tilescope.spec import preset
+    >>> first, count, ns = dma_engines(4, 4, 32768, 0, preset("trn1"))  # [4, 4096] bf16
+    >>> int(first), int(count), round(float(ns))  # one engine: 32 KiB / 17 B/ns + 4 x 12 ns
+    (0, 1, 1976)
+    """
+    n = spec.dma.engines
+    per = spec.dma_partitions_per_engine
+    partitions, descriptors = np.asarray(partitions), np.asarray(descriptors)
+    first_partition = np.asarray(first_partition)
+    on_chip = partitions > 0
+    first = np.where(on_chip, (first_partition // per) % n, 0)
+    span = (first_partition + np.maximum(partitions, 1) - 1) // per - first_partition // per + 1
+    count = np.where(on_chip, np.clip(span, 1, n), np.clip(descriptors, 1, n))
+    piece = (np.asarray(nbytes) / count / spec.dma.bytes_per_ns_per_engine
+             + -(-descriptors // count) * spec.dma.descriptor_ns)
+    return first, count, piece
+
+
+def dma_indirect_cost(instr: DmaIndirect, spec: CoreSpec, src_mem: str = "hbm", dst_mem: str = "sbuf") -> DmaCost:
+    """[dge] an indirect DMA moves one descriptor per index: every row is its own run.
+
+    The structure of a plain transfer (:func:`dma_cost`) with the rows touched as its
+    descriptors (each cut into packets), so a gather of a few rows costs what those rows
+    cost, never the table's size. ([dge] nki/deep-dives/nki-dge.rst: software DGE writes the
+    descriptors of a gather or scatter with dynamic indices.)
+
+    >>> from tilescope.spec import preset
+    >>> from tilescope.isa import DmaIndirect
+    >>> table = AP("emb", "float32", 0, ((512, 1000), (1, 512)))  # 1000 rows of 2 KiB
+    >>> rows = AP("t", "float32", 0, ((512, 128), (1, 512)))       # 128 of them, one per partition
+    >>> idx = AP("i", "int32", 0, ((1, 128), (1, 1)))
+    >>> c = dma_indirect_cost(DmaIndirect(rows, table, index=idx), preset("trn1"), "hbm", "sbuf")
+    >>> c.descriptors, c.partitions, c.hbm_read
+    (128, 128, 262144)
     """
     table, direct = instr.table, instr.direct
-    row = AP(table.buffer, table.dtype, 0, table.dims[1:] or ((1, 1),)).contiguous_bytes()
-    chunk = max(1, min(row, direct.contiguous_bytes()))
+    row_elems = max(1, AP(table.buffer, table.dtype, 0, table.dims[1:] or ((1, 1),)).size)
+    on_chip = (dst_mem if instr.indirect == "src" else src_mem) in _ON_CHIP
+    run = max(1, min(row_elems, _run_elems(direct, on_chip)))
+    packets = -(-run * direct.itemsize // spec.dma.packet_bytes)
     nbytes = direct.nbytes
-    chunks = -(-nbytes // chunk)
-    effective = chunks * max(chunk, spec.dma.chunk_floor_bytes)
-    bw = spec.dma_bytes_per_ns if touches_hbm else spec.dma.bytes_per_ns
-    return DmaCost(spec.dma.fixed_ns, float(effective), bw, nbytes)
+    descriptors = -(-max(1, direct.size) // run) * packets
+    partitions = direct.partitions if on_chip else 0
+    return DmaCost(spec.dma.fixed_ns, nbytes, descriptors, partitions,
+                   nbytes if src_mem == "hbm" else 0, nbytes if dst_mem == "hbm" else 0)
 
 
 def flops(instr: Instruction) -> float:

@@ -175,8 +175,8 @@ def check_instruction(instr: Instruction, buffers, spec: CoreSpec) -> None:
                 f"into {instr.dst.size} elements of {instr.dst.buffer!r} {instr.dst.shape}; sizes must match"
             )
         # dtypes may differ: "a cast will happen if the src and dst have different dtype" [isa]
-        if instr.queue is not None and not 0 <= instr.queue < spec.dma.engines:
-            raise ProgramError(f"dma_copy queue {instr.queue} out of range [0, {spec.dma.engines})")
+        if instr.queue is not None and not 0 <= instr.queue < spec.dma.queues:
+            raise ProgramError(f"dma_copy queue {instr.queue} out of range [0, {spec.dma.queues})")
         return
 
     for role, ap, _ in ops:
@@ -350,8 +350,8 @@ def _check_indirect(instr: DmaIndirect, buffers, spec: CoreSpec) -> None:
             f"{kind} cannot convert {instr.src.dtype} to {instr.dst.dtype}; move the rows in their own dtype "
             f"and cast with tensor_copy on an engine"
         )
-    if instr.queue is not None and not 0 <= instr.queue < spec.dma.engines:
-        raise ProgramError(f"{kind} queue {instr.queue} out of range [0, {spec.dma.engines})")
+    if instr.queue is not None and not 0 <= instr.queue < spec.dma.queues:
+        raise ProgramError(f"{kind} queue {instr.queue} out of range [0, {spec.dma.queues})")
 
 
 def _check_matmul(instr: Matmul, buffers, spec: CoreSpec) -> None:

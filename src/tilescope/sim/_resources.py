@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-__all__ = ["IntervalResource"]
+__all__ = ["IntervalResource", "DmaEngines"]
 
 
 class IntervalResource:
@@ -80,3 +80,81 @@ class IntervalResource:
         for s, e in pieces:
             self.reserve(s, e)
         return t
+
+
+class DmaEngines:
+    """The DMA queues, engines and HBM port of one core, as the scheduler claims them.
+
+    A transfer is issued on its queue (``fixed`` ns, one instruction after another per
+    queue), then each engine it spans moves its piece (``piece`` ns of that engine's time)
+    after the queue's previous piece on that engine ([dmaintro] a queue's transfers run in
+    order). [arch] an engine processes one transfer at a time, and [overlap] it switches
+    between queues (rings) round-robin at packet boundaries, so a piece takes whatever
+    engine time earlier-claimed pieces left free, packet by packet (a fluid share).
+    Transfers touching HBM also draw ``hbm`` ns of HBM bandwidth, shared the same way.
+
+    While every transfer spans all engines the engines are identical, so one stands for all
+    (the common case costs one engine's bookkeeping); the first partial transfer splits them.
+    """
+
+    __slots__ = ("n", "issue_free", "done", "engines", "order", "hbm")
+
+    def __init__(self, engines: int, queues: int) -> None:
+        self.n = engines
+        self.issue_free = [0.0] * queues
+        self.done = [0.0] * queues
+        self.engines: list[IntervalResource] = [IntervalResource()]
+        self.order: list[list[float]] = [[0.0] for _ in range(queues)]
+        self.hbm = IntervalResource()
+
+    def first_free_queue(self) -> int:
+        """The queue whose last transfer completes first (lowest id on ties)."""
+        done = self.done
+        return min(range(len(done)), key=done.__getitem__)
+
+    def _split(self) -> None:
+        one = self.engines[0]
+        self.engines = [one] + [_copy(one) for _ in range(self.n - 1)]
+        self.order = [row * self.n for row in self.order]
+
+    def transfer(self, ready: float, q: int, fixed: float, first: int, count: int, piece: float,
+                 hbm: float) -> tuple[float, float]:
+        """Claim one transfer; returns (issue start, completion)."""
+        s = self.issue_free[q]
+        if ready > s:
+            s = ready
+        issued = s + fixed
+        self.issue_free[q] = issued
+        order = self.order[q]
+        if count >= self.n and len(self.engines) == 1:
+            engine = self.engines[0]
+            t0 = order[0] if order[0] > issued else issued
+            end = engine.consume(t0, piece)
+            order[0] = end
+        else:
+            if len(self.engines) == 1:
+                self._split()
+                order = self.order[q]
+            end = issued
+            n = self.n
+            for k in range(first, first + count):
+                e = k % n
+                engine = self.engines[e]
+                t0 = order[e] if order[e] > issued else issued
+                t = engine.consume(t0, piece)
+                order[e] = t
+                if t > end:
+                    end = t
+        if hbm > 0.0:
+            h = self.hbm.consume(issued, hbm)
+            if h > end:
+                end = h
+        self.done[q] = end
+        return s, end
+
+
+def _copy(r: IntervalResource) -> IntervalResource:
+    c = IntervalResource()
+    c.starts = list(r.starts)
+    c.ends = list(r.ends)
+    return c

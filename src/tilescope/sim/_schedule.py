@@ -8,25 +8,28 @@ Model (each rule is one line of the loop below):
 * A matmul whose stationary operand differs from the previous matmul's first loads
   it on TensorE's LoadStationary lane, which runs in the background of the previous
   matmul (nki.isa cost notes).
-* A DMA transfer takes the queue that frees first (unless the instruction names one),
-  pays the fixed latency, then moves its bytes through the core's DMA bandwidth,
-  which all transfers share: each takes the capacity earlier transfers left free.
+* A DMA instruction runs on one queue (named by the instruction, else chosen by the
+  preset's ``DmaSpec.queue_policy``). Issuing it costs the fixed ~1.3 us on its queue,
+  one instruction after another, pipelined with the data movement of the queue's
+  previous transfer. Its data then moves on the DMA engines of the partitions it
+  touches, each engine one transfer at a time and each queue in order on every engine;
+  transfers touching HBM also draw on HBM's bandwidth (see :func:`tilescope.isa.dma_cost`).
+* An instruction that depends on the one just before it on the same engine pays the
+  engine's dependent-instruction overhead (its pipeline drains first) [arch].
 * Shared ports [arch]: VectorE and GpSimd cannot access SBUF at the same time;
   VectorE and ScalarE cannot access PSUM at the same time.
 """
 
 from __future__ import annotations
 
-from heapq import heappop, heappush
-
 import numpy as np
 
 from ..isa import (
-    DmaCopy, DmaIndirect, Matmul, Transpose, dma_cost, dma_indirect_cost, engine_cycles, flops,
-    load_stationary_cycles,
+    DmaCopy, DmaIndirect, Matmul, Transpose, dma_cost, dma_engines, dma_indirect_cost, engine_cycles,
+    flops, load_stationary_cycles,
 )
 from ..spec import CoreSpec
-from ._resources import IntervalResource
+from ._resources import DmaEngines, IntervalResource
 from ._timeline import LANE_GROUPS, SimResult, Summary, Timeline
 
 __all__ = ["schedule"]
@@ -38,53 +41,56 @@ _DMA = -1
 
 
 def lane_names(spec: CoreSpec) -> tuple[str, ...]:
-    return _FIXED_LANES + tuple(f"DMA.q{q}" for q in range(spec.dma.engines))
+    return _FIXED_LANES + tuple(f"DMA.q{q}" for q in range(spec.dma.queues))
+
+
+# direction of a DMA site: what it moves between (loads, stores and copies use different queues)
+_DIRECTIONS = {("hbm", "sbuf"): 0, ("sbuf", "hbm"): 1, ("hbm", "hbm"): 2}
 
 
 def _signature_costs(rep, memories, spec: CoreSpec) -> tuple:
     """Cost-table row of one instruction signature:
-    (lane, dur_ns, ls_ns, dma_fixed_ns, dma_bw_ns, nbytes, flops, sbuf_port, psum_port,
-     hbm_read, hbm_write, is_pe)."""
+    (lane, dur_ns, ls_ns, dma_fixed_ns, nbytes, flops, sbuf_port, psum_port, hbm_read, hbm_write,
+     is_pe, dma_descriptors, dma_partitions, dma_direction, dependent_ns)."""
     fl = flops(rep)
     if isinstance(rep, DmaCopy):
         src_mem, dst_mem = memories[0], memories[-1]  # (an indirect DMA also reads its index tile)
         price = dma_indirect_cost if isinstance(rep, DmaIndirect) else dma_cost
-        cost = price(rep, spec, "hbm" in (src_mem, dst_mem))
-        return (_DMA, 0.0, 0.0, cost.fixed_ns, cost.effective_bytes / cost.bytes_per_ns, cost.nbytes,
-                fl, False, False, cost.nbytes if src_mem == "hbm" else 0,
-                cost.nbytes if dst_mem == "hbm" else 0, False)
+        cost = price(rep, spec, src_mem, dst_mem)
+        return (_DMA, 0.0, 0.0, cost.fixed_ns, cost.nbytes, fl, False, False, cost.hbm_read, cost.hbm_write,
+                False, cost.descriptors, cost.partitions, _DIRECTIONS.get((src_mem, dst_mem), 3), 0.0)
     engine = rep.engine
-    dur = spec.engines[engine].ns(engine_cycles(rep, spec))
+    espec = spec.engines[engine]
+    dur = espec.ns(engine_cycles(rep, spec))
     nbytes = sum(ap.nbytes for ap in rep.reads() + rep.writes())
     if isinstance(rep, (Matmul, Transpose)):
         ls = spec.tensor.ns(load_stationary_cycles(rep))
-        return (0, dur, ls, 0.0, 0.0, nbytes, fl, False, False, 0, 0, True)
+        return (0, dur, ls, 0.0, nbytes, fl, False, False, 0, 0, True, 0, 0, 0, 0.0)
     sbuf_port = engine in ("dve", "pool") and "sbuf" in memories
     psum_port = engine in ("dve", "act") and "psum" in memories
-    return (_ENGINE_LANES[engine], dur, 0.0, 0.0, 0.0, nbytes, fl, sbuf_port, psum_port, 0, 0, False)
+    return (_ENGINE_LANES[engine], dur, 0.0, 0.0, nbytes, fl, sbuf_port, psum_port, 0, 0, False, 0, 0, 0,
+            espec.ns(espec.dependent_cycles))
+
+
+_COLUMNS = (
+    ("lane", np.int64), ("dur", np.float64), ("ls", np.float64), ("fixed", np.float64),
+    ("nbytes", np.int64), ("flops", np.float64), ("sbuf", bool), ("psum", bool), ("hbm_read", np.int64),
+    ("hbm_write", np.int64), ("pe", bool), ("desc", np.int64), ("parts", np.int64), ("dir", np.int64),
+    ("dep", np.float64),
+)
 
 
 def _precompute(program, spec: CoreSpec):
     """Per-instruction cost arrays: the cost table applied once per signature, then gathered."""
     static = program.static
     rows = [_signature_costs(rep, mem, spec) for rep, mem in zip(static.representatives, static.memories)]
-    table = {
-        name: np.array([r[k] for r in rows], dtype=dt)
-        for k, (name, dt) in enumerate((
-            ("lane", np.int64), ("dur", np.float64), ("ls", np.float64), ("fixed", np.float64),
-            ("amount", np.float64), ("nbytes", np.int64), ("flops", np.float64), ("sbuf", bool),
-            ("psum", bool), ("hbm_read", np.int64), ("hbm_write", np.int64), ("pe", bool),
-        ))
-    }
+    table = {name: np.array([r[k] for r in rows], dtype=dt) for k, (name, dt) in enumerate(_COLUMNS)}
     sid = static.sig_id
     cols = {name: arr[sid] for name, arr in table.items()}
     cols["ls"] = np.where(static.stationary_change, cols["ls"], 0.0)
-    queue = np.full(len(sid), -1, dtype=np.int64)
-    for i, instr in enumerate(static.representatives):
-        if isinstance(instr, DmaCopy) and instr.queue is not None:
-            queue[sid == i] = instr.queue
-    cols["queue"] = queue
     is_dma = cols["lane"] == _DMA
+    cols["dur"] = cols["dur"] + np.where(_depends_on_previous(program, cols["lane"]), cols["dep"], 0.0)
+    cols["queue"], cols["first_part"] = _dma_placement(program, spec, cols, is_dma)
     totals = dict(
         hbm_read=int(cols["hbm_read"].sum()), hbm_write=int(cols["hbm_write"].sum()),
         transfers=int(is_dma.sum()), dma_bytes=int(cols["nbytes"][is_dma].sum()),
@@ -92,16 +98,78 @@ def _precompute(program, spec: CoreSpec):
     return cols, totals
 
 
+def _depends_on_previous(program, lane: np.ndarray) -> np.ndarray:
+    """Per instruction: does it depend on the instruction just before it on the same
+    compute engine? (TensorE accumulation into PSUM is near-memory, not a dependency
+    stall, and DMA queues are modeled on their own.)"""
+    n = len(lane)
+    flag = np.zeros(n, dtype=bool)
+    if n < 2:
+        return flag
+    indptr, indices = program.dependencies
+    prev = np.full(n, -1, dtype=np.int64)
+    order = np.argsort(lane, kind="stable")  # instructions grouped by lane, program order kept
+    same = lane[order[1:]] == lane[order[:-1]]
+    prev[order[1:][same]] = order[:-1][same]
+    counts = np.diff(np.asarray(indptr))
+    rows = np.repeat(np.arange(n), counts)
+    hit = np.asarray(indices) == prev[rows]
+    flag[rows[hit]] = True
+    return flag & (lane > 0)
+
+
+def _dma_placement(program, spec: CoreSpec, cols, is_dma):
+    """Queue (-1: the scheduler picks the queue that frees first) and first partition
+    of every DMA instruction."""
+    n = len(is_dma)
+    queue = np.full(n, -1, dtype=np.int64)
+    first = np.zeros(n, dtype=np.int64)
+    if not is_dma.any():
+        return queue, first
+    idx = np.flatnonzero(is_dma)
+    static = program.static
+    named = {k: r.queue for k, r in enumerate(static.representatives) if isinstance(r, DmaCopy) and r.queue is not None}
+    buffers = program.buffers
+    instrs = program.instructions
+    parts = cols["parts"]
+    for i in idx.tolist():
+        if parts[i] > 0:
+            ins = instrs[i]
+            ap = ins.dst if buffers[ins.dst.buffer].memory != "hbm" else ins.src
+            stride = ap.dims[0][0] if ap.dims else 0
+            first[i] = ap.offset // stride if stride > 0 else 0
+    if spec.dma.queue_policy == "site":
+        # one queue per issuing site (provenance x direction), sites dealt round-robin
+        prov = np.asarray(program.instr_prov, dtype=np.int64)[idx]
+        keys = prov * 4 + cols["dir"][idx]
+        _, first_seen, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        rank = np.empty(len(first_seen), dtype=np.int64)
+        rank[np.argsort(first_seen, kind="stable")] = np.arange(len(first_seen))
+        queue[idx] = rank[inverse] % spec.dma.queues
+    sig = static.sig_id[idx]
+    for k, q in named.items():
+        queue[idx[sig == k]] = q
+    return queue, first
+
+
+def _dma_engine_work(spec: CoreSpec, cols):
+    """Per instruction: first DMA engine, engines spanned, each engine's piece (ns) and
+    the HBM time (ns) of its bytes."""
+    first, count, piece = dma_engines(cols["parts"], cols["desc"], cols["nbytes"], cols["first_part"], spec)
+    hbm = (cols["hbm_read"] + cols["hbm_write"]) / spec.hbm_bytes_per_ns
+    return first, count, np.where(cols["lane"] == _DMA, piece, 0.0), hbm
+
+
 def schedule(program, spec: CoreSpec) -> SimResult:
     """Schedule ``program`` on ``spec``; deterministic."""
     cols, totals = _precompute(program, spec)
     lane, dur, ls_dur = cols["lane"], cols["dur"], cols["ls"]
-    dma_fixed, dma_amount, queue = cols["fixed"], cols["amount"], cols["queue"]
+    dma_fixed, queue = cols["fixed"], cols["queue"]
+    first_engine, engine_count, piece_ns, hbm_ns = _dma_engine_work(spec, cols)
     port_sbuf, port_psum = cols["sbuf"], cols["psum"]
     nbytes, fl, pe_flops = cols["nbytes"], cols["flops"], cols["pe"]
     indptr, indices = program.dependencies
     n = len(lane)
-    nq = spec.dma.engines
     lanes = lane_names(spec)
 
     start = np.zeros(n, dtype=np.float64)
@@ -110,9 +178,7 @@ def schedule(program, spec: CoreSpec) -> SimResult:
     ls_rows: list[tuple[int, float, float]] = []
 
     engine_free = [0.0] * len(_FIXED_LANES)
-    queue_free = [0.0] * nq
-    queue_heap = [(0.0, q) for q in range(nq)]
-    bandwidth = IntervalResource()
+    dma = DmaEngines(spec.dma.engines, spec.dma.queues)
     sbuf_port = IntervalResource()
     psum_port = IntervalResource()
 
@@ -123,7 +189,10 @@ def schedule(program, spec: CoreSpec) -> SimResult:
     ls_l = ls_dur.tolist()
     queue_l = queue.tolist()
     fixed_l = dma_fixed.tolist()
-    amount_l = dma_amount.tolist()
+    first_l = first_engine.tolist()
+    count_l = engine_count.tolist()
+    piece_l = piece_ns.tolist()
+    hbm_l = hbm_ns.tolist()
     psb = port_sbuf.tolist()
     pps = port_psum.tolist()
     end_l = [0.0] * n
@@ -139,19 +208,22 @@ def schedule(program, spec: CoreSpec) -> SimResult:
         ln = lane_l[i]
         if ln == _DMA:
             q = queue_l[i]
-            if q < 0:  # the queue that frees first (lowest id on ties)
-                free_at, q = heappop(queue_heap)
-                while free_at != queue_free[q]:  # stale entry: that queue was used by id
-                    free_at, q = heappop(queue_heap)
-            s = queue_free[q] if queue_free[q] > ready else ready
-            e = bandwidth.consume(s + fixed_l[i], amount_l[i])
-            queue_free[q] = e
-            heappush(queue_heap, (e, q))
+            if q < 0:
+                q = dma.first_free_queue()
+            s, e = dma.transfer(ready, q, fixed_l[i], first_l[i], count_l[i], piece_l[i], hbm_l[i])
             olane[i] = len(_FIXED_LANES) + q
         elif ln == 0:  # TensorE
             s = engine_free[0] if engine_free[0] > ready else ready
             if ls_l[i] > 0.0:
-                ls_s = engine_free[_LS] if engine_free[_LS] > ready else ready
+                # LoadStationary reads only the stationary operand: it waits for producers on
+                # other engines, not for earlier matmuls (an accumulation group into PSUM orders
+                # the multiplies, while the next stationary loads in the background [arch])
+                ls_ready = 0.0
+                for k in range(indptr_l[i], indptr_l[i + 1]):
+                    j = indices_l[k]
+                    if lane_l[j] != 0 and end_l[j] > ls_ready:
+                        ls_ready = end_l[j]
+                ls_s = engine_free[_LS] if engine_free[_LS] > ls_ready else ls_ready
                 ls_e = ls_s + ls_l[i]
                 engine_free[_LS] = ls_e
                 ls_rows.append((i, ls_s, ls_e))

@@ -27,6 +27,8 @@ class EngineSpec:
         lanes: elements processed per cycle per partition row (128 partitions in parallel).
         min_ii_cycles: minimum initiation interval of one instruction (fixed overhead).
         access_cycles: fixed SBUF/PSUM access latency paid per instruction.
+        dependent_cycles: static overhead of an instruction that reads the output of the
+            instruction just before it on the same engine (the pipeline drains first).
     """
 
     name: str
@@ -35,6 +37,7 @@ class EngineSpec:
     lanes: int = 128
     min_ii_cycles: int = 64
     access_cycles: int = 60
+    dependent_cycles: int = 0
 
     def __post_init__(self) -> None:
         if self.clock_ghz <= 0:
@@ -45,22 +48,52 @@ class EngineSpec:
         return cycles / self.clock_ghz
 
 
+QUEUE_POLICIES = ("site", "free")
+
+
 @dataclass(frozen=True)
 class DmaSpec:
-    """The DMA subsystem of one core.
+    """The DMA subsystem of one core: engines, queues and the costs of a transfer.
+
+    A DMA instruction is issued on one *queue*; the queue id exists on every engine and
+    a queue's transfers run in order. Issuing costs ``fixed_ns`` on the queue (descriptor
+    setup, synchronisation, semaphore-to-start), pipelined with the data movement of the
+    queue's previous transfer. The data then moves on the *engines* the transfer spans
+    (each engine serves ``partitions / engines`` SBUF partitions; a DRAM-to-DRAM copy is
+    cut into ``packet_bytes`` packets dealt to all engines): each engine moves its share
+    at ``bytes_per_ns_per_engine`` plus ``descriptor_ns`` per contiguous run (DMA buffer).
 
     Attributes:
-        engines: DMA engines (queues) per core.
+        engines: DMA engines per core.
         bytes_per_ns_per_engine: sustained bandwidth of one engine (GB/s == B/ns).
-        fixed_ns: fixed cost of one DMA transfer (descriptor processing, latency).
-        chunk_floor_bytes: *assumed*. A contiguous chunk smaller than this moves in
-            the time of this many bytes (per-descriptor efficiency). See the preset.
+        fixed_ns: fixed cost of one DMA instruction on its queue.
+        queues: queue ids per engine.
+        descriptor_ns: *assumed*. Cost of one descriptor (one contiguous run). See the preset.
+        packet_bytes: size DRAM-to-DRAM transfers are cut into across engines.
+        queue_policy: *assumed*. Which queue an instruction that names none lands on:
+            ``"site"`` -- each issuing site (program statement and direction) keeps one
+            queue, sites dealt round-robin; ``"free"`` -- the queue that frees first.
     """
 
     engines: int
     bytes_per_ns_per_engine: float
     fixed_ns: float
-    chunk_floor_bytes: int = 512
+    queues: int = 16
+    descriptor_ns: float = 12.0
+    packet_bytes: int = 4096
+    queue_policy: str = "site"
+
+    def __post_init__(self) -> None:
+        if self.engines < 1 or self.queues < 1:
+            raise ValueError(f"DMA engines and queues must be >= 1, got {self.engines} and {self.queues}")
+        if self.bytes_per_ns_per_engine <= 0:
+            raise ValueError(f"bytes_per_ns_per_engine must be > 0, got {self.bytes_per_ns_per_engine}")
+        if self.fixed_ns < 0 or self.descriptor_ns < 0:
+            raise ValueError(f"fixed_ns and descriptor_ns must be >= 0, got {self.fixed_ns}, {self.descriptor_ns}")
+        if self.packet_bytes < 1:
+            raise ValueError(f"packet_bytes must be >= 1, got {self.packet_bytes}")
+        if self.queue_policy not in QUEUE_POLICIES:
+            raise ValueError(f"queue_policy must be one of {QUEUE_POLICIES}, got {self.queue_policy!r}")
 
     @property
     def bytes_per_ns(self) -> float:
@@ -144,6 +177,11 @@ class CoreSpec:
         per_cycle = 2 * self.pe_rows * self.pe_cols
         slow = self.pe_fp32_slowdown if dtype == "float32" else 1
         return per_cycle * self.tensor.clock_ghz * 1e9 / slow
+
+    @property
+    def dma_partitions_per_engine(self) -> int:
+        """SBUF partitions one DMA engine serves (128 / 16 = 8 on v2 and v3)."""
+        return max(1, -(-self.partitions // self.dma.engines))
 
     @property
     def dma_bytes_per_ns(self) -> float:

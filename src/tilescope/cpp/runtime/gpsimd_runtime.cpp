@@ -5,15 +5,21 @@
 // tensor or outside the TCM buffer, writes into inputs, buffer overruns (guard bytes around
 // each allocation), leaks. Each accessor copy is logged (direction, tensor, offset, count,
 // source line) for tilescope's coverage checks and for the device model, which turns each
-// one into a DMA transfer. The Python side (tilescope.cpp) calls the C ABI at the bottom.
+// one into a DMA transfer. In a library built for counting (the user's sources compiled with
+// -fsanitize-coverage=trace-pc), every basic block the kernel executes calls
+// __sanitizer_cov_trace_pc below, which counts it: the device model's compute estimate is
+// those counts times each block's instructions, the same for the same inputs on every run.
+// The Python side (tilescope.cpp) calls the C ABI at the bottom.
 #include <tilescope/gpsimd.h>
 
-#include <chrono>
+#include <dlfcn.h>
+
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -38,9 +44,8 @@ struct LogRec {
 };
 
 struct RunStats {
-    int64_t thread_cpu_ns;  // whole kernel call, thread CPU time
-    int64_t runtime_ns;     // wall time spent inside runtime calls (accessor copies, tcm_malloc/free)
-    int64_t runtime_calls;
+    int64_t blocks;         // distinct basic blocks counted (counting builds; 0 otherwise)
+    int64_t executed;       // basic blocks executed (counting builds; 0 otherwise)
     int64_t tcm_peak;       // bytes of the pool in use at the high-water mark
     int64_t tcm_leaked;     // bytes never freed
     int32_t leaks;          // allocations never freed
@@ -54,6 +59,60 @@ struct Alloc {
     unsigned char* block;
     const char* file;
     int line;
+};
+
+// Executions per basic block, keyed by the block's probe return address: open addressing,
+// grown at half load (a kernel has a few hundred blocks; the probe runs once per block executed).
+struct PcCount {
+    uint64_t offset;  // return address of the block's probe, relative to the library's load base
+    uint64_t count;
+};
+struct PcTable {
+    std::vector<uintptr_t> pc;
+    std::vector<uint64_t> n;
+    size_t used = 0;
+    void clear() {
+        pc.assign(1024, 0);
+        n.assign(1024, 0);
+        used = 0;
+    }
+    void add(uintptr_t p) {
+        if (pc.empty()) clear();
+        size_t mask = pc.size() - 1;
+        size_t i = (p >> 2) * 0x9E3779B97F4A7C15ull >> 20 & mask;
+        while (pc[i] != p) {
+            if (pc[i] == 0) {
+                if (2 * (used + 1) > pc.size()) {
+                    grow();
+                    add(p);
+                    return;
+                }
+                pc[i] = p;
+                ++used;
+                break;
+            }
+            i = (i + 1) & mask;
+        }
+        ++n[i];
+    }
+    void grow() {
+        std::vector<uintptr_t> old_pc;
+        std::vector<uint64_t> old_n;
+        old_pc.swap(pc);
+        old_n.swap(n);
+        pc.assign(old_pc.size() * 2, 0);
+        n.assign(old_pc.size() * 2, 0);
+        used = 0;
+        for (size_t k = 0; k < old_pc.size(); ++k)
+            if (old_pc[k]) {
+                size_t mask = pc.size() - 1;
+                size_t i = (old_pc[k] >> 2) * 0x9E3779B97F4A7C15ull >> 20 & mask;
+                while (pc[i]) i = (i + 1) & mask;
+                pc[i] = old_pc[k];
+                n[i] = old_n[k];
+                ++used;
+            }
+    }
 };
 
 struct Context {
@@ -72,9 +131,9 @@ struct Context {
     std::map<uintptr_t, Alloc> by_ptr;  // user pointer -> allocation
     std::map<size_t, uintptr_t> by_addr;
     bool logging = false;
-    bool timing = false;
-    int64_t runtime_ns = 0;
-    int64_t runtime_calls = 0;
+    bool counting = false;
+    PcTable pcs;                                   // this core run's executed blocks
+    std::vector<std::vector<PcCount>> counts;      // per core run: (block offset, executions)
     std::vector<LogRec> log;
     std::vector<const char*> files;
     std::vector<std::string> notes;  // per core run: live allocations at return (leaks)
@@ -90,31 +149,6 @@ OpTable& table() {
     static OpTable t;
     return t;
 }
-
-int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
-int64_t thread_cpu_ns() {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-// Wall time spent in a runtime call, so the compute estimate can leave it out (the device
-// model charges accessor traffic as DMA instead).
-struct RuntimeTimer {
-    int64_t t0;
-    RuntimeTimer() : t0(ctx.timing ? now_ns() : 0) {}
-    ~RuntimeTimer() {
-        if (ctx.timing) {
-            ctx.runtime_ns += now_ns() - t0;
-            ctx.runtime_calls++;
-        }
-    }
-};
 
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
 std::string fmt(const char* f, ...) {
@@ -286,7 +320,6 @@ void log_copy(int32_t dir, const TensorDesc& t, size_t offset, size_t count, siz
 }
 
 void* tcm_malloc(size_t nbytes, const char* file, int line) {
-    RuntimeTimer timer;
     require_kernel("tcm_malloc", file, line);
     if (static_cast<int64_t>(nbytes) < 0)
         fail(where() + fmt("tcm_malloc(%lld bytes): a negative size was converted to size_t",
@@ -328,7 +361,6 @@ void* tcm_malloc(size_t nbytes, const char* file, int line) {
 }
 
 void tcm_free(void* ptr, const char* file, int line) {
-    RuntimeTimer timer;
     require_kernel("tcm_free", file, line);
     if (ptr == nullptr) return;
     auto it = ctx.by_ptr.find(reinterpret_cast<uintptr_t>(ptr));
@@ -350,7 +382,6 @@ void tcm_free(void* ptr, const char* file, int line) {
 
 void tensor_to_tcm(const TensorDesc& t, void* tcm_ptr, int32_t elem_dtype, size_t elem_size, size_t offset,
                    size_t count, const char* file, int line) {
-    RuntimeTimer timer;
     require_kernel("tensor_to_tcm", file, line);
     check_tensor_range(t, elem_dtype, elem_size, offset, count, "tensor_to_tcm", file, line);
     tcm_region(tcm_ptr, count, elem_size, "tensor_to_tcm", file, line);
@@ -360,7 +391,6 @@ void tensor_to_tcm(const TensorDesc& t, void* tcm_ptr, int32_t elem_dtype, size_
 
 void tcm_to_tensor(const TensorDesc& t, const void* tcm_ptr, int32_t elem_dtype, size_t elem_size, size_t offset,
                    size_t count, const char* file, int line) {
-    RuntimeTimer timer;
     require_kernel("tcm_to_tensor", file, line);
     if (t.role == kRoleInput)
         fail(where() + fmt("tcm_to_tensor into argument %d, an input: a kernel writes only its output. Get it "
@@ -471,6 +501,30 @@ TILESCOPE_API int ts_shape(int op, const Arg* args, int nargs, TensorDesc* out, 
 }
 
 namespace {
+// The load base of this library, so counted blocks are named by offsets objdump shows.
+uintptr_t library_base() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&library_base), &info) && info.dli_fbase)
+        return reinterpret_cast<uintptr_t>(info.dli_fbase);
+    return 0;
+}
+
+// This core run's block counts, sorted by offset (deterministic order), into ctx.counts.
+void save_counts(RunStats* stats) {
+    std::vector<PcCount> out;
+    const uintptr_t base = library_base();
+    int64_t executed = 0;
+    for (size_t i = 0; i < ctx.pcs.pc.size(); ++i)
+        if (ctx.pcs.pc[i]) {
+            out.push_back({static_cast<uint64_t>(ctx.pcs.pc[i] - base), ctx.pcs.n[i]});
+            executed += static_cast<int64_t>(ctx.pcs.n[i]);
+        }
+    std::sort(out.begin(), out.end(), [](const PcCount& a, const PcCount& b) { return a.offset < b.offset; });
+    stats->blocks = static_cast<int64_t>(out.size());
+    stats->executed = executed;
+    ctx.counts.push_back(std::move(out));
+}
+
 // One run of the kernel as core cpu_id; returns 0 or 1 (error message in err).
 int run_core(const OpEntry& e, const Arg* args, int nargs, const TensorDesc* dst, uint32_t cpu_id,
              uint32_t cpu_count, int64_t tcm_bytes, int32_t flags, RunStats* stats, char* err, int errlen) {
@@ -485,11 +539,9 @@ int run_core(const OpEntry& e, const Arg* args, int nargs, const TensorDesc* dst
     ctx.capacity = static_cast<size_t>(tcm_bytes);
     reset_pool();
     ctx.logging = (flags & 1) != 0;
-    ctx.timing = (flags & 2) != 0;
-    ctx.runtime_ns = 0;
-    ctx.runtime_calls = 0;
+    ctx.pcs.clear();
+    ctx.counting = (flags & 4) != 0;
     int rc = 0;
-    int64_t t0 = thread_cpu_ns();
     try {
         e.kernel_thunk(e.kernel, args);
         for (auto& kv : ctx.by_ptr)
@@ -509,11 +561,9 @@ int run_core(const OpEntry& e, const Arg* args, int nargs, const TensorDesc* dst
         copy_error(fmt("%s::%s: the kernel threw an exception of unknown type", e.lib, e.name), err, errlen);
         rc = 1;
     }
-    int64_t t1 = thread_cpu_ns();
+    ctx.counting = false;
     std::fflush(stdout);
-    stats->thread_cpu_ns = t1 - t0;
-    stats->runtime_ns = ctx.runtime_ns;
-    stats->runtime_calls = ctx.runtime_calls;
+    save_counts(stats);
     stats->tcm_peak = static_cast<int64_t>(ctx.peak);
     int64_t leaked = 0;
     for (auto& kv : ctx.by_ptr) leaked += static_cast<int64_t>(kv.second.size);
@@ -529,8 +579,8 @@ int run_core(const OpEntry& e, const Arg* args, int nargs, const TensorDesc* dst
 
 // Runs the kernel as cores cpu_begin .. cpu_end-1 (of cpu_count), one after another, in one
 // call (so the caller's interpreter lock is released once). stats: one per core run.
-// flags: 1 = log accessor copies, 2 = time runtime calls. Returns 0, or 1 + the index of the
-// failing run (its message in err; later cores did not run).
+// flags: 1 = log accessor copies, 4 = count executed blocks (libraries built for counting).
+// Returns 0, or 1 + the index of the failing run (its message in err; later cores did not run).
 TILESCOPE_API int ts_run(int op, const Arg* args, int nargs, const TensorDesc* dst, uint32_t cpu_begin,
                          uint32_t cpu_end, uint32_t cpu_count, int64_t tcm_bytes, int32_t flags, RunStats* stats,
                          char* err, int errlen) {
@@ -542,6 +592,7 @@ TILESCOPE_API int ts_run(int op, const Arg* args, int nargs, const TensorDesc* d
     ctx.log.clear();
     ctx.files.clear();
     ctx.notes.clear();
+    ctx.counts.clear();
     for (uint32_t c = cpu_begin; c < cpu_end; ++c)
         if (run_core(e, args, nargs, dst, c, cpu_count, tcm_bytes, flags, &stats[c - cpu_begin], err, errlen))
             return 1 + static_cast<int>(c - cpu_begin);
@@ -554,27 +605,18 @@ TILESCOPE_API int ts_log_file_count() { return static_cast<int>(ctx.files.size()
 TILESCOPE_API const char* ts_log_file(int k) { return ctx.files.at(k); }
 TILESCOPE_API const char* ts_note(int k) { return k >= 0 && k < static_cast<int>(ctx.notes.size()) ? ctx.notes[k].c_str() : ""; }
 
-// Host clock estimate: a chain of dependent integer adds retires one add per cycle on any
-// current x86-64 or AArch64 core. Returns cycles per nanosecond (GHz), best of `trials`.
-TILESCOPE_API double ts_host_ghz(int64_t iterations, int trials) {
-    double best = 0.0;
-    for (int t = 0; t < trials; ++t) {
-        uint64_t x = 1, y = 3;
-        int64_t t0 = thread_cpu_ns();
-        for (int64_t i = 0; i < iterations; ++i) {
-#define TS_STEP x += y; __asm__ volatile("" : "+r"(x));
-            TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP
-            TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP TS_STEP
-#undef TS_STEP
-        }
-        int64_t dt = thread_cpu_ns() - t0;
-        __asm__ volatile("" : : "r"(x));
-        if (dt > 0) {
-            double ghz = 16.0 * static_cast<double>(iterations) / static_cast<double>(dt);
-            if (ghz > best) best = ghz;
-        }
-    }
-    return best;
+// Executed blocks of core run k of the last ts_run (counting builds): (offset, count) pairs.
+TILESCOPE_API int64_t ts_count_size(int k) {
+    return k >= 0 && k < static_cast<int>(ctx.counts.size()) ? static_cast<int64_t>(ctx.counts[k].size()) : 0;
+}
+TILESCOPE_API const void* ts_count_data(int k) {
+    return k >= 0 && k < static_cast<int>(ctx.counts.size()) ? ctx.counts[k].data() : nullptr;
+}
+
+// The probe -fsanitize-coverage=trace-pc puts at the start of every basic block of the user's
+// sources (counting builds only): one execution of the block that called it.
+void __sanitizer_cov_trace_pc() {
+    if (ctx.counting) ctx.pcs.add(reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
 }
 
 }  // extern "C"
