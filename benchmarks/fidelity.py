@@ -248,7 +248,7 @@ def eval_rmsnorm(recorded: dict, spec: CoreSpec, quick: bool) -> Group:
 
 
 # ---------------------------------------------------------------------------------------------
-# case 3: DMA throughput by bytes per partition (a stream of [128, b] loads from one statement)
+# case 3: DMA throughput by bytes per partition (a stream of [128, b] loads of one tensor)
 
 
 DMA_CURVE = {32: 1.4, 64: 2.6, 128: 5.0, 256: 10.3, 512: 20.9, 1024: 42.4, 2048: 81.3, 4096: 96.6,
@@ -258,7 +258,7 @@ DMA_STREAM_LOADS = 16
 
 @tilescope.kernel
 def dma_stream(x):
-    """``n`` loads of [128, F] from one statement: the queue's transfers back to back."""
+    """``n`` loads of [128, F] of one tensor: its queue's transfers back to back."""
     n, P, F = x.shape
     for i in tl.affine_range(n):
         t = tl.ndarray((P, F), x.dtype, buffer=tl.sbuf)
@@ -284,7 +284,7 @@ def eval_dma_curve(programs: dict, spec: CoreSpec, quick: bool) -> Group:
                        f"a fixed per-DMA cost pipelined with the data")
         rows.append(row)
     return Group("DMA throughput vs bytes per partition (p_dim 128)", "[dmaintro] Fig. 1",
-                 f"{DMA_STREAM_LOADS} loads of [128, b/2] bf16 from one statement; hardware not stated",
+                 f"{DMA_STREAM_LOADS} loads of [128, b/2] bf16 of one tensor; hardware not stated",
                  spec.name, rows, steps=True, notes=[f"32 KiB point: {top:.0f} GB/s modeled (no published scale)"])
 
 

@@ -117,8 +117,8 @@ def test_compute_bound_matmul_time():
     s = simulate(prog).summary
     # loads: 32 KiB + 128 KiB; then reps matmuls of 512 cycles at 2.8 GHz (one stationary
     # load of 32 cycles first); copy-out on VectorE reading PSUM; one 256 KiB store.
-    # the two loads issue one after the other (one queue: same site), their data in parallel
-    loads = 2 * DMA_FIXED + engine_ns(128, 512 * 2)
+    # the two loads (two tensors: two queues) issue together; their data shares the engines
+    loads = DMA_FIXED + engine_ns(128, 128 * 2) + engine_ns(128, 512 * 2)
     pe = 32 / 2.8 + reps * 512 / 2.8
     copy = (60 + 512) / 1.12
     store = DMA_FIXED + engine_ns(128, 512 * 4)

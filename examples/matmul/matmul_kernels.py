@@ -8,7 +8,7 @@ how data reaches it, and the modeled timelines show why each step is faster:
 
 * ``matmul_naive`` (the tutorial's "tiled" kernel): for every 128 x 512 output tile and every
   128-deep K step it loads a [128, 128] lhsT tile and a [128, 512] rhs tile, then issues one
-  matmul (183 ns of TensorE). Each load statement keeps its DMA queue, and a queue issues one
+  matmul (183 ns of TensorE). Each input tensor's loads keep one DMA queue, and a queue issues one
   DMA per ~1.3 us (descriptor setup and semaphore-to-start, [dmabw]) while a [128, 512] bf16
   load has only ~0.58 us of data per DMA engine: the kernel is bound by DMA *issue*, one
   iteration per 1.3 us, TensorE busy 14% of the time.
@@ -27,7 +27,7 @@ All times are modeled by tilescope's device model, not measured. At the tutorial
 model gives 42.6, 42.6, 21.4 and 6.6 ms (14.1%, 14.1%, 27.9% and 91.5% of TensorE peak); the
 tutorial reports 51.80, 42.96, 22.07 and 6.97 ms (10.98%, 13.24%, 26.51%, 85.24% HFU) on trn1.
 ``benchmarks/fidelity.py`` prints the comparison and how it moves with each *assumed* preset
-parameter (e.g. ``preset("trn1").replace(dma={"queue_policy": "free"})`` lets one statement's
+parameter (e.g. ``preset("trn1").replace(dma={"queue_policy": "free"})`` lets one tensor's
 DMAs use every queue: the DMA-bound steps then run ~2x faster than hardware).
 """
 

@@ -44,39 +44,35 @@ def lane_names(spec: CoreSpec) -> tuple[str, ...]:
     return _FIXED_LANES + tuple(f"DMA.q{q}" for q in range(spec.dma.queues))
 
 
-# direction of a DMA site: what it moves between (loads, stores and copies use different queues)
-_DIRECTIONS = {("hbm", "sbuf"): 0, ("sbuf", "hbm"): 1, ("hbm", "hbm"): 2}
-
 
 def _signature_costs(rep, memories, spec: CoreSpec) -> tuple:
     """Cost-table row of one instruction signature:
     (lane, dur_ns, ls_ns, dma_fixed_ns, nbytes, flops, sbuf_port, psum_port, hbm_read, hbm_write,
-     is_pe, dma_descriptors, dma_partitions, dma_direction, dependent_ns)."""
+     is_pe, dma_descriptors, dma_partitions, dependent_ns)."""
     fl = flops(rep)
     if isinstance(rep, DmaCopy):
         src_mem, dst_mem = memories[0], memories[-1]  # (an indirect DMA also reads its index tile)
         price = dma_indirect_cost if isinstance(rep, DmaIndirect) else dma_cost
         cost = price(rep, spec, src_mem, dst_mem)
         return (_DMA, 0.0, 0.0, cost.fixed_ns, cost.nbytes, fl, False, False, cost.hbm_read, cost.hbm_write,
-                False, cost.descriptors, cost.partitions, _DIRECTIONS.get((src_mem, dst_mem), 3), 0.0)
+                False, cost.descriptors, cost.partitions, 0.0)
     engine = rep.engine
     espec = spec.engines[engine]
     dur = espec.ns(engine_cycles(rep, spec))
     nbytes = sum(ap.nbytes for ap in rep.reads() + rep.writes())
     if isinstance(rep, (Matmul, Transpose)):
         ls = spec.tensor.ns(load_stationary_cycles(rep))
-        return (0, dur, ls, 0.0, nbytes, fl, False, False, 0, 0, True, 0, 0, 0, 0.0)
+        return (0, dur, ls, 0.0, nbytes, fl, False, False, 0, 0, True, 0, 0, 0.0)
     sbuf_port = engine in ("dve", "pool") and "sbuf" in memories
     psum_port = engine in ("dve", "act") and "psum" in memories
-    return (_ENGINE_LANES[engine], dur, 0.0, 0.0, nbytes, fl, sbuf_port, psum_port, 0, 0, False, 0, 0, 0,
+    return (_ENGINE_LANES[engine], dur, 0.0, 0.0, nbytes, fl, sbuf_port, psum_port, 0, 0, False, 0, 0,
             espec.ns(espec.dependent_cycles))
 
 
 _COLUMNS = (
     ("lane", np.int64), ("dur", np.float64), ("ls", np.float64), ("fixed", np.float64),
     ("nbytes", np.int64), ("flops", np.float64), ("sbuf", bool), ("psum", bool), ("hbm_read", np.int64),
-    ("hbm_write", np.int64), ("pe", bool), ("desc", np.int64), ("parts", np.int64), ("dir", np.int64),
-    ("dep", np.float64),
+    ("hbm_write", np.int64), ("pe", bool), ("desc", np.int64), ("parts", np.int64), ("dep", np.float64),
 )
 
 
@@ -132,20 +128,22 @@ def _dma_placement(program, spec: CoreSpec, cols, is_dma):
     buffers = program.buffers
     instrs = program.instructions
     parts = cols["parts"]
-    for i in idx.tolist():
+    site_of: dict[tuple, int] = {}
+    site = np.zeros(len(idx), dtype=np.int64)
+    for k, i in enumerate(idx.tolist()):
+        ins = instrs[i]
+        src_hbm = buffers[ins.src.buffer].memory == "hbm"
+        dst_hbm = buffers[ins.dst.buffer].memory == "hbm"
         if parts[i] > 0:
-            ins = instrs[i]
-            ap = ins.dst if buffers[ins.dst.buffer].memory != "hbm" else ins.src
+            ap = ins.src if dst_hbm else ins.dst
             stride = ap.dims[0][0] if ap.dims else 0
             first[i] = ap.offset // stride if stride > 0 else 0
+        # the site: the HBM tensor moved (or, on chip, the destination) and the direction
+        key = (ins.src.buffer if src_hbm else ins.dst.buffer, src_hbm, dst_hbm)
+        site[k] = site_of.setdefault(key, len(site_of))
     if spec.dma.queue_policy == "site":
-        # one queue per issuing site (provenance x direction), sites dealt round-robin
-        prov = np.asarray(program.instr_prov, dtype=np.int64)[idx]
-        keys = prov * 4 + cols["dir"][idx]
-        _, first_seen, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        rank = np.empty(len(first_seen), dtype=np.int64)
-        rank[np.argsort(first_seen, kind="stable")] = np.arange(len(first_seen))
-        queue[idx] = rank[inverse] % spec.dma.queues
+        # one queue per site, sites dealt round-robin in order of first use
+        queue[idx] = site % spec.dma.queues
     sig = static.sig_id[idx]
     for k, q in named.items():
         queue[idx[sig == k]] = q

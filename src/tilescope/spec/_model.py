@@ -71,7 +71,7 @@ class DmaSpec:
         descriptor_ns: *assumed*. Cost of one descriptor (one contiguous run). See the preset.
         packet_bytes: size DRAM-to-DRAM transfers are cut into across engines.
         queue_policy: *assumed*. Which queue an instruction that names none lands on:
-            ``"site"`` -- each issuing site (program statement and direction) keeps one
+            ``"site"`` -- each DMA site (the HBM tensor moved and the direction) keeps one
             queue, sites dealt round-robin; ``"free"`` -- the queue that frees first.
     """
 

@@ -64,11 +64,11 @@ TRN1 = CoreSpec(
         descriptor_ns=12.0,
         packet_bytes=4096,  # [overlap] the runtime's default DMA packet size, 4 KiB
         # ASSUMED: [schema] queues exist per trigger engine and data kind, and [dmaintro] a
-        # queue's transfers run in order; which queue a statement's DMAs use is the
-        # compiler's choice and unpublished. We give each issuing site (the program
-        # statement, and whether it loads, stores or copies) one queue, sites dealt
-        # round-robin over the 16 queue ids. "free" (any queue that frees first) is the
-        # alternative; the fidelity harness shows how each moves the figures.
+        # queue's transfers run in order; which queue a DMA uses is the compiler's choice
+        # and unpublished. We give each DMA site -- the HBM tensor it moves (the destination
+        # for on-chip copies) and whether it loads, stores or copies -- one queue, sites
+        # dealt round-robin over the 16 queue ids. "free" (any queue that frees first) is
+        # the alternative; the fidelity harness shows how each moves the figures.
         queue_policy="site",
     ),
     hbm_bytes_per_ns=410.0,  # [trn1] 820 GB/s per chip of 2 cores
