@@ -344,7 +344,7 @@ class Kernel:
             raise
         outs = []
         for name in program.outputs:
-            buf = program.buffers[name]
+            buf = program.buffer(name)
             outs.append(OutputSpec(name, buf.shape, buf.dtype, order.index(name) if name in handles else None))
         return Traced(self.name, program, tuple(order), tuple(_spec_of(arrays[n], n) for n in order),
                       tuple(outs), plan, grid, spec, dict(ctx.hooks), dict(ctx.constants))

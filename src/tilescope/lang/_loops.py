@@ -39,7 +39,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..isa import AP
+from ..isa._instructions import field_access
+from ..program._columns import operands_of as _operands
+from ._context import BufState, maybe_current
+from ._index import Check, IndexExpr, MGrid, Predicate
 from ._sym import Sym
+from ._values import Tensor, Tile
 
 __all__ = ["Loop", "Guard", "record_guard", "loop_range", "replication_enabled"]
 
@@ -55,8 +60,6 @@ def replication_enabled() -> bool:
 def record_guard(coefs: dict, diff: int, op: str, outcome: bool) -> None:
     """A comparison ``sum(coef_L * x_L) + base  op  0`` gave ``outcome`` (``diff`` is the
     compared difference's value now): keep it with the innermost loop tracing samples."""
-    from ._context import maybe_current
-
     ctx = maybe_current()
     if ctx is None or not ctx.loops:
         return
@@ -202,7 +205,7 @@ class Loop:
         self.x = self.start + self.k * self.step
         self.serial += 1
         b = self.ctx.b
-        self.iters.append(_Iteration(self.k, self.x, b.instruction_count, len(b.buffer_order),
+        self.iters.append(_Iteration(self.k, self.x, b.instruction_count, b.buffer_count,
                                      len(self.ctx.touch_log)))
         self.guards = []
         if self.concrete:
@@ -212,7 +215,7 @@ class Loop:
     def _end_iteration(self) -> None:
         it = self.iters[-1]
         ctx = self.ctx
-        it.instr1, it.buf1, it.log1 = ctx.b.instruction_count, len(ctx.b.buffer_order), len(ctx.touch_log)
+        it.instr1, it.buf1, it.log1 = ctx.b.instruction_count, ctx.b.buffer_count, len(ctx.touch_log)
         it.guards = self.guards
         self.done_guards.extend(_boxed(self.guards, self, it.x, it.x))
         self.guards = []
@@ -319,19 +322,18 @@ class _Canon:
     iteration before made are ``prev``; Syms by their affine form; index variables by order."""
 
     def __init__(self, loop: Loop, it: _Iteration):
-        order = loop.ctx.b.buffer_order
-        self.new = {name: q for q, name in enumerate(order[it.buf0:it.buf1])}
+        self.b = loop.ctx.b
+        self.new = (it.buf0, it.buf1)
         prev = loop.iters[it.k - 1] if it.k >= 1 and len(loop.iters) >= 2 else None
-        self.prev = {name: q for q, name in enumerate(order[prev.buf0:prev.buf1])} if prev is not None else {}
+        self.prev = (prev.buf0, prev.buf1) if prev is not None else (0, 0)
         self.vars: dict[int, int] = {}
 
     def buf(self, name: str):
-        q = self.new.get(name)
-        if q is not None:
-            return ("new", q)
-        q = self.prev.get(name)
-        if q is not None:
-            return ("prev", q)
+        i = self.b.buffer_id(name)
+        if self.new[0] <= i < self.new[1]:
+            return ("new", i - self.new[0])
+        if self.prev[0] <= i < self.prev[1]:
+            return ("prev", i - self.prev[0])
         return ("old", name)
 
     @staticmethod
@@ -348,9 +350,6 @@ class _Canon:
         return self.vars.setdefault(v, len(self.vars))
 
     def __call__(self, v, depth: int = 0):
-        from ._index import IndexExpr, MGrid, Predicate
-        from ._values import Tensor, Tile
-
         c = v.__class__
         if v is None or c in (bool, int, float, str, bytes, complex):
             return v
@@ -399,43 +398,68 @@ def _states(ctx, canon: _Canon, it: _Iteration):
 
 @dataclass
 class _Plan:
-    """How iteration k is iteration 2 shifted: per instruction, each operand's buffer kind
-    (``new``: made by the iteration; ``prev``: by the one before; ``old``: earlier) and its
-    offset step per iteration."""
+    """How iteration k is iteration 2 shifted, as columns: iteration 2's rows (templates,
+    provenance, buffer ids, offsets), each operand's offset step, and which operands are
+    the iteration's own buffers (``new``) or the previous iteration's (``prev``)."""
 
-    n_instr: int
-    recipes: list  # (template instruction, [(field, sub-index, kind, ref, offset step)])
-    new2: list  # buffers made in iteration 2, in order
-    new1: list  # ... in iteration 1
+    tmpl: np.ndarray
+    prov: np.ndarray
+    buf: np.ndarray
+    off: np.ndarray
+    delta: np.ndarray
+    new: np.ndarray  # bool [m, K]
+    prev: np.ndarray
+    c1: int  # first buffer id of iteration 1
+    c2: int  # ... of iteration 2
+    nb: int  # buffers per iteration
     touched_old: set
-    depth: int = 0  # the loop's nesting depth: replica names stay unique across nested loops
+    first_replica: int = -1  # buffer id of iteration 3's first buffer
 
-    def name(self, k: int, q: int) -> str:
+    @property
+    def n_instr(self) -> int:
+        return len(self.tmpl)
+
+    def buffer_id(self, k: int, q: int) -> int:
         """Buffer ``q`` of iteration ``k`` (>= 1)."""
         if k == 1:
-            return self.new1[q]
+            return self.c1 + q
         if k == 2:
-            return self.new2[q]
-        return f"{self.new2[q]}~{self.depth}.{k}"
+            return self.c2 + q
+        return self.first_replica + (k - 3) * self.nb + q
 
 
-def _ap_fields(instr):
-    """(field, sub-index or None, AP) of every operand."""
-    from ..isa._instructions import field_access
+_BUFFER_FIELDS = ("memory", "shape", "dtype", "role", "site", "bufs")
+_KEYS: dict = {}  # shape of a template or a buffer record -> a small integer
 
-    names, values = field_access(type(instr))
-    out = []
-    for name, v in zip(names, values(instr)):
-        if v.__class__ is AP:
-            out.append((name, None, v))
-        elif v.__class__ is tuple:
-            out.extend((name, j, x) for j, x in enumerate(v) if x.__class__ is AP)
-    return out
+
+def _template_keys(ctx) -> np.ndarray:
+    """Per template of the builder, an id of its shape (kind, plain fields, operands' dtypes
+    and dims): rows whose templates have one id differ only in buffers and offsets."""
+    b = ctx.b
+    have = ctx.template_keys.get("arr")
+    n = len(b._templates)
+    if have is None or len(have) != n:
+        start = 0 if have is None else len(have)
+        add = []
+        for t in range(start, n):
+            instr = b.template(t)
+            key = (instr.__class__, _plain_fields(instr), tuple((ap.dtype, ap.dims) for ap in _operands(instr)))
+            add.append(_KEYS.setdefault(key, len(_KEYS)))
+        new = np.asarray(add, dtype=np.int64)
+        have = ctx.template_keys["arr"] = new if have is None else np.concatenate([have, new])
+    return have
+
+
+def _kind_keys(ctx) -> list:
+    """Per buffer record of the builder, an id of its fields but the name."""
+    b = ctx.b
+    have = ctx.template_keys.setdefault("kinds", [])
+    for k in b._kinds[len(have):]:
+        have.append(_KEYS.setdefault(("buffer",) + tuple(getattr(k, f) for f in _BUFFER_FIELDS), len(_KEYS)))
+    return have
 
 
 def _plain_fields(instr) -> tuple:
-    from ..isa._instructions import field_access
-
     names, values = field_access(type(instr))
     out = []
     for name, v in zip(names, values(instr)):
@@ -449,113 +473,62 @@ def _plain_fields(instr) -> tuple:
     return tuple(out)
 
 
-_BUFFER_FIELDS = ("memory", "shape", "dtype", "role", "site", "bufs")
-
-
 def _plan(ctx, it0: _Iteration, it1: _Iteration, it2: _Iteration) -> _Plan | None:
     """Iteration 2 as iteration 1 shifted (a template for later ones), or None."""
     b = ctx.b
-    n1, n2 = it1.instr1 - it1.instr0, it2.instr1 - it2.instr0
-    if n1 != n2 or n2 == 0:
+    m = it2.instr1 - it2.instr0
+    if it1.instr1 - it1.instr0 != m or m == 0:
         return None
-    order, buffers = b.buffer_order, b._buffers
-    new0 = {name: q for q, name in enumerate(order[it0.buf0:it0.buf1])}
-    new1, new2 = order[it1.buf0:it1.buf1], order[it2.buf0:it2.buf1]
-    if len(new1) != len(new2):
+    nb = it2.buf1 - it2.buf0
+    if it1.buf1 - it1.buf0 != nb or it0.buf1 - it0.buf0 != nb:
         return None
-    for a, c in zip(new1, new2):
-        ba, bc = buffers[a], buffers[c]
-        if any(getattr(ba, f) != getattr(bc, f) for f in _BUFFER_FIELDS):
-            return None
-    q1 = {name: q for q, name in enumerate(new1)}
-    q2 = {name: q for q, name in enumerate(new2)}
-    prov, instrs = b._instr_prov, b._instructions
-    recipes, touched_old = [], set()
-    for j in range(n2):
-        i1, i2 = instrs[it1.instr0 + j], instrs[it2.instr0 + j]
-        if i1.__class__ is not i2.__class__ or prov[it1.instr0 + j] != prov[it2.instr0 + j]:
-            return None
-        if _plain_fields(i1) != _plain_fields(i2):
-            return None
-        f1, f2 = _ap_fields(i1), _ap_fields(i2)
-        if len(f1) != len(f2):
-            return None
-        ops = []
-        for (name1, sub1, a1), (name2, sub2, a2) in zip(f1, f2):
-            if name1 != name2 or sub1 != sub2 or a1.dtype != a2.dtype or a1.dims != a2.dims:
-                return None
-            if a2.buffer in q2:
-                if q1.get(a1.buffer) != q2[a2.buffer]:
-                    return None
-                kind, ref = "new", q2[a2.buffer]
-            elif a2.buffer in q1:  # a buffer the previous iteration made: carried
-                if new0.get(a1.buffer) != q1[a2.buffer]:
-                    return None
-                kind, ref = "prev", q1[a2.buffer]
-            else:
-                if a1.buffer != a2.buffer:
-                    return None
-                kind, ref = "old", a2.buffer
-                touched_old.add(a2.buffer)
-            ops.append((name2, sub2, kind, ref, a2.offset - a1.offset))
-        recipes.append((i2, ops))
-    return _Plan(n2, recipes, list(new2), list(new1), touched_old)
+    kk = _kind_keys(ctx)
+    kind = b._kind
+    if [kk[k] for k in kind[it1.buf0:it1.buf1]] != [kk[k] for k in kind[it2.buf0:it2.buf1]]:
+        return None
+    t1, p1, b1, o1 = b.rows(it1.instr0, it1.instr1)
+    t2, p2, b2, o2 = b.rows(it2.instr0, it2.instr1)
+    if not np.array_equal(p1, p2):
+        return None
+    tk = _template_keys(ctx)
+    if not np.array_equal(tk[t1], tk[t2]):
+        return None
+    valid = b2 >= 0
+    if not np.array_equal(valid, b1 >= 0):
+        return None
+    c0, c1, c2 = it0.buf0, it1.buf0, it2.buf0
+    new = valid & (b2 >= c2) & (b2 < c2 + nb)
+    prev = valid & (b2 >= c1) & (b2 < c1 + nb)
+    old = valid & ~new & ~prev
+    if not (np.array_equal(b1[new], b2[new] - c2 + c1) and np.array_equal(b1[prev], b2[prev] - c1 + c0)
+            and np.array_equal(b1[old], b2[old])):
+        return None
+    touched_old = {b.buffer_name(int(x)) for x in np.unique(b2[old])}
+    return _Plan(t2.copy(), p2.copy(), b2.copy(), o2.copy(), o2 - o1, new, prev, c1, c2, nb, touched_old)
 
 
 def _emit_replicas(ctx, plan: _Plan, it2: _Iteration, count: int) -> None:
     """Append iterations 3 .. 2+count: their buffers and instructions (iteration 2's, shifted)."""
     b = ctx.b
-    templates = [b._buffers[name] for name in plan.new2]
-    for k in range(3, 3 + count):
-        for q, tb in enumerate(templates):
-            b.add_buffer(dataclasses.replace(tb, name=plan.name(k, q)))
-    prov = b._instr_prov[it2.instr0:it2.instr1]
-    fields: dict[type, list[str]] = {}
-    makers = []
-    for instr, ops in plan.recipes:
-        cls = instr.__class__
-        names = fields.get(cls)
-        if names is None:
-            names = fields[cls] = [f.name for f in dataclasses.fields(cls)]
-        values = [getattr(instr, f) for f in names]
-        slots = []
-        for name, sub, kind, ref, delta in ops:
-            pos = names.index(name)
-            ap = values[pos] if sub is None else values[pos][sub]
-            slots.append((pos, sub, kind, ref, ap, delta))
-        makers.append((cls, values, slots))
+    plan.first_replica = b.add_replica_buffers(list(range(plan.c2, plan.c2 + plan.nb)), count)
+    m, width = plan.buf.shape
+    ks = np.arange(3, 3 + count, dtype=np.int64)
+    steps = (ks - 2)[:, None, None]
+    off = plan.off[None, :, :] + steps * plan.delta[None, :, :]
+    base_new = (plan.first_replica + (ks - 3) * plan.nb)[:, None, None]  # buffer q of iteration k
+    base_prev = np.where(ks == 3, plan.c2, plan.first_replica + (ks - 4) * plan.nb)[:, None, None]
+    buf = np.broadcast_to(plan.buf[None, :, :], (count, m, width)).astype(np.int64)
+    buf = np.where(plan.new[None], base_new + (plan.buf[None] - plan.c2), buf)
+    buf = np.where(plan.prev[None], base_prev + (plan.buf[None] - plan.c1), buf)
     first = b.instruction_count
-    out = []
-    for k in range(3, 3 + count):
-        step = k - 2
-        names_k = {}
-        for cls, values, slots in makers:
-            vals = list(values)
-            for pos, sub, kind, ref, ap, delta in slots:
-                if kind == "new":
-                    buf = names_k.get(ref)
-                    if buf is None:
-                        buf = names_k[ref] = plan.name(k, ref)
-                elif kind == "prev":
-                    buf = plan.name(k - 1, ref)
-                else:
-                    buf = ref
-                new_ap = AP(buf, ap.dtype, ap.offset + step * delta, ap.dims)
-                if sub is None:
-                    vals[pos] = new_ap
-                else:
-                    lst = list(vals[pos])
-                    lst[sub] = new_ap
-                    vals[pos] = tuple(lst)
-            out.append(cls(*vals))
-    b.extend_replicas(out, prov * count)
-    b.check_replicas(first, plan.n_instr, count)
+    b.extend_rows(np.tile(plan.tmpl, count), np.tile(plan.prov, count), buf.reshape(count * m, width).astype(np.int32),
+                  off.reshape(count * m, width))
+    b.check_replicas(first, m, count)
 
 
 def _patch_states(ctx, plan: _Plan, it2: _Iteration, last: int) -> None:
     """The tracer's state of the buffers after iteration ``last``: iteration 2's, shifted."""
-    from ._context import BufState
-
+    b = ctx.b
     shift = (last - 2) * plan.n_instr
 
     def moved(writer: int, k: int) -> int:
@@ -568,11 +541,11 @@ def _patch_states(ctx, plan: _Plan, it2: _Iteration, last: int) -> None:
     for k in (last - 1, last):
         if k < 3:
             continue
-        for q, name in enumerate(plan.new2):
-            st = ctx.states.get(name)
+        for q in range(plan.nb):
+            st = ctx.states.get(b.buffer_name(plan.c2 + q))
             if st is None:
                 continue
-            new = BufState(plan.name(k, q), st.size, st.nbytes, st.temp)
+            new = BufState(b.buffer_name(plan.buffer_id(k, q)), st.size, st.nbytes, st.temp)
             new.fill, new.fill_prov, new.writes, new.read = st.fill, st.fill_prov, st.writes, st.read
             new.writer = moved(st.writer, k)
             new.acc_open = set(st.acc_open)
@@ -584,13 +557,8 @@ def _patch_states(ctx, plan: _Plan, it2: _Iteration, last: int) -> None:
 def _patch_locals(loop: Loop, plan: _Plan, it1: _Iteration, it2: _Iteration, last: int) -> None:
     """Set the loop frame's locals to what iteration ``last`` leaves (iteration 2's, shifted);
     the loop index becomes its value there."""
-    from ._index import Check, IndexExpr
-    from ._values import Tensor, Tile
-
     ctx = loop.ctx
     b = ctx.b
-    q2 = {name: q for q, name in enumerate(plan.new2)}
-    q1 = {name: q for q, name in enumerate(plan.new1)}
     steps = last - 2
     x_last = loop.start + last * loop.step
 
@@ -607,12 +575,11 @@ def _patch_locals(loop: Loop, plan: _Plan, it1: _Iteration, it2: _Iteration, las
         return v2
 
     def name_of(name: str) -> str:
-        q = q2.get(name)
-        if q is not None:
-            return plan.name(last, q)
-        q = q1.get(name)
-        if q is not None:
-            return plan.name(last - 1, q)
+        i = b.buffer_id(name)
+        if plan.c2 <= i < plan.c2 + plan.nb:
+            return b.buffer_name(plan.buffer_id(last, i - plan.c2))
+        if plan.c1 <= i < plan.c1 + plan.nb:
+            return b.buffer_name(plan.buffer_id(last - 1, i - plan.c1))
         return name
 
     def shift(v2, v1, depth=0):
@@ -621,7 +588,7 @@ def _patch_locals(loop: Loop, plan: _Plan, it1: _Iteration, it2: _Iteration, las
             return int_(v2, v1)
         if c is Tile or c is Tensor:
             name = name_of(v2.buffer.name)
-            buf = b._buffers[name] if name != v2.buffer.name else v2.buffer
+            buf = b.buffer(name) if name != v2.buffer.name else v2.buffer
             off = int_(v2.offset, v1.offset)
             checks = tuple(Check(ch.dim, ch.size, int_(ch.const, c1.const), ch.coefs)
                            for ch, c1 in zip(v2.checks, v1.checks))

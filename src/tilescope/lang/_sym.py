@@ -53,6 +53,17 @@ def count(x) -> int:
     return x
 
 
+_RECORD = []
+
+
+def _record_guard():
+    if not _RECORD:  # (bound on first use: tilescope.lang._loops imports this module)
+        from ._loops import record_guard
+
+        _RECORD.append(record_guard)
+    return _RECORD[0]
+
+
 def _int(x) -> bool:
     return x.__class__ is int or (isinstance(x, int) and not isinstance(x, bool))
 
@@ -223,9 +234,7 @@ class Sym:
                    ">=": diff >= 0}[op]
         coefs = {lp: c for lp, c in coefs.items() if c}
         if coefs:
-            from ._loops import record_guard
-
-            record_guard(coefs, diff, op, outcome)
+            _record_guard()(coefs, diff, op, outcome)
         return outcome
 
     def __lt__(self, other):

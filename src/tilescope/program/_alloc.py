@@ -29,11 +29,13 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import CapacityError
 from ..isa import DmaCopy
 from ._program import Buffer, Slot
 
-__all__ = ["allocate", "liveness", "Allocation", "SBUF_ALIGN"]
+__all__ = ["allocate", "allocate_columns", "liveness", "Allocation", "SBUF_ALIGN"]
 
 SBUF_ALIGN = 64
 
@@ -149,9 +151,11 @@ def allocate(buffers: dict[str, Buffer], instructions, spec, *, describe_site=No
     (``shrink_rotation`` and ``report`` are accepted for old callers: rotation is always a
     preference now.)
     """
+    from ._columns import operands_of
+
     uses: dict[str, list] = {}
     for i, instr in enumerate(instructions):
-        for ap in instr.reads() + instr.writes():
+        for ap in operands_of(instr):  # (operand order decides ties: as allocate_columns)
             lst = uses.get(ap.buffer)
             if lst is None:
                 uses[ap.buffer] = [(i, 0.0)]
@@ -435,3 +439,189 @@ def _renamed(instr, repl: dict[str, str], dataclasses):
             changes[f.name] = tuple(AP(repl[x.buffer], x.dtype, x.offset, x.dims)
                                     if x.__class__ is AP and x.buffer in repl else x for x in v)
     return dataclasses.replace(instr, **changes)
+
+
+# ---- the same allocation on a Program's columns (no objects; spills fall back above) ------------
+
+def allocate_columns(cols, spec, *, describe_site=None, spill: bool = False):
+    """:func:`allocate` on :class:`~tilescope.program._columns.Columns`: returns
+    ``(slots, slot_of)`` -- the Slot records and, per buffer id, its slot's index (-1 for HBM
+    and unused buffers) -- or None when the tiles do not fit and ``spill`` asks for the
+    object path (which spills). Without ``spill``, a CapacityError as :func:`allocate` raises."""
+    n = len(cols)
+    nb = cols.n_buffers
+    B = cols.buf
+    mask = B >= 0
+    flat_ids = B[mask]
+    flat_rows = np.nonzero(mask)[0]
+    occ = np.arange(len(flat_ids))
+    first_occ = np.full(nb, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first_occ, flat_ids, occ)
+    last = np.full(nb, -1, dtype=np.int64)
+    np.maximum.at(last, flat_ids, flat_rows)
+    used = last >= 0
+    mem_of_kind = np.array([{"hbm": 0, "sbuf": 1, "psum": 2}[k.memory] for k in cols.kinds], dtype=np.int8)
+    memory = mem_of_kind[cols.kind] if nb else np.zeros(0, np.int8)
+    slot_of = np.full(nb, -1, dtype=np.int64)
+    slots: list = []
+    ids_all = np.nonzero(used & (memory > 0))[0]
+    if len(ids_all) == 0:
+        return slots, slot_of
+    order = ids_all[np.argsort(first_occ[ids_all], kind="stable")]
+    first = flat_rows[first_occ[order]]
+    kinds = cols.kinds
+    kind = cols.kind[order]
+    bank = spec.psum_bank_bytes
+    per_kind_bytes = np.array([k.bytes_per_partition for k in kinds], dtype=np.int64)
+    nbytes_raw = per_kind_bytes[kind]
+    mem = memory[order]
+    nbytes = np.where(mem == 2, -(-nbytes_raw // bank) * bank, -(-nbytes_raw // SBUF_ALIGN) * SBUF_ALIGN)
+    sites_of_kind = [k.site or None for k in kinds]
+    site_ids: dict = {}
+    site = np.empty(len(order), dtype=np.int64)
+    for t, (b, kd) in enumerate(zip(order.tolist(), kind.tolist())):
+        sname = sites_of_kind[kd] or cols.name(b)
+        site[t] = site_ids.setdefault(sname, len(site_ids))
+    site_names = list(site_ids)
+    bufs = np.array([max(1, k.bufs) for k in kinds], dtype=np.int64)[kind]
+    parts = np.array([k.shape[0] for k in kinds], dtype=np.int64)[kind]
+    lasts = last[order]
+    addr = np.full(len(order), -1, dtype=np.int64)
+    for code, name, capacity, align in ((1, "sbuf", spec.sbuf_bytes_per_partition, SBUF_ALIGN),
+                                        (2, "psum", spec.psum_bytes_per_partition, bank)):
+        sel = np.nonzero(mem == code)[0]
+        if not len(sel):
+            continue
+        got, fail = place(first[sel], lasts[sel], nbytes[sel], site[sel], bufs[sel], capacity, align)
+        if fail is not None:
+            if spill and name == "sbuf":
+                return None
+            t_fail, live = sel[fail[0]], sel[np.asarray(fail[1], dtype=np.int64)]
+            raise _columns_error(name, t_fail, live, first, nbytes, site_names, site, capacity, spec, describe_site,
+                                 spill)
+        addr[sel] = got
+    for code, name in ((1, "sbuf"), (2, "psum")):
+        sel = np.nonzero(mem == code)[0]
+        if not len(sel):
+            continue
+        for rec, members in group_slots(first[sel], lasts[sel], addr[sel], nbytes[sel], site[sel], parts[sel]):
+            sname = site_names[rec["site"]]
+            rec_members = [int(order[sel[m]]) for m in members]
+            slot_index = len(slots)
+            for b in rec_members:
+                slot_of[b] = slot_index
+            slots.append(_SlotRec(f"{name}:{sname}#{rec['n']}", name, rec["addr"], rec["nbytes"], rec["partitions"],
+                                  rec["start"], rec["end"], sname, rec_members, rec["aliases"]))
+    return slots, slot_of
+
+
+@dataclass
+class _SlotRec:
+    """A Slot with members as buffer ids and aliases as slot names, made into Slot records
+    (names) by the Program when it needs them."""
+
+    name: str
+    memory: str
+    addr: int
+    nbytes: int
+    partitions: int
+    start: int
+    end: int
+    site: str
+    members: list
+    aliases: list
+
+    def slot(self, name_of) -> Slot:
+        return Slot(self.name, self.memory, self.addr, self.nbytes, self.partitions, self.start, self.end, self.site,
+                    tuple(name_of(b) for b in self.members), tuple(self.aliases))
+
+
+def _columns_error(memory, t, live, first, nbytes, site_names, site, capacity, spec, describe_site, spill):
+    class _T:  # the fields _Run._error reads
+        def __init__(self, k):
+            self.nbytes, self.site, self.uses = int(nbytes[k]), site_names[site[k]], [(int(first[k]), 0.0)]
+
+    run = _Run(spec, describe_site, spill)
+    return run._error(memory, _T(t), [_T(k) for k in live], capacity)
+
+
+def place(first, last, nbytes, site, bufs, capacity: int, align: int):
+    """Addresses of tiles (in order of first use) as :meth:`_Run.run` gives them without spills:
+    ``(addr, None)``, or ``(None, (failing tile, live tiles))``."""
+    from . import _fastalloc
+
+    if _fastalloc.native is not None:
+        return _fastalloc.native.place(first, last, nbytes, site, bufs, capacity, align)
+    return place_reference(first, last, nbytes, site, bufs, capacity, align)
+
+
+def place_reference(first, last, nbytes, site, bufs, capacity: int, align: int):
+    first, last, nbytes = first.tolist(), last.tolist(), nbytes.tolist()
+    site, bufs = site.tolist(), bufs.tolist()
+    free = _Free(capacity, align)
+    active: list = []
+    rings: dict[int, list[int]] = {}
+    turn: dict[int, int] = {}
+    addr = [-1] * len(first)
+    for t in range(len(first)):
+        start = first[t]
+        while active and active[0][0] < start:
+            _, _, dead = heapq.heappop(active)
+            free.give(addr[dead], nbytes[dead])
+        st, n = site[t], nbytes[t]
+        ring = rings.setdefault(st, [])
+        a = None
+        if len(ring) >= bufs[t]:
+            k = turn.get(st, 0)
+            turn[st] = k + 1
+            want = ring[k % bufs[t]]
+            if free.is_free(want, n):
+                a = want
+            else:
+                a = free.next_fit(n)
+                if a is not None:
+                    ring[k % bufs[t]] = a
+        else:
+            a = free.next_fit(n)
+            if a is not None:
+                ring.append(a)
+        if a is None:
+            return None, (t, sorted(x[2] for x in active))
+        addr[t] = a
+        free.take(a, n)
+        heapq.heappush(active, (last[t], t + len(first), t))
+    return np.asarray(addr, dtype=np.int64), None
+
+
+def group_slots(first, last, addr, nbytes, site, parts):
+    """Slots of placed tiles (as :meth:`_Run._slots`): yields (record, member tile indices)."""
+    first, last, addr, nbytes = first.tolist(), last.tolist(), addr.tolist(), nbytes.tolist()
+    site, parts = site.tolist(), parts.tolist()
+    counters: dict[int, int] = {}
+    open_slots: list[dict] = []
+    occupants = _Occupants()
+    out = []
+    for t in range(len(first)):
+        lo, hi = addr[t], addr[t] + nbytes[t]
+        mine = None
+        for s in open_slots:
+            if s["site"] == site[t] and s["addr"] == lo and s["nbytes"] >= nbytes[t]:
+                mine = s
+                break
+        closed = [s for s in open_slots if s is not mine and s["addr"] < hi and lo < s["addr"] + s["nbytes"]]
+        if closed:
+            open_slots = [s for s in open_slots if s not in closed]
+        if mine is None:
+            k = counters.get(site[t], 0)
+            counters[site[t]] = k + 1
+            key = (site[t], k)
+            previous = occupants.claim(lo, hi, key)
+            mine = {"site": site[t], "n": k, "addr": lo, "nbytes": nbytes[t], "partitions": parts[t],
+                    "start": first[t], "end": last[t], "aliases": previous, "members": []}
+            out.append(mine)
+            open_slots.append(mine)
+        mine["end"] = max(mine["end"], last[t])
+        mine["partitions"] = max(mine["partitions"], parts[t])
+        mine["members"].append(t)
+    for rec in out:
+        yield rec, rec["members"]

@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import sys
 from typing import Iterator
+
+import numpy as np
 
 from ..dtypes import canonical
 from ..errors import IndexRangeError, ProgramError
@@ -36,11 +39,37 @@ from ..isa import (
     TensorTensor, Transpose,
 )
 from ..spec import CoreSpec, preset
-from ._alloc import allocate
+from ._alloc import allocate, allocate_columns
 from ._checks import check_buffer, check_instruction
+from ._columns import Columns, operand_slots as _slots, operands_of
 from ._program import Buffer, Program, Provenance
 
 __all__ = ["TileBuilder", "Handle", "View", "as_ap"]
+
+_REPLICA = re.compile(r"~r(\d+)$")  # replica buffers are named "<source>~r<id>"
+
+
+def _moved(tmpl, names: list[str], offsets: list[int]):
+    """``tmpl`` with its operands (in slot order) at other buffers and offsets."""
+    from ._columns import operand_slots
+
+    changes: dict = {}
+    for (field, sub), name, off in zip(operand_slots(tmpl), names, offsets):
+        ap = getattr(tmpl, field) if sub is None else getattr(tmpl, field)[sub]
+        if ap.buffer == name and ap.offset == off:
+            continue
+        new = AP(name, ap.dtype, off, ap.dims)
+        if sub is None:
+            changes[field] = new
+        else:
+            lst = changes.get(field)
+            if lst is None:
+                lst = changes[field] = list(getattr(tmpl, field))
+            lst[sub] = new
+    for k, v in list(changes.items()):
+        if isinstance(v, list):
+            changes[k] = tuple(v)
+    return dataclasses.replace(tmpl, **changes) if changes else tmpl
 
 
 class View:
@@ -144,6 +173,92 @@ def _caller_site(depth: int = 3) -> str:
     return f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno}"
 
 
+class _Rows:
+    """The instructions emitted so far, as growing arrays (see :mod:`._columns`)."""
+
+    __slots__ = ("n", "tmpl", "prov", "buf", "off")
+
+    def __init__(self, width: int = 4, capacity: int = 256):
+        self.n = 0
+        self.tmpl = np.empty(capacity, dtype=np.int32)
+        self.prov = np.empty(capacity, dtype=np.int32)
+        self.buf = np.full((capacity, width), -1, dtype=np.int32)
+        self.off = np.zeros((capacity, width), dtype=np.int64)
+
+    def _grow(self, need: int, width: int) -> None:
+        cap = len(self.tmpl)
+        w = self.buf.shape[1]
+        if need <= cap and width <= w:
+            return
+        cap2 = max(need, cap * 2)
+        w2 = max(width, w)
+        tmpl = np.empty(cap2, dtype=np.int32)
+        prov = np.empty(cap2, dtype=np.int32)
+        buf = np.full((cap2, w2), -1, dtype=np.int32)
+        off = np.zeros((cap2, w2), dtype=np.int64)
+        n = self.n
+        tmpl[:n], prov[:n] = self.tmpl[:n], self.prov[:n]
+        buf[:n, :w], off[:n, :w] = self.buf[:n], self.off[:n]
+        self.tmpl, self.prov, self.buf, self.off = tmpl, prov, buf, off
+
+    def append(self, t: int, prov: int, bufs: list, offs: list) -> int:
+        i = self.n
+        self._grow(i + 1, len(bufs))
+        self.tmpl[i] = t
+        self.prov[i] = prov
+        k = len(bufs)
+        if k:
+            self.buf[i, :k] = bufs
+            self.off[i, :k] = offs
+        self.buf[i, k:] = -1
+        self.off[i, k:] = 0
+        self.n = i + 1
+        return i
+
+    def set(self, i: int, t: int, bufs: list, offs: list) -> None:
+        self._grow(self.n, len(bufs))
+        self.tmpl[i] = t
+        k = len(bufs)
+        self.buf[i, :k] = bufs
+        self.off[i, :k] = offs
+        self.buf[i, k:] = -1
+        self.off[i, k:] = 0
+
+    def extend(self, tmpl, prov, buf, off) -> None:
+        m = len(tmpl)
+        i = self.n
+        self._grow(i + m, buf.shape[1])
+        self.tmpl[i:i + m] = tmpl
+        self.prov[i:i + m] = prov
+        w = buf.shape[1]
+        self.buf[i:i + m, :w] = buf
+        self.buf[i:i + m, w:] = -1
+        self.off[i:i + m, :w] = off
+        self.off[i:i + m, w:] = 0
+        self.n = i + m
+
+
+class _Buffers(dict):
+    """name -> Buffer; a replica buffer (named ``base~rN``) is made on first lookup."""
+
+    __slots__ = ("builder",)
+
+    def __missing__(self, name: str) -> Buffer:
+        b = self.builder._replica_buffer(name)
+        if b is None:
+            raise KeyError(name)
+        return b
+
+    def get(self, name, default=None):
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __contains__(self, name) -> bool:
+        return self.get(name) is not None
+
+
 class TileBuilder:
     """Builds one Program.
 
@@ -151,15 +266,23 @@ class TileBuilder:
         name: the Program's name (an aten op, a kernel, a fused region).
         spec: hardware preset (name or CoreSpec); limits and capacities come from it.
         bufs: default rotation depth of SBUF allocation sites (PSUM sites use 2).
+
+    Instructions and buffers are kept as columns (:mod:`tilescope.program._columns`):
+    an emitted instruction is a template row; loop replication appends rows in bulk.
     """
 
     def __init__(self, name: str, spec: str | CoreSpec | None = None, *, bufs: int = 3):
         self.name = name
         self.spec = preset(spec)
         self.default_bufs = bufs
-        self._buffers: dict[str, Buffer] = {}
-        self._instructions: list[Instruction] = []
-        self._instr_prov: list[int] = []
+        self._buffers: _Buffers = _Buffers()
+        self._buffers.builder = self
+        self._ids: dict[str, int] = {}  # buffer name -> id
+        self._kind: list[int] = []  # buffer id -> record index
+        self._kinds: list[Buffer] = []  # buffer records (a replica shares its source's)
+        self._names: list[str | None] = []  # buffer id -> name (None: a replica, named from its record)
+        self._templates: list[Instruction] = []
+        self._rows = _Rows()
         self._prov_index: dict[Provenance, int] = {Provenance(): 0}
         self._prov_list: list[Provenance] = [Provenance()]
         self._prov: Provenance = Provenance()
@@ -167,32 +290,77 @@ class TileBuilder:
         self._outputs: list[str] = []
         self._counter = 0
         self.check = True
-        self.buffer_order: list[str] = []  # buffer names in the order they were made
 
     # ---- buffers ---------------------------------------------------------
+    def _register(self, b: Buffer) -> int:
+        k = len(self._kind)
+        self._ids[b.name] = k
+        self._kind.append(len(self._kinds))
+        self._kinds.append(b)
+        self._names.append(b.name)
+        dict.__setitem__(self._buffers, b.name, b)
+        return k
+
     def _new_buffer(self, name: str | None, prefix: str, **kw) -> Buffer:
-        if name is None or name in self._buffers:
+        if name is None or name in self._ids or _REPLICA.search(name):
             base = name or prefix
             while True:
                 self._counter += 1
                 candidate = f"{base}.{self._counter}" if name else f"{base}{self._counter}"
-                if candidate not in self._buffers:
+                if candidate not in self._ids:
                     name = candidate
                     break
         kw["shape"] = tuple(int(n) for n in kw["shape"])
         kw["dtype"] = canonical(kw["dtype"])
         b = Buffer(name=name, **kw)
         check_buffer(b, self.spec)
-        self._buffers[name] = b
-        self.buffer_order.append(name)
+        self._register(b)
         return b
 
     def add_buffer(self, b: Buffer) -> None:
-        """Add a buffer made elsewhere (a replica of a checked one: loop replication)."""
-        if b.name in self._buffers:
+        """Add a buffer made elsewhere (a spill's reloaded tile or HBM scratch)."""
+        if b.name in self._ids:
             raise ProgramError(f"a buffer named {b.name!r} already exists in {self.name!r}")
-        self._buffers[b.name] = b
-        self.buffer_order.append(b.name)
+        self._register(b)
+
+    @property
+    def buffer_count(self) -> int:
+        """Buffers made so far (ids are given in order)."""
+        return len(self._kind)
+
+    def buffer_id(self, name: str) -> int:
+        i = self._ids.get(name)
+        if i is None:
+            m = _REPLICA.search(name)
+            if m is None:
+                raise KeyError(name)
+            i = int(m.group(1))
+        return i
+
+    def buffer_name(self, i: int) -> str:
+        n = self._names[i]
+        return n if n is not None else f"{self._kinds[self._kind[i]].name}~r{i}"
+
+    def _replica_buffer(self, name: str) -> Buffer | None:
+        m = _REPLICA.search(name)
+        if m is None:
+            return None
+        i = int(m.group(1))
+        if i >= len(self._kind) or self._names[i] is not None or self.buffer_name(i) != name:
+            return None
+        b = dataclasses.replace(self._kinds[self._kind[i]], name=name)
+        dict.__setitem__(self._buffers, name, b)
+        return b
+
+    def add_replica_buffers(self, sources: list[int], count: int) -> int:
+        """``count`` copies of buffers ``sources`` (ids), in blocks of ``len(sources)``: the
+        buffers loop replication makes. Returns the first new id."""
+        first = len(self._kind)
+        kinds = [self._kind[s] for s in sources]
+        for _ in range(count):
+            self._kind.extend(kinds)
+        self._names.extend([None] * (count * len(sources)))
+        return first
 
     def input(self, name: str, shape, dtype) -> Handle:
         """An HBM tensor the caller provides."""
@@ -220,7 +388,10 @@ class TileBuilder:
         if b.memory != "hbm":
             raise ProgramError(f"only HBM tensors can be outputs; {name!r} is in {b.memory.upper()}")
         if b.role == "scratch":
-            self._buffers[name] = dataclasses.replace(b, role="output")
+            new = dataclasses.replace(b, role="output")
+            dict.__setitem__(self._buffers, name, new)
+            self._kind[self._ids[name]] = len(self._kinds)  # its own record (others may share the old)
+            self._kinds.append(new)
         if name not in self._outputs:
             self._outputs.append(name)
 
@@ -276,6 +447,15 @@ class TileBuilder:
         return self._buffers[name]
 
     # ---- emission ----------------------------------------------------------
+    def _row(self, instr) -> tuple[list, list]:
+        ids = self._ids
+        bufs, offs = [], []
+        for ap in operands_of(instr):
+            i = ids.get(ap.buffer)
+            bufs.append(i if i is not None else self.buffer_id(ap.buffer))
+            offs.append(ap.offset)
+        return bufs, offs
+
     def emit(self, instr: Instruction) -> int:
         """Append one instruction (checked against the tile limits); returns its index."""
         if self.check:
@@ -284,30 +464,106 @@ class TileBuilder:
         if idx is None:
             idx = self._prov_index[self._prov] = len(self._prov_list)
             self._prov_list.append(self._prov)
-        self._instructions.append(instr)
-        self._instr_prov.append(idx)
-        return len(self._instructions) - 1
+        t = len(self._templates)
+        self._templates.append(instr)
+        bufs, offs = self._row(instr)
+        return self._rows.append(t, idx, bufs, offs)
 
-    def extend_replicas(self, instrs: list, prov: list[int]) -> None:
-        """Append instructions that repeat already checked ones at shifted offsets (loop
+    def rows(self, start: int, stop: int):
+        """Columns of instructions ``[start, stop)``: (template ids, provenance, buffer ids, offsets)."""
+        r = self._rows
+        return r.tmpl[start:stop], r.prov[start:stop], r.buf[start:stop], r.off[start:stop]
+
+    def template(self, t: int) -> Instruction:
+        return self._templates[t]
+
+    def extend_rows(self, tmpl, prov, buf, off) -> None:
+        """Append rows of already checked templates at other buffers and offsets (loop
         replication); their offset-dependent limits are checked by :meth:`check_replicas`."""
-        self._instructions.extend(instrs)
-        self._instr_prov.extend(prov)
+        self._rows.extend(tmpl, prov, buf, off)
 
     def check_replicas(self, first: int, templates: int, count: int) -> None:
-        """Check replicated instructions ``[first, first + templates * count)``: operands are
-        affine in the replica number, so bounds hold if they hold for the first and last
-        replica; start-partition rules are checked for every replica of an on-chip operand
-        whose offset moves."""
+        """Check replicated instructions ``[first, first + templates * count)``: each repeats a
+        checked template at other buffers (of the same records) and offsets, so what can
+        change is offset-dependent: bounds, start partitions and PSUM banks, checked here
+        for every row with array arithmetic (the first failing row is checked in full, for
+        its error)."""
         if not self.check or count == 0:
             return
-        instrs = self._instructions
-        for j in list(range(templates)) + list(range((count - 1) * templates, count * templates)):
-            check_instruction(instrs[first + j], self._buffers, self.spec)
-        if count > 2:
-            from ._checks import check_start_partitions
+        stop = first + templates * count
+        bad = self._row_violations(first, stop)
+        if bad is not None:
+            check_instruction(self.instruction(bad), self._buffers, self.spec)
+            raise ProgramError(f"instruction #{bad} breaks a tile limit at its offsets")  # pragma: no cover
 
-            check_start_partitions(instrs, first, templates, count, self._buffers)
+    def _limit_table(self):
+        """Per template and operand slot (arrays ``[templates, width]``): lowest and highest
+        element offset relative to the operand's offset; partitions; whether it is an engine
+        operand; whether it is a TensorE result; within-row lowest/highest; itemsize. Grown
+        as templates are added."""
+        tab = self.__dict__.get("_limits")
+        T, width = len(self._templates), self._rows.buf.shape[1]
+        if tab is None or tab["T"] != T or tab["w"] != width:
+            start = 0 if tab is None or tab["w"] != width else tab["T"]
+            new = np.zeros((8, T, width), dtype=np.int64)
+            if start:
+                new[:, :start] = tab["a"]
+            for t in range(start, T):
+                instr = self._templates[t]
+                engine_op = not isinstance(instr, (DmaCopy, DmaIndirect)) and instr.engine != "dma"
+                pe_dst = isinstance(instr, (Matmul, Transpose))
+                for j, (name, sub) in enumerate(_slots(instr)):
+                    ap = getattr(instr, name) if sub is None else getattr(instr, name)[sub]
+                    lo = hi = flo = fhi = 0
+                    for k, (stride, c) in enumerate(ap.dims):
+                        ext = stride * (c - 1)
+                        lo, hi = (lo + ext, hi) if ext < 0 else (lo, hi + ext)
+                        if k:
+                            flo, fhi = (flo + ext, fhi) if ext < 0 else (flo, fhi + ext)
+                    new[:, t, j] = (lo, hi, ap.partitions, engine_op, pe_dst and name == "dst", flo, fhi, ap.itemsize)
+            tab = self._limits = {"T": T, "w": width, "a": new}
+        return tab["a"]
+
+    def _kind_arrays(self):
+        """Per buffer record: size, row length, on chip, in PSUM (grown as records are added)."""
+        have = self.__dict__.get("_karr")
+        ks = self._kinds
+        n = len(ks)
+        if have is None or have[0] != n:
+            start = 0 if have is None else have[0]
+            add = ks[start:]
+            parts = [np.array([k.size for k in add], dtype=np.int64),
+                     np.array([max(1, k.row_elems) for k in add], dtype=np.int64),
+                     np.array([k.memory != "hbm" for k in add], dtype=bool),
+                     np.array([k.memory == "psum" for k in add], dtype=bool)]
+            if have is not None:
+                parts = [np.concatenate([old, p]) for old, p in zip(have[1:], parts)]
+            have = self._karr = (n, *parts)
+        return have[1:]
+
+    def _row_violations(self, start: int, stop: int) -> int | None:
+        """The first row in ``[start, stop)`` whose operands leave their buffer, start at a
+        partition an engine cannot, or put a TensorE result across PSUM banks; else None."""
+        r = self._rows
+        tm = r.tmpl[start:stop]
+        B = r.buf[start:stop].astype(np.int64)
+        O = r.off[start:stop]
+        lo, hi, parts, engine_op, pe_dst, flo, fhi, isz = (a[tm] for a in self._limit_table())
+        kind = np.asarray(self._kind, dtype=np.int64)
+        size, row_el, onchip, psum = (a[kind] for a in self._kind_arrays())
+        valid = B >= 0
+        Bs = np.where(valid, B, 0)
+        bad = (O + lo < 0) | (O + hi >= size[Bs])
+        sp = O // row_el[Bs]
+        ok_sp = np.where(parts > 64, sp == 0,
+                         np.where(parts > 32, (sp == 0) | (sp == 64), (sp == 0) | (sp == 32) | (sp == 64) | (sp == 96)))
+        bad |= (engine_op > 0) & onchip[Bs] & ~ok_sp
+        w = O % row_el[Bs]
+        bank = self.spec.psum_bank_bytes
+        bad |= (pe_dst > 0) & psum[Bs] & ((w + flo) * isz // bank != ((w + fhi + 1) * isz - 1) // bank)
+        bad &= valid
+        rows = np.nonzero(bad.any(axis=1))[0]
+        return start + int(rows[0]) if len(rows) else None
 
     def replace(self, index: int, instr: Instruction) -> None:
         """Swap the instruction at ``index`` for ``instr`` (checked like a new one).
@@ -316,15 +572,37 @@ class TileBuilder:
         assigned to (``t[...] = tl.exp(x)`` retargets the activation's ``dst``)
         instead of emitting a copy. Program order and provenance are unchanged.
         """
-        if not 0 <= index < len(self._instructions):
-            raise ProgramError(f"no instruction #{index} to replace ({len(self._instructions)} emitted)")
+        if not 0 <= index < self._rows.n:
+            raise ProgramError(f"no instruction #{index} to replace ({self._rows.n} emitted)")
         if self.check:
             check_instruction(instr, self._buffers, self.spec)
-        self._instructions[index] = instr
+        t = len(self._templates)
+        self._templates.append(instr)
+        bufs, offs = self._row(instr)
+        self._rows.set(index, t, bufs, offs)
 
     def instruction(self, index: int) -> Instruction:
-        """The instruction emitted at ``index``."""
-        return self._instructions[index]
+        """The instruction at ``index``."""
+        r = self._rows
+        if not 0 <= index < r.n:
+            raise IndexError(f"no instruction #{index} ({r.n} emitted)")
+        tmpl = self._templates[int(r.tmpl[index])]
+        ops = operands_of(tmpl)
+        ids = self._ids
+        same = True
+        for j, ap in enumerate(ops):
+            if ids.get(ap.buffer) != r.buf[index, j] or ap.offset != r.off[index, j]:
+                same = False
+                break
+        if same:
+            return tmpl
+        return _moved(tmpl, [self.buffer_name(int(b)) for b in r.buf[index, :len(ops)]],
+                      r.off[index, :len(ops)].tolist())
+
+    @property
+    def instructions(self) -> list:
+        """Every instruction so far, as objects (made for rows of replicated loops)."""
+        return [self.instruction(i) for i in range(self._rows.n)]
 
     @staticmethod
     def runtime_scalar(name: str) -> RuntimeScalar:
@@ -402,7 +680,14 @@ class TileBuilder:
     # ---- result --------------------------------------------------------------
     @property
     def instruction_count(self) -> int:
-        return len(self._instructions)
+        return self._rows.n
+
+    def columns(self) -> Columns:
+        """The instructions and buffers so far, as :class:`~tilescope.program._columns.Columns`."""
+        r = self._rows
+        n = r.n
+        return Columns(list(self._templates), r.tmpl[:n].copy(), r.buf[:n].copy(), r.off[:n].copy(),
+                       list(self._kinds), np.asarray(self._kind, dtype=np.int32), list(self._names))
 
     def build(self, meta: dict | None = None, *, describe_site=None, spill: bool = False,
               shrink_rotation: bool = False, report: dict | None = None) -> Program:
@@ -413,37 +698,35 @@ class TileBuilder:
         do not fit are stored to HBM and loaded back around the instructions that need the
         room (``meta["spills"]`` lists them); see :func:`~tilescope.program._alloc.allocate`.
         """
-        if not self._instructions:
+        if not self._rows.n:
             raise ProgramError(f"program {self.name!r} has no instructions")
-        alloc = allocate(self._buffers, self._instructions, self.spec, describe_site=describe_site, spill=spill)
-        if alloc.instructions is not None:
-            self._apply_spills(alloc)
+        cols = self.columns()
+        placed = allocate_columns(cols, self.spec, describe_site=describe_site, spill=spill)
         meta = dict(meta or {})
+        if placed is not None:
+            slot_records, slot_of = placed
+            return Program(self.name, None, None, inputs=self._inputs, outputs=self._outputs,
+                           provenance=self._prov_list, instr_prov=self._rows.prov[:self._rows.n].copy(),
+                           meta=meta, spec_name=self.spec.name, columns=cols, slot_records=slot_records,
+                           slot_of=slot_of)
+        # SBUF is full: the object path, which spills
+        instructions = cols.instructions()
+        buffers = cols.buffer_dict()
+        alloc = allocate(buffers, instructions, self.spec, describe_site=describe_site, spill=spill)
+        prov = self._rows.prov[:self._rows.n].tolist()
+        if alloc.instructions is not None:
+            instructions, prov = self._spilled(alloc, prov)
+            for b in alloc.buffers:
+                buffers[b.name] = b
         if alloc.spills:
             meta["spills"] = alloc.spills
-        placement = alloc.placement
-        used = {n for n in placement} | set(self._inputs) | set(self._outputs)
-        used |= {b.name for b in self._buffers.values() if b.memory == "hbm"}
-        return Program(
-            self.name,
-            [b for b in self._buffers.values() if b.name in used],
-            self._instructions,
-            inputs=self._inputs,
-            outputs=self._outputs,
-            provenance=self._prov_list,
-            instr_prov=self._instr_prov,
-            slots=alloc.slots,
-            placement=placement,
-            meta=meta,
-            spec_name=self.spec.name,
-        )
+        return Program(self.name, buffers.values(), instructions, inputs=self._inputs, outputs=self._outputs,
+                       provenance=self._prov_list, instr_prov=prov, slots=alloc.slots, placement=alloc.placement,
+                       meta=meta, spec_name=self.spec.name)
 
-    def _apply_spills(self, alloc) -> None:
-        """Take the allocator's instruction list (spill DMAs inserted); their provenance says
-        what they are and names the site of the tile that was spilled."""
-        for b in alloc.buffers:
-            self._buffers[b.name] = b
-        old_prov = self._instr_prov
+    def _spilled(self, alloc, old_prov: list) -> tuple[list, list]:
+        """The allocator's instruction list (spill DMAs inserted) and its provenance: a spill's
+        says what it is and names the site of the tile that was spilled."""
         prov = []
         for o in alloc.origin:
             if o >= 0:
@@ -460,8 +743,7 @@ class TileBuilder:
                 idx = self._prov_index[p] = len(self._prov_list)
                 self._prov_list.append(p)
             prov.append(idx)
-        self._instructions = list(alloc.instructions)
-        self._instr_prov = prov
+        return list(alloc.instructions), prov
 
 
 def _site_location(site: str) -> tuple[str | None, int | None]:

@@ -18,7 +18,7 @@ from ..isa import (
 )
 from ..spec import CoreSpec
 
-__all__ = ["check_buffer", "check_instruction", "check_slots", "ap_bounds", "check_start_partitions"]
+__all__ = ["check_buffer", "check_instruction", "check_slots", "ap_bounds"]
 
 SBUF_FREE_MAX = 64 * 1024  # elements, VectorE/ScalarE operand in SBUF
 PSUM_FREE_MAX = 4 * 1024  # elements, VectorE/ScalarE operand in PSUM
@@ -108,24 +108,6 @@ def _check_start_partition(ap: AP, b, role: str, kind: str) -> None:
             f"operand {role!r} of {kind} starts at partition {start} with {n} partitions; an "
             f"engine access of {n} partitions must start at partition {' or '.join(map(str, allowed))}"
         )
-
-
-def check_start_partitions(instrs, first: int, templates: int, count: int, buffers) -> None:
-    """The start-partition rule for every replica of each on-chip engine operand whose
-    offset moves between replicas (replication checks the rest at the first and last one)."""
-    for j in range(templates):
-        a, b = instrs[first + j], instrs[first + templates + j]
-        if isinstance(a, DmaCopy):
-            continue
-        moving = [k for k, ((_, x, _), (_, y, _)) in enumerate(zip(_operands(a), _operands(b)))
-                  if buffers[x.buffer].memory != "hbm" and x.offset != y.offset]
-        if not moving:
-            continue
-        for r in range(count):
-            ops = _operands(instrs[first + r * templates + j])
-            for k in moving:
-                role, ap, _ = ops[k]
-                _check_start_partition(ap, buffers[ap.buffer], role, a.KIND)
 
 
 _FIELD_CACHE: dict[type, tuple[tuple[str, bool], ...]] = {}

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..dtypes import itemsize
 
-__all__ = ["compute_dependencies", "access_box"]
+__all__ = ["compute_dependencies", "access_box", "access_boxes", "sweep_reference"]
 
 _MAX_BINS = 16
 
@@ -116,61 +116,149 @@ class _Index:
             self.dead = 0
 
 
-def compute_dependencies(program) -> tuple[np.ndarray, np.ndarray]:
-    buffers = program.buffers
+def _template_boxes(cols, t: int, instr, n_keys_slot):
+    """Per operand slot of template ``t``: (row_elems, rspan, cspan, itemsize or 0 for HBM,
+    reads, writes)."""
+    from ._columns import operands_of
+
+    ops = operands_of(instr)
+    reads = {id(ap) for ap in instr.reads()}
+    writes = {id(ap) for ap in instr.writes()}
+    out = []
+    for ap in ops:
+        b = cols.kinds[cols.kind[cols.id_of(ap.buffer)]]
+        row = b.row_elems or 1
+        rspan = cspan = 0
+        for stride, count in ap.dims:
+            if count > 1 and stride:
+                ext = stride * (count - 1)
+                if stride % row == 0:
+                    rspan += ext // row
+                else:
+                    cspan += ext
+        out.append((row, rspan, cspan, itemsize(b.dtype) if b.memory != "hbm" else 0,
+                    id(ap) in reads, id(ap) in writes))
+    return out
+
+
+def access_boxes(program):
+    """Every operand's box as arrays ``[n, K]``: key (on-chip: its slot's index; HBM: the
+    number of slots + buffer id; -1 past a template's operands), r0, r1, c0, c1 (exclusive
+    ends; bytes on chip, elements in HBM), is-read, is-write -- and each slot's aliases."""
+    cols = program.columns
+    n, width = cols.buf.shape[0], cols.buf.shape[1]
+    slot_of, slot_names, aliases = _slots_of(program)
+    n_slots = len(slot_names)
+    T = len(cols.templates)
+    row = np.ones((T, width), dtype=np.int64)
+    rsp = np.zeros((T, width), dtype=np.int64)
+    csp = np.zeros((T, width), dtype=np.int64)
+    isz = np.zeros((T, width), dtype=np.int64)
+    rd = np.zeros((T, width), dtype=bool)
+    wr = np.zeros((T, width), dtype=bool)
+    for t, instr in enumerate(cols.templates):
+        for j, (a, b, c, d, e, f) in enumerate(_template_boxes(cols, t, instr, n_slots)):
+            row[t, j], rsp[t, j], csp[t, j], isz[t, j], rd[t, j], wr[t, j] = a, b, c, d, e, f
+    tm = cols.tmpl[:n]
+    B = cols.buf[:n].astype(np.int64)
+    O = cols.off[:n]
+    R, RS, CS, IS = row[tm], rsp[tm], csp[tm], isz[tm]
+    valid = B >= 0
+    r0, c0 = np.divmod(O, R)
+    wide = (c0 + CS) >= R
+    hi = O + RS * R + CS
+    r1 = np.where(wide, hi // R + 1, r0 + RS + 1)
+    c1 = np.where(wide, R, c0 + CS + 1)
+    c0 = np.where(wide, 0, c0)
+    onchip = IS > 0
+    c0 = np.where(onchip, c0 * IS, c0)
+    c1 = np.where(onchip, c1 * IS, c1)
+    bsafe = np.where(valid, B, 0)
+    key = np.where(onchip, slot_of[bsafe], n_slots + bsafe)
+    key = np.where(valid, key, -1)
+    return key, r0, r1, c0, c1, rd[tm] & valid, wr[tm] & valid, aliases
+
+
+def _slots_of(program):
+    """Per buffer id its slot index (-1 for HBM); slot names; per slot its aliases' indices."""
+    cols = program.columns
+    if getattr(program, "_slot_of", None) is not None:
+        recs = program._slot_records
+        names = [r.name for r in recs]
+        index = {nm: k for k, nm in enumerate(names)}
+        aliases = [[index[a] for a in r.aliases if a in index] for r in recs]
+        return np.asarray(program._slot_of, dtype=np.int64), names, aliases
+    slots = list(program.slots.values())
+    names = [sl.name for sl in slots]
+    index = {nm: k for k, nm in enumerate(names)}
     placement = program.placement
-    slots = program.slots
-    box_cache: dict[int, tuple] = {}
-    writes: dict[str, _Index] = {}
-    reads: dict[str, _Index] = {}
-    seen_keys: set[str] = set()
+    slot_of = np.array([index.get(placement.get(cols.name(b)), -1) for b in range(cols.n_buffers)], dtype=np.int64)
+    aliases = [[index[a] for a in sl.aliases if a in index] for sl in slots]
+    return slot_of, names, aliases
 
-    def boxes(aps):
-        out = []
-        for ap in aps:
-            b = box_cache.get(id(ap))  # instructions keep their APs alive: ids are stable here
-            if b is None:
-                b = box_cache[id(ap)] = access_box(ap, buffers[ap.buffer], placement.get(ap.buffer))
-            out.append(b)
-        return out
 
-    indptr = np.zeros(len(program.instructions) + 1, dtype=np.int64)
+def compute_dependencies(program) -> tuple[np.ndarray, np.ndarray]:
+    key, r0, r1, c0, c1, rd, wr, aliases = access_boxes(program)
+    from . import _fastalloc
+
+    if _fastalloc.native is not None:
+        return _fastalloc.native.dependencies(key, r0, r1, c0, c1, rd, wr, aliases)
+    return sweep_reference(key, r0, r1, c0, c1, rd, wr, aliases)
+
+
+def sweep_reference(key, r0, r1, c0, c1, rd, wr, aliases) -> tuple[np.ndarray, np.ndarray]:
+    """The dependency sweep over access boxes (the reference of the native one): reads
+    depend on live overlapping writes; writes on live overlapping writes and reads, and
+    kill the records they cover; a slot's first access depends on every live access of the
+    slots whose bytes it reuses."""
+    n, width = key.shape
+    key_l, r0_l, r1_l, c0_l, c1_l = key.tolist(), r0.tolist(), r1.tolist(), c0.tolist(), c1.tolist()
+    rd_l, wr_l = rd.tolist(), wr.tolist()
+    writes: dict[int, _Index] = {}
+    reads: dict[int, _Index] = {}
+    seen: set[int] = set()
+    indptr = np.zeros(n + 1, dtype=np.int64)
     flat: list[int] = []
-    for i, instr in enumerate(program.instructions):
+    for i in range(n):
         deps: list[int] = []
-        rboxes = boxes(instr.reads())
-        wboxes = boxes(instr.writes())
-        for bx in rboxes + wboxes:
-            key = bx[0]
-            if key not in seen_keys:
-                seen_keys.add(key)
-                slot = slots.get(key)
-                if slot is not None:
-                    for alias in slot.aliases:
-                        for index in (writes.get(alias), reads.get(alias)):
+        kr, rbox, wbox = key_l[i], [], []
+        for j in range(width):
+            k = kr[j]
+            if k < 0:
+                continue
+            bx = (k, r0_l[i][j], r1_l[i][j], c0_l[i][j], c1_l[i][j])
+            if k not in seen:
+                seen.add(k)
+                if k < len(aliases):
+                    for a in aliases[k]:
+                        for index in (writes.get(a), reads.get(a)):
                             if index is not None:
                                 deps.extend(rec[4] for rec in index.all if rec[5])
-        for key, r0, r1, c0, c1 in rboxes:
-            w = writes.get(key)
+            if rd_l[i][j]:
+                rbox.append(bx)
+            if wr_l[i][j]:
+                wbox.append(bx)
+        for k, a, b, c, d in rbox:
+            w = writes.get(k)
             if w is not None:
-                w.query(r0, r1, c0, c1, deps, False)
-        for key, r0, r1, c0, c1 in wboxes:
-            w = writes.get(key)
+                w.query(a, b, c, d, deps, False)
+        for k, a, b, c, d in wbox:
+            w = writes.get(k)
             if w is not None:
-                w.query(r0, r1, c0, c1, deps, True)
-            r = reads.get(key)
+                w.query(a, b, c, d, deps, True)
+            r = reads.get(k)
             if r is not None:
-                r.query(r0, r1, c0, c1, deps, True)
-        for key, r0, r1, c0, c1 in rboxes:
-            index = reads.get(key)
+                r.query(a, b, c, d, deps, True)
+        for k, a, b, c, d in rbox:
+            index = reads.get(k)
             if index is None:
-                index = reads[key] = _Index(r0, r1, c0, c1)
-            index.add([r0, r1, c0, c1, i, True])
-        for key, r0, r1, c0, c1 in wboxes:
-            index = writes.get(key)
+                index = reads[k] = _Index(a, b, c, d)
+            index.add([a, b, c, d, i, True])
+        for k, a, b, c, d in wbox:
+            index = writes.get(k)
             if index is None:
-                index = writes[key] = _Index(r0, r1, c0, c1)
-            index.add([r0, r1, c0, c1, i, True])
+                index = writes[k] = _Index(a, b, c, d)
+            index.add([a, b, c, d, i, True])
         if deps:
             if len(deps) > 1:
                 deps = sorted(set(deps))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+
+import numpy as np
 from dataclasses import dataclass
 from functools import cached_property
 from math import prod
@@ -122,8 +124,8 @@ class Program:
     def __init__(
         self,
         name: str,
-        buffers: Iterable[Buffer],
-        instructions: Iterable[Instruction],
+        buffers: Iterable[Buffer] | None,
+        instructions: Iterable[Instruction] | None,
         *,
         inputs: Iterable[str],
         outputs: Iterable[str],
@@ -133,41 +135,105 @@ class Program:
         placement: dict[str, str] | None = None,
         meta: dict | None = None,
         spec_name: str | None = None,
+        columns=None,
+        slot_records=None,
+        slot_of=None,
     ) -> None:
+        """Give ``buffers`` and ``instructions`` as objects, or ``columns`` (a
+        :class:`~tilescope.program._columns.Columns`; then ``slot_records``/``slot_of`` stand
+        for ``slots``/``placement``, and the objects are made when something asks for them)."""
         self.name = name
-        self.buffers: dict[str, Buffer] = {b.name: b for b in buffers}
-        self.instructions: tuple[Instruction, ...] = tuple(instructions)
         self.inputs: tuple[str, ...] = tuple(inputs)
         self.outputs: tuple[str, ...] = tuple(outputs)
         self.provenance: tuple[Provenance, ...] = tuple(provenance) or (Provenance(),)
-        self.instr_prov: tuple[int, ...] = (
-            tuple(instr_prov) if instr_prov is not None else (0,) * len(self.instructions)
-        )
-        self.slots: dict[str, Slot] = {s.name: s for s in slots}
-        self.placement: dict[str, str] = dict(placement or {})  # logical tile -> slot name
         self.meta: dict = dict(meta or {})
         self.spec_name = spec_name
-        if len(self.instr_prov) != len(self.instructions):
+        if columns is not None:
+            self.__dict__["columns"] = columns
+            self._slot_records = list(slot_records or [])
+            self._slot_of = slot_of
+            n = len(columns)
+            self._instr_prov = np.asarray(instr_prov if instr_prov is not None else np.zeros(n), dtype=np.int32)
+        else:
+            self.__dict__["buffers"] = {b.name: b for b in buffers}
+            self.__dict__["instructions"] = tuple(instructions)
+            n = len(self.instructions)
+            self.__dict__["instr_prov"] = (tuple(instr_prov) if instr_prov is not None else (0,) * n)
+            self.__dict__["slots"] = {s.name: s for s in slots}
+            self.__dict__["placement"] = dict(placement or {})  # logical tile -> slot name
+            self._instr_prov = None
+        self._n = n
+        if len(self.instr_prov if columns is None else self._instr_prov) != n:
             raise ValueError("instr_prov must have one entry per instruction")
+
+    # ---- content, made from the columns when asked for ---------------------
+    @cached_property
+    def columns(self):
+        """The instructions and buffers as arrays (:mod:`tilescope.program._columns`)."""
+        from ._columns import Columns
+
+        return Columns.from_objects(self.instructions, self.buffers)
+
+    @cached_property
+    def instructions(self) -> tuple[Instruction, ...]:
+        return tuple(self.columns.instructions())
+
+    @cached_property
+    def buffers(self) -> dict[str, Buffer]:
+        return self.columns.buffer_dict()
+
+    def buffer(self, name: str) -> Buffer:
+        """The buffer named ``name`` (without making every buffer's record)."""
+        if "buffers" in self.__dict__:
+            return self.__dict__["buffers"][name]
+        cols = self.columns
+        return cols.buffer(cols.id_of(name))
+
+    @cached_property
+    def instr_prov(self) -> tuple[int, ...]:
+        return tuple(self._instr_prov.tolist())
+
+    @cached_property
+    def instr_prov_array(self) -> np.ndarray:
+        if self._instr_prov is not None:
+            return self._instr_prov
+        return np.asarray(self.instr_prov, dtype=np.int32)
+
+    @cached_property
+    def slots(self) -> dict[str, Slot]:
+        cols = self.columns
+        return {r.name: r.slot(cols.name) for r in self._slot_records}
+
+    @cached_property
+    def placement(self) -> dict[str, str]:
+        cols = self.columns
+        names = [r.name for r in self._slot_records]
+        return {cols.name(b): names[s] for b, s in enumerate(self._slot_of.tolist()) if s >= 0}
 
     # ---- identity ----------------------------------------------------------
     @cached_property
     def hash(self) -> str:
-        """Stable content hash (hex, 16 chars). Runtime scalar *values* are not part of it."""
+        """Stable content hash (hex, 16 chars), the same for a Program and its executable read
+        back. Runtime scalar *values* are not part of it."""
+        cols = self.columns
         h = hashlib.sha256()
         h.update(repr((FORMAT_VERSION, self.name, self.inputs, self.outputs, self.spec_name)).encode())
-        h.update(repr(sorted((b.name, b.memory, b.shape, b.dtype, b.role) for b in self.buffers.values())).encode())
-        h.update(repr(sorted((s.name, s.addr, s.nbytes) for s in self.slots.values())).encode())
-        h.update(repr(sorted(self.placement.items())).encode())
-        h.update(self.static.digest.encode())  # every instruction, computed in one pass
-        h.update(repr(self.instr_prov).encode())
+        keys, per_buffer = _first_seen([(k.memory, k.shape, k.dtype, k.role) for k in cols.kinds], cols.kind)
+        h.update(repr(keys).encode())
+        h.update(per_buffer.tobytes())
+        h.update("\0".join(cols.name(b) for b in range(cols.n_buffers)).encode())
+        slots = self.slots
+        h.update(repr(sorted((s.name, s.addr, s.nbytes) for s in slots.values())).encode())
+        h.update(_placement_bytes(self))
+        h.update(self.static.digest.encode())  # every instruction, from the columns
+        h.update(self.instr_prov_array.astype(np.int32).tobytes())
         h.update(repr(self.provenance).encode())
         return h.hexdigest()[:16]
 
     @cached_property
     def runtime_scalars(self) -> tuple[str, ...]:
         names = set()
-        for instr in self.instructions:
+        for instr in self.columns.templates:
             for v in _scalar_fields(instr):
                 if isinstance(v, RuntimeScalar):
                     names.add(v.name)
@@ -193,21 +259,24 @@ class Program:
         return indices[indptr[index]:indptr[index + 1]].tolist()
 
     def prov_of(self, index: int) -> Provenance:
-        return self.provenance[self.instr_prov[index]]
+        return self.provenance[int(self.instr_prov_array[index])]
 
     def __len__(self) -> int:
-        return len(self.instructions)
+        return self._n
 
     def __repr__(self) -> str:
         return (
-            f"Program({self.name!r}, {len(self.instructions)} instructions, "
-            f"{len(self.buffers)} buffers, hash={self.hash})"
+            f"Program({self.name!r}, {len(self)} instructions, "
+            f"{self.columns.n_buffers} buffers, hash={self.hash})"
         )
 
     def summary_counts(self) -> dict[str, int]:
+        cols = self.columns
+        per_template = np.bincount(cols.tmpl, minlength=len(cols.templates)) if len(cols) else []
         counts: dict[str, int] = {}
-        for instr in self.instructions:
-            counts[instr.KIND] = counts.get(instr.KIND, 0) + 1
+        for t, c in zip(cols.templates, per_template):
+            if c:
+                counts[t.KIND] = counts.get(t.KIND, 0) + int(c)
         return counts
 
     # ---- serialisation -----------------------------------------------------
@@ -288,6 +357,36 @@ class Program:
                 raise type(e)(f"instruction #{i} ({instr.KIND}, from {self.prov_of(i).describe()}): {e}") from e
         check_slots(self, spec)
         return self
+
+
+def _first_seen(keys: list, of: np.ndarray) -> tuple[list, np.ndarray]:
+    """Distinct ``keys`` in order of first use through ``of`` (indices into ``keys``), and
+    ``of`` renumbered to them: the same however the keys were shared."""
+    ids: dict = {}
+    canon = np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64) if keys else np.zeros(0, np.int64)
+    per = canon[of] if len(of) else np.zeros(0, np.int64)
+    if not len(per):
+        return [], per.astype(np.int32)
+    uniq, first = np.unique(per, return_index=True)
+    rank = np.empty(len(ids), dtype=np.int64)
+    rank[uniq[np.argsort(first, kind="stable")]] = np.arange(len(uniq))
+    inv = {v: k for k, v in ids.items()}
+    ordered = [inv[int(u)] for u in uniq[np.argsort(first, kind="stable")]]
+    return ordered, rank[per].astype(np.int32)
+
+
+def _placement_bytes(program) -> bytes:
+    """Per buffer (in buffer order): the rank of its slot's name, or -1."""
+    cols = program.columns
+    if program._instr_prov is not None and program._slot_of is not None:
+        names = [r.name for r in program._slot_records]
+        order = {n: k for k, n in enumerate(sorted(names))}
+        rank = np.array([order[n] for n in names] + [-1], dtype=np.int64)
+        return rank[program._slot_of].astype(np.int64).tobytes()
+    placement = program.placement
+    order = {n: k for k, n in enumerate(sorted(program.slots))}
+    return np.array([order.get(placement.get(cols.name(b)), -1) for b in range(cols.n_buffers)],
+                    dtype=np.int64).tobytes()
 
 
 def _scalar_fields(instr: Instruction):

@@ -318,7 +318,7 @@ def _summary(program, spec, tl: Timeline, fl, pe_flops, totals) -> Summary:
         program_hash=program.hash,
         preset=spec.name,
         total_ns=total,
-        instructions=len(program.instructions),
+        instructions=len(program),
         engine_busy_ns=busy,
         utilization=util,
         dma_bytes=int(totals["dma_bytes"]),
