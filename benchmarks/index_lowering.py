@@ -70,10 +70,12 @@ def cases():
     for dim in (1, 0):
         out.append((f"cumsum 4096 x 4096 along dim {dim}", "aten::cumsum", (meta((4096, 4096)), dim),
                     (meta((4096, 4096)),), (), dict(dma=2 * 4096 * 4096 * 4)))
-    n = 4096
-    stages = 12 * 13 // 2  # bitonic network on 4096: every stage rewrites values and indices (2 outputs x 2 cycles)
-    out.append((f"sort 128 x {n}", "aten::sort", (meta((128, n)), -1, False), (meta((128, n)), meta((128, n), "int64")),
-                (), dict(dma=128 * n * 16, engine=("dve", 128 * stages * 2 * n * 2))))
+    for rows, n in ((128, 4096), (1, V)):
+        m = 1 << (n - 1).bit_length()
+        stages = (m.bit_length() - 1) * m.bit_length() // 2  # bitonic: every stage rewrites keys and ranks
+        out.append((f"sort {rows} x {n}", "aten::sort", (meta((rows, n)), -1, False),
+                    (meta((rows, n)), meta((rows, n), "int64")), (), dict(dma=rows * n * 16,
+                                                                          engine=("dve", rows * stages * 2 * m * 2))))
     return out
 
 

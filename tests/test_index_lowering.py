@@ -480,44 +480,44 @@ def test_topk_over_a_vocabulary_within_twice_its_bound(k):
 
 
 def sort_bound(rows, n):
-    """A bitonic network on VectorE: every stage rewrites all (padded) values and indices of a row,
-    each output element at tensor_tensor's 2 cycles (two inputs read) [isa]; plus the bytes."""
+    """A bitonic network on VectorE: every stage rewrites all (padded) keys and ranks of a row, each
+    output element at tensor_tensor's 2 cycles (two inputs read) [isa]; plus the bytes."""
     m = 1 << (n - 1).bit_length()
     stages = math.log2(m) * (math.log2(m) + 1) / 2
     return bound_ns(dma_bytes=rows * n * (4 + 4 + 8), vector_elems=rows * stages * 2 * m * 2)
 
 
-@pytest.mark.parametrize("shape,descending", [((4, 13), False), ((3, 64), True), ((5, 1000), False)])
-def test_stable_sort_keeps_ties_in_order_and_nan_last(shape, descending):
+@pytest.mark.parametrize("shape,descending", [((4, 13), False), ((3, 64), True), ((5, 1000), False),
+                                              ((3, 5000), True), ((1, 700), False)])
+def test_sort_is_stable_and_orders_infinities_and_nan_as_torch(shape, descending):
+    """Rows longer than a piece (5000) or few (1 x 700) are split over partitions."""
     x = rnd(*shape)
-    x[0, 3] = float("nan")
-    x[1, :6] = 0.5  # ties keep their order
+    x[0, 3] = x[0, 10 % shape[1]] = float("nan")
+    x[0, 5], x[-1, 1], x[-1, 7] = float("inf"), float("-inf"), float("inf")
+    x[1 % shape[0], :6] = 0.5  # ties keep their order
     v, i = torch.sort(x, dim=-1, descending=descending, stable=True)
     low = check("aten::sort.stable", (x,), {"stable": True, "dim": -1, "descending": descending},
                 {"values": v, "indices": i}, {"in_self": x}, rule="bitonic")
     assert_bounded(low, sort_bound(*shape))
+
+
+def test_sort_forms():
     xs = rnd(6, 50)
     check("aten::argsort.stable", (xs,), {"stable": True, "dim": -1, "descending": False},
           {"out": xs.argsort(dim=-1, stable=True)}, {"in_self": xs}, rule="bitonic")
+    xb = rnd(4, 300, dtype=torch.bfloat16)  # many equal values in bfloat16
+    v, i = torch.sort(xb, dim=-1, stable=True)
+    check("aten::sort", (xb, -1, False), {}, {"values": v, "indices": i}, {"in_self": xb}, rule="bitonic")
+    t = ints(0, 7, (9, 300)).float()
+    v, i = torch.sort(t, dim=-1, descending=True, stable=True)
+    check("aten::sort", (t, -1, True), {}, {"values": v, "indices": i}, {"in_self": t}, rule="bitonic")
 
 
-@pytest.mark.parametrize("descending", [False, True])
-def test_sort_with_many_ties_and_infinities(descending):
-    x = ints(0, 7, (9, 300)).float()
-    x[2, 5], x[3, 7], x[4, 8] = float("nan"), float("inf"), float("-inf")
-    v, i = torch.sort(x, dim=-1, descending=descending, stable=True)
-    check("aten::sort", (x, -1, descending), {}, {"values": v, "indices": i}, {"in_self": x}, rule="bitonic")
-
-
-def test_sort_of_rows_of_4096_is_at_or_above_its_bound():
-    """At 2.25x of the bound, not within 2x: each stage takes 9 VectorE instructions (the
-    (value, index) compare that keeps ties and padding in order), the bound counts 4."""
-    x = meta((128, 4096))
-    low = lowered("aten::sort", (x, -1, False), (x, meta((128, 4096), "int64")))
-    assert_bounded(low, sort_bound(128, 4096), within=2.5)
-
-
-def test_sort_of_a_row_longer_than_sbuf_holds_is_generic():
-    x = meta((2, 50257))
-    low = lowered("aten::sort", (x, -1, False), (x, meta((2, 50257), "int64")))
-    assert low.rule == "generic"
+@pytest.mark.parametrize("rows,n", [(128, 4096), (1, 50257)])
+def test_sort_at_model_shapes_is_at_or_above_its_bound(rows, n):
+    """At ~2.3-2.7x of the bound, not within 2x: a stage is 8 VectorE instructions (the (key, rank)
+    compare and the selects), the bound counts the 4 element-writes; one row of a vocabulary adds
+    its cross-partition stages (TensorE permutations)."""
+    low = lowered("aten::sort", (meta((rows, n)), -1, False), (meta((rows, n)), meta((rows, n), "int64")))
+    assert low.rule == "bitonic"
+    assert_bounded(low, sort_bound(rows, n), within=3.0)
