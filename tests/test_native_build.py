@@ -109,3 +109,25 @@ def test_programs_built_with_and_without_native_are_the_same(monkeypatch):
         out.append((p.hash, p.dependencies[1].tobytes()))
     mk.matmul_optimized.cache_clear()
     assert out[0] == out[1]
+
+
+def test_slot_grouping_native_equals_reference_on_random_placements(monkeypatch):
+    from tilescope.program import _fastalloc
+
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        T = 300
+        first = np.sort(rng.integers(0, 1500, size=T))
+        last = first + rng.integers(0, 150, size=T)
+        nbytes = rng.integers(1, 8, size=T) * 64
+        addr = rng.integers(0, 16, size=T) * 64
+        site = rng.integers(0, 6, size=T)
+        parts = rng.integers(1, 129, size=T)
+        a = _alloc.slot_arrays(first, last, addr, nbytes, site, parts)
+        monkeypatch.setattr(_fastalloc, "native", None)
+        b = _alloc.slot_arrays(first, last, addr, nbytes, site, parts)
+        monkeypatch.setattr(_fastalloc, "native", native)
+        np.testing.assert_array_equal(a[0], b[0])
+        for x, y in zip(a[1], b[1]):
+            np.testing.assert_array_equal(x, y)
+        assert a[2] == b[2]

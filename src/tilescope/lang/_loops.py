@@ -140,8 +140,8 @@ class _Iteration:
     buf1: int = -1
     log1: int = -1
     guards: list = field(default_factory=list)
+    serial: int = 0
     locals_raw: dict | None = None
-    snapshot: object = None
     states: object = None
 
 
@@ -206,7 +206,7 @@ class Loop:
         self.serial += 1
         b = self.ctx.b
         self.iters.append(_Iteration(self.k, self.x, b.instruction_count, b.buffer_count,
-                                     len(self.ctx.touch_log)))
+                                     len(self.ctx.touch_log), serial=self.serial))
         self.guards = []
         if self.concrete:
             return self.x
@@ -221,9 +221,7 @@ class Loop:
         self.guards = []
         if it.k in (1, 2) and not self.concrete and self.tainted is None:
             it.locals_raw = dict(self.frame.f_locals)
-            canon = _Canon(self, it)
-            it.snapshot = tuple(sorted((name, canon(v)) for name, v in it.locals_raw.items()))
-            it.states = _states(ctx, canon, it)
+            it.states = _states(ctx, _Canon(self, it), it)
         if len(self.iters) > 3:  # keep what replication and the locals need
             self.iters[-4] = None
 
@@ -255,11 +253,11 @@ class Loop:
         iteration still to run (the loop's end if all were written)."""
         it0, it1, it2 = self.iters[0], self.iters[1], self.iters[2]
         plan = None
-        if self.tainted is not None or it1.snapshot is None or it2.snapshot is None:
+        differ = _locals_differ(self, it1, it2) if it1.locals_raw is not None and it2.locals_raw is not None else None
+        if self.tainted is not None or it1.locals_raw is None or it2.locals_raw is None:
             self.why_not = self.tainted or "not sampled"
-        elif it1.snapshot != it2.snapshot:
-            self.why_not = "the local variables differ between iterations: " + ", ".join(
-                a[0] for a, b in zip(it1.snapshot, it2.snapshot) if a != b)[:200]
+        elif differ:
+            self.why_not = "the local variables differ between iterations: " + ", ".join(differ)[:200]
         elif it1.states != it2.states:
             self.why_not = "the tracer's buffer states differ between iterations"
             import os
@@ -323,6 +321,7 @@ class _Canon:
 
     def __init__(self, loop: Loop, it: _Iteration):
         self.b = loop.ctx.b
+        self.loop, self.serial, self.x = loop, it.serial, it.x  # Syms of the loop as of this iteration
         self.new = (it.buf0, it.buf1)
         prev = loop.iters[it.k - 1] if it.k >= 1 and len(loop.iters) >= 2 else None
         self.prev = (prev.buf0, prev.buf1) if prev is not None else (0, 0)
@@ -336,13 +335,13 @@ class _Canon:
             return ("prev", i - self.prev[0])
         return ("old", name)
 
-    @staticmethod
-    def int_(v):
+    def int_(self, v):
         if v.__class__ is Sym:
+            loop = self.loop
             for lp, serial in v.stamp:
-                if lp.serial != serial or not lp.active:
+                if (serial != self.serial) if lp is loop else (lp.serial != serial or not lp.active):
                     return ("stale", id(v))
-            return ("sym", v.value - sum(c * lp.x for lp, c in v.coefs.items()),
+            return ("sym", v.value - sum(c * (self.x if lp is loop else lp.x) for lp, c in v.coefs.items()),
                     tuple(sorted((id(lp), c) for lp, c in v.coefs.items())))
         return v
 
@@ -377,6 +376,26 @@ class _Canon:
         if isinstance(v, np.generic):
             return ("np", v.dtype.str, v.item())
         return ("obj", id(v))
+
+
+_MUTABLE = (list, dict, set, tuple, Tile)
+
+
+def _locals_differ(loop: Loop, it1: _Iteration, it2: _Iteration) -> list[str]:
+    """Local variables that are not the same up to the shift from iteration 1 to 2 (an object
+    left untouched is the same; containers and tiles are compared by their canonical form)."""
+    l1, l2 = it1.locals_raw, it2.locals_raw
+    if l1.keys() != l2.keys():
+        return sorted(set(l1) ^ set(l2))
+    c1, c2 = _Canon(loop, it1), _Canon(loop, it2)
+    out = []
+    for name, a in l1.items():
+        b = l2[name]
+        if a is b and not isinstance(a, _MUTABLE):
+            continue
+        if c1(a) != c2(b):
+            out.append(name)
+    return out
 
 
 def _states(ctx, canon: _Canon, it: _Iteration):

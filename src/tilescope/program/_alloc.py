@@ -476,12 +476,12 @@ def allocate_columns(cols, spec, *, describe_site=None, spill: bool = False):
     nbytes_raw = per_kind_bytes[kind]
     mem = memory[order]
     nbytes = np.where(mem == 2, -(-nbytes_raw // bank) * bank, -(-nbytes_raw // SBUF_ALIGN) * SBUF_ALIGN)
-    sites_of_kind = [k.site or None for k in kinds]
     site_ids: dict = {}
-    site = np.empty(len(order), dtype=np.int64)
-    for t, (b, kd) in enumerate(zip(order.tolist(), kind.tolist())):
-        sname = sites_of_kind[kd] or cols.name(b)
-        site[t] = site_ids.setdefault(sname, len(site_ids))
+    kind_site = np.array([site_ids.setdefault(k.site, len(site_ids)) if k.site else -1 for k in kinds],
+                         dtype=np.int64)
+    site = kind_site[kind]
+    for t in np.nonzero(site < 0)[0].tolist():  # a tile without a site: its own
+        site[t] = site_ids.setdefault(cols.name(int(order[t])), len(site_ids))
     site_names = list(site_ids)
     bufs = np.array([max(1, k.bufs) for k in kinds], dtype=np.int64)[kind]
     parts = np.array([k.shape[0] for k in kinds], dtype=np.int64)[kind]
@@ -504,15 +504,41 @@ def allocate_columns(cols, spec, *, describe_site=None, spill: bool = False):
         sel = np.nonzero(mem == code)[0]
         if not len(sel):
             continue
-        for rec, members in group_slots(first[sel], lasts[sel], addr[sel], nbytes[sel], site[sel], parts[sel]):
-            sname = site_names[rec["site"]]
-            rec_members = [int(order[sel[m]]) for m in members]
-            slot_index = len(slots)
-            for b in rec_members:
-                slot_of[b] = slot_index
-            slots.append(_SlotRec(f"{name}:{sname}#{rec['n']}", name, rec["addr"], rec["nbytes"], rec["partitions"],
-                                  rec["start"], rec["end"], sname, rec_members, rec["aliases"]))
+        base = len(slots)
+        of, fields, aliases = slot_arrays(first[sel], lasts[sel], addr[sel], nbytes[sel], site[sel], parts[sel])
+        slot_of[order[sel]] = base + of
+        members = np.argsort(of, kind="stable")
+        bounds = np.searchsorted(of[members], np.arange(len(fields[0]) + 1))
+        st, num, ad, nb_, pa, s0, s1 = (f.tolist() for f in fields)
+        for k in range(len(st)):
+            sname = site_names[st[k]]
+            mem_ids = order[sel[members[bounds[k]:bounds[k + 1]]]].tolist()
+            slots.append(_SlotRec(f"{name}:{sname}#{num[k]}", name, ad[k], nb_[k], pa[k], s0[k], s1[k], sname,
+                                  mem_ids, aliases[k]))
+        names_here = [slots[base + k].name for k in range(len(st))]
+        for k in range(len(st)):
+            slots[base + k].aliases = [names_here[a] for a in slots[base + k].aliases]
     return slots, slot_of
+
+
+def slot_arrays(first, last, addr, nbytes, site, parts):
+    """:func:`group_slots` as arrays: the slot of each tile, the slots' fields (site, per-site
+    number, addr, nbytes, partitions, start, end) and each slot's aliases (slot indices)."""
+    from . import _fastalloc
+
+    if _fastalloc.native is not None:
+        out = _fastalloc.native.group_slots(first, last, addr, nbytes, site, parts)
+        of, fields, ptr, idx = out[0], out[1:8], out[8], out[9]
+        return of, fields, [idx[ptr[k]:ptr[k + 1]].tolist() for k in range(len(ptr) - 1)]
+    of = np.empty(len(first), dtype=np.int64)
+    recs = []
+    for rec, members in group_slots(first, last, addr, nbytes, site, parts):
+        of[members] = len(recs)
+        recs.append(rec)
+    index = {(r["site"], r["n"]): k for k, r in enumerate(recs)}
+    fields = tuple(np.array([r[f] for r in recs], dtype=np.int64)
+                   for f in ("site", "n", "addr", "nbytes", "partitions", "start", "end"))
+    return of, fields, [[index[a] for a in r["aliases"]] for r in recs]
 
 
 @dataclass

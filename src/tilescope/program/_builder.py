@@ -392,6 +392,7 @@ class TileBuilder:
             dict.__setitem__(self._buffers, name, new)
             self._kind[self._ids[name]] = len(self._kinds)  # its own record (others may share the old)
             self._kinds.append(new)
+            self.__dict__.pop("_kind_np", None)
         if name not in self._outputs:
             self._outputs.append(name)
 
@@ -524,6 +525,16 @@ class TileBuilder:
             tab = self._limits = {"T": T, "w": width, "a": new}
         return tab["a"]
 
+    def kind_array(self) -> np.ndarray:
+        """Per buffer id its record index, as an array (grown as buffers are added)."""
+        have = self.__dict__.get("_kind_np")
+        n = len(self._kind)
+        if have is None or len(have) != n:
+            start = 0 if have is None else len(have)
+            add = np.asarray(self._kind[start:], dtype=np.int64)
+            have = self._kind_np = add if have is None else np.concatenate([have, add])
+        return have
+
     def _kind_arrays(self):
         """Per buffer record: size, row length, on chip, in PSUM (grown as records are added)."""
         have = self.__dict__.get("_karr")
@@ -549,7 +560,7 @@ class TileBuilder:
         B = r.buf[start:stop].astype(np.int64)
         O = r.off[start:stop]
         lo, hi, parts, engine_op, pe_dst, flo, fhi, isz = (a[tm] for a in self._limit_table())
-        kind = np.asarray(self._kind, dtype=np.int64)
+        kind = self.kind_array()
         size, row_el, onchip, psum = (a[kind] for a in self._kind_arrays())
         valid = B >= 0
         Bs = np.where(valid, B, 0)

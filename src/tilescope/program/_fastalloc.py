@@ -26,6 +26,13 @@ class _Native:
             return None, (fail[0], sorted(fail[1]))
         return np.frombuffer(addr, dtype=np.int64).copy(), None
 
+    def group_slots(self, first, last, addr, nbytes, site, parts):
+        """As :func:`tilescope.program._alloc.group_slots`, in arrays: (slot of each tile,
+        slot fields (site, per-site number, addr, nbytes, partitions, start, end), alias CSR)."""
+        a = [np.ascontiguousarray(x, dtype=np.int64) for x in (first, last, addr, nbytes, site, parts)]
+        out = self.c.group_slots(*a)
+        return tuple(np.frombuffer(x, dtype=np.int64) for x in out)
+
     def dependencies(self, key, r0, r1, c0, c1, rd, wr, aliases):
         n, width = key.shape
         nkeys = int(key.max()) + 1 if key.size else 0

@@ -237,6 +237,105 @@ done:
     return result;
 }
 
+/* ---- group_slots: runs of one site at one address (see _alloc.group_slots) ---------------- */
+typedef struct { int64_t a, b, owner; } seg;
+
+static PyObject *group_slots(PyObject *self, PyObject *args) {
+    PyObject *o[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5])) return NULL;
+    Py_buffer b[6];
+    const char *names[6] = {"first", "last", "addr", "nbytes", "site", "parts"};
+    int got = 0;
+    for (; got < 6; got++)
+        if (get_i64(o[got], &b[got], names[got]) < 0) { for (int k = 0; k < got; k++) PyBuffer_Release(&b[k]); return NULL; }
+    const int64_t *first = b[0].buf, *last = b[1].buf, *addr = b[2].buf, *nbytes = b[3].buf, *site = b[4].buf,
+                  *parts = b[5].buf;
+    Py_ssize_t T = b[0].len / 8;
+    int64_t nsites = 0;
+    for (Py_ssize_t t = 0; t < T; t++) if (site[t] + 1 > nsites) nsites = site[t] + 1;
+    int64_t *counter = (int64_t *)calloc((size_t)(nsites ? nsites : 1), 8);
+    PyObject *slot_of = PyBytes_FromStringAndSize(NULL, T * 8);
+    vec64 s_site = {0}, s_n = {0}, s_addr = {0}, s_nbytes = {0}, s_parts = {0}, s_start = {0}, s_end = {0},
+          s_open = {0}, a_ptr = {0}, a_idx = {0};
+    seg *segs = NULL;
+    Py_ssize_t nseg = 0, capseg = 0;
+    PyObject *result = NULL;
+    if (!counter || !slot_of || vpush(&a_ptr, 0) < 0) { PyErr_NoMemory(); goto done; }
+    int64_t *so = (int64_t *)PyBytes_AS_STRING(slot_of);
+    for (Py_ssize_t t = 0; t < T; t++) {
+        int64_t lo = addr[t], hi = addr[t] + nbytes[t];
+        /* segments overlapping [lo, hi) */
+        Py_ssize_t k0 = 0, hi_k = nseg;
+        while (k0 < hi_k) { Py_ssize_t m = (k0 + hi_k) / 2; if (segs[m].b <= lo) k0 = m + 1; else hi_k = m; }
+        Py_ssize_t k1 = k0;
+        while (k1 < nseg && segs[k1].a < hi) k1++;
+        int64_t mine = -1;
+        for (Py_ssize_t k = k0; k < k1; k++) {
+            int64_t w = segs[k].owner;
+            if (s_open.v[w] && s_site.v[w] == site[t] && s_addr.v[w] == lo && s_nbytes.v[w] >= nbytes[t]) { mine = w; break; }
+        }
+        for (Py_ssize_t k = k0; k < k1; k++) {  /* other open slots there close */
+            int64_t w = segs[k].owner;
+            if (w != mine) s_open.v[w] = 0;
+        }
+        if (mine < 0) {
+            mine = s_site.n;
+            if (vpush(&s_site, site[t]) < 0 || vpush(&s_n, counter[site[t]]++) < 0 || vpush(&s_addr, lo) < 0 ||
+                vpush(&s_nbytes, nbytes[t]) < 0 || vpush(&s_parts, parts[t]) < 0 || vpush(&s_start, first[t]) < 0 ||
+                vpush(&s_end, last[t]) < 0 || vpush(&s_open, 1) < 0) { PyErr_NoMemory(); goto done; }
+            /* aliases: the owners of these bytes before, in address order, once each */
+            for (Py_ssize_t k = k0; k < k1; k++) {
+                int64_t w = segs[k].owner, dup = 0;
+                for (Py_ssize_t m = a_ptr.v[a_ptr.n - 1]; m < a_idx.n; m++) if (a_idx.v[m] == w) { dup = 1; break; }
+                if (!dup && vpush(&a_idx, w) < 0) { PyErr_NoMemory(); goto done; }
+            }
+            if (vpush(&a_ptr, a_idx.n) < 0) { PyErr_NoMemory(); goto done; }
+            /* claim [lo, hi): keep the parts of overlapped segments outside it */
+            seg left = {0, 0, -1}, right = {0, 0, -1};
+            if (k0 < k1 && segs[k0].a < lo) left = (seg){segs[k0].a, lo, segs[k0].owner};
+            if (k0 < k1 && segs[k1 - 1].b > hi) right = (seg){hi, segs[k1 - 1].b, segs[k1 - 1].owner};
+            Py_ssize_t add = (left.owner >= 0) + 1 + (right.owner >= 0);
+            Py_ssize_t need = nseg - (k1 - k0) + add;
+            if (need > capseg) {
+                capseg = need * 2 + 16;
+                seg *ns = (seg *)realloc(segs, (size_t)capseg * sizeof(seg));
+                if (!ns) { PyErr_NoMemory(); goto done; }
+                segs = ns;
+            }
+            memmove(segs + k0 + add, segs + k1, (size_t)(nseg - k1) * sizeof(seg));
+            Py_ssize_t at = k0;
+            if (left.owner >= 0) segs[at++] = left;
+            segs[at++] = (seg){lo, hi, mine};
+            if (right.owner >= 0) segs[at++] = right;
+            nseg = need;
+        }
+        if (last[t] > s_end.v[mine]) s_end.v[mine] = last[t];
+        if (parts[t] > s_parts.v[mine]) s_parts.v[mine] = parts[t];
+        so[t] = mine;
+    }
+    {
+        vec64 *cols[9] = {&s_site, &s_n, &s_addr, &s_nbytes, &s_parts, &s_start, &s_end, &a_ptr, &a_idx};
+        PyObject *out = PyTuple_New(10);
+        if (!out) goto done;
+        Py_INCREF(slot_of);
+        PyTuple_SET_ITEM(out, 0, slot_of);
+        for (int k = 0; k < 9; k++) {
+            PyObject *bs = PyBytes_FromStringAndSize((const char *)cols[k]->v, cols[k]->n * 8);
+            if (!bs) { Py_DECREF(out); goto done; }
+            PyTuple_SET_ITEM(out, k + 1, bs);
+        }
+        result = out;
+    }
+done:
+    Py_XDECREF(slot_of);
+    free(counter);
+    free(segs);
+    free(s_site.v); free(s_n.v); free(s_addr.v); free(s_nbytes.v); free(s_parts.v); free(s_start.v); free(s_end.v);
+    free(s_open.v); free(a_ptr.v); free(a_idx.v);
+    for (int k = 0; k < 6; k++) PyBuffer_Release(&b[k]);
+    return result;
+}
+
 /* ---- dependencies: the sweep over access boxes ------------------------------------------ */
 typedef struct { int64_t r0, r1, c0, c1, idx; int alive; } rec;
 typedef struct { rec *v; Py_ssize_t n, cap, dead; } recs;
@@ -381,6 +480,9 @@ done:
 static PyMethodDef methods[] = {
     {"place", place, METH_VARARGS,
      "place(first, last, nbytes, site, bufs, capacity, align) -> (addr bytes, None) or (None, (tile, live))"},
+    {"group_slots", group_slots, METH_VARARGS,
+     "group_slots(first, last, addr, nbytes, site, parts) -> (slot_of, site, n, addr, nbytes, parts, start, end, "
+     "alias_ptr, alias_idx)"},
     {"dependencies", dependencies, METH_VARARGS,
      "dependencies(n, width, nkeys, key, r0, r1, c0, c1, reads, writes, alias_ptr, alias_idx) -> (indptr, indices)"},
     {NULL, NULL, 0, NULL},
