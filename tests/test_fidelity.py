@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOL = 0.02
 
 MM, RMS, DMA = "NKI matmul tutorial", "RMSNorm: eager vs fused vs compiled", "DMA throughput vs bytes per partition (p_dim 128)"
+MAMBA = "NKI fused Mamba tutorial"
 PINS = {
     (MM, "tiled"): 0.845,
     (MM, "hoisted loads"): 1.008,
@@ -65,9 +66,19 @@ PINS = {
     ("Published peaks", "DMA GB/s (stream of 4 MiB loads)"): 0.943,
     ("NKI LayerNorm tutorial", "two passes (v1)"): 0.018,
     ("NKI LayerNorm tutorial", "bn_stats / bn_aggr (v2)"): 0.015,
+    (MAMBA, "v1, 256 channels"): 1.235,
+    (MAMBA, "v1, 4K channels"): 1.460,
+    (MAMBA, "v2, 4K channels"): 2.120,
+    (MAMBA, "v2, seq 2048"): 1.438,
+    (MAMBA, "v3, seq 2048"): 2.085,
+    (MAMBA, "v2, seq 8192"): 1.457,
+    (MAMBA, "v3, seq 8192"): 1.962,
+    (MAMBA, "v1, 4K channels -> v2, 4K channels"): 0.689,
+    (MAMBA, "v2, seq 2048 -> v3, seq 2048"): 0.689,
+    (MAMBA, "v2, seq 8192 -> v3, seq 8192"): 0.743,
 }
-# the only target the model misses today, and why (the harness names the effect)
-MISSED = {(RMS, "naive / fused")}
+# the targets the model misses today (the harness names the missing effect of each)
+MISSED = {(RMS, "naive / fused")} | {(MAMBA, k) for (g, k) in PINS if g == MAMBA and k != "v1, 256 channels"}
 
 
 def _harness():
@@ -105,7 +116,10 @@ def test_targets_met_and_the_misses_name_their_missing_effect(rows):
     assert missed == MISSED
     for k in missed:
         why = rows[k][1].why
-        assert "HBM traffic ratio" in why and "published" in why, why
+        if k[0] == RMS:
+            assert "HBM traffic ratio" in why and "published" in why, why
+        else:  # the trace's bottleneck, and the effect hardware shows that the model lacks
+            assert ("VectorE busy" in why and "does not have" in why) or "VectorE's pace" in why, why
 
 
 def test_every_case_cites_its_source_and_shape(rows, harness):

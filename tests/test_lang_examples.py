@@ -118,7 +118,7 @@ def test_matmul_pair_reproduces_the_tutorials_shape():
 
 
 @pytest.mark.parametrize("script", ["giou/giou_kernel.py", "rmsnorm/rmsnorm_kernel.py", "softmax/softmax_kernel.py",
-                                    "layernorm/layernorm_kernel.py"])
+                                    "layernorm/layernorm_kernel.py", "mamba/mamba_kernels.py"])
 def test_examples_run_as_scripts(script):
     res = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
