@@ -14,7 +14,7 @@ how data reaches it, and the modeled timelines show why each step is faster:
   iteration per 1.3 us, TensorE busy 14% of the time.
 * ``matmul_hoist_load`` (optimization 1): lhsT loaded once per output row of tiles, rhs still
   once per output tile -- the rhs queue still issues one 1 KiB-row DMA per matmul, so the
-  model gives the same time (hardware: 1.2x faster).
+  model gives about the same time (hardware: 1.2x faster).
 * ``matmul_block_free_dimension`` (optimization 2): 2 x 2 output tiles per block, so each rhs
   load serves two matmuls: half the DMAs, half the time.
 * ``matmul_optimized`` (optimization 3): blocks of 2048 (M) x 1024 (N) x 1024 (K) loaded as
@@ -24,7 +24,7 @@ how data reaches it, and the modeled timelines show why each step is faster:
   its background.
 
 All times are modeled by tilescope's device model, not measured. At the tutorial's size the
-model gives 42.6, 42.6, 21.4 and 6.6 ms (14.1%, 14.1%, 27.9% and 91.5% of TensorE peak); the
+model gives 43.8, 42.6, 21.4 and 7.1 ms (13.7%, 14.1%, 27.9% and 85.0% of TensorE peak); the
 tutorial reports 51.80, 42.96, 22.07 and 6.97 ms (10.98%, 13.24%, 26.51%, 85.24% HFU) on trn1.
 ``benchmarks/fidelity.py`` prints the comparison and how it moves with each *assumed* preset
 parameter (e.g. ``preset("trn1").replace(dma={"queue_policy": "free"})`` lets one tensor's
