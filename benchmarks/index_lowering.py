@@ -67,9 +67,9 @@ def cases():
                     (), dict(dma=n * V * 4, engine=("dve", 2 * -(-k // 8) * n * V))))
     out.append(("cumsum of an attention mask 8 x 2048 (int64)", "aten::cumsum", (meta((8, 2048), "int64"), -1),
                 (meta((8, 2048), "int64"),), (), dict(dma=2 * 8 * 2048 * 8)))
-    for dim in (1, 0):
-        out.append((f"cumsum 4096 x 4096 along dim {dim}", "aten::cumsum", (meta((4096, 4096)), dim),
-                    (meta((4096, 4096)),), (), dict(dma=2 * 4096 * 4096 * 4)))
+    for shape, dim in (((4096, 4096), 1), ((4096, 4096), 0), ((64, V), 1)):
+        out.append((f"cumsum {shape[0]} x {shape[1]} along dim {dim}", "aten::cumsum", (meta(shape), dim),
+                    (meta(shape),), (), dict(dma=2 * shape[0] * shape[1] * 4)))
     for rows, n in ((128, 4096), (1, V)):
         m = 1 << (n - 1).bit_length()
         stages = (m.bit_length() - 1) * m.bit_length() // 2  # bitonic: every stage rewrites keys and ranks

@@ -4,7 +4,8 @@
   rows go on the partitions and VectorE's ``tensor_tensor_scan`` runs along each row
   (``dst[i] = a[i] * dst[i-1] + x[i]``, nki.isa.tensor_tensor_scan). Short rows share a
   partition: ``a`` is 0 where a row starts, so the running sum restarts there. A long row is
-  scanned in chunks, each starting from the previous chunk's last value.
+  scanned in chunks, each starting from the previous chunk's last value. Few long rows are split
+  over partitions: each piece scanned, then TensorE adds the totals of the earlier pieces.
 * The scanned dim has neighbours inside it (``x.cumsum(0)`` of a ``[N, D]``): the scanned dim
   goes on the partitions and TensorE sums ``U.T @ x`` with the upper-triangular ones ``U``
   (``U[k, m] = k <= m``) per 128 rows, and accumulates every block's column totals on all rows
@@ -23,12 +24,14 @@ from ._call import Call, TensorMeta
 from ._indirect import fits_or_declines, row_blocks, sb
 from ._layout import coalesce, hbm_input, hbm_output
 from ._rules import Rule, add_rules
+from ._vocab import RowSplit
 
 __all__ = ["lower_cumulative"]
 
 _FREE = 4096  # elements per partition of one scan tile
 _COLS = 512  # columns of one TensorE block (one PSUM bank of float32)
 _PE_DTYPES = ("float32", "bfloat16", "float16")
+_SPLIT_BYTES = 48 * 1024  # bytes per partition of a row piece, its scan and its result (two in flight)
 
 
 def _scan(b: TileBuilder, dst, a, x, initial, op: str) -> None:
@@ -63,7 +66,10 @@ def lower_cumulative(call: Call, spec):
     b = TileBuilder(call.op, spec)
     with b.provenance(op=call.op):
         xv, ov = hbm_input(b, "in_self", x), hbm_output(b, "out", out)
-        if ishape == (1,):
+        if ishape == (1,) and op == "sum" and len(oshape) == 1 and x.stride[dim] == 1 and out.stride[dim] == 1 \
+                and _split_rows(b, spec, x, out, xv, ov, oshape[0], n, ox[0], oo[0]):
+            pass
+        elif ishape == (1,):
             _along_rows(b, spec, x, out, xv, ov, n, x.stride[dim], out.stride[dim], oshape, ox, oo, op)
         elif op == "sum" and len(ishape) == 1 and out.device_dtype in _PE_DTYPES:
             _across_rows(b, spec, x, out, xv, ov, n, x.stride[dim], out.stride[dim], oshape, ox, oo,
@@ -106,6 +112,48 @@ def _along_rows(b, spec, x, out, xv, ov, n, xs, os_, oshape, ox, oo, op) -> None
                 dst = AP(ov.ap.buffer, ov.ap.dtype, ov.ap.offset + bo + r0 * row_o + c0 * os_,
                          ((k * row_o, p), (row_o, k), (os_, cw)))
                 b.dma_copy(View(ov.buffer, dst, (p, k, cw)), sb(o, (p, k, cw)))
+
+
+def _split_rows(b, spec, x, out, xv, ov, rows, n, xrs, ors) -> bool:
+    """Few long rows: each split over neighbouring partitions (so DMA and VectorE use the lanes),
+    every piece scanned on VectorE, then TensorE adds the totals of each row's earlier pieces
+    (``L.T @ totals``, ``L[k, m] = 1`` for an earlier piece of the same row). False: not this form."""
+    P = spec.partitions
+    split = RowSplit(rows, n, x.itemsize + 4 + out.itemsize, _SPLIT_BYTES, P)
+    if split.f == 1 or not split.resident:
+        return False
+    w = split.w
+    earlier: dict = {}
+    pad = None
+    if split.wl < w:  # the last pieces' tail adds nothing: zeros, DMA'd in beside the data
+        pad = b.sbuf((P, w - split.wl), x.device_dtype, site="scan.pad", bufs=1)
+        b.memset(pad, 0.0)
+    for r0, nr, p in split.tiles(rows):
+        t = b.sbuf((p, w), x.device_dtype, site="scan.piece", bufs=2)
+        split.load(b, t, 0, xv, xrs, r0, nr, 0, w, pad)
+        o = b.sbuf((p, w), "float32", site="scan.local", bufs=2)
+        _scan(b, o, None, t, 0.0, "sum")
+        low = earlier.get(nr)
+        if low is None:
+            cols = b.sbuf((p, p), "float32", site="scan.cols", bufs=1)
+            b.iota(cols, steps=(1,))
+            rws = b.sbuf((p, p), "float32", site="scan.rws", bufs=1)
+            b.iota(rws, partition_step=1, steps=(0,))
+            low = b.sbuf((p, p), "float32", site=f"scan.earlier{nr}", bufs=1)
+            b.tensor_tensor(low, rws, cols, "less")  # an earlier partition ...
+            b.tensor_scalar(cols, cols, "mod", float(nr))
+            b.tensor_scalar(rws, rws, "mod", float(nr))
+            b.tensor_tensor(cols, cols, rws, "equal")  # ... holding a piece of the same row
+            b.tensor_tensor(low, low, cols, "multiply")
+            earlier[nr] = low
+        ps = b.psum((p, 1), "float32", site="scan.carry_ps")
+        b.matmul(ps, low, o[:, w - 1:w])
+        carry = b.sbuf((p, 1), "float32", site="scan.carry")
+        b.tensor_copy(carry, ps)
+        res = b.sbuf((p, w), out.device_dtype, site="scan.res", bufs=2)
+        b.tensor_scalar(res, o, "add", carry)
+        split.store(b, ov, ors, res, r0, nr, 0, w)
+    return True
 
 
 def _across_rows(b, spec, x, out, xv, ov, n, xs, os_, oshape, ox, oo, cols, cx, co) -> None:
