@@ -1,4 +1,4 @@
-"""Matrix products on TensorE: mm, addmm, bmm, baddbmm, mv, and 2-D convolution.
+"""Matrix products on TensorE: mm, addmm, bmm, baddbmm, mv, dot.
 
 ``C[M, N] = A[M, K] @ B[K, N]`` maps onto the systolic array as
 ``PSUM[M, N] (+)= stationary[K, M].T @ moving[K, N]``: K on the 128 partitions
@@ -8,10 +8,7 @@ compiler, which loads operands in whichever orientation their layout allows chea
 keeps on chip what fits.
 
 The epilogue (``beta * bias + alpha * product``, cast to the output dtype) runs while
-copying PSUM out to SBUF. Convolution (``convolution_overrideable``, 2-D, groups 1)
-is the same product per kernel tap: ``out[Cout, pixels] += W[:, :, kh, kw].T @
-x_shifted[Cin, pixels]``, with padding handled by accumulating each tap into the
-output region it reaches.
+copying PSUM out to SBUF. Convolutions are in :mod:`._conv`.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from ._layout import hbm_input, hbm_output
 from ._rules import Rule, add_rules
 from ..isa import RuntimeScalar
 
-__all__ = ["lower_matmul", "lower_conv"]
+__all__ = ["lower_matmul"]
 
 
 def _is_one(v) -> bool:
@@ -152,148 +149,5 @@ def _epilogue(b, g, Bias, bias_strides, batch, bi, alpha, beta, bias_meta, out, 
     return emit
 
 
-# ---- 2-D convolution -----------------------------------------------------------------------
-
-def _as_2d(m: TensorMeta) -> TensorMeta:
-    """A 1-D convolution's (N, C, L) operand as (N, C, 1, L)."""
-    n, c, length = m.shape
-    sn, sc, sl = m.stride
-    return TensorMeta((n, c, 1, length), (sn, sc, sl * length, sl), m.dtype)
-
-
-def _conv_args(call: Call):
-    n = call.named()
-    x, w, bias = n.get("input"), n.get("weight"), n.get("bias")
-    if not isinstance(x, TensorMeta) or not isinstance(w, TensorMeta) or len(call.outputs) != 1:
-        return None
-    out = call.outputs[0]
-    if n.get("transposed") or x.ndim not in (3, 4) or w.ndim != x.ndim or x.is_complex or w.is_complex:
-        return None
-    stride, padding, dilation = (tuple(n.get(k)) for k in ("stride", "padding", "dilation"))
-    if x.ndim == 3:
-        if len(stride) != 1 or len(padding) != 1 or len(dilation) != 1:
-            return None
-        x, w, out = _as_2d(x), _as_2d(w), _as_2d(out)
-        stride, padding, dilation = (1,) + stride, (0,) + padding, (1,) + dilation
-    if len(stride) != 2 or len(padding) != 2 or len(dilation) != 2:
-        return None
-    groups = n.get("groups", 1)
-    return x, w, bias if isinstance(bias, TensorMeta) else None, out, stride, padding, dilation, groups
-
-
-def lower_conv(call: Call, spec):
-    parsed = _conv_args(call)
-    if parsed is None:
-        return None
-    x, w, bias, out, (sh, sw), (ph, pw), (dh, dw), groups = parsed
-    N, Cin_all, H, W = x.shape
-    Cout_all, Cin, KH, KW = w.shape  # Cin: input channels per group
-    _, _, OH, OW = out.shape
-    if groups < 1 or Cin * groups != Cin_all or Cout_all % groups:
-        return None
-    Cout = Cout_all // groups
-    if out.numel == 0 or x.numel == 0:
-        return None
-    b = TileBuilder(call.op, spec)
-    with b.provenance(op=call.op):
-        X = hbm_input(b, "in_input", x)
-        Wt = hbm_input(b, "in_weight", w)
-        Y = hbm_output(b, "out", out)
-        Bv = hbm_input(b, "in_bias", bias) if bias is not None and bias.numel else None
-        try:
-            for g in range(groups):
-                _conv_group(b, spec, x, w, out, bias, X, Wt, Y, Bv, g * Cin, g * Cout, Cin, Cout,
-                            (sh, sw), (ph, pw), (dh, dw))
-        except _NoConv:
-            return None
-    return b.build(meta={"lowering": "conv"})
-
-
-def _conv_group(b, spec, x, w, out, bias, X, Wt, Y, Bv, ci_base, co_base, Cin, Cout, strides, pads, dils):
-    """One group's convolution: output channels [co_base, co_base + Cout) from input channels
-    [ci_base, ci_base + Cin)."""
-    (sh, sw), (ph, pw), (dh, dw) = strides, pads, dils
-    N, _, H, W = x.shape
-    _, _, KH, KW = w.shape
-    _, _, OH, OW = out.shape
-    P = spec.partitions
-    xs, ws, ys = x.stride, w.stride, out.stride
-    rows_per_tile = max(1, min(OH, spec.matmul_moving_fmax // OW)) if OW <= spec.matmul_moving_fmax else 0
-    if rows_per_tile == 0:
-        raise _NoConv  # an output row wider than one PSUM bank: generic
-    ci_tiles = [(c0, min(P, Cin - c0)) for c0 in range(0, Cin, P)]
-    for co0 in range(0, Cout, spec.matmul_stationary_fmax):
-        cos = min(spec.matmul_stationary_fmax, Cout - co0)
-        # weights per tap and input-channel block: W[co, ci, kh, kw] as stationary [ci, co]
-        wt = {}
-        for kh in range(KH):
-            for kw in range(KW):
-                for ci0, cis in ci_tiles:
-                    t = b.sbuf((cis, cos), w.device_dtype, site=f"conv.w{kh}.{kw}.{ci0}", bufs=1)
-                    off = (co_base + co0) * ws[0] + ci0 * ws[1] + kh * ws[2] + kw * ws[3]
-                    b.dma_copy(t, View(Wt.buffer, AP(Wt.ap.buffer, Wt.ap.dtype, Wt.ap.offset + off,
-                                                     ((ws[1], cis), (ws[0], cos))), (cis, cos)))
-                    wt[kh, kw, ci0] = t
-        bias_t = None
-        if Bv is not None:
-            bias_t = b.sbuf((cos, 1), bias.device_dtype, site="conv.bias", bufs=1)
-            b.dma_copy(bias_t, View(Bv.buffer, AP(Bv.ap.buffer, Bv.ap.dtype,
-                                                  Bv.ap.offset + (co_base + co0) * bias.stride[0],
-                                                  ((bias.stride[0], cos), (1, 1))), (cos, 1)))
-        for n in range(N):
-            for oh0 in range(0, OH, rows_per_tile):
-                nr = min(rows_per_tile, OH - oh0)
-                acc = b.psum((cos, nr * OW), "float32", site="conv.acc")
-                b.memset(acc, 0.0)
-                for kh in range(KH):
-                    # output rows of this tile whose input row is inside the image
-                    r_lo = max(oh0, _ceil_div(ph - kh * dh, sh))
-                    r_hi = min(oh0 + nr, _floor_div(H - 1 + ph - kh * dh, sh) + 1)
-                    if r_lo >= r_hi:
-                        continue
-                    for kw in range(KW):
-                        c_lo = max(0, _ceil_div(pw - kw * dw, sw))
-                        c_hi = min(OW, _floor_div(W - 1 + pw - kw * dw, sw) + 1)
-                        if c_lo >= c_hi:
-                            continue
-                        nrr, ncc = r_hi - r_lo, c_hi - c_lo
-                        for ci0, cis in ci_tiles:
-                            ih0 = r_lo * sh - ph + kh * dh
-                            iw0 = c_lo * sw - pw + kw * dw
-                            off = n * xs[0] + (ci_base + ci0) * xs[1] + ih0 * xs[2] + iw0 * xs[3]
-                            t = b.sbuf((cis, nrr * ncc), x.device_dtype, site="conv.x")
-                            src = AP(X.ap.buffer, X.ap.dtype, X.ap.offset + off,
-                                     ((xs[1], cis), (sh * xs[2], nrr), (sw * xs[3], ncc)))
-                            b.dma_copy(t, View(X.buffer, src, (cis, nrr, ncc)))
-                            mv = t
-                            if x.device_dtype not in _PE_DTYPES:
-                                mv = b.sbuf((cis, nrr * ncc), "float32", site="conv.xc")
-                                b.tensor_copy(mv, t)
-                            dst = AP(acc.ap.buffer, acc.ap.dtype, acc.ap.offset + (r_lo - oh0) * OW + c_lo,
-                                     ((nr * OW, cos), (OW, nrr), (1, ncc)))
-                            b.matmul(View(acc.buffer, dst, (cos, nrr, ncc)), wt[kh, kw, ci0], mv, accumulate=True)
-                res = b.sbuf((cos, nr * OW), out.device_dtype, site="conv.out")
-                if bias_t is not None:
-                    b.activation(res, acc, "identity", bias=bias_t)
-                else:
-                    b.tensor_copy(res, acc)
-                off = n * ys[0] + (co_base + co0) * ys[1] + oh0 * ys[2]
-                b.dma_copy(View(Y.buffer, AP(Y.ap.buffer, Y.ap.dtype, Y.ap.offset + off,
-                                             ((ys[1], cos), (ys[2], nr), (ys[3], OW))), (cos, nr, OW)), res)
-
-
-class _NoConv(Exception):
-    """The convolution is outside what the TensorE form handles."""
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -((-a) // b)
-
-
-def _floor_div(a: int, b: int) -> int:
-    return a // b
-
-
 add_rules(["mm", "addmm", "bmm", "baddbmm", "mv", "addmv", "dot", "vdot", "addmm_", "baddbmm_", "addmv_"],
           Rule("matmul", lower_matmul, "matrix products on TensorE"))
-add_rules(["convolution_overrideable", "convolution"], Rule("conv", lower_conv, "2-D convolution on TensorE"))
