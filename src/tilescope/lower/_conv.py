@@ -58,6 +58,7 @@ PE_DTYPES = ("float32", "bfloat16", "float16")
 _IN_BUDGET = 32 * 1024
 _OUT_BUDGET = 16 * 1024
 _W_BUDGET = 64 * 1024
+_MAX_MATMULS = 40_000  # a Program beyond this is declined (generic): it would take minutes to build
 
 
 # ---- geometry -------------------------------------------------------------------------------
@@ -320,11 +321,20 @@ class _FlippedWeights:
     def __init__(self, b: TileBuilder, spec, g: ConvGeom, W: View, ws, dtype: str):
         # g: the *equivalent* forward geometry (cin = co of W, cout = ci of W)
         self.b, self.spec, self.g, self.W, self.ws, self.dtype = b, spec, g, W, ws, dtype
+        self._raws: dict = {}  # chunk -> its rows, read once for every unit (while they fit)
 
     def _raw(self, chunk: _Chunk) -> View:
+        raw = self._raws.get(chunk)
+        if raw is None:
+            raw = self._load_raw(chunk)
+            if (len(self._raws) + 1) * self.g.cout * self.g.taps * (2 if self.dtype != "float32" else 4) <= _W_BUDGET:
+                self._raws[chunk] = raw
+        return raw
+
+    def _load_raw(self, chunk: _Chunk) -> View:
         b, g, ws = self.b, self.g, self.ws
         L = g.cout * g.taps  # per W row (co): all ci of its group, all taps
-        raw = b.sbuf((chunk.reps * chunk.cs, L), self.W.dtype, site="conv.wraw", bufs=1)
+        raw = b.sbuf((chunk.reps * chunk.cs, L), self.W.dtype, site="conv.wrawf", bufs=1)
         rows = _hbm(self.W, chunk.c0 * ws[0], ((ws[0], chunk.cs), (ws[1], g.cout), (ws[2], g.kh), (ws[3], g.kw)))
         for r, (a, bb) in enumerate(chunk.replicas()):
             shift = a * g.kw + bb  # replica (a, b) reads tap t - shift at the offset of tap t
@@ -802,6 +812,9 @@ class _ScatterGradInput:
         if g.w > fmax:
             raise _Decline
         rows_blk = max(1, min(g.h, fmax // g.w))
+        matmuls = sum(len(u.chunks) for u in self.units) * g.n * _ceil_div(g.h, rows_blk) * g.taps
+        if matmuls > _MAX_MATMULS:
+            raise _Decline  # few channels on both sides of a strided kernel: no useful TensorE form
         for u in self.units:
             st = self.weights.prepare(u)  # st[chunk, k, kw]: the weight's tap (kh-1-k, kw-1-kw)
             for n in range(g.n):
@@ -887,7 +900,16 @@ def lower_conv(call: Call, spec):
             mapping = fwd.emit()
         except _Decline:
             return None
-    return b.build(meta={"lowering": "conv", "mapping": mapping}, shrink_rotation=True)
+    return _build(b, {"lowering": "conv", "mapping": mapping})
+
+
+def _build(b: TileBuilder, meta: dict):
+    from ..errors import CapacityError
+
+    try:
+        return b.build(meta=meta, shrink_rotation=True)
+    except CapacityError:
+        return None  # a shape whose tiles do not fit SBUF: the generic lowering takes it, labelled
 
 
 def _view_2d(view: View, meta: TensorMeta) -> View:
@@ -960,7 +982,7 @@ def lower_conv_backward(call: Call, spec):
                 forms.append("grad_bias")
         except _Decline:
             return None
-    return b.build(meta={"lowering": "conv_backward", "forms": " ".join(forms)}, shrink_rotation=True)
+    return _build(b, {"lowering": "conv_backward", "forms": " ".join(forms)})
 
 
 add_rules(["convolution_overrideable", "convolution"], Rule("conv", lower_conv, "2-D convolution on TensorE"))
