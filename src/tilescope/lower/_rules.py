@@ -44,7 +44,7 @@ def _load() -> None:
     # order matters where two rules share an op: a later rule is tried first, the earlier is its
     # fallback (the fused softmax kernel before the any-dim reduction form, for instance)
     from . import _elementwise, _reduce, _matmul, _conv, _movement  # noqa: F401  (they add rows)
-    from . import _norm  # noqa: F401  (convolution neighbours: norms, pooling)
+    from . import _norm, _pool  # noqa: F401  (convolution neighbours: norms, pooling)
     from . import _vocab  # noqa: F401  (long rows: after the any-dim softmax, before the fused kernels)
     from . import _fused, _gather, _scatter, _nll, _scan, _topk, _sort  # noqa: F401
     from . import _triangle, _attention  # noqa: F401
