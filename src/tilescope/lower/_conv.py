@@ -797,10 +797,12 @@ class _ScatterGradInput:
     likewise ``iw``): each tap's product goes to the strided PSUM region it reaches. Weights
     are used as stored (``[co, ci]`` per tap is ``[K, M]``); groups are packed block-diagonally."""
 
-    def __init__(self, b, spec, g: ConvGeom, DY: View, dys, W: View, ws, DX: View, dxs, dtype, out_dtype):
+    def __init__(self, b, spec, g: ConvGeom, DY: View, dys, W: View, ws, DX: View, dxs, dtype, out_dtype,
+                 bias=None, bias_stride=0):
         self.b, self.spec, self.g = b, spec, g
         self.DY, self.dys, self.DX, self.dxs = DY, dys, DX, dxs
         self.dtype, self.out_dtype = dtype, out_dtype
+        self.bias, self.bias_stride = bias, bias_stride
         # channel roles swapped: "inputs" are the weight's co (dy's channels), "outputs" its ci
         self.eq = ConvGeom(g.n, g.cout, g.cin, g.groups, g.oh, g.ow, g.h, g.w, g.kh, g.kw)
         self.weights = _FlippedWeights(b, spec, self.eq, W, ws, dtype)
@@ -817,11 +819,19 @@ class _ScatterGradInput:
             raise _Decline  # few channels on both sides of a strided kernel: no useful TensorE form
         for u in self.units:
             st = self.weights.prepare(u)  # st[chunk, k, kw]: the weight's tap (kh-1-k, kw-1-kw)
+            bias = None
+            if self.bias is not None:
+                bias = self.b.sbuf((u.os, 1), "float32", site="conv.bias", bufs=1)
+                raw = bias if self.bias.dtype == "float32" else self.b.sbuf((u.os, 1), self.bias.dtype,
+                                                                              site="conv.bias.raw", bufs=1)
+                self.b.dma_copy(raw, _hbm(self.bias, u.o0 * self.bias_stride, ((self.bias_stride, u.os), (1, 1))))
+                if raw is not bias:
+                    self.b.tensor_copy(bias, raw)
             for n in range(g.n):
                 for ih0 in range(0, g.h, rows_blk):
-                    self._block(u, st, n, ih0, min(rows_blk, g.h - ih0))
+                    self._block(u, st, n, ih0, min(rows_blk, g.h - ih0), bias)
 
-    def _block(self, u: _Unit, st, n, ih0, nr) -> None:
+    def _block(self, u: _Unit, st, n, ih0, nr, bias=None) -> None:
         b, g = self.b, self.g
         dys, dxs = self.dys, self.dxs
         # output rows reaching input rows [ih0, ih0 + nr) through some kernel row
@@ -853,7 +863,10 @@ class _ScatterGradInput:
                         mv = _on_chip(tiles[ch], 0, ch.cs, (a - oh_lo) * g.ow + ca, ((g.ow, e - a), (1, ce - ca)))
                         b.matmul(dst, st[ch, g.kh - 1 - kh, g.kw - 1 - kw], mv, accumulate=True)
         res = b.sbuf((u.os, nr, g.w), self.out_dtype, site="conv.out")
-        b.activation(res, acc, "copy")
+        if bias is not None:
+            b.activation(res, acc, "identity", bias=bias)
+        else:
+            b.activation(res, acc, "copy")
         b.dma_copy(_hbm(self.DX, n * dxs[0] + u.o0 * dxs[1] + ih0 * dxs[2],
                         ((dxs[1], u.os), (dxs[2], nr), (dxs[3], g.w))), res)
 
@@ -869,8 +882,11 @@ def _pe_dtype(*metas: TensorMeta) -> str | None:
 
 
 def lower_conv(call: Call, spec):
-    """``convolution_overrideable`` / ``convolution``: the forward convolution (1-D or 2-D)."""
+    """``convolution_overrideable`` / ``convolution``: the forward convolution (1-D or 2-D),
+    transposed ones included."""
     n = call.named()
+    if n.get("transposed", False):
+        return _lower_conv_transpose(call, spec)
     x, w, bias = n.get("input"), n.get("weight"), n.get("bias")
     if len(call.outputs) != 1:
         return None
@@ -921,16 +937,54 @@ def _view_2d(view: View, meta: TensorMeta) -> View:
 
 
 def grad_input_program(b: TileBuilder, spec, g: ConvGeom, DY: View, dys, W: View, ws, DX: View, dxs, dtype: str,
-                       out_dtype: str) -> str:
-    """Emit ``grad_input`` of the convolution ``g`` into ``b``; returns the form used."""
+                       out_dtype: str, bias=None, bias_stride=0) -> str:
+    """Emit ``grad_input`` of the convolution ``g`` into ``b`` (plus ``bias`` per input channel:
+    a transposed convolution); returns the form used."""
     if g.sh == 1 and g.sw == 1 and g.ph <= g.dh * (g.kh - 1) and g.pw <= g.dw * (g.kw - 1):
         # stride 1: the forward convolution of dy with the flipped kernel, channel roles swapped
         eq = ConvGeom(g.n, g.cout, g.cin, g.groups, g.oh, g.ow, g.h, g.w, g.kh, g.kw, 1, 1,
                       g.dh * (g.kh - 1) - g.ph, g.dw * (g.kw - 1) - g.pw, g.dh, g.dw)
-        fwd = _Forward(b, spec, eq, DY, dys, DX, dxs, _FlippedWeights, W, ws, None, 0, dtype, out_dtype)
+        fwd = _Forward(b, spec, eq, DY, dys, DX, dxs, _FlippedWeights, W, ws, bias, bias_stride, dtype, out_dtype)
         return "gather:" + fwd.emit()
-    _ScatterGradInput(b, spec, g, DY, dys, W, ws, DX, dxs, dtype, out_dtype).emit()
+    _ScatterGradInput(b, spec, g, DY, dys, W, ws, DX, dxs, dtype, out_dtype, bias, bias_stride).emit()
     return "scatter"
+
+
+def _lower_conv_transpose(call: Call, spec):
+    """A transposed convolution is the ``grad_input`` of the convolution whose weight it shares:
+    that convolution's input has the transposed one's output shape and vice versa."""
+    n = call.named()
+    x, w, bias = n.get("input"), n.get("weight"), n.get("bias")
+    out = call.outputs[0] if len(call.outputs) == 1 else None
+    if not isinstance(x, TensorMeta) or not isinstance(w, TensorMeta) or out is None or x.ndim not in (3, 4):
+        return None
+    if out.ndim != x.ndim or x.is_complex or out.numel == 0:
+        return None
+    groups = n.get("groups", 1)
+    # the convolution: input shaped like ``out`` (channels = w.shape[1] * groups), weight ``w``
+    parsed = conv_geometry(out, w, n.get("stride"), n.get("padding"), n.get("dilation"), groups)
+    if parsed is None:
+        return None
+    g, out2, w2 = parsed
+    x2 = _as_2d(x) if x.ndim == 3 else x
+    if x2.shape != (g.n, g.cout * g.groups, g.oh, g.ow):
+        return None
+    bias = bias if isinstance(bias, TensorMeta) and bias.numel else None
+    dtype = _pe_dtype(x2, w2)
+    if dtype is None:
+        return None
+    b = TileBuilder(call.op, spec)
+    with b.provenance(op=call.op):
+        X = _view_2d(hbm_input(b, "in_input", x), x)
+        Wv = _view_2d(hbm_input(b, "in_weight", w), w)
+        Y = _view_2d(hbm_output(b, "out", out), out)
+        Bv = hbm_input(b, "in_bias", bias) if bias is not None else None
+        try:
+            form = grad_input_program(b, spec, g, X, x2.stride, Wv, w2.stride, Y, out2.stride, dtype,
+                                      out2.device_dtype, Bv, bias.stride[0] if bias is not None else 0)
+        except _Decline:
+            return None
+    return _build(b, {"lowering": "conv", "mapping": "transposed:" + form})
 
 
 def lower_conv_backward(call: Call, spec):
@@ -940,13 +994,20 @@ def lower_conv_backward(call: Call, spec):
     n = call.named()
     dy, x, w = n.get("grad_output"), n.get("input"), n.get("weight")
     mask = tuple(bool(v) for v in (n.get("output_mask") or (True, True, True)))
-    parsed = conv_geometry(x, w, n.get("stride"), n.get("padding"), n.get("dilation"), n.get("groups", 1),
-                           n.get("transposed", False))
-    if parsed is None or not isinstance(dy, TensorMeta) or len(call.outputs) != sum(mask):
+    transposed = bool(n.get("transposed", False))
+    if not isinstance(dy, TensorMeta) or len(call.outputs) != sum(mask):
         return None
-    g, x2, w2 = parsed
+    # a transposed convolution's backward is the plain one's with grad_output and input swapped:
+    # that convolution reads (the shape of) grad_output and writes (that of) the input
+    conv_in, conv_out = (dy, x) if transposed else (x, dy)
+    parsed = conv_geometry(conv_in, w, n.get("stride"), n.get("padding"), n.get("dilation"), n.get("groups", 1))
+    if parsed is None or not isinstance(conv_out, TensorMeta):
+        return None
+    g, _, w2 = parsed
+    x2 = _as_2d(x) if x.ndim == 3 else x
     dy2 = _as_2d(dy) if dy.ndim == 3 else dy
-    if dy2.shape != (g.n, g.cout * g.groups, g.oh, g.ow):
+    co2 = x2 if transposed else dy2
+    if co2.shape != (g.n, g.cout * g.groups, g.oh, g.ow):
         return None
     dtype = _pe_dtype(x2, w2, dy2)
     if dtype is None:
@@ -969,16 +1030,24 @@ def lower_conv_backward(call: Call, spec):
             if gi is not None:
                 gi2 = _as_2d(gi) if gi.ndim == 3 else gi
                 DX = _view_2d(hbm_output(b, "grad_input", gi), gi)
-                forms.append("grad_input=" + grad_input_program(b, spec, g, DY, dy2.stride, Wv, w2.stride, DX,
-                                                                gi2.stride, dtype, gi2.device_dtype))
+                if transposed:  # the plain convolution of grad_output
+                    fwd = _Forward(b, spec, g, DY, dy2.stride, DX, gi2.stride, _ForwardWeights, Wv, w2.stride, None,
+                                   0, dtype, gi2.device_dtype)
+                    forms.append("grad_input=" + fwd.emit())
+                else:
+                    forms.append("grad_input=" + grad_input_program(b, spec, g, DY, dy2.stride, Wv, w2.stride, DX,
+                                                                    gi2.stride, dtype, gi2.device_dtype))
             if gw is not None:
                 gw2 = _as_2d(gw) if gw.ndim == 3 else gw
                 GW = _view_2d(hbm_output(b, "grad_weight", gw), gw)
-                forms.append("grad_weight=" + grad_weight_program(b, spec, g, X, x2.stride, DY, dy2.stride, GW,
+                (Xa, xa), (Ya, ya) = ((DY, dy2), (X, x2)) if transposed else ((X, x2), (DY, dy2))
+                forms.append("grad_weight=" + grad_weight_program(b, spec, g, Xa, xa.stride, Ya, ya.stride, GW,
                                                                   gw2.stride, dtype, gw2.device_dtype))
             if gb is not None:
                 GB = hbm_output(b, "grad_bias", gb)
-                grad_bias_program(b, spec, g, DY, dy2.stride, GB, gb.stride[0] if gb.ndim else 1, gb.device_dtype)
+                # one bias per channel of grad_output, summed over its images and pixels
+                gbg = ConvGeom(dy2.shape[0], 1, dy2.shape[1], 1, 1, 1, dy2.shape[2], dy2.shape[3], 1, 1)
+                grad_bias_program(b, spec, gbg, DY, dy2.stride, GB, gb.stride[0] if gb.ndim else 1, gb.device_dtype)
                 forms.append("grad_bias")
         except _Decline:
             return None

@@ -462,6 +462,8 @@ def lower_batch_norm_backward(call: Call, spec):
     n = call.named()
     dy, x = n.get("grad_out"), n.get("input")
     w, rm, rv = _vec(n.get("weight")), _vec(n.get("running_mean")), _vec(n.get("running_var"))
+    # batch_norm_backward's ``save_var`` holds what the forward saved: on this device (CPU kernels)
+    # the inverse standard deviation, as native_batch_norm's ``save_invstd``
     smean, sinv = _vec(n.get("save_mean")), _vec(n.get("save_invstd", n.get("save_var")))
     train = bool(n.get("train", n.get("update", True)))
     eps = float(n.get("eps", 1e-5))
@@ -485,7 +487,7 @@ def lower_batch_norm_backward(call: Call, spec):
         W = hbm_input(b, "in_weight", w) if w is not None else None
         if train:
             M = hbm_input(b, "in_save_mean", smean)
-            R = hbm_input(b, "in_save_invstd", sinv)
+            R = hbm_input(b, "in_save_invstd" if "save_invstd" in n else "in_save_var", sinv)
             strides = (_stride0(smean), _stride0(sinv))
             RM = RV = None
         else:
@@ -783,8 +785,9 @@ def lower_group_norm_backward(call: Call, spec):
 
 
 add_rules(["native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
-           "_native_batch_norm_legit_functional"], Rule("batch_norm", lower_batch_norm, "batch norm forward"))
-add_rules(["native_batch_norm_backward"],
+           "_native_batch_norm_legit_functional", "_batch_norm_with_update"],
+          Rule("batch_norm", lower_batch_norm, "batch norm forward"))
+add_rules(["native_batch_norm_backward", "batch_norm_backward"],
           Rule("batch_norm_backward", lower_batch_norm_backward, "batch norm backward"))
 add_rules(["native_group_norm"], Rule("group_norm", lower_group_norm, "group norm forward"))
 add_rules(["native_group_norm_backward"], Rule("group_norm_backward", lower_group_norm_backward, "group norm backward"))

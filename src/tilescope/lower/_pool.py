@@ -50,17 +50,19 @@ _NEG = float("-inf")
 
 # ---- planes ----------------------------------------------------------------------------------
 
-def _as4(m: TensorMeta) -> TensorMeta:
-    """(N, C, L) as (N, C, 1, L)."""
+def _as4(m: TensorMeta, unbatched: bool = False) -> TensorMeta:
+    """(N, C, L) as (N, C, 1, L); with ``unbatched``, a 2-D op's (C, H, W) as (1, C, H, W)."""
     if m.ndim == 4:
         return m
-    n, c, length = m.shape
+    a, c, length = m.shape
     s0, s1, s2 = m.stride
-    return TensorMeta((n, c, 1, length), (s0, s1, s2 * length, s2), m.dtype)
+    if unbatched:
+        return TensorMeta((1, a, c, length), (a * s0, s0, s1, s2), m.dtype)
+    return TensorMeta((a, c, 1, length), (s0, s1, s2 * length, s2), m.dtype)
 
 
-def _view4(view: View, m: TensorMeta) -> View:
-    m4 = _as4(m)
+def _view4(view: View, m: TensorMeta, unbatched: bool = False) -> View:
+    m4 = _as4(m, unbatched)
     return _hbm(View(view.buffer, view.ap.__class__(view.ap.buffer, view.ap.dtype, 0, view.ap.dims), view.shape),
                 view.ap.offset, tuple(zip(m4.stride, m4.shape)))
 
@@ -505,11 +507,11 @@ def lower_pool(call: Call, spec):
     b = TileBuilder(call.op, spec)
     P = spec.partitions
     with b.provenance(op=call.op):
-        X = _view4(hbm_input(b, "in_self", x), x)
-        Y = _view4(hbm_output(b, "out", y), y)
-        x4, y4 = _as4(x), _as4(y)
+        X = _view4(hbm_input(b, "in_self", x), x, op == "_adaptive_avg_pool2d")
+        Y = _view4(hbm_output(b, "out", y), y, op == "_adaptive_avg_pool2d")
+        x4, y4 = _as4(x, op == "_adaptive_avg_pool2d"), _as4(y, op == "_adaptive_avg_pool2d")
         if op == "_adaptive_avg_pool2d":
-            if x.ndim != 4 or not _fits_whole(x4, y4):
+            if not _fits_whole(x4, y4):
                 return None
             H, W = x4.shape[2:]
             OH, OW = y4.shape[2:]
@@ -549,11 +551,12 @@ def lower_pool_backward(call: Call, spec):
     b = TileBuilder(call.op, spec)
     P = spec.partitions
     with b.provenance(op=call.op):
-        DY = _view4(hbm_input(b, "in_grad_output", dy), dy)
-        DX = _view4(hbm_output(b, "grad_input", dx), dx)
-        dy4, dx4 = _as4(dy), _as4(dx)
+        planes = op == "_adaptive_avg_pool2d_backward"
+        DY = _view4(hbm_input(b, "in_grad_output", dy), dy, planes)
+        DX = _view4(hbm_output(b, "grad_input", dx), dx, planes)
+        dy4, dx4 = _as4(dy, planes), _as4(dx, planes)
         if op == "_adaptive_avg_pool2d_backward":
-            if dx.ndim != 4 or not _fits_whole(dy4, dx4):
+            if not _fits_whole(dy4, dx4):
                 return None
             H, W = dx4.shape[2:]
             OH, OW = dy4.shape[2:]
