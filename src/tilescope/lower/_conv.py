@@ -380,6 +380,27 @@ class _Decline(Exception):
 
 # ---- the forward convolution ------------------------------------------------------------------
 
+def _short_run(run_bytes: int, spec) -> bool:
+    """Whether a contiguous run of ``run_bytes`` moves at under two thirds of a DMA engine's
+    bandwidth (its descriptor costs over half its bytes' time), per the preset."""
+    dma = spec.dma
+    return run_bytes / dma.bytes_per_ns_per_engine < getattr(dma, "descriptor_ns", 0.0)
+
+
+class _Queues:
+    """Round-robin DMA queues for loads that split one tensor by partitions: a kernel spreads
+    them over queues, so each issues in parallel instead of one after another on the tensor's
+    queue."""
+
+    def __init__(self, spec):
+        self.n = getattr(spec.dma, "queues", spec.dma.engines)
+        self.k = 0
+
+    def next(self) -> int:
+        self.k = (self.k + 1) % self.n
+        return self.k
+
+
 def _ramp(rows: int, per_block: int, unit: int, first: bool) -> list[tuple[int, int]]:
     """(first row, rows) of the store blocks covering ``rows``. The very first block is a
     quarter of the others (whole ``unit``s): TensorE starts once its smaller load is in."""
@@ -412,6 +433,7 @@ class _Forward:
         self.osz = 2 if out_dtype in ("bfloat16", "float16") else 4
         self._stationary: dict = {}
         self._deferred: list = []  # on-chip steps of input loads, emitted after the block's DMAs
+        self._queues = _Queues(spec)
 
     # -- planning (estimates from the cost table and the preset; the simulator prices the result) --
     def _pe_ns(self, K: int, M: int, N: int) -> float:
@@ -428,7 +450,7 @@ class _Forward:
         """DMA-charged bytes of the input tiles of ``units`` (replicas included): short
         contiguous runs are charged as the preset's DMA chunk floor."""
         g = self.g
-        floor = getattr(self.spec.dma, "chunk_floor_bytes", 0)
+        dma = self.spec.dma
         total = 0.0
         for ch in {c for u in units for c in u.chunks}:
             rows = g.oh * (1 if ch.sub else g.sh) + (g.kh - 1) * g.dh // (g.sh if ch.sub else 1)
@@ -436,7 +458,9 @@ class _Forward:
             # runs: whole row blocks when rows are contiguous in the tile and in memory
             whole = not ch.sub and (not padded or ch.gw == 1)
             run = (rows if whole else 1) * g.w * self.isz
-            total += ch.reps * ch.cs * g.n * rows * g.w * self.isz * max(1.0, floor / max(run, 1))
+            # a descriptor per run: its cost in bytes of transfer time
+            per_run = getattr(dma, "descriptor_ns", 0.0) * dma.bytes_per_ns_per_engine
+            total += ch.reps * ch.cs * g.n * rows * g.w * self.isz * (1.0 + per_run / max(run, 1))
         return total
 
     def _estimate(self, mapping: str, units) -> float:
@@ -561,8 +585,7 @@ class _Forward:
             spans.append((j0, j1, max(0, -left), min(wt, g.w - left), top, left))
         lo, hi = max(s[0] for s in spans), min(s[1] for s in spans)
         cl, ch_ = max(s[2] for s in spans), min(s[3] for s in spans)
-        short = (ch.gw == 1 and not ch.sub and wt > ch_ - cl and
-                 (ch_ - cl) * self.isz < getattr(self.spec.dma, "chunk_floor_bytes", 0))
+        short = ch.gw == 1 and not ch.sub and wt > ch_ - cl and _short_run((ch_ - cl) * self.isz, self.spec)
         t = b.sbuf((parts, ni, rows_t, wt), self.X.dtype, site="conv.x", bufs=2)
         if cl > 0:
             b.memset(_on_chip(t, 0, parts, 0, ((wt, ni * rows_t), (1, cl))), 0.0, engine="pool")
@@ -570,26 +593,54 @@ class _Forward:
             b.memset(_on_chip(t, 0, parts, max(ch_, 0), ((wt, ni * rows_t), (1, wt - max(ch_, 0)))), 0.0,
                      engine="pool")
         if short:
-            # rows shorter than a DMA chunk would land in padded rows one short run at a time:
-            # load them contiguously, then widen on chip
+            # rows too short for a DMA descriptor to move efficiently would land in padded rows one
+            # run at a time: load them contiguously, then widen on chip
             cols = ch_ - cl
             stage = b.sbuf((parts, ni, rows_t, cols), self.X.dtype, site="conv.xs", bufs=2)
             self._zero_rows(stage, parts, ni, rows_t, cols, lo, hi)
-            for r, (j0, j1, c0, c1, top, left) in enumerate(spans):
+            for r, cnt, pdims, (j0, j1, c0, c1, top, left) in self._replica_runs(ch, spans):
                 if j1 > j0:
-                    b.dma_copy(_on_chip(stage, r * ch.cs, ch.cs, j0 * cols, ((rows_t * cols, ni), (1, (j1 - j0) * cols))),
-                               self._src(ch, n0, ni, top, j0, j1, left + c0, cols))
+                    b.dma_copy(_on_chip(stage, r * ch.cs, cnt * ch.cs, j0 * cols, ((rows_t * cols, ni),
+                                                                                    (1, (j1 - j0) * cols))),
+                               self._src(ch, n0, ni, top, j0, j1, left + c0, cols, pdims), queue=self._queues.next())
             # on GpSimd, after every load of the block is under way (engines run in program order)
             self._deferred.append(lambda: b.tensor_copy(
                 _on_chip(t, 0, parts, cl, ((rows_t * wt, ni), (wt, rows_t), (1, cols))), stage, engine="pool"))
         else:
             self._zero_rows(t, parts, ni, rows_t, wt, lo, hi)
-        if not short:
-            for r, (j0, j1, c0, c1, top, left) in enumerate(spans):
+            for r, cnt, pdims, (j0, j1, c0, c1, top, left) in self._replica_runs(ch, spans):
                 if j1 > j0 and c1 > c0:
-                    b.dma_copy(_on_chip(t, r * ch.cs, ch.cs, j0 * wt + c0, ((rows_t * wt, ni), (wt, j1 - j0), (1, c1 - c0))),
-                               self._src(ch, n0, ni, top, j0, j1, left + c0, c1 - c0))
+                    b.dma_copy(_on_chip(t, r * ch.cs, cnt * ch.cs, j0 * wt + c0,
+                                        ((rows_t * wt, ni), (wt, j1 - j0), (1, c1 - c0))),
+                               self._src(ch, n0, ni, top, j0, j1, left + c0, c1 - c0, pdims),
+                               queue=self._queues.next())
         return t
+
+    def _replica_runs(self, ch: _Chunk, spans):
+        """Replicas loaded by one transfer each run: consecutive replicas whose rows and columns
+        inside the image agree, as (first replica, count, their partition dims on the source, span).
+        Replica (a, b) is the same source shifted by a kernel rows and b kernel columns, so a run
+        over whole kernel-row sets is one access pattern (a queue issues its transfers one by one)."""
+        g, xs = self.g, self.xs
+        out = []
+        r = 0
+        n = len(spans)
+        while r < n:
+            e = r + 1
+            while e < n and spans[e][:4] == spans[r][:4]:
+                e += 1
+            while r < e:
+                a = r % ch.gh
+                if a == 0 and e - r >= ch.gh:  # whole kernel-row sets of consecutive b
+                    nb = (e - r) // ch.gh
+                    dims = ((g.dw * xs[3], nb), (g.dh * xs[2], ch.gh), (xs[1], ch.cs))
+                    out.append((r, nb * ch.gh, dims, spans[r]))
+                    r += nb * ch.gh
+                else:  # kernel rows of one b
+                    cnt = min(e, r - a + ch.gh) - r
+                    out.append((r, cnt, ((g.dh * xs[2], cnt), (xs[1], ch.cs)), spans[r]))
+                    r += cnt
+        return out
 
     def _zero_rows(self, t, parts, ni, rows_t, wt, lo, hi) -> None:
         b = self.b
@@ -601,12 +652,12 @@ class _Forward:
         if hi < rows_t:
             b.memset(_on_chip(t, 0, parts, hi * wt, ((rows_t * wt, ni), (1, (rows_t - hi) * wt))), 0.0, engine="pool")
 
-    def _src(self, ch: _Chunk, n0, ni, top, j0, j1, col, cols) -> View:
+    def _src(self, ch: _Chunk, n0, ni, top, j0, j1, col, cols, pdims) -> View:
         g, xs = self.g, self.xs
         step = g.sh if ch.sub else 1
         row = top + j0 * step
         return _hbm(self.X, n0 * xs[0] + ch.c0 * xs[1] + row * xs[2] + col * xs[3],
-                    ((xs[1], ch.cs), (xs[0], ni), (xs[2] * step, j1 - j0), (xs[3], cols)))
+                    tuple(pdims) + ((xs[0], ni), (xs[2] * step, j1 - j0), (xs[3], cols)))
 
     def _store_rows(self, units, ni: int, nc: int, wt: int, pnr: int) -> int:
         """Output rows per store block: as many PSUM blocks as the SBUF budgets allow."""
@@ -988,7 +1039,45 @@ def _lower_conv_transpose(call: Call, spec):
 
 
 def lower_conv_backward(call: Call, spec):
-    """``convolution_backward_overrideable``: grad_input, grad_weight and grad_bias as asked."""
+    """``convolution_backward_overrideable``: grad_input, grad_weight and grad_bias as asked.
+
+    grad_weight has two forms (pixel blocks on the partitions, or pixels transposed onto
+    them); where both apply, both Programs are built and the one the simulator times shorter
+    is kept."""
+    from ..sim import simulate
+    from ._conv_wgrad import transposed_form_feasible
+
+    best = None
+    for form in ("blocks", "transposed"):
+        if form == "transposed":
+            parsed = _backward_geometry(call)
+            if parsed is None or not parsed[1] or not transposed_form_feasible(spec, parsed[0], parsed[2]):
+                break
+        prog = _backward_program(call, spec, form)
+        if prog is None:
+            continue
+        t = simulate(prog, spec).summary.total_ns
+        if best is None or t < best[0]:
+            best = (t, prog)
+    return None if best is None else best[1]
+
+
+def _backward_geometry(call: Call):
+    """(conv geometry, grad_weight asked, PE dtype) of a backward call, or None."""
+    n = call.named()
+    dy, x, w = n.get("grad_output"), n.get("input"), n.get("weight")
+    mask = tuple(bool(v) for v in (n.get("output_mask") or (True, True, True)))
+    if not all(isinstance(t, TensorMeta) for t in (dy, x, w)):
+        return None
+    conv_in = dy if n.get("transposed", False) else x
+    parsed = conv_geometry(conv_in, w, n.get("stride"), n.get("padding"), n.get("dilation"), n.get("groups", 1))
+    if parsed is None:
+        return None
+    dtype = _pe_dtype(_as_2d(x) if x.ndim == 3 else x, parsed[2], _as_2d(dy) if dy.ndim == 3 else dy)
+    return (parsed[0], mask[1], dtype) if dtype is not None else None
+
+
+def _backward_program(call: Call, spec, gw_form: str):
     from ._conv_wgrad import grad_bias_program, grad_weight_program
 
     n = call.named()
@@ -1042,7 +1131,7 @@ def lower_conv_backward(call: Call, spec):
                 GW = _view_2d(hbm_output(b, "grad_weight", gw), gw)
                 (Xa, xa), (Ya, ya) = ((DY, dy2), (X, x2)) if transposed else ((X, x2), (DY, dy2))
                 forms.append("grad_weight=" + grad_weight_program(b, spec, g, Xa, xa.stride, Ya, ya.stride, GW,
-                                                                  gw2.stride, dtype, gw2.device_dtype))
+                                                                  gw2.stride, dtype, gw2.device_dtype, gw_form))
             if gb is not None:
                 GB = hbm_output(b, "grad_bias", gb)
                 # one bias per channel of grad_output, summed over its images and pixels

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..program import TileBuilder, View
-from ._conv import ConvGeom, _ceil_div, _Decline, _diag_mask, _hbm, _on_chip
+from ._conv import ConvGeom, _ceil_div, _Decline, _diag_mask, _hbm, _on_chip, _Queues
 
 __all__ = ["grad_weight_program", "grad_bias_program"]
 
@@ -96,6 +96,7 @@ class _GradWeight:
         self.wt = (self.C - 1) * g.sw + (g.kw - 1) * g.dw + 1 if self.padded else g.w
         self.classes = self._classes()
         self._dy_cache: dict = {}
+        self._queues = _Queues(spec)
 
     def _classes(self) -> dict:
         """Local output columns grouped by the kernel columns [lo, hi) whose input column is
@@ -114,37 +115,6 @@ class _GradWeight:
     def _rows_in(self, nr: int) -> int:
         g = self.g
         return (nr - 1) * g.sh + (g.kh - 1) * g.dh + 1
-
-    def pe_cycles(self, pe) -> float:
-        """TensorE cycles of the matmuls (a planning estimate)."""
-        g = self.g
-        total = 0.0
-        local = self.R * self.C * _ceil_div(g.n, self.nimg)
-        for p in _packs(g, self.P, self.spec.matmul_moving_fmax):
-            for _, cs in p.chunks:
-                for (lo, hi), cols in self.classes.items():
-                    total += local * len(cols) / (self.C if not self.padded else len(cols)) * \
-                        pe(self.parts, cs * g.kh * (hi - lo), p.nn)
-        return total
-
-    def estimate_ns(self, pe) -> float:
-        """max(TensorE, DMA) nanoseconds (a planning estimate; short DMA runs are charged as
-        the preset's chunk floor)."""
-        g, spec = self.g, self.spec
-        floor = getattr(spec.dma, "chunk_floor_bytes", 0)
-        rows = self._rows_in(self.R)
-        if self.padded:
-            run_x = min(self.wt, g.w) * self.isz
-            run_dy = self.C * self.isz
-        else:
-            run_x = rows * g.w * self.isz
-            run_dy = self.R * g.ow * self.isz
-        x = g.n * g.groups * g.cin * self.nb * rows * self.cb * min(self.wt, g.w) * self.isz
-        dy = g.n * g.groups * g.cout * g.oh * g.ow * self.isz
-        dy_ns = dy * max(1.0, floor / run_dy) / spec.dma_bytes_per_ns
-        dma = x * max(1.0, floor / run_x) / spec.dma_bytes_per_ns + dy_ns
-        # with one image block, all of dy is in before the first matmul
-        return max(spec.tensor.ns(self.pe_cycles(pe)), dma) + (dy_ns if self.nimg == g.n else 0.0)
 
     def emit(self) -> str:
         g = self.g
@@ -314,19 +284,50 @@ class _GradWeight:
                     b.memset(_on_chip(t, 0, parts, j_new * wt + a, ((rows_in * wt, channels), (wt, rows_in - j_new),
                                                                       (1, e - a))), 0.0, engine="pool")
         xs = self.xs
-        for blk, (top, lo, hi) in enumerate(spans):
-            if hi <= lo or blk * self.R + r0 >= g.oh:
-                continue
-            for cblk, (tc, ic, cnt) in enumerate(cols):
-                if cnt <= 0:
-                    continue
-                for p0, pc in pieces:
-                    src = _hbm(self.X, n0 * xs[0] + (c0 + p0) * xs[1] + (top + lo) * xs[2] + ic * xs[3],
-                               ((xs[0], ni), (xs[1], pc), (xs[2], hi - lo), (xs[3], cnt)))
-                    dst = _on_chip(t, self._part(blk, cblk), ni, (p0 * rows_in + lo) * wt + tc,
-                                   ((rows_in * wt, pc), (wt, hi - lo), (1, cnt)))
-                    b.dma_copy(dst, src)
+        # one transfer per run of blocks that read alike (a queue issues its transfers one by one)
+        blocks = [((lo, hi), top, blk) for blk, (top, lo, hi) in enumerate(spans)
+                  if hi > lo and blk * self.R + r0 < g.oh]
+        cblocks = [((tc, cnt), ic, k) for k, (tc, ic, cnt) in enumerate(cols) if cnt > 0]
+        for (lo, hi), top, b0, nblk, (tc, cnt), ic, k0, ncb in self._runs(blocks, cblocks, ni, self.R * g.sh,
+                                                                          self.C * g.sw):
+            for p0, pc in pieces:
+                src = _hbm(self.X, n0 * xs[0] + (c0 + p0) * xs[1] + (top + lo) * xs[2] + ic * xs[3],
+                           ((self.R * g.sh * xs[2], nblk), (self.C * g.sw * xs[3], ncb), (xs[0], ni), (xs[1], pc),
+                            (xs[2], hi - lo), (xs[3], cnt)))
+                dst = _on_chip(t, self._part(b0, k0), nblk * ncb * ni, (p0 * rows_in + lo) * wt + tc,
+                               ((rows_in * wt, pc), (wt, hi - lo), (1, cnt)))
+                b.dma_copy(dst, src, queue=self._queues.next())
         return t
+
+    def _runs(self, blocks, cblocks, ni, row_step, col_step):
+        """Runs of (row block, column block) partitions loaded by one transfer: consecutive row
+        blocks whose rows (``key``) agree, over column blocks whose columns agree; the
+        partitions of a run must be contiguous."""
+        def group(items):
+            out = []
+            for key, base, idx in items:
+                if out and out[-1][0] == key and out[-1][2] + out[-1][3] == idx:
+                    out[-1][3] += 1
+                else:
+                    out.append([key, base, idx, 1])
+            return out
+        rows, cols = group(blocks), group(cblocks)
+        whole = ni == self.nimg
+        runs = []
+        for rkey, rbase, b0, nb in rows:
+            if whole and len(cols) == 1 and cols[0][3] == self.cb:
+                (ckey, cbase, k0, nk), = cols
+                runs.append((rkey, rbase, b0, nb, ckey, cbase, k0, nk))
+                continue
+            for blk in range(b0, b0 + nb):
+                for ckey, cbase, k0, nk in cols:
+                    if whole:
+                        runs.append((rkey, rbase + (blk - b0) * row_step, blk, 1, ckey, cbase, k0, nk))
+                    else:
+                        for k in range(k0, k0 + nk):
+                            runs.append((rkey, rbase + (blk - b0) * row_step, blk, 1, ckey,
+                                         cbase + (k - k0) * col_step, k, 1))
+        return runs
 
     def _load_dy(self, n0, ni, r0, nr, c0, nn) -> View:
         b, g, dys = self.b, self.g, self.dys
@@ -335,17 +336,15 @@ class _GradWeight:
         last = g.ow - (self.cb - 1) * C  # columns of the last column block
         if last < C:  # its missing columns contribute nothing: zero them (every partition; data overwrites)
             b.memset(_on_chip(t, 0, self.parts, last, ((C, nn * nr), (1, C - last))), 0.0, engine="pool")
-        for blk in range(self.nb):
-            row0 = blk * self.R + r0
-            rows = min(nr, g.oh - row0)
-            if rows <= 0:
-                continue
-            for cblk in range(self.cb):
-                cnt = min(C, g.ow - cblk * C)
-                src = _hbm(self.DY, n0 * dys[0] + c0 * dys[1] + row0 * dys[2] + cblk * C * dys[3],
-                           ((dys[0], ni), (dys[1], nn), (dys[2], rows), (dys[3], cnt)))
-                dst = _on_chip(t, self._part(blk, cblk), ni, 0, ((nr * C, nn), (C, rows), (1, cnt)))
-                b.dma_copy(dst, src)
+        blocks = [(min(nr, g.oh - (blk * self.R + r0)), (blk * self.R + r0), blk) for blk in range(self.nb)
+                  if blk * self.R + r0 < g.oh]
+        cblocks = [(min(C, g.ow - k * C), k * C, k) for k in range(self.cb)]
+        for rows, row0, b0, nblk, cnt, col0, k0, ncb in self._runs(blocks, cblocks, ni, self.R, C):
+            src = _hbm(self.DY, n0 * dys[0] + c0 * dys[1] + row0 * dys[2] + col0 * dys[3],
+                       ((self.R * dys[2], nblk), (C * dys[3], ncb), (dys[0], ni), (dys[1], nn), (dys[2], rows),
+                        (dys[3], cnt)))
+            dst = _on_chip(t, self._part(b0, k0), nblk * ncb * ni, 0, ((nr * C, nn), (C, rows), (1, cnt)))
+            b.dma_copy(dst, src, queue=self._queues.next())
         return t
 
     def _finish(self, pack: _Pack, c0: int, cs: int, accs: dict) -> None:
@@ -441,25 +440,6 @@ class _GradWeightTransposed:
         dyt = len(self.blocks) * g.cout * self.isz
         return x + dy + dyt + len(self.co_chunks) * g.cin * g.taps * 4 <= self.RESIDENT
 
-    def pe_cycles(self, pe) -> float:
-        g = self.g
-        total = 0.0
-        for _, ni, _, nr in self.blocks:
-            px = ni * nr * g.ow
-            # a transpose of [p, f] costs as a matmul with f stationary columns and p moving ones
-            total += sum(pe(cs, px, cs) for _, cs in self.ci_chunks) * g.taps
-            total += sum(pe(cs, px, cs) for _, cs in self.co_chunks)
-            total += sum(pe(px, c[1], sum(cc[1] for _, cc in ng)) for c in self.co_chunks for ng in self.ngroups)
-        return total
-
-    def estimate_ns(self, pe) -> float:
-        g, spec = self.g, self.spec
-        floor = getattr(spec.dma, "chunk_floor_bytes", 0)
-        x = g.n * g.cin * g.h * g.w * self.isz
-        dy = g.n * g.cout * g.oh * g.ow * self.isz
-        dma = (x * max(1.0, floor / (g.h * g.w * self.isz)) + dy * max(1.0, floor / (g.oh * g.ow * self.isz)))
-        return max(spec.tensor.ns(self.pe_cycles(pe)), dma / spec.dma_bytes_per_ns)
-
     def emit(self) -> str:
         b, g, P = self.b, self.g, self.P
         xs, dys = self.xs, self.dys
@@ -537,30 +517,30 @@ class _GradWeightTransposed:
                                                               (gws[3], g.kw))), out)
 
 
-def _pe(spec, dtype):
-    from ..isa import AP, Matmul, matmul_cycles
-
-    def cycles(K: int, M: int, N: int) -> float:
-        st, mv = AP("s", dtype, 0, ((1, K), (1, M))), AP("m", dtype, 0, ((1, K), (1, N)))
-        return matmul_cycles(Matmul(AP("d", "float32", 0, ((1, M), (1, N))), st, mv), spec)
-    return cycles
-
-
 def grad_weight_program(b: TileBuilder, spec, g: ConvGeom, X: View, xs, DY: View, dys, GW: View, gws, dtype: str,
-                        out_dtype: str) -> str:
-    """Emit ``grad_weight`` of convolution ``g`` into ``b``; returns the form used (of the two,
-    the one whose TensorE and DMA estimates promise the shorter time)."""
+                        out_dtype: str, form: str = "blocks") -> str:
+    """Emit ``grad_weight`` of convolution ``g`` into ``b`` in ``form`` (``"blocks"``: pixel
+    blocks on the partitions; ``"transposed"``: pixels transposed onto them); returns the form."""
     if g.h == 1 and g.kh == 1 and g.oh == 1 and g.w > 1:
         # a 1-D convolution: let the length run down the rows, so row blocks split it
         g = ConvGeom(g.n, g.cin, g.cout, g.groups, g.w, 1, g.ow, 1, g.kw, 1, g.sw, 1, g.pw, 0, g.dw, 1)
         X, DY, GW = _tall(X), _tall(DY), _tall(GW)
         xs, dys, gws = _tall_strides(xs), _tall_strides(dys), _tall_strides(gws)
-    rb = _GradWeight(b, spec, g, X, xs, DY, dys, GW, gws, dtype, out_dtype)
-    tr = _GradWeightTransposed(b, spec, g, X, xs, DY, dys, GW, gws, dtype, out_dtype)
-    pe = _pe(spec, dtype)
-    if tr.feasible() and tr.estimate_ns(pe) < rb.estimate_ns(pe):
+    if form == "transposed":
+        tr = _GradWeightTransposed(b, spec, g, X, xs, DY, dys, GW, gws, dtype, out_dtype)
+        if not tr.feasible():
+            raise _Decline
         return tr.emit()
-    return rb.emit()
+    return _GradWeight(b, spec, g, X, xs, DY, dys, GW, gws, dtype, out_dtype).emit()
+
+
+def transposed_form_feasible(spec, g: ConvGeom, dtype: str) -> bool:
+    """Whether the pixels-transposed form applies (x and dy of every image fit in SBUF)."""
+    if g.h == 1 and g.kh == 1 and g.oh == 1 and g.w > 1:
+        return False
+    probe = _GradWeightTransposed.__new__(_GradWeightTransposed)
+    _GradWeightTransposed.__init__(probe, None, spec, g, None, None, None, None, None, None, dtype, dtype)
+    return probe.feasible()
 
 
 def _tall_strides(s):

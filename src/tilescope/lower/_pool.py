@@ -37,7 +37,7 @@ import numpy as np
 
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
-from ._conv import _ceil_div, _hbm, _on_chip
+from ._conv import _ceil_div, _hbm, _on_chip, _short_run
 from ._layout import hbm_input, hbm_output
 from ._rules import Rule, add_rules
 
@@ -228,9 +228,8 @@ def _padded(b: TileBuilder, spec, g: _Pool, view: View, m: TensorMeta, tile, r0:
         off, pd = _plane_dims(m, tile)
         src = _hbm(view, off + (top + lo) * m.stride[2], pd + ((m.stride[2], hi - lo), (m.stride[3], cols)))
         dst = _pc(t, tile, pe, lo * wp + g.pw, ((wp, hi - lo), (1, cols)))
-        floor = getattr(spec.dma, "chunk_floor_bytes", 0)
         run = min(src.ap.contiguous_bytes(), dst.ap.contiguous_bytes())
-        if run < floor and src.ap.contiguous_bytes() > run and cols == g.w:
+        if _short_run(run, spec) and src.ap.contiguous_bytes() > run and cols == g.w:
             stage = _tile(b, tile, (hi - lo, cols), m.device_dtype, site + ".stage")
             b.dma_copy(stage, src)
             b.tensor_copy(dst, stage, engine="pool")
