@@ -2,8 +2,8 @@
 
 A same-dtype copy is DMA from HBM to HBM, one transfer per tile of the destination;
 the source's strides (a transpose, a broadcast, a slice) are the transfer's access
-pattern, so a layout change costs what its memory access pattern costs (small
-contiguous chunks are charged at the DMA's per-chunk floor). A copy that changes
+pattern, so a layout change costs what its memory access pattern costs (each contiguous
+run is a DMA descriptor with its own cost: a transposing copy pays one per element). A copy that changes
 dtype goes through SBUF: load, ``tensor_copy`` (the engines convert), store.
 Host-device copies (``memcpy HtoD`` / ``DtoH``) are modeled as DMA of the tensor's bytes.
 """

@@ -1,10 +1,10 @@
 """Shared resources of the scheduler, as busy-interval timelines.
 
 Engines and DMA queues issue their own instructions in order, so a single
-"free at" time describes each of them. Resources that several engines share --
-the DMA bandwidth pool and the SBUF/PSUM ports -- are claimed by instructions in
-program order but must not make an early-ready instruction wait behind a
-later-ready one, so they keep their busy intervals and let claims fill gaps.
+"free at" time describes each of them. Resources that several of them share --
+the DMA engines' time, HBM's bandwidth and the SBUF/PSUM ports -- are claimed by
+instructions in program order but must not make an early-ready instruction wait
+behind a later-ready one, so they keep their busy intervals and let claims fill gaps.
 """
 
 from __future__ import annotations
