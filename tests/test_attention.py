@@ -23,6 +23,7 @@ from test_lowering import buffer_of
 # registered at import, before any autograd runs: the engine sizes its device queues on first use
 dev_module.register()
 rng = torch.Generator().manual_seed(0)
+_FWD = "aten::_scaled_dot_product_fused_attention_overrideable"
 
 
 def rnd(*shape, dtype=torch.float32):
@@ -141,6 +142,40 @@ def test_forward_program_matches_cpu_and_costs_at_least_its_bound(case):
     elif case == "long_kv":  # several 512-key blocks and two query blocks
         q, k, v = rnd(1, 1, 520, 64), rnd(1, 1, 1100, 64), rnd(1, 1, 1100, 64)
     run_forward(q, k, v, **kw)
+
+
+def test_forward_streams_keys_when_they_do_not_stay_on_chip(monkeypatch):
+    import tilescope.lower._attention as attention
+
+    monkeypatch.setattr(attention, "_RESIDENT_BYTES", 0)  # every block loads the keys it uses
+    run_forward(rnd(1, 2, 300, 64), rnd(1, 2, 700, 64), rnd(1, 2, 700, 48), causal=True)
+    mask = torch.ones(1, 1, 1, 700, dtype=torch.bool)
+    mask[..., 600:] = False
+    run_forward(rnd(1, 2, 130, 32), rnd(1, 2, 700, 32), rnd(1, 2, 700, 32), mask=mask)
+
+
+@pytest.mark.parametrize("E,Ev,p,causal,dtype,mask", [
+    (128, 128, 0.1, True, "bfloat16", None), (128, 128, 0.0, False, "float32", None),
+    (64, 256, 0.1, False, "bfloat16", None), (256, 256, 0.0, True, "float16", None),
+    (96, 96, 0.2, True, "bfloat16", "full"), (128, 128, 0.1, False, "bfloat16", "row"),
+])
+def test_every_form_fits_on_chip_and_takes_the_kernel(E, Ev, p, causal, dtype, mask):
+    """Head dims, dropout, dtypes and masks change what PSUM and SBUF hold at once: none may
+    fall back to the generic lowering for lack of room."""
+    from tilescope.lower import TensorMeta, contiguous_strides
+
+    def m(shape, dt=dtype):
+        return TensorMeta(shape, contiguous_strides(shape), dt)
+
+    q, k, v, o = m((1, 2, 300, E)), m((1, 2, 600, E)), m((1, 2, 600, Ev)), m((1, 2, 300, Ev))
+    lse = m((1, 2, 300), "float32")
+    bias = None if mask is None else m((1, 1, 1, 600), "bool") if mask == "row" else m((1, 2, 300, 600))
+    kw = (("dropout_p", p), ("is_causal", causal))
+    fwd = lower(Call(_FWD, (q, k, v, bias), kw, (o, lse)))
+    want = (True, True, True, mask == "full")
+    grads = (q, k, v) + ((bias,) if mask == "full" else ())
+    bwd = lower(Call(_FWD + "_backward", (o, q, k, v, bias, want, o, lse), kw, grads))
+    assert (fwd.rule, bwd.rule) == ("fused:attention", "fused:attention_backward")
 
 
 @pytest.mark.parametrize("kind", ["bool_padding", "finfo_padding", "float_row", "full_shared", "full_per_head"])
@@ -316,9 +351,6 @@ def _device_case(dev, fn, *args, seed=None, tol=1e-5):
         if a.grad is not None:
             torch.testing.assert_close(b.grad.cpu(), a.grad, rtol=10 * tol, atol=10 * tol)
     return [(r.op, r.lowering) for r in recs]
-
-
-_FWD = "aten::_scaled_dot_product_fused_attention_overrideable"
 
 
 @pytest.mark.parametrize("case", ["causal", "bool_padding", "float_mask_grad", "gqa", "mqa_expand", "strided",

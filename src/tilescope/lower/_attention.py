@@ -57,9 +57,10 @@ BIG = 1.0e30  # masked logits are clamped to -BIG: finite, so 0 * mask never mak
 _PE_DTYPES = ("float32", "bfloat16", "float16")
 _KB = 512  # keys per pass-1 block / backward tile (one PSUM bank of fp32)
 _QB = 4  # query tiles (of 128) per forward query block (512 queries: one PSUM bank of fp32)
-# per partition: K^T and V kept on chip for all query blocks up to this; three heads are alive at once
-# (the one finishing, the current one, the prefetched one)
-_RESIDENT_BYTES = 40 * 1024
+# per partition: SBUF for the resident key/value heads (K^T and V kept on chip for all query blocks):
+# three homes (the head finishing, the current one, the prefetched one), or two for long sequences;
+# longer still, each query block streams the keys it uses
+_RESIDENT_BYTES = 120 * 1024
 _MASK_CACHE_BYTES = 48 * 1024  # per partition: a full mask's blocks kept from pass 1 to pass 2 up to this
 
 
@@ -274,7 +275,7 @@ class _KV:
     """
 
     def __init__(self, b, form: AttentionForm, K: View, V: View, k_off: int, v_off: int, pe_dt: str,
-                 ones_column: bool, ones: int = 0, resident: bool | None = None):
+                 ones_column: bool, ones: int = 0, resident: bool | None = None, slots: "_KVSlots | None" = None):
         self.b, self.form, self.K, self.V = b, form, K, V
         self.k_off, self.v_off, self.pe_dt, self.ones = k_off, v_off, pe_dt, ones
         S, E, Ev = form.S, form.E, form.Ev
@@ -282,23 +283,34 @@ class _KV:
         self.vcols = Ev + (1 if ones_column else 0)
         isz = 4 if pe_dt == "float32" else 2
         need = (S * len(self.echunks) + -(-S // 128) * self.vcols) * isz
-        self.resident = need <= _RESIDENT_BYTES if resident is None else resident
+        self.need = need
+        self.resident = need * 3 <= _RESIDENT_BYTES if resident is None else resident
         self.ones_column = ones_column
         self._kt = self._v = self._rows = None
+        self._slot = None
         if self.resident:  # the DMAs now; the transposes when finish() is called (a block later)
             # a head's rows stay until the next block transposes them, while the next head's arrive
             self._rows = _load_rows(b, K, k_off, form.k.stride[2], S, E, pe_dt, "attn.kload",
                                     bufs=2 * -(-S // 128) * len(self.echunks))
-            self._v = self._load_v(0, S, site="attn.v", bufs=3)
+            if slots is not None:  # on-chip homes made once, their rows/column of ones set once
+                self._slot = slots.next()
+                self._v = self._slot[1]
+                self._fill_v(self._v, 0, S)
+            else:
+                self._v = self._load_v(0, S, site="attn.v", bufs=3)
 
     def finish(self) -> None:
         """Transpose the loaded ``K`` rows into ``K^T`` (resident mode; idempotent)."""
         if self._rows is not None:
-            self._kt = [self.b.sbuf((128, self.form.S), self.pe_dt, site=f"attn.kt{c}", bufs=3)
-                        for c in range(len(self.echunks))]
+            if self._slot is not None:
+                self._kt = self._slot[0]
+            else:
+                self._kt = [self.b.sbuf((128, self.form.S), self.pe_dt, site=f"attn.kt{c}", bufs=3)
+                            for c in range(len(self.echunks))]
             _transpose_groups(self.b, self._rows, self.form.E, self.pe_dt, self._kt, engine="dve")
             self._rows = None
-            self._ones_rows(self._kt[-1], self.form.S)
+            if self._slot is None:
+                self._ones_rows(self._kt[-1], self.form.S)
 
     def _ones_rows(self, tile: View, n: int) -> None:
         """Rows of ones after the last head-dim row of a ``K^T`` tile (once per tile, not per row block)."""
@@ -315,14 +327,17 @@ class _KV:
 
     def _load_v(self, s0: int, n: int, site: str, bufs: int = 3) -> View:
         b, form = self.b, self.form
-        nch = -(-n // 128)
-        t = b.sbuf((128, nch, self.vcols), self.pe_dt, site=site, bufs=bufs)
-        for c, (c0, cw) in enumerate(_chunks(n, 128)):
-            b.dma_copy(t[:cw, c, :form.Ev], _mat(self.V, self.v_off + (s0 + c0) * form.v.stride[2], cw,
-                                                form.v.stride[2], form.Ev, 1))
+        t = b.sbuf((128, -(-n // 128), self.vcols), self.pe_dt, site=site, bufs=bufs)
+        self._fill_v(t, s0, n)
         if self.ones_column:
             b.memset(t[:, :, form.Ev:form.Ev + 1], 1.0, engine="pool")
         return t
+
+    def _fill_v(self, t: View, s0: int, n: int) -> None:
+        form = self.form
+        for c, (c0, cw) in enumerate(_chunks(n, 128)):
+            self.b.dma_copy(t[:cw, c, :form.Ev], _mat(self.V, self.v_off + (s0 + c0) * form.v.stride[2], cw,
+                                                     form.v.stride[2], form.Ev, 1))
 
     def kt(self, s0: int, n: int, ones: bool = False) -> list[View]:
         """``K^T[:, s0:s0+n]`` per head-dim chunk (``[ec, n]`` views; ``ones``: with the rows of ones)."""
@@ -343,6 +358,41 @@ class _KV:
         if self.resident:
             return self._v[:n, s0 // 128, :]
         return self._load_v(s0, n, site="attn.vs")[:n, 0, :]
+
+
+class _KVSlots:
+    """Three on-chip homes for resident key/value heads (finishing, current, prefetched), made
+    once per Program with their constant rows of ones (K^T) and column of ones (V) set once."""
+
+    def __init__(self, b: TileBuilder, form: AttentionForm, pe_dt: str, ones: int, ones_column: bool,
+                 count: int = 3):
+        self.b, self.form, self.pe_dt, self.ones, self.ones_column = b, form, pe_dt, ones, ones_column
+        self.count = count
+        self._homes: list = []
+        self._n = 0
+
+    def next(self):
+        if len(self._homes) < self.count:
+            self._homes.append(self._make(len(self._homes)))
+        home = self._homes[self._n % self.count]
+        self._n += 1
+        return home
+
+    def _make(self, k: int):
+        b, f = self.b, self.form
+        echunks = _chunks(f.E, 128)
+        kt = [b.sbuf((128, f.S), self.pe_dt, name=f"attn_kt{k}_{c}", site=f"attn.home.kt{k}.{c}", bufs=1)
+              for c in range(len(echunks))]
+        vcols = f.Ev + (1 if self.ones_column else 0)
+        v = b.sbuf((128, -(-f.S // 128), vcols), self.pe_dt, name=f"attn_v{k}", site=f"attn.home.v{k}", bufs=1)
+        if self.ones:
+            e = echunks[-1][1]
+            kv = _KV.__new__(_KV)  # the row-of-ones helper, without a head
+            kv.b, kv.ones, kv.echunks, kv.pe_dt = b, self.ones, echunks, self.pe_dt
+            kv._ones_rows(kt[-1], f.S)
+        if self.ones_column:
+            b.memset(v[:, :, f.Ev:f.Ev + 1], 1.0, engine="pool")
+        return kt, v
 
 
 class _Mask:
@@ -458,7 +508,7 @@ def attention_forward(q, k, v, mask, *, causal: bool, scale: float | None, dropo
         consts = _Consts(b, aux_dt, pe_dt)
         masks = _Mask(b, form, Mv, scale, aux_dt) if Mv is not None else None
         _Forward(b, form, Q, K, V, O, out, LSE, consts, masks, causal, scale, dropout_p, pe_dt).run()
-    return b.build(meta={"lowering": "attention"}, shrink_rotation=True)
+    return b.build(meta={"lowering": "attention"}, spill=True)
 
 
 def _aux_dtype(pe_dt: str) -> str:
@@ -482,6 +532,13 @@ class _Forward:
         # the stabiliser (-row max, as bf16 hi + lo) rides in pass 2's contraction as two more rows
         # when the last head-dim chunk leaves room; else it is one more K=2 matmul per key chunk
         self.aug = 0 < form.E % 128 <= 126 and self.aux_dt == pe_dt
+        # query tiles per block: while pass 2 of one block overlaps pass 1 of the next, PSUM holds
+        # two banks of scores each, the row maxima and the block's accumulators (+ row sums with
+        # dropout): at most 8 banks
+        vcols = form.Ev + (1 if self.ones_column else 0)
+        per_bank = max(1, 512 // vcols)
+        self.qb = min(_QB, per_bank * (3 - (0 if self.ones_column else 1)))
+        self.parts_in_psum = self.qb * -(-form.S // _KB) * 4 <= 2048
 
     def run(self):
         """Query blocks in a software pipeline (program order is issue order on every engine):
@@ -491,9 +548,9 @@ class _Forward:
         (pass 2, ScalarE), so the PSUM port the two engines share is never idle between blocks.
         """
         f = self.form
-        items = [_Block(bi, h, qb0, min(_QB * 128, f.L - qb0))
-                 for bi in range(f.B) for h in _head_order(f, bi) for qb0 in range(0, f.L, _QB * 128)]
-        self._kv, self._key = None, None
+        items = [_Block(bi, h, qb0, min(self.qb * 128, f.L - qb0))
+                 for bi in range(f.B) for h in _head_order(f, bi) for qb0 in range(0, f.L, self.qb * 128)]
+        self._kv, self._key, self._slots = None, None, None
         self._dma(items[0])
         self._transposes(items[0])
         for _ in self._pass1(items[0]):
@@ -517,16 +574,22 @@ class _Forward:
         f, b = self.form, self.b
         if f.kv_key(blk.bi, blk.h) != self._key:
             self._key = f.kv_key(blk.bi, blk.h)
+            ones = 2 if self.aug else 0
+            if self._slots is None:
+                probe = _KV(b, f, self.K, self.V, 0, 0, self.pe_dt, self.ones_column, ones=ones, resident=False)
+                homes = 3 if 3 * probe.need <= _RESIDENT_BYTES else 2
+                self._resident = homes * probe.need <= _RESIDENT_BYTES
+                self._slots = _KVSlots(b, f, self.pe_dt, ones, self.ones_column, homes)
             self._kv = _KV(b, f, self.K, self.V, self._key[0], self._key[1], self.pe_dt, self.ones_column,
-                           ones=2 if self.aug else 0)
+                           ones=ones, slots=self._slots, resident=self._resident)
         blk.kv = self._kv
         E = f.E
         blk.qtiles = _chunks(blk.nq, 128)
         q_off = blk.bi * f.q.stride[0] + blk.h * f.q.stride[1]
         # query rows [lt, E | r_hi | r_lo] per tile; pass 1 uses their transpose without the r columns
-        blk.qrows = b.sbuf((128, _QB, E + 2), self.pe_dt, site="attn.qrows", bufs=4)
+        blk.qrows = b.sbuf((128, self.qb, E + 2), self.pe_dt, site="attn.qrows", bufs=4)
         # -max as hi + lo: beside the query rows when it rides in their contraction, else its own tile
-        blk.rc = blk.qrows[:, :, E:E + 2] if self.aug else b.sbuf((128, _QB, 2), self.aux_dt, site="attn.rc",
+        blk.rc = blk.qrows[:, :, E:E + 2] if self.aug else b.sbuf((128, self.qb, 2), self.aux_dt, site="attn.rc",
                                                                     bufs=4)
         for i, (t0, lt) in enumerate(blk.qtiles):
             b.dma_copy(blk.qrows[:lt, i, :E],
@@ -549,33 +612,52 @@ class _Forward:
         kv, qt, rows, qtiles = blk.kv, blk.qt, blk.rows, blk.qtiles
         nt = len(qtiles)
         nblk = -(-f.S // _KB)
-        parts = b.psum((128, _QB, nblk), "float32", site="attn.ps.parts", bufs=1)
+        if self.parts_in_psum:  # VectorE's maxima then never touch SBUF (GpSimd keeps its port)
+            parts = b.psum((128, self.qb, nblk), "float32", site="attn.ps.parts", bufs=1)
+        else:
+            parts = b.sbuf((128, self.qb, nblk), "float32", site="attn.parts", bufs=2)
+        pending = None  # each block's scores are issued before the previous block's max (two banks in use)
+        his = [min(f.S, blk.qb0 + t0 + lt) if self.causal else f.S for t0, lt in qtiles]  # keys each tile sees
         for i, (t0, lt) in enumerate(qtiles):
+            if len(_chunks(his[i], _KB)) < nblk:  # causal: blocks this tile skips do not count
+                b.memset(parts[:lt, i, len(_chunks(his[i], _KB)):nblk], -BIG, engine="dve")
+        # resident keys: tile by tile; streamed keys: block by block, each loaded once for all tiles
+        order = [(i, j) for i in range(nt) for j in range(len(_chunks(his[i], _KB)))]
+        if not kv.resident:
+            order.sort(key=lambda ij: (ij[1], ij[0]))
+        streamed = (None, None)  # (block, K^T tiles) of the block loaded last
+        for i, j in order:
+            t0, lt = qtiles[i]
             q0 = blk.qb0 + t0
-            hi_s = min(f.S, q0 + lt) if self.causal else f.S  # keys any of these queries may see
-            blocks = _chunks(hi_s, _KB)
-            for j, (s0, kw) in enumerate(blocks):
-                ps = b.psum((128, _KB), "float32", site="attn.ps.s1", bufs=2)
+            s0, kw = _chunks(his[i], _KB)[j]
+            if kv.resident:
                 kts = kv.kt(s0, kw)
-                for e, (e0, ec) in enumerate(kv.echunks):
-                    b.matmul(ps[:lt, :kw], qt[e][:ec, t0:t0 + lt], kts[e], accumulate=e > 0)
-                if rows is not None:
-                    b.matmul(ps[:lt, :kw], c.ones[:2, :lt], rows[0][:2, s0:s0 + kw], accumulate=True)
-                elif self.masks is not None:  # the stabiliser needs no more than the hi part
-                    hi, lo = self._full_block(blk, i, q0, lt, j, s0, kw)
-                    b.matmul(ps[:lt, :kw], c.ident[:lt, :lt], hi, accumulate=True)
-                if self.causal and s0 <= q0 < s0 + kw:
-                    cw = min(128, s0 + kw - q0)
-                    b.matmul(ps[:lt, q0 - s0:q0 - s0 + cw], c.ident[:lt, :lt], c.causal[:lt, :cw], accumulate=True)
-                b.tensor_reduce(parts[:lt, i, j:j + 1], ps[:lt, :kw], "max")
+            else:
+                if streamed[0] != j:
+                    streamed = (j, kv.kt(s0, min(_KB, max(his) - s0)))
+                kts = [t[:, :kw] for t in streamed[1]]
+            ps = b.psum((128, _KB), "float32", site="attn.ps.s1", bufs=2)
+            for e, (e0, ec) in enumerate(kv.echunks):
+                b.matmul(ps[:lt, :kw], qt[e][:ec, t0:t0 + lt], kts[e], accumulate=e > 0)
+            if rows is not None:
+                b.matmul(ps[:lt, :kw], c.ones[:2, :lt], rows[0][:2, s0:s0 + kw], accumulate=True)
+            elif self.masks is not None:  # the stabiliser needs no more than the hi part
+                hi, lo = self._full_block(blk, i, q0, lt, j, s0, kw)
+                b.matmul(ps[:lt, :kw], c.ident[:lt, :lt], hi, accumulate=True)
+            if self.causal and s0 <= q0 < s0 + kw:
+                cw = min(128, s0 + kw - q0)
+                b.matmul(ps[:lt, q0 - s0:q0 - s0 + cw], c.ident[:lt, :lt], c.causal[:lt, :cw], accumulate=True)
+            if pending is not None:
+                b.tensor_reduce(*pending, "max")
                 yield
-            if len(blocks) < nblk:  # causal: blocks this tile skips do not count
-                b.memset(parts[:lt, i, len(blocks):nblk], -BIG, engine="dve")
-        m = b.sbuf((128, _QB), "float32", site="attn.m")
+            pending = (parts[:lt, i, j:j + 1], ps[:lt, :kw])
+        b.tensor_reduce(*pending, "max")
+        yield
+        m = b.sbuf((128, self.qb), "float32", site="attn.m")
         b.tensor_reduce(m[:, :nt], parts[:, :nt, :nblk], "max", axes=(2,))
         # r = -max, clamped at a quarter of the mask floor: a row whose every key is masked keeps
         # its logits 0.75 * BIG below the stabiliser (exp gives exactly 0, never a cancellation)
-        neg = b.sbuf((128, _QB), "float32", site="attn.neg")
+        neg = b.sbuf((128, self.qb), "float32", site="attn.neg")
         b.tensor_scalar(neg[:, :nt], m[:, :nt], "maximum", -0.25 * BIG / self.scale, "multiply", -1.0)
         qrows, rc = blk.qrows, blk.rc
         b.tensor_copy(rc[:, :nt, 0], neg[:, :nt])  # r as bf16 hi + lo: exact to ~2^-16
@@ -600,7 +682,7 @@ class _Forward:
         blk.per_bank = per_bank
         blk.accs = [b.psum((128, min(per_bank, nt - a0), vcols), "float32", site=f"attn.ps.o{a0 // per_bank}",
                            bufs=1) for a0 in range(0, nt, per_bank)]
-        blk.lacc = None if self.ones_column else b.psum((128, _QB), "float32", site="attn.ps.l", bufs=1)
+        blk.lacc = None if self.ones_column else b.psum((128, self.qb), "float32", site="attn.ps.l", bufs=1)
         hi_s = min(f.S, blk.qb0 + blk.nq) if self.causal else f.S
         chunks = _chunks(hi_s, 128)
         # software pipelined: the scores of chunk n+1 are issued before chunk n's P @ V, so TensorE
@@ -677,32 +759,32 @@ class _Forward:
         bi, h, qb0, qtiles, rc, accs, per_bank, lacc = (blk.bi, blk.h, blk.qb0, blk.qtiles, blk.rc, blk.accs,
                                                         blk.per_bank, blk.lacc)
         nt = len(qtiles)
-        l_sb = b.sbuf((128, _QB), "float32", site="attn.l")
+        l_sb = b.sbuf((128, self.qb), "float32", site="attn.l")
         if lacc is not None:
             b.tensor_copy(l_sb[:, :nt], lacc[:, :nt], engine="act")
         else:
             for a, acc in enumerate(accs):
                 n = acc.shape[1]
                 b.tensor_copy(l_sb[:, a * per_bank:a * per_bank + n], acc[:, :, Ev], engine="act")
-        r = b.sbuf((128, _QB), "float32", site="attn.r")
+        r = b.sbuf((128, self.qb), "float32", site="attn.r")
         b.tensor_tensor(r[:, :nt], rc[:, :nt, 0], rc[:, :nt, 1], "add", engine="pool")
-        live = b.sbuf((128, _QB), "float32", site="attn.live")  # the max stayed above the mask floor
+        live = b.sbuf((128, self.qb), "float32", site="attn.live")  # the max stayed above the mask floor
         b.tensor_scalar(live[:, :nt], r[:, :nt], "less", 0.1 * BIG / self.scale, "multiply",
                         1.0 / (1.0 - self.p), engine="pool")
-        safe = b.sbuf((128, _QB), "float32", site="attn.safe")
+        safe = b.sbuf((128, self.qb), "float32", site="attn.safe")
         b.tensor_scalar(safe[:, :nt], l_sb[:, :nt], "maximum", 1e-30, engine="pool")
-        inv = b.sbuf((128, _QB), "float32", site="attn.inv")
+        inv = b.sbuf((128, self.qb), "float32", site="attn.inv")
         b.tensor_tensor(inv[:, :nt], live[:, :nt], safe[:, :nt], "divide", engine="pool")
         ost = self.out.stride
         for i, (t0, lt) in enumerate(qtiles):
             acc = accs[i // per_bank][:, i % per_bank, :]
-            o = b.sbuf((128, Ev), self.out.device_dtype, site="attn.o", bufs=2 * _QB)
+            o = b.sbuf((128, Ev), self.out.device_dtype, site="attn.o", bufs=2 * self.qb)
             b.tensor_scalar(o[:lt, :], acc[:lt, :Ev], "multiply", inv[:lt, i:i + 1], engine="act")
             q0 = qb0 + t0
             b.dma_copy(_mat(self.O, bi * ost[0] + h * ost[1] + q0 * ost[2], lt, ost[2], Ev, ost[3]), o[:lt, :])
-        ln = b.sbuf((128, _QB), "float32", site="attn.ln")
+        ln = b.sbuf((128, self.qb), "float32", site="attn.ln")
         b.activation(ln[:, :nt], safe[:, :nt], "log")
-        lse = b.sbuf((128, _QB), "float32", site="attn.lse")
+        lse = b.sbuf((128, self.qb), "float32", site="attn.lse")
         b.tensor_scalar(lse[:, :nt], r[:, :nt], "multiply", -self.scale, engine="act")
         b.tensor_tensor(lse[:, :nt], lse[:, :nt], ln[:, :nt], "add", engine="pool")
         b.select(lse[:, :nt], live[:, :nt], lse[:, :nt], float("-inf"), engine="pool")
@@ -781,7 +863,7 @@ def attention_backward(grad_out, q, k, v, out, lse, mask, *, causal: bool, scale
         consts = _Consts(b, aux_dt, pe_dt)
         masks = _Mask(b, form, Mv, scale, aux_dt) if Mv is not None else None
         _Backward(b, form, ins, g, o, outs, consts, masks, causal, scale, dropout_p, pe_dt).run()
-    return b.build(meta={"lowering": "attention_backward"}, shrink_rotation=True)
+    return b.build(meta={"lowering": "attention_backward"}, spill=True)
 
 
 def _as4d_shape(m: TensorMeta):
