@@ -430,3 +430,31 @@ def test_lowering_is_cached_per_shape_and_mask_layout():
     call = Call(_FWD, (q, q, q, mk), (("is_causal", False),), (out, lse))
     a, b = lower(call), lower(call)
     assert a is b and a.rule == "fused:attention" and tuple(a.program.inputs) == ("query", "key", "value", "attn_mask")
+
+
+# ---- native_dropout: nn.Dropout's op (attention weights in eager models) ------------------------
+
+def test_native_dropout_program_zeroes_and_rescales_and_returns_its_mask():
+    x = rnd(300, 70)
+    mask_meta = meta_of(torch.ones(300, 70, dtype=torch.bool))
+    low = lower(Call("aten::native_dropout", (meta_of(x), 0.25, True), (), (meta_of(x), mask_meta)))
+    assert low.rule == "dropout"
+    got = run_numerics(low.program, {"in_input": buffer_of(x)})
+    out, mask = _as_torch(got["out0"], x.shape), _as_torch(got["out1"], x.shape)
+    assert 0.7 < mask.mean() < 0.8
+    torch.testing.assert_close(out, x * mask / 0.75)
+    spec = preset("trn1")  # at or above the HBM bound: read x, write out and the mask
+    nbytes = x.numel() * (4 + 4 + 1)
+    assert simulate(low.program, spec).summary.total_ns >= _bound_ns(spec, "float32", 0, nbytes)
+
+
+def test_device_dropout_uses_the_lowering_and_matches_cpu_under_one_seed(dev):
+    x = rnd(64, 300)
+    torch.manual_seed(11)
+    ref = F.dropout(x, 0.3)
+    torch.manual_seed(11)
+    with dev.recording() as recs:
+        got = F.dropout(x.to("sim"), 0.3)
+        torch.sim.synchronize()
+    torch.testing.assert_close(got.cpu(), ref)
+    assert [r.lowering for r in recs if "dropout" in r.op] == ["dropout"]

@@ -47,7 +47,7 @@ def _load() -> None:
     from . import _norm, _pool  # noqa: F401  (convolution neighbours: norms, pooling)
     from . import _vocab  # noqa: F401  (long rows: after the any-dim softmax, before the fused kernels)
     from . import _fused, _gather, _scatter, _nll, _scan, _topk, _sort  # noqa: F401
-    from . import _triangle, _attention  # noqa: F401
+    from . import _triangle, _attention, _dropout  # noqa: F401
 
 
 _load()
