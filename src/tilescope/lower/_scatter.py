@@ -249,7 +249,7 @@ def _scatter_form(call: Call, named):
 
 
 def lower_scatter(call: Call, spec):
-    """``scatter`` / ``scatter_add`` / ``scatter_reduce`` (sum, prod, amax, amin): elements of
+    """``scatter`` / ``scatter_add`` / ``scatter_reduce`` (sum, prod, amax, amin, mean): elements of
     ``src`` (or one value) into ``self`` at ``index`` along ``dim``."""
     call = as_vectors(call)
     named = call.named()
@@ -260,10 +260,13 @@ def lower_scatter(call: Call, spec):
     if idx.ndim != x.ndim or call.outputs[0].numel == 0:
         return None
     op, include_self = _scatter_form(call, named)
-    if op is not None and op not in ELEMENT_OPS:
-        return None  # "mean" needs a count per target across tiles: generic
-    if op in ("amax", "amin", "prod") and not include_self and x.dtype not in ("float32", "bfloat16", "float16"):
+    if op is not None and op not in ELEMENT_OPS and op != "mean":
         return None
+    floats = ("float32", "bfloat16", "float16")
+    if op in ("amax", "amin", "prod", "mean") and not include_self and x.dtype not in floats:
+        return None
+    if op == "mean" and x.dtype not in floats:
+        return None  # an integer mean divides with floor: not modeled
     if isinstance(src, TensorMeta):
         if src.dtype != x.dtype or src.ndim != x.ndim or any(s < i for s, i in zip(src.shape, idx.shape)):
             return None
@@ -304,6 +307,13 @@ def _scatter_elements(b, spec, x: TensorMeta, tv: View, idx: TensorMeta, iv: Vie
     dt = x.device_dtype
     value = _scalar(src) if sv is None else None
     passes = ["fill", "main"] if (op is not None and not include_self) else ["main"]
+    sums = counts = None
+    if op == "mean":
+        # a mean needs each target's count over all tiles: sums and counts gather in scratch tensors
+        # laid out as the target (touched at the targets only), then every target gets sum / count
+        passes = ["start", "main", "finish"]
+        sums = table_ap(b.scratch((max(x.extent, 1),), "float32", name="mean_sums"), 0, 1, max(x.extent, 1), ())
+        counts = table_ap(b.scratch((max(x.extent, 1),), "float32", name="mean_counts"), 0, 1, max(x.extent, 1), ())
     for stage in passes:
         for opos in product(*(range(n) for n in outer_shape)):
             offs = [sum(i * s for i, s in zip(opos, st)) for st in outer_str]
@@ -327,6 +337,26 @@ def _scatter_elements(b, spec, x: TensorMeta, tv: View, idx: TensorMeta, iv: Vie
                         b.memset(vals, ELEMENT_OPS[op][0])
                         b.dma_indirect(table, vals, desc, indirect="dst")
                         continue
+                    if stage == "start":  # sums start at self (or 0), counts at 1 (or 0)
+                        s0 = b.sbuf((p, k * cw), "float32", site="scatter.s0")
+                        if include_self:
+                            b.dma_indirect(vals, table, desc)
+                            b.tensor_copy(s0, vals)
+                        else:
+                            b.memset(s0, 0.0)
+                        b.dma_indirect(sums, s0, desc, indirect="dst")
+                        c0t = b.sbuf((p, k * cw), "float32", site="scatter.c0")
+                        b.memset(c0t, 1.0 if include_self else 0.0)
+                        b.dma_indirect(counts, c0t, desc, indirect="dst")
+                        continue
+                    if stage == "finish":  # each target: sum / count (the same value however often named)
+                        s1 = b.sbuf((p, k * cw), "float32", site="scatter.s1")
+                        c1 = b.sbuf((p, k * cw), "float32", site="scatter.c1")
+                        b.dma_indirect(s1, sums, desc)
+                        b.dma_indirect(c1, counts, desc)
+                        b.tensor_tensor(vals, s1, c1, "divide")
+                        b.dma_indirect(table, vals, desc, indirect="dst")
+                        continue
                     if sv is not None:
                         b.dma_copy(sb(vals, (p, k, cw)), ap_of(1, sv))
                     else:
@@ -334,6 +364,18 @@ def _scatter_elements(b, spec, x: TensorMeta, tv: View, idx: TensorMeta, iv: Vie
                         b.tensor_scalar(vals, vals, "add", value)
                     if op is None:
                         b.dma_indirect(table, vals, desc, indirect="dst")
+                        continue
+                    if op == "mean":
+                        for acc, v in ((sums, vals), (counts, None)):
+                            if v is None:
+                                v = b.sbuf((p, k * cw), "float32", site="scatter.one")
+                                b.memset(v, 1.0)
+                            merged = merge_elements(b, desc, v, (p, k, cw), "sum", site="scatter.merge") if cw > 1 else v
+                            old = b.sbuf((p, k * cw), "float32", site="scatter.old")
+                            b.dma_indirect(old, acc, desc)
+                            new = b.sbuf((p, k * cw), "float32", site="scatter.new")
+                            b.tensor_tensor(new, old, merged, "add")
+                            b.dma_indirect(acc, new, desc, indirect="dst")
                         continue
                     merged = merge_elements(b, desc, vals, (p, k, cw), op, site="scatter.merge") if cw > 1 else vals
                     old = b.sbuf((p, k * cw), dt, site="scatter.old")
