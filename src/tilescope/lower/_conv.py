@@ -858,9 +858,10 @@ class _ScatterGradInput:
         self.eq = ConvGeom(g.n, g.cout, g.cin, g.groups, g.oh, g.ow, g.h, g.w, g.kh, g.kw)
         self.weights = _FlippedWeights(b, spec, self.eq, W, ws, dtype)
         self.units = _units(self.eq, spec.partitions, lambda cs: (1, 1, False))
+        self._queues = _Queues(spec)
 
     def emit(self) -> None:
-        g = self.g
+        b, g = self.b, self.g
         fmax = self.spec.matmul_moving_fmax
         if g.w > fmax:
             raise _Decline
@@ -878,25 +879,39 @@ class _ScatterGradInput:
                 self.b.dma_copy(raw, _hbm(self.bias, u.o0 * self.bias_stride, ((self.bias_stride, u.os), (1, 1))))
                 if raw is not bias:
                     self.b.tensor_copy(bias, raw)
+            # whole images per transfer when they fit (a queue issues its transfers one by one)
+            isz = 4 if self.DY.dtype == "float32" else 2
+            whole = g.oh * g.ow * isz <= _OUT_BUDGET and g.h * g.w * 4 <= _OUT_BUDGET
             for n in range(g.n):
+                dy_img = self._load_dy(u, n, 0, g.oh) if whole else None
+                out_img = b.sbuf((u.os, g.h, g.w), self.out_dtype, site="conv.outimg", bufs=2) if whole else None
                 for ih0 in range(0, g.h, rows_blk):
-                    self._block(u, st, n, ih0, min(rows_blk, g.h - ih0), bias)
+                    self._block(u, st, n, ih0, min(rows_blk, g.h - ih0), bias, dy_img, out_img)
+                if whole:
+                    dxs = self.dxs
+                    b.dma_copy(_hbm(self.DX, n * dxs[0] + u.o0 * dxs[1], ((dxs[1], u.os), (dxs[2], g.h), (dxs[3], g.w))),
+                               out_img)
 
-    def _block(self, u: _Unit, st, n, ih0, nr, bias=None) -> None:
+    def _load_dy(self, u: _Unit, n: int, oh_lo: int, oh_hi: int) -> dict:
+        b, dys, g = self.b, self.dys, self.g
+        tiles = {}
+        for ch in u.chunks:
+            t = b.sbuf((ch.cs, oh_hi - oh_lo, g.ow), self.DY.dtype, site="conv.dy", bufs=2)
+            b.dma_copy(t, _hbm(self.DY, n * dys[0] + ch.c0 * dys[1] + oh_lo * dys[2],
+                               ((dys[1], ch.cs), (dys[2], oh_hi - oh_lo), (dys[3], g.ow))), queue=self._queues.next())
+            tiles[ch] = (t, oh_lo)
+        return tiles
+
+    def _block(self, u: _Unit, st, n, ih0, nr, bias=None, dy_img=None, out_img=None) -> None:
         b, g = self.b, self.g
-        dys, dxs = self.dys, self.dxs
+        dxs = self.dxs
         # output rows reaching input rows [ih0, ih0 + nr) through some kernel row
         oh_lo = max(0, _ceil_div(ih0 + g.ph - (g.kh - 1) * g.dh, g.sh))
         oh_hi = min(g.oh, (ih0 + nr - 1 + g.ph) // g.sh + 1)
         acc = b.psum((u.os, nr, g.w), "float32", site="conv.acc")
         b.memset(acc, 0.0)
         if oh_lo < oh_hi:
-            tiles = {}
-            for ch in u.chunks:
-                t = b.sbuf((ch.cs, oh_hi - oh_lo, g.ow), self.DY.dtype, site="conv.dy")
-                b.dma_copy(t, _hbm(self.DY, n * dys[0] + ch.c0 * dys[1] + oh_lo * dys[2],
-                                   ((dys[1], ch.cs), (dys[2], oh_hi - oh_lo), (dys[3], g.ow))))
-                tiles[ch] = t
+            tiles = dy_img if dy_img is not None else self._load_dy(u, n, oh_lo, oh_hi)
             for kh in range(g.kh):
                 a = max(oh_lo, _ceil_div(ih0 + g.ph - kh * g.dh, g.sh))
                 e = min(oh_hi, (ih0 + nr - 1 + g.ph - kh * g.dh) // g.sh + 1)
@@ -911,15 +926,20 @@ class _ScatterGradInput:
                     iw = ca * g.sw + kw * g.dw - g.pw
                     dst = _on_chip(acc, 0, u.os, ih * g.w + iw, ((g.sh * g.w, e - a), (g.sw, ce - ca)))
                     for ch in u.chunks:
-                        mv = _on_chip(tiles[ch], 0, ch.cs, (a - oh_lo) * g.ow + ca, ((g.ow, e - a), (1, ce - ca)))
+                        t, row0 = tiles[ch]
+                        mv = _on_chip(t, 0, ch.cs, (a - row0) * g.ow + ca, ((g.ow, e - a), (1, ce - ca)))
                         b.matmul(dst, st[ch, g.kh - 1 - kh, g.kw - 1 - kw], mv, accumulate=True)
-        res = b.sbuf((u.os, nr, g.w), self.out_dtype, site="conv.out")
+        if out_img is not None:
+            res = _on_chip(out_img, 0, u.os, ih0 * g.w, ((1, nr * g.w),))
+        else:
+            res = b.sbuf((u.os, nr, g.w), self.out_dtype, site="conv.out")
         if bias is not None:
             b.activation(res, acc, "identity", bias=bias)
         else:
             b.activation(res, acc, "copy")
-        b.dma_copy(_hbm(self.DX, n * dxs[0] + u.o0 * dxs[1] + ih0 * dxs[2],
-                        ((dxs[1], u.os), (dxs[2], nr), (dxs[3], g.w))), res)
+        if out_img is None:
+            b.dma_copy(_hbm(self.DX, n * dxs[0] + u.o0 * dxs[1] + ih0 * dxs[2],
+                            ((dxs[1], u.os), (dxs[2], nr), (dxs[3], g.w))), res)
 
 
 # ---- rules ----------------------------------------------------------------------------------------
