@@ -217,6 +217,29 @@ def nested_blocks(x, out):
             tl.store(out[k * 128:(k + 1) * 128, 0:8], tl.load(x[k * 128:(k + 1) * 128, 0:8]))
 
 
+@tilescope.kernel
+def first_fill(x, out):
+    """Zeros made before the loops, first read in the first iteration (their memset is
+    emitted there, once): the loops still replicate from iteration 2."""
+    acc = tl.zeros((128, x.shape[1]), tl.float32)
+    for a in tl.sequential_range(x.shape[0] // 512):
+        for k in tl.sequential_range(4):
+            acc[...] = tl.add(acc, tl.load(x[a * 512 + k * 128:a * 512 + (k + 1) * 128, :]))
+    tl.store(out, acc)
+
+
+@tilescope.kernel
+def fill_read_once(x, out):
+    """Zeros read only by the first iteration (``if i == 0``): its memset and its guard
+    make iteration 0 unlike the others."""
+    z = tl.zeros((128, x.shape[1]), tl.float32)
+    for i in tl.affine_range(x.shape[0] // 128):
+        t = tl.load(x[i * 128:(i + 1) * 128, :])
+        if i == 0:
+            t = tl.add(t, z)
+        tl.store(out[i * 128:(i + 1) * 128, :], t)
+
+
 KERNELS = [
     (ragged, (S((1000, 64), "float32"), S((1000, 64), "float32"))),
     (special_cases, (S((1280, 64), "float32"), S((128, 64), "float32"))),
@@ -226,6 +249,8 @@ KERNELS = [
     (nonaffine, (S((1280, 64), "float32"), S((1280, 64), "float32"))),
     (breaks, (S((1280, 64), "float32"), S((1280, 64), "float32"))),
     (nested_blocks, (S((4096, 64), "float32"), S((4096, 64), "float32"))),
+    (first_fill, (S((4096, 64), "float32"), S((128, 64), "float32"))),
+    (fill_read_once, (S((1280, 64), "float32"), S((1280, 64), "float32"))),
 ]
 
 
@@ -258,3 +283,21 @@ def test_most_iterations_are_replicated_and_the_program_says_which(monkeypatch):
     assert loops and sum(lp["replicated"] for lp in loops) > 0
     assert all(lp["why_not"] is None for lp in loops), loops
     mk.matmul_naive.cache_clear()
+
+
+def test_two_samples_suffice_when_the_first_iteration_is_like_the_others(monkeypatch):
+    """Iterations 0 and 1 are traced, the rest written: also when iteration 0 emitted the
+    memset of zeros made before the loop; iteration 2 is traced too only when iteration 0
+    differs in what it does (a guard, an accumulation it starts)."""
+    monkeypatch.setenv("TILESCOPE_TRACE_REPLICATE", "1")
+    stats = {}
+    for kernel, args in ((first_fill, (S((4096, 64), "float32"), S((128, 64), "float32"))),
+                         (fill_read_once, (S((1280, 64), "float32"), S((1280, 64), "float32")))):
+        kernel.cache_clear()
+        for lp in kernel.program_for(*args).program.meta["traced_loops"]:
+            stats[(kernel.name, lp["line"])] = (lp["iterations"], lp["replicated"])
+        kernel.cache_clear()
+    line = first_fill.fn.__code__.co_firstlineno  # (the decorator's line)
+    assert stats[("first_fill", line + 5)] == (8, 6)  # a: 8 iterations, 2 traced
+    assert stats[("first_fill", line + 6)] == (8, 4)  # k: 4 iterations in each of the 2 traced a's
+    assert stats[("fill_read_once", fill_read_once.fn.__code__.co_firstlineno + 5)] == (10, 7)

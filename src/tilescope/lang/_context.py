@@ -118,6 +118,7 @@ class KernelContext:
         self.last_emit = None  # (file, line) of the user's line that emitted the last instruction
         self.loops: list = []  # language loops being traced, outermost first (see _loops)
         self.touch_log: list[str] = []  # buffers touched, in order (what a loop iteration touched)
+        self.materialized: list[tuple[int, int]] = []  # (instruction, buffer id) of fills emitted in loops
         self.loop_stats: dict = {}  # (file, line) -> [label, iterations, replicated, why not]
         self.template_keys: dict = {}  # builder template id -> shape id (loop replication compares them)
 
@@ -220,6 +221,8 @@ class KernelContext:
             self.b.set_provenance(outer)
         st.writes += 1
         st.writer = idx
+        if self.loops:
+            self.materialized.append((idx, self.b.buffer_id(st.name)))
 
     def add_hook(self, fn) -> None:
         idx = max(self.b.instruction_count - 1, 0)

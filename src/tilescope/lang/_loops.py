@@ -3,22 +3,25 @@
 ``tl.affine_range`` / ``sequential_range`` / ``static_range`` loops of four or more
 iterations are traced like this:
 
-1. Iterations 0, 1 and 2 run as Python normally would, their index a
+1. Iterations 0 and 1 run as Python normally would, their index a
    :class:`~tilescope.lang._sym.Sym`, so every use of the index is known: affine
    arithmetic, comparisons (recorded as *guards*), or anything else (the loop is
    *tainted*).
-2. If the loop is not tainted and iteration 2 is iteration 1 shifted -- the same
+2. If the loop is not tainted and iteration 1 is iteration 0 shifted -- the same
    instructions with the same operands except for the loop's buffers (those made in the
-   iteration, or in the one before) and offsets; the kernel's local variables and the
-   tracer's state of every buffer alike up to that shift -- then every later iteration
-   whose guards all keep their outcomes is iteration 2 shifted again: its buffers and
-   instructions are written by arithmetic on iteration 2's, with no Python run, and the
-   local variables are set to what they would be after them.
-3. From the first iteration whose guards change (a ragged last tile, ``if i == n - 1``),
+   iteration) and offsets; the kernel's local variables and the tracer's state of every
+   buffer alike up to that shift -- then every later iteration whose guards all keep their
+   outcomes is iteration 1 shifted again: its buffers and instructions are written by
+   arithmetic on iteration 1's, with no Python run, and the local variables are set to
+   what they would be after them.
+3. Else (iteration 0 is special: it starts an accumulation, or iteration 1 reads what
+   iteration 0 made) iteration 2 runs too, and the same test is made of iterations 1 and
+   2, where an iteration may also use the buffers the one before it made.
+4. From the first iteration whose guards change (a ragged last tile, ``if i == n - 1``),
    or for the whole loop if it is tainted, iterations run one by one.
 
-Nested loops replicate inside out: an outer iteration holds its inner loops' replicas,
-and the inner loops' guards, over the inner ranges they were checked on, must keep their
+Nested loops replicate inside out: an outer iteration holds its inner loops' replicas
+(so a nest of depth d traces about 2**d bodies), and the inner loops' guards, over the inner ranges they were checked on, must keep their
 outcomes over the outer range too.
 
 What is compared is what the body can observe: its local variables (values,
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,7 +52,7 @@ from ._values import Tensor, Tile
 
 __all__ = ["Loop", "Guard", "record_guard", "loop_range", "replication_enabled"]
 
-_MIN_ITERATIONS = 4  # three samples and at least one replica
+_MIN_ITERATIONS = 4  # shorter loops run as Python runs them (samples would be most of them)
 
 
 def replication_enabled() -> bool:
@@ -143,6 +147,7 @@ class _Iteration:
     serial: int = 0
     locals_raw: dict | None = None
     states: object = None
+    skip: tuple = ()  # iteration 0's fills of earlier buffers (instructions) -- see _first_fills
 
 
 def loop_range(ctx, label: str, start: int, stop: int, step: int, frame):
@@ -197,8 +202,10 @@ class Loop:
         while loops and loops[-1] is not self:  # an inner loop left by `break`: done
             loops[-1]._finish()
         self.k += 1
+        if self.k == 2 and not self.concrete:
+            self.k = self._replicate(1)
         if self.k == 3 and not self.concrete:
-            self.k = self._replicate()
+            self.k = self._replicate(2)
         if self.k >= self.n:
             self._finish()
             raise StopIteration
@@ -219,7 +226,9 @@ class Loop:
         it.guards = self.guards
         self.done_guards.extend(_boxed(self.guards, self, it.x, it.x))
         self.guards = []
-        if it.k in (1, 2) and not self.concrete and self.tainted is None:
+        if it.k <= 2 and not self.concrete and self.tainted is None:
+            if it.k == 0:
+                it.skip = _first_fills(ctx, it)
             it.locals_raw = dict(self.frame.f_locals)
             it.states = _states(ctx, _Canon(self, it), it)
         if len(self.iters) > 3:  # keep what replication and the locals need
@@ -248,10 +257,11 @@ class Loop:
         self.frame = None  # (the frame holds Syms that hold this loop)
 
     # ---- replication ------------------------------------------------------------------------
-    def _replicate(self) -> int:
-        """Write iterations 3.. as iteration 2 shifted while that is sound; returns the first
-        iteration still to run (the loop's end if all were written)."""
-        it0, it1, it2 = self.iters[0], self.iters[1], self.iters[2]
+    def _replicate(self, t: int) -> int:
+        """Write iterations t+1.. as iteration ``t`` (1 or 2) shifted while that is sound;
+        returns the first iteration still to run (the loop's end if all were written). A
+        first try (t=1) that fails runs iteration 2 for a second (t=2)."""
+        it0, it1, it2 = (None,) + tuple(self.iters[:2]) if t == 1 else tuple(self.iters[:3])
         plan = None
         differ = _locals_differ(self, it1, it2) if it1.locals_raw is not None and it2.locals_raw is not None else None
         if self.tainted is not None or it1.locals_raw is None or it2.locals_raw is None:
@@ -272,24 +282,28 @@ class Loop:
         elif not _same_guards(it1.guards, it2.guards):
             self.why_not = "the iterations compared different values"
         else:
-            plan = _plan(self.ctx, it0, it1, it2)
+            plan = _plan(self.ctx, it0, it1, it2, skip=it1.skip if it0 is None else ())
             if plan is not None:
                 plan.depth = self.key[2]
             if plan is None:
                 self.why_not = "the iterations' instructions differ beyond a shift"
         if plan is None:
+            if t == 1:
+                self.why_not = None
+                return 2
             self.concrete = True
             return 3
-        xs = self.start + np.arange(3, self.n, dtype=np.int64) * self.step
+        plan.t = t
+        xs = self.start + np.arange(t + 1, self.n, dtype=np.int64) * self.step
         ok = np.ones(len(xs), dtype=bool)
         for g in it2.guards:
             ok &= g.holds(self, xs)
         bad = np.flatnonzero(~ok)
-        end = 3 + (int(bad[0]) if len(bad) else len(xs))
+        end = t + 1 + (int(bad[0]) if len(bad) else len(xs))
         self.concrete = True
-        if end == 3:
-            return 3
-        count = end - 3
+        if end == t + 1:
+            return end
+        count = end - t - 1
         _emit_replicas(self.ctx, plan, it2, count)
         self.replicated = count
         last = end - 1
@@ -307,6 +321,19 @@ def _about(g: Guard, loop: Loop, lo: int, hi: int) -> bool:
         if lp is loop:
             return lo <= a and b <= hi and a == b
     return False
+
+
+def _first_fills(ctx, it: _Iteration) -> tuple:
+    """The memsets iteration ``it`` emitted to fill buffers made before it (``tl.zeros``
+    first read in a loop's first iteration): they happen once, before every later iteration,
+    so comparing iteration 0 with iteration 1 leaves them out."""
+    out = []
+    for idx, buf in reversed(ctx.materialized):
+        if idx < it.instr0:
+            break
+        if idx < it.instr1 and buf < it.buf0:
+            out.append(idx)
+    return tuple(sorted(out))
 
 
 def _same_guards(a: list, b: list) -> bool:
@@ -407,6 +434,8 @@ def _states(ctx, canon: _Canon, it: _Iteration):
             continue
         key = canon.buf(name)
         writer = st.writer - it.instr0 if st.writer >= it.instr0 else ("before",)
+        if it.skip and st.writer >= it.instr0:  # (iteration 0's first fills count as before it)
+            writer = ("before",) if st.writer in it.skip else writer - bisect_left(it.skip, st.writer)
         writes = st.writes if key[0] != "old" else st.writes > 0
         out.append((key, st.fill, st.temp, st.read, writes, writer, tuple(sorted(st.acc_open))))
     out.sort(key=repr)
@@ -428,23 +457,24 @@ class _Plan:
     delta: np.ndarray
     new: np.ndarray  # bool [m, K]
     prev: np.ndarray
-    c1: int  # first buffer id of iteration 1
-    c2: int  # ... of iteration 2
+    c1: int  # first buffer id of iteration t-1
+    c2: int  # ... of iteration t (the template)
     nb: int  # buffers per iteration
     touched_old: set
-    first_replica: int = -1  # buffer id of iteration 3's first buffer
+    t: int = 2  # the template iteration
+    first_replica: int = -1  # buffer id of iteration t+1's first buffer
 
     @property
     def n_instr(self) -> int:
         return len(self.tmpl)
 
     def buffer_id(self, k: int, q: int) -> int:
-        """Buffer ``q`` of iteration ``k`` (>= 1)."""
-        if k == 1:
+        """Buffer ``q`` of iteration ``k`` (>= t-1)."""
+        if k == self.t - 1:
             return self.c1 + q
-        if k == 2:
+        if k == self.t:
             return self.c2 + q
-        return self.first_replica + (k - 3) * self.nb + q
+        return self.first_replica + (k - self.t - 1) * self.nb + q
 
 
 _BUFFER_FIELDS = ("memory", "shape", "dtype", "role", "site", "bufs")
@@ -492,20 +522,26 @@ def _plain_fields(instr) -> tuple:
     return tuple(out)
 
 
-def _plan(ctx, it0: _Iteration, it1: _Iteration, it2: _Iteration) -> _Plan | None:
-    """Iteration 2 as iteration 1 shifted (a template for later ones), or None."""
+def _plan(ctx, it0: _Iteration | None, it1: _Iteration, it2: _Iteration, skip: tuple = ()) -> _Plan | None:
+    """Iteration ``it2`` as ``it1`` shifted (a template for later ones), or None. Without
+    ``it0`` (``it1`` is the loop's first iteration), ``it2`` may not use ``it1``'s buffers;
+    ``skip``: instructions of ``it1`` left out (its first fills)."""
     b = ctx.b
     m = it2.instr1 - it2.instr0
-    if it1.instr1 - it1.instr0 != m or m == 0:
+    if it1.instr1 - it1.instr0 - len(skip) != m or m == 0:
         return None
     nb = it2.buf1 - it2.buf0
-    if it1.buf1 - it1.buf0 != nb or it0.buf1 - it0.buf0 != nb:
+    if it1.buf1 - it1.buf0 != nb:
         return None
     kk = _kind_keys(ctx)
     kind = b._kind
     if [kk[k] for k in kind[it1.buf0:it1.buf1]] != [kk[k] for k in kind[it2.buf0:it2.buf1]]:
         return None
     t1, p1, b1, o1 = b.rows(it1.instr0, it1.instr1)
+    if skip:
+        keep = np.ones(it1.instr1 - it1.instr0, dtype=bool)
+        keep[np.asarray(skip) - it1.instr0] = False
+        t1, p1, b1, o1 = t1[keep], p1[keep], b1[keep], o1[keep]
     t2, p2, b2, o2 = b.rows(it2.instr0, it2.instr1)
     if not np.array_equal(p1, p2):
         return None
@@ -515,9 +551,12 @@ def _plan(ctx, it0: _Iteration, it1: _Iteration, it2: _Iteration) -> _Plan | Non
     valid = b2 >= 0
     if not np.array_equal(valid, b1 >= 0):
         return None
-    c0, c1, c2 = it0.buf0, it1.buf0, it2.buf0
+    c1, c2 = it1.buf0, it2.buf0
     new = valid & (b2 >= c2) & (b2 < c2 + nb)
     prev = valid & (b2 >= c1) & (b2 < c1 + nb)
+    if prev.any() and (it0 is None or it0.buf1 - it0.buf0 != nb):
+        return None  # (it1 uses it0's buffers as it2 uses it1's, checked below)
+    c0 = it0.buf0 if it0 is not None else c1
     old = valid & ~new & ~prev
     if not (np.array_equal(b1[new], b2[new] - c2 + c1) and np.array_equal(b1[prev], b2[prev] - c1 + c0)
             and np.array_equal(b1[old], b2[old])):
@@ -527,15 +566,16 @@ def _plan(ctx, it0: _Iteration, it1: _Iteration, it2: _Iteration) -> _Plan | Non
 
 
 def _emit_replicas(ctx, plan: _Plan, it2: _Iteration, count: int) -> None:
-    """Append iterations 3 .. 2+count: their buffers and instructions (iteration 2's, shifted)."""
+    """Append iterations t+1 .. t+count: their buffers and instructions (iteration t's, shifted)."""
     b = ctx.b
     plan.first_replica = b.add_replica_buffers(list(range(plan.c2, plan.c2 + plan.nb)), count)
     m, width = plan.buf.shape
-    ks = np.arange(3, 3 + count, dtype=np.int64)
-    steps = (ks - 2)[:, None, None]
+    t = plan.t
+    ks = np.arange(t + 1, t + 1 + count, dtype=np.int64)
+    steps = (ks - t)[:, None, None]
     off = plan.off[None, :, :] + steps * plan.delta[None, :, :]
-    base_new = (plan.first_replica + (ks - 3) * plan.nb)[:, None, None]  # buffer q of iteration k
-    base_prev = np.where(ks == 3, plan.c2, plan.first_replica + (ks - 4) * plan.nb)[:, None, None]
+    base_new = (plan.first_replica + (ks - t - 1) * plan.nb)[:, None, None]  # buffer q of iteration k
+    base_prev = np.where(ks == t + 1, plan.c2, plan.first_replica + (ks - t - 2) * plan.nb)[:, None, None]
     buf = np.broadcast_to(plan.buf[None, :, :], (count, m, width)).astype(np.int64)
     buf = np.where(plan.new[None], base_new + (plan.buf[None] - plan.c2), buf)
     buf = np.where(plan.prev[None], base_prev + (plan.buf[None] - plan.c1), buf)
@@ -546,19 +586,19 @@ def _emit_replicas(ctx, plan: _Plan, it2: _Iteration, count: int) -> None:
 
 
 def _patch_states(ctx, plan: _Plan, it2: _Iteration, last: int) -> None:
-    """The tracer's state of the buffers after iteration ``last``: iteration 2's, shifted."""
+    """The tracer's state of the buffers after iteration ``last``: iteration t's, shifted."""
     b = ctx.b
-    shift = (last - 2) * plan.n_instr
+    shift = (last - plan.t) * plan.n_instr
 
     def moved(writer: int, k: int) -> int:
-        return writer + (k - 2) * plan.n_instr if writer >= it2.instr0 else writer
+        return writer + (k - plan.t) * plan.n_instr if writer >= it2.instr0 else writer
 
     for name in plan.touched_old:
         st = ctx.states.get(name)
         if st is not None and st.writer >= it2.instr0:
             st.writer += shift
     for k in (last - 1, last):
-        if k < 3:
+        if k <= plan.t:
             continue
         for q in range(plan.nb):
             st = ctx.states.get(b.buffer_name(plan.c2 + q))
@@ -574,11 +614,11 @@ def _patch_states(ctx, plan: _Plan, it2: _Iteration, last: int) -> None:
 # ---- the kernel's local variables after the written iterations ----------------------------------
 
 def _patch_locals(loop: Loop, plan: _Plan, it1: _Iteration, it2: _Iteration, last: int) -> None:
-    """Set the loop frame's locals to what iteration ``last`` leaves (iteration 2's, shifted);
+    """Set the loop frame's locals to what iteration ``last`` leaves (iteration t's, shifted);
     the loop index becomes its value there."""
     ctx = loop.ctx
     b = ctx.b
-    steps = last - 2
+    steps = last - plan.t
     x_last = loop.start + last * loop.step
 
     def int_(v2, v1):

@@ -112,7 +112,8 @@ class View:
 
     def is_whole(self) -> bool:
         """True when the view is its whole buffer, in the buffer's own layout."""
-        if self.offset or self.checks or prod(self.shape) != self.buffer.size:
+        # (the offset last: a loop index in it is a guard, worth recording only when it decides)
+        if self.checks or prod(self.shape) != self.buffer.size or self.offset:
             return False
         expected = 1
         for stride, count in reversed(self.dims):

@@ -506,9 +506,12 @@ class TileBuilder:
         T, width = len(self._templates), self._rows.buf.shape[1]
         if tab is None or tab["T"] != T or tab["w"] != width:
             start = 0 if tab is None or tab["w"] != width else tab["T"]
-            new = np.zeros((8, T, width), dtype=np.int64)
-            if start:
-                new[:, :start] = tab["a"]
+            new = tab["a"] if start else None
+            if new is None or new.shape[1] < T:  # (grown by doubling: templates come a few at a time)
+                grown = np.zeros((8, max(T, 2 * start, 64), width), dtype=np.int64)
+                if start:
+                    grown[:, :start] = new[:, :start]
+                new = grown
             for t in range(start, T):
                 instr = self._templates[t]
                 engine_op = not isinstance(instr, (DmaCopy, DmaIndirect)) and instr.engine != "dma"
@@ -560,18 +563,17 @@ class TileBuilder:
         B = r.buf[start:stop].astype(np.int64)
         O = r.off[start:stop]
         lo, hi, parts, engine_op, pe_dst, flo, fhi, isz = (a[tm] for a in self._limit_table())
-        kind = self.kind_array()
-        size, row_el, onchip, psum = (a[kind] for a in self._kind_arrays())
         valid = B >= 0
-        Bs = np.where(valid, B, 0)
-        bad = (O + lo < 0) | (O + hi >= size[Bs])
-        sp = O // row_el[Bs]
+        K = self.kind_array()[np.where(valid, B, 0)]  # each operand's buffer record
+        size, row_el, onchip, psum = self._kind_arrays()
+        bad = (O + lo < 0) | (O + hi >= size[K])
+        sp = O // row_el[K]
         ok_sp = np.where(parts > 64, sp == 0,
                          np.where(parts > 32, (sp == 0) | (sp == 64), (sp == 0) | (sp == 32) | (sp == 64) | (sp == 96)))
-        bad |= (engine_op > 0) & onchip[Bs] & ~ok_sp
-        w = O % row_el[Bs]
+        bad |= (engine_op > 0) & onchip[K] & ~ok_sp
+        w = O % row_el[K]
         bank = self.spec.psum_bank_bytes
-        bad |= (pe_dst > 0) & psum[Bs] & ((w + flo) * isz // bank != ((w + fhi + 1) * isz - 1) // bank)
+        bad |= (pe_dst > 0) & psum[K] & ((w + flo) * isz // bank != ((w + fhi + 1) * isz - 1) // bank)
         bad &= valid
         rows = np.nonzero(bad.any(axis=1))[0]
         return start + int(rows[0]) if len(rows) else None

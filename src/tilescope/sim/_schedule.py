@@ -18,9 +18,16 @@ Model (each rule is one line of the loop below):
   engine's dependent-instruction overhead (its pipeline drains first) [arch].
 * Shared ports [arch]: VectorE and GpSimd cannot access SBUF at the same time;
   VectorE and ScalarE cannot access PSUM at the same time.
+
+The costs are computed here with numpy, once per instruction signature; the loop that
+claims engines, queues and ports in program order is :func:`_loop_reference`, which the C
+extension ``tilescope.sim._loop`` runs bit for bit identically when it is built (a change to
+a rule of the loop is made in both; tests/test_scheduler_native.py compares them).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -28,9 +35,17 @@ from ..isa import (
     DmaCopy, DmaIndirect, Matmul, Transpose, dma_cost, dma_engines, dma_indirect_cost, engine_cycles,
     flops, load_stationary_cycles,
 )
+from ..program._columns import operand_slots
 from ..spec import CoreSpec
 from ._resources import DmaEngines, IntervalResource
 from ._timeline import LANE_GROUPS, SimResult, Summary, Timeline
+
+try:  # the loop in C, if built; TILESCOPE_NATIVE=0 runs the Python reference
+    if os.environ.get("TILESCOPE_NATIVE", "1") == "0":
+        raise ImportError
+    from . import _loop as _native
+except ImportError:
+    _native = None
 
 __all__ = ["schedule"]
 
@@ -116,7 +131,7 @@ def _depends_on_previous(program, lane: np.ndarray) -> np.ndarray:
 
 def _dma_placement(program, spec: CoreSpec, cols, is_dma):
     """Queue (-1: the scheduler picks the queue that frees first) and first partition
-    of every DMA instruction."""
+    of every DMA instruction, from the Program's columns (no instruction objects)."""
     n = len(is_dma)
     queue = np.full(n, -1, dtype=np.int64)
     first = np.zeros(n, dtype=np.int64)
@@ -124,29 +139,41 @@ def _dma_placement(program, spec: CoreSpec, cols, is_dma):
         return queue, first
     idx = np.flatnonzero(is_dma)
     static = program.static
-    named = {k: r.queue for k, r in enumerate(static.representatives) if isinstance(r, DmaCopy) and r.queue is not None}
-    buffers = program.buffers
-    instrs = program.instructions
-    parts = cols["parts"]
-    site_of: dict[tuple, int] = {}
-    site = np.zeros(len(idx), dtype=np.int64)
-    for k, i in enumerate(idx.tolist()):
-        ins = instrs[i]
-        src_hbm = buffers[ins.src.buffer].memory == "hbm"
-        dst_hbm = buffers[ins.dst.buffer].memory == "hbm"
-        if parts[i] > 0:
-            ap = ins.src if dst_hbm else ins.dst
-            stride = ap.dims[0][0] if ap.dims else 0
-            first[i] = ap.offset // stride if stride > 0 else 0
-        # the site: the HBM tensor moved (or, on chip, the destination) and the direction
-        key = (ins.src.buffer if src_hbm else ins.dst.buffer, src_hbm, dst_hbm)
-        site[k] = site_of.setdefault(key, len(site_of))
+    c = program.columns
+    # per template of a DMA: the operand slots of dst and src and their partition strides
+    tmpl = c.tmpl[idx]
+    used = np.unique(tmpl)
+    slot = np.zeros((len(c.templates), 2), dtype=np.int64)
+    stride = np.zeros((len(c.templates), 2), dtype=np.int64)
+    for t in used.tolist():
+        ins = c.templates[t]
+        slots = operand_slots(ins)
+        for k, ap in enumerate((ins.dst, ins.src)):
+            slot[t, k] = slots.index(("dst" if k == 0 else "src", None))
+            stride[t, k] = ap.dims[0][0] if ap.dims else 0
+    dst_b = c.buf[idx, slot[tmpl, 0]].astype(np.int64)
+    src_b = c.buf[idx, slot[tmpl, 1]].astype(np.int64)
+    hbm = np.array([k.memory == "hbm" for k in c.kinds], dtype=bool)[c.kind]
+    src_hbm, dst_hbm = hbm[src_b], hbm[dst_b]
+    # the first partition of the on-chip side (of the destination between on-chip memories)
+    side = np.where(dst_hbm, 1, 0)
+    off = c.off[idx, slot[tmpl, side]]
+    st = stride[tmpl, side]
+    part = np.where(st > 0, off // np.where(st > 0, st, 1), 0)
+    first[idx] = np.where(cols["parts"][idx] > 0, part, 0)
     if spec.dma.queue_policy == "site":
+        # the site: the HBM tensor moved (or, on chip, the destination) and the direction;
         # one queue per site, sites dealt round-robin in order of first use
-        queue[idx] = site % spec.dma.queues
-    sig = static.sig_id[idx]
-    for k, q in named.items():
-        queue[idx[sig == k]] = q
+        key = np.where(src_hbm, src_b, dst_b) * 4 + src_hbm * 2 + dst_hbm
+        _, first_use, inverse = np.unique(key, return_index=True, return_inverse=True)
+        rank = np.empty(len(first_use), dtype=np.int64)
+        rank[np.argsort(first_use, kind="stable")] = np.arange(len(first_use))
+        queue[idx] = rank[inverse.reshape(-1)] % spec.dma.queues
+    named = {k: r.queue for k, r in enumerate(static.representatives) if isinstance(r, DmaCopy) and r.queue is not None}
+    if named:
+        sig = static.sig_id[idx]
+        for k, q in named.items():
+            queue[idx[sig == k]] = q
     return queue, first
 
 
@@ -161,36 +188,56 @@ def _dma_engine_work(spec: CoreSpec, cols):
 def schedule(program, spec: CoreSpec) -> SimResult:
     """Schedule ``program`` on ``spec``; deterministic."""
     cols, totals = _precompute(program, spec)
-    lane, dur, ls_dur = cols["lane"], cols["dur"], cols["ls"]
-    dma_fixed, queue = cols["fixed"], cols["queue"]
     first_engine, engine_count, piece_ns, hbm_ns = _dma_engine_work(spec, cols)
-    port_sbuf, port_psum = cols["sbuf"], cols["psum"]
-    nbytes, fl, pe_flops = cols["nbytes"], cols["flops"], cols["pe"]
     indptr, indices = program.dependencies
-    n = len(lane)
-    lanes = lane_names(spec)
+    work = (indptr, indices, cols["lane"], cols["dur"], cols["ls"], cols["queue"], cols["fixed"], first_engine,
+            engine_count, piece_ns, hbm_ns, cols["sbuf"], cols["psum"])
+    loop = _loop_native if _native is not None else _loop_reference
+    start, end, out_lane, ls_rows = loop(work, spec.dma.engines, spec.dma.queues)
+    fl = cols["flops"]
+    timeline = _timeline(program, start, end, out_lane, cols["nbytes"], fl, ls_rows, lane_names(spec))
+    summary = _summary(program, spec, timeline, fl, cols["pe"], totals)
+    return SimResult(timeline, summary)
 
-    start = np.zeros(n, dtype=np.float64)
-    end = np.zeros(n, dtype=np.float64)
-    out_lane = np.zeros(n, dtype=np.int64)
+
+def _loop_native(work, engines: int, queues: int):
+    """:func:`_loop_reference` in C (tilescope.sim._loop): the same times, bit for bit."""
+    arrays = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(work, _WORK_DTYPES)]
+    start, end, lane, li, ls, le = _native.run(*arrays, int(engines), int(queues))
+    f64 = np.float64
+    ls_rows = (np.frombuffer(li, dtype=np.int64), np.frombuffer(ls, dtype=f64), np.frombuffer(le, dtype=f64))
+    return np.frombuffer(start, dtype=f64), np.frombuffer(end, dtype=f64), np.frombuffer(lane, dtype=np.int64), ls_rows
+
+
+_WORK_DTYPES = (np.int64, np.int32, np.int64, np.float64, np.float64, np.int64, np.float64, np.int64, np.int64,
+                np.float64, np.float64, np.bool_, np.bool_)
+
+
+def _loop_reference(work, engines: int, queues: int):
+    """The scheduling loop: each instruction in program order claims its engine (or DMA
+    queue, DMA engines and HBM) and the shared ports. Returns (start, end, lane) per
+    instruction and the LoadStationary rows (instruction, start, end) as arrays."""
+    (indptr, indices, lane, dur, ls_dur, queue, dma_fixed, first_engine, engine_count, piece_ns, hbm_ns,
+     port_sbuf, port_psum) = work
+    n = len(lane)
     ls_rows: list[tuple[int, float, float]] = []
 
     engine_free = [0.0] * len(_FIXED_LANES)
-    dma = DmaEngines(spec.dma.engines, spec.dma.queues)
+    dma = DmaEngines(engines, queues)
     sbuf_port = IntervalResource()
     psum_port = IntervalResource()
 
-    indptr_l = indptr.tolist()
-    indices_l = indices.tolist()
+    indptr_l = np.asarray(indptr).tolist()
+    indices_l = np.asarray(indices).tolist()
     lane_l = lane.tolist()
     dur_l = dur.tolist()
     ls_l = ls_dur.tolist()
     queue_l = queue.tolist()
     fixed_l = dma_fixed.tolist()
-    first_l = first_engine.tolist()
-    count_l = engine_count.tolist()
-    piece_l = piece_ns.tolist()
-    hbm_l = hbm_ns.tolist()
+    first_l = np.asarray(first_engine).tolist()
+    count_l = np.asarray(engine_count).tolist()
+    piece_l = np.asarray(piece_ns).tolist()
+    hbm_l = np.asarray(hbm_ns).tolist()
     psb = port_sbuf.tolist()
     pps = port_psum.tolist()
     end_l = [0.0] * n
@@ -253,12 +300,10 @@ def schedule(program, spec: CoreSpec) -> SimResult:
         start_l[i] = s
         end_l[i] = e
 
-    start[:] = start_l
-    end[:] = end_l
-    out_lane[:] = olane
-    timeline = _timeline(program, start, end, out_lane, nbytes, fl, ls_rows, lanes)
-    summary = _summary(program, spec, timeline, fl, pe_flops, totals)
-    return SimResult(timeline, summary)
+    ls_out = (np.array([r[0] for r in ls_rows], dtype=np.int64), np.array([r[1] for r in ls_rows], dtype=np.float64),
+              np.array([r[2] for r in ls_rows], dtype=np.float64))
+    return (np.array(start_l, dtype=np.float64), np.array(end_l, dtype=np.float64), np.array(olane, dtype=np.int64),
+            ls_out)
 
 
 def _timeline(program, start, end, lane, nbytes, fl, ls_rows, lanes) -> Timeline:
@@ -267,13 +312,13 @@ def _timeline(program, start, end, lane, nbytes, fl, ls_rows, lanes) -> Timeline
     kind_id = {k: j for j, k in enumerate(kinds)}
     kind = np.array([kind_id[r.KIND] for r in reps], dtype=np.int16)[program.static.sig_id]
     index = np.arange(len(start), dtype=np.int64)
-    prov = np.asarray(program.instr_prov, dtype=np.int32)
-    if ls_rows:
-        li = np.array([r[0] for r in ls_rows], dtype=np.int64)
+    prov = np.asarray(program.instr_prov_array, dtype=np.int32)
+    li, ls_start, ls_end = ls_rows
+    if len(li):
         index = np.concatenate([index, li])
         lane = np.concatenate([lane, np.full(len(li), _LS, dtype=np.int64)])
-        start = np.concatenate([start, [r[1] for r in ls_rows]])
-        end = np.concatenate([end, [r[2] for r in ls_rows]])
+        start = np.concatenate([start, ls_start])
+        end = np.concatenate([end, ls_end])
         nbytes = np.concatenate([nbytes, np.zeros(len(li), dtype=np.int64)])
         fl = np.concatenate([fl, np.zeros(len(li))])
         prov = np.concatenate([prov, prov[li]])
