@@ -101,10 +101,12 @@ class RowSplit:
         ap = hv.ap
         f, w = self.f, self.w
         out = []
+        lw = min(cw, self.wl - c0)
+        if lw == cw:  # the last pieces hold this chunk whole too: one transfer over every partition
+            return [(AP(ap.buffer, ap.dtype, ap.offset + r0 * rs + c0, ((w, f), (rs, nr), (1, cw))), 0, f * nr)]
         if f > 1:
             out.append((AP(ap.buffer, ap.dtype, ap.offset + r0 * rs + c0, ((w, f - 1), (rs, nr), (1, cw))),
                         0, (f - 1) * nr))
-        lw = min(cw, self.wl - c0)
         if lw > 0:
             out.append((AP(ap.buffer, ap.dtype, ap.offset + r0 * rs + (f - 1) * w + c0, ((rs, nr), (1, lw))),
                         (f - 1) * nr, nr))
