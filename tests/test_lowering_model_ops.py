@@ -84,3 +84,30 @@ def test_triangle_time_against_the_bound():
     ns, rule = modeled_ns("aten::tril", (x, 0), {}, (x,))
     bound = bound_ns(2 * x.numel() * 4)  # one read and one write per element
     assert rule == "triangle" and bound <= ns <= 2.0 * bound, (ns, bound)
+
+
+# ---- layout copies: heads merged back after attention ((b, h, t, hd) -> (b, t, h, hd)) --------
+
+def copy_bound_ns(nbytes: float) -> float:
+    """A copy from HBM to HBM: the DMA engines move each byte once, HBM reads and writes it."""
+    dma = nbytes / (SPEC.dma.engines * SPEC.dma.bytes_per_ns_per_engine)
+    return max(dma, 2 * nbytes / SPEC.hbm_bytes_per_ns)
+
+
+@pytest.mark.parametrize("src, shape", [
+    (lambda: rnd(2, 12, 40, 16).transpose(1, 2), (2, 40, 12, 16)),            # a transformer's head merge
+    (lambda: rnd(3, 2, 3, 17, 8).permute(1, 3, 0, 2, 4), (2, 17, 3, 3, 8)),   # ViT's qkv gradient
+    (lambda: rnd(5, 1, 7).expand(5, 4, 7), (5, 4, 7)),                         # a broadcast
+])
+def test_layout_copy_values(src, shape):
+    x = src()
+    check("tilescope::copy", (x,), {}, {"dst": x.contiguous()}, {"src": x}, rule="dma")
+
+
+@pytest.mark.parametrize("shape, perm", [((2, 12, 512, 64), (0, 2, 1, 3)), ((3, 4, 3, 197, 64), (1, 3, 0, 2, 4))])
+def test_layout_copy_time_against_the_bound(shape, perm):
+    x = torch.empty(shape).permute(perm)
+    ns, rule = modeled_ns("tilescope::copy", (x,), {}, (x.contiguous(),))
+    bound = copy_bound_ns(x.numel() * 4)
+    # 256-byte runs (one head's 64 floats) on both sides: each run is one DMA descriptor
+    assert rule == "dma" and bound <= ns <= 2.0 * bound, (ns, bound)

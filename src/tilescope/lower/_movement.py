@@ -29,19 +29,44 @@ def _copy_into(b: TileBuilder, spec, src: TensorMeta, src_view: View, dst: Tenso
     if _is_transpose(cshape, cs, cd) and src.device_dtype in _PE_DTYPES and dst.device_dtype in _PE_DTYPES:
         _transpose_copy(b, spec, src, src_view, dst, dst_view, cshape, cs, cd, site)
         return
-    plan = TilePlan(cshape, max_free=_MAX_FREE, partitions=spec.partitions)
     convert = src.device_dtype != dst.device_dtype
+    if not convert:
+        _hbm_to_hbm(b, src_view, dst_view, cshape, cs, cd)
+        return
+    plan = TilePlan(cshape, max_free=_MAX_FREE, partitions=spec.partitions)
     for tile in plan.tiles:
         s_ap = plan.operand_ap(src_view, cs, tile)
         d_ap = plan.operand_ap(dst_view, cd, tile)
-        if not convert:
-            b.dma_copy(d_ap, s_ap)
-            continue
         t = b.sbuf((tile.partitions, tile.free), src.device_dtype, site=f"{site}.in")
         b.dma_copy(t, s_ap)
         o = b.sbuf((tile.partitions, tile.free), dst.device_dtype, site=f"{site}.out")
         b.tensor_copy(o, t)
         b.dma_copy(d_ap, o)
+
+
+# elements per HBM-to-HBM transfer, at least (the whole copy when smaller): each transfer pays
+# the DMA's fixed cost once and spreads over every DMA engine, so a copy is a few large
+# transfers whatever its layout -- not one per [rows, cols] tile of its last two dims (a
+# (b, t, h, hd) <- (b, h, t, hd) head merge was 2 x 512 transfers of h x hd elements)
+_DMA_ELEMS = 1 << 20
+
+
+def _hbm_to_hbm(b: TileBuilder, src_view: View, dst_view: View, shape, cs, cd) -> None:
+    """A same-dtype copy as DMA from HBM to HBM: each transfer the innermost dims holding at
+    least ``_DMA_ELEMS`` elements, through both operands' strides; the outer dims looped."""
+    from itertools import product
+
+    split, elems = len(shape), 1
+    while split > 0 and elems < _DMA_ELEMS:
+        split -= 1
+        elems *= shape[split]
+    inner = tuple(shape[split:])
+    for outer in product(*(range(n) for n in shape[:split])):
+        s0 = src_view.ap.offset + sum(i * st for i, st in zip(outer, cs[:split]))
+        d0 = dst_view.ap.offset + sum(i * st for i, st in zip(outer, cd[:split]))
+        s_ap = AP(src_view.ap.buffer, src_view.ap.dtype, s0, tuple(zip(cs[split:], inner)))
+        d_ap = AP(dst_view.ap.buffer, dst_view.ap.dtype, d0, tuple(zip(cd[split:], inner)))
+        b.dma_copy(View(dst_view.buffer, d_ap, inner), View(src_view.buffer, s_ap, inner))
 
 
 _PE_DTYPES = ("float32", "bfloat16", "float16")
