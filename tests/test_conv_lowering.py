@@ -225,3 +225,27 @@ def test_a_cnn_on_the_device_runs_every_conv_and_norm_op_on_its_rule():
                      ("aten::_adaptive_avg_pool2d", "pool"),
                      ("aten::_adaptive_avg_pool2d_backward", "pool_backward")):
         assert rules.get(op) == rule, (op, rules.get(op))
+
+
+def test_few_contraction_rows_put_each_image_in_its_own_partition_quarter(monkeypatch):
+    # with <= 32 contraction rows, each image's tile (and a copy of the weights) sits in its own
+    # partition quarter so that its loads use that quarter's DMA engines; values are unchanged
+    import tilescope.lower._conv as conv
+
+    original = conv._Forward._candidates
+
+    def kernel_rows_only(self, mapping):
+        if mapping == "A":
+            yield from original(self, mapping)
+        else:
+            yield lambda cs: (self.g.kh, 1, self.g.sh > 1)
+    monkeypatch.setattr(conv._Forward, "_candidates", kernel_rows_only)
+    monkeypatch.setattr(conv._Forward, "_estimate", lambda self, mapping, units: 0.0 if mapping == "B" else 1.0)
+    x, w, bias = rnd(6, 4, 10, 10), rnd(8, 4, 3, 3), rnd(8)
+    low = check("aten::convolution_overrideable", (x, w, bias, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), {},
+                {"out": F.conv2d(x, w, bias, padding=1)}, {"in_input": x, "in_weight": w, "in_bias": bias},
+                rule="conv", tol=1e-4)
+    prog = low.program
+    starts = {i.moving.offset // prog.buffers[i.moving.buffer].row_elems for i in prog.instructions
+              if i.KIND == "matmul"}
+    assert low.program.meta["mapping"] == "pixels-stationary" and starts == {0, 32, 64, 96}

@@ -528,10 +528,18 @@ class _Forward:
             (self._emit_b if use_b else self._emit_a)(group, biases)
         return "pixels-stationary" if use_b else "weights-stationary"
 
-    def _stationary_of(self, unit: _Unit) -> dict:
-        st = self._stationary.get(unit)
-        if st is None:
-            st = self._stationary[unit] = self.weights.prepare(unit)
+    def _stationary_of(self, unit: _Unit, p0: int = 0) -> dict:
+        """The unit's weight tiles, from partition ``p0`` on (copies made once, by DMA)."""
+        st = self._stationary.get((unit, p0))
+        if st is None and p0 == 0:
+            st = self._stationary[unit, 0] = self.weights.prepare(unit)
+        elif st is None:
+            st = {}
+            for key, t in self._stationary_of(unit).items():
+                q = self.b.sbuf((p0 + t.shape[0],) + tuple(t.shape[1:]), t.dtype, site="conv.wq", bufs=1)
+                self.b.dma_copy(_on_chip(q, p0, t.shape[0], 0, ((1, t.ap.size // t.shape[0]),)), t)
+                st[key] = _on_chip(q, p0, t.shape[0], 0, ((1, t.ap.size // t.shape[0]),))
+            self._stationary[unit, p0] = st
         return st
 
     def _weight_groups(self, units) -> list[list[_Unit]]:
@@ -564,11 +572,12 @@ class _Forward:
         return t
 
     # -- input tiles --
-    def _load(self, ch: _Chunk, n0: int, ni: int, r0: int, nr: int, col0: int, wt: int) -> View:
+    def _load(self, ch: _Chunk, n0: int, ni: int, r0: int, nr: int, col0: int, wt: int, p0: int = 0) -> View:
         """Input for output rows [r0, r0 + nr) of images [n0, n0 + ni): tile
         ``[reps * cs, ni, rows_t, wt]``. Replica (a, b), tile row j is input row
         ``r0*sh - ph + a*dh + j`` (``(r0 + j)*sh - ph + a*dh`` when ``sub``), column c is input
-        column ``c + col0 + b*dw``. Rows and columns outside the image are 0."""
+        column ``c + col0 + b*dw``. Rows and columns outside the image are 0. The replicas sit
+        from partition ``p0`` on (the tile has ``p0`` more partitions)."""
         b, g, xs = self.b, self.g, self.xs
         parts = ch.reps * ch.cs
         rows_t = ch.rows_t(g, nr)
@@ -586,31 +595,32 @@ class _Forward:
         lo, hi = max(s[0] for s in spans), min(s[1] for s in spans)
         cl, ch_ = max(s[2] for s in spans), min(s[3] for s in spans)
         short = ch.gw == 1 and not ch.sub and wt > ch_ - cl and _short_run((ch_ - cl) * self.isz, self.spec)
-        t = b.sbuf((parts, ni, rows_t, wt), self.X.dtype, site="conv.x", bufs=2)
+        t = b.sbuf((p0 + parts, ni, rows_t, wt), self.X.dtype, site="conv.x", bufs=2)
         if cl > 0:
-            b.memset(_on_chip(t, 0, parts, 0, ((wt, ni * rows_t), (1, cl))), 0.0, engine="pool")
+            b.memset(_on_chip(t, p0, parts, 0, ((wt, ni * rows_t), (1, cl))), 0.0, engine="pool")
         if ch_ < wt:
-            b.memset(_on_chip(t, 0, parts, max(ch_, 0), ((wt, ni * rows_t), (1, wt - max(ch_, 0)))), 0.0,
+            b.memset(_on_chip(t, p0, parts, max(ch_, 0), ((wt, ni * rows_t), (1, wt - max(ch_, 0)))), 0.0,
                      engine="pool")
         if short:
             # rows too short for a DMA descriptor to move efficiently would land in padded rows one
             # run at a time: load them contiguously, then widen on chip
             cols = ch_ - cl
-            stage = b.sbuf((parts, ni, rows_t, cols), self.X.dtype, site="conv.xs", bufs=2)
-            self._zero_rows(stage, parts, ni, rows_t, cols, lo, hi)
+            stage = b.sbuf((p0 + parts, ni, rows_t, cols), self.X.dtype, site="conv.xs", bufs=2)
+            self._zero_rows(stage, parts, ni, rows_t, cols, lo, hi, p0)
             for r, cnt, pdims, (j0, j1, c0, c1, top, left) in self._replica_runs(ch, spans):
                 if j1 > j0:
-                    b.dma_copy(_on_chip(stage, r * ch.cs, cnt * ch.cs, j0 * cols, ((rows_t * cols, ni),
+                    b.dma_copy(_on_chip(stage, p0 + r * ch.cs, cnt * ch.cs, j0 * cols, ((rows_t * cols, ni),
                                                                                     (1, (j1 - j0) * cols))),
                                self._src(ch, n0, ni, top, j0, j1, left + c0, cols, pdims), queue=self._queues.next())
             # on GpSimd, after every load of the block is under way (engines run in program order)
             self._deferred.append(lambda: b.tensor_copy(
-                _on_chip(t, 0, parts, cl, ((rows_t * wt, ni), (wt, rows_t), (1, cols))), stage, engine="pool"))
+                _on_chip(t, p0, parts, cl, ((rows_t * wt, ni), (wt, rows_t), (1, cols))),
+                _on_chip(stage, p0, parts, 0, ((1, ni * rows_t * cols),)), engine="pool"))
         else:
-            self._zero_rows(t, parts, ni, rows_t, wt, lo, hi)
+            self._zero_rows(t, parts, ni, rows_t, wt, lo, hi, p0)
             for r, cnt, pdims, (j0, j1, c0, c1, top, left) in self._replica_runs(ch, spans):
                 if j1 > j0 and c1 > c0:
-                    b.dma_copy(_on_chip(t, r * ch.cs, cnt * ch.cs, j0 * wt + c0,
+                    b.dma_copy(_on_chip(t, p0 + r * ch.cs, cnt * ch.cs, j0 * wt + c0,
                                         ((rows_t * wt, ni), (wt, j1 - j0), (1, c1 - c0))),
                                self._src(ch, n0, ni, top, j0, j1, left + c0, c1 - c0, pdims),
                                queue=self._queues.next())
@@ -642,15 +652,16 @@ class _Forward:
                     r += cnt
         return out
 
-    def _zero_rows(self, t, parts, ni, rows_t, wt, lo, hi) -> None:
+    def _zero_rows(self, t, parts, ni, rows_t, wt, lo, hi, p0: int = 0) -> None:
         b = self.b
         if hi <= lo:
-            b.memset(t, 0.0, engine="pool")
+            b.memset(_on_chip(t, p0, parts, 0, ((1, ni * rows_t * wt),)), 0.0, engine="pool")
             return
         if lo > 0:
-            b.memset(_on_chip(t, 0, parts, 0, ((rows_t * wt, ni), (1, lo * wt))), 0.0, engine="pool")
+            b.memset(_on_chip(t, p0, parts, 0, ((rows_t * wt, ni), (1, lo * wt))), 0.0, engine="pool")
         if hi < rows_t:
-            b.memset(_on_chip(t, 0, parts, hi * wt, ((rows_t * wt, ni), (1, (rows_t - hi) * wt))), 0.0, engine="pool")
+            b.memset(_on_chip(t, p0, parts, hi * wt, ((rows_t * wt, ni), (1, (rows_t - hi) * wt))), 0.0,
+                     engine="pool")
 
     def _src(self, ch: _Chunk, n0, ni, top, j0, j1, col, cols, pdims) -> View:
         g, xs = self.g, self.xs
@@ -673,13 +684,13 @@ class _Forward:
         return nr
 
     # -- mapping A: weights stationary --
-    def _tiles(self, units, blk, col0: int, wt: int, finish: bool = True) -> dict:
+    def _tiles(self, units, blk, col0: int, wt: int, finish: bool = True, p0: int = 0) -> dict:
         n0, ni, r0, nr = blk[:4]
         tiles = {}
         for u in units:
             for ch in u.chunks:
                 if ch not in tiles:
-                    tiles[ch] = self._load(ch, n0, ni, r0, nr, col0, wt)
+                    tiles[ch] = self._load(ch, n0, ni, r0, nr, col0, wt, p0)
         if finish:
             self._finish_loads()
         return tiles
@@ -781,9 +792,19 @@ class _Forward:
         blocks = [(n0, min(bp, g.n - n0), r0, nr)
                   for n0 in range(0, g.n, bp) for r0, nr in _ramp(g.oh, nr_store, rows_b, n0 == 0)]
 
+        # few contraction rows (<= 32): each image's tile goes in its own partition quarter, so its
+        # loads use that quarter's DMA engines (a transfer moves on the engines of its partitions)
+        quarter = P // 4
+        quads = all(c.reps * c.cs <= quarter for u in units for c in u.chunks)
+        count = [0]
+
         def load(blk):
             n0, ni, r0, nr = blk
-            tiles = [self._tiles(units, (n, 1, r0, nr), -g.pw, wt, finish=False) for n in range(n0, n0 + ni)]
+            tiles = []
+            for n in range(n0, n0 + ni):
+                p0 = (count[0] % 4) * quarter if quads else 0
+                count[0] += 1
+                tiles.append((self._tiles(units, (n, 1, r0, nr), -g.pw, wt, finish=False, p0=p0), p0))
             self._finish_loads()
             return tiles
 
@@ -795,7 +816,8 @@ class _Forward:
             else:
                 pix = [((p0 - r0) * g.ow, min(rows_b, r0 + nr - p0) * g.ow) for p0 in range(r0, r0 + nr, rows_b)]
             for u in units:
-                self._unit_b(u, self._stationary_of(u), tiles, biases.get(u), n0, ni, r0, nr, pix, wt, flat)
+                sts = [self._stationary_of(u, p0) for _, p0 in tiles]
+                self._unit_b(u, sts, tiles, biases.get(u), n0, ni, r0, nr, pix, wt, flat)
 
         self._pipelined(blocks, load, compute)
 
@@ -816,15 +838,16 @@ class _Forward:
             tT = b.sbuf((P, ni * u.os), self.dtype, site="conv.tT")
             for j in range(ni):
                 acc = b.psum((m, u.os), "float32", site="conv.acc")
+                tj, p0 = tiles[j]
                 for i, (ch, s) in enumerate(plan):
                     base = ch.row(g, 0, s.kh0) * wt + s.kw0 * g.dw
                     if flat:
-                        win = _on_chip(tiles[j][ch], 0, s.rows, base + f0, ((1, m),))
+                        win = _on_chip(tj[ch], p0, s.rows, base + f0, ((1, m),))
                     else:
                         row0 = ch.row(g, f0 // g.ow, s.kh0)
-                        win = _on_chip(tiles[j][ch], 0, s.rows, row0 * wt + s.kw0 * g.dw,
+                        win = _on_chip(tj[ch], p0, s.rows, row0 * wt + s.kw0 * g.dw,
                                        ((ch.row_step(g) * wt, m // g.ow), (g.sw, g.ow)))
-                    b.matmul(acc, win, st[ch, s.kh0, s.kw0], accumulate=i > 0)
+                    b.matmul(acc, win, st[j][ch, s.kh0, s.kw0], accumulate=i > 0)
                 if pending is not None:
                     transpose(*pending)
                     pending = None
