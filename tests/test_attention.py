@@ -458,3 +458,29 @@ def test_device_dropout_uses_the_lowering_and_matches_cpu_under_one_seed(dev):
         torch.sim.synchronize()
     torch.testing.assert_close(got.cpu(), ref)
     assert [r.lowering for r in recs if "dropout" in r.op] == ["dropout"]
+
+
+# ---- nn.TransformerEncoderLayer's inference fast path ------------------------------------------
+
+@pytest.mark.parametrize("kw,mask", [({}, None), ({"norm_first": True}, "padding"), ({"activation": "gelu"}, "causal")])
+def test_encoder_layer_fast_path_runs_as_its_ops_and_matches_cpu(dev, kw, mask):
+    import copy
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True, **kw).eval()
+    x = rnd(2, 50, 64)
+    call = {}
+    if mask == "padding":
+        call["src_key_padding_mask"] = torch.zeros(2, 50, dtype=torch.bool)
+        call["src_key_padding_mask"][0, 40:] = True
+    elif mask == "causal":
+        call["src_mask"] = torch.nn.Transformer.generate_square_subsequent_mask(50)
+    sim = copy.deepcopy(layer).to("sim")
+    with torch.no_grad():
+        ref = layer(x, **call)
+        with dev.recording() as recs:
+            got = sim(x.to("sim"), **{k: v.to("sim") for k, v in call.items()})
+            torch.sim.synchronize()
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
+    lowerings = [r.lowering for r in recs if r.kind == "kernel"]
+    assert "fused:attention" in lowerings and "generic" not in lowerings, lowerings

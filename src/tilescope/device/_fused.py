@@ -217,6 +217,63 @@ def _sdpa_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out,
     return tuple(grads)
 
 
+# ---- nn.TransformerEncoderLayer's inference fast path --------------------------------------------
+# torch takes it for this device too (its list of supported devices names PrivateUse1): one op
+# whose CPU kernel would run as one generic execution. On this device it runs as the CPU kernel
+# is written -- the same ops in the same order (aten/src/ATen/native/transformers/transformer.cpp)
+# -- each with its own lowering: the attention through _native_multi_head_attention (projections,
+# fused attention), layer norms, the feed-forward's two linears and activation.
+
+def _encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
+                       norm_first, layer_norm_eps, layer_norm_weight_1, layer_norm_bias_1, layer_norm_weight_2,
+                       layer_norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None,
+                       mask_type=None):
+    from . import _dispatch
+
+    if src.is_nested or src.numel() == 0:  # nested tensors: the CPU kernel, labelled generic
+        return _dispatch.handler_for(torch.ops.aten._transformer_encoder_layer_fwd.default)(
+            src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu, norm_first,
+            layer_norm_eps, layer_norm_weight_1, layer_norm_bias_1, layer_norm_weight_2, layer_norm_bias_2,
+            ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask, mask_type)
+    F = torch.nn.functional
+
+    def norm(x, w, b):
+        return F.layer_norm(x, (embed_dim,), w, b, layer_norm_eps)
+
+    x = norm(src, layer_norm_weight_1, layer_norm_bias_1) if norm_first else src
+    x = _self_attention(x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type)
+    x = x + src
+    if not norm_first:
+        x = norm(x, layer_norm_weight_1, layer_norm_bias_1)
+    res = x
+    if norm_first:
+        x = norm(x, layer_norm_weight_2, layer_norm_bias_2)
+    h = F.linear(x, ffn_weight_1, ffn_bias_1)
+    x = F.linear(F.gelu(h) if use_gelu else F.relu(h), ffn_weight_2, ffn_bias_2) + res
+    if not norm_first:
+        x = norm(x, layer_norm_weight_2, layer_norm_bias_2)
+    return x
+
+
+def _self_attention(x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type):
+    """``_native_multi_head_attention(x, x, x, ..., need_weights=False)``: one projection to q, k, v,
+    the fused attention, the output projection. The fast path hands masks over in additive form
+    (``F._canonical_mask``): ``mask_type`` 0 is ``[L, L]``, 1 a key padding ``[B, L]``, 2 ``[B, H, L, L]``."""
+    F = torch.nn.functional
+    batched = x.dim() == 3
+    if not batched:
+        x = x.unsqueeze(0)
+    B, L, _ = x.shape
+    d = embed_dim // num_heads
+    q, k, v = (t.view(B, L, num_heads, d).transpose(1, 2)
+               for t in F.linear(x, qkv_weight, qkv_bias).split(embed_dim, -1))
+    if mask is not None and mask_type == 1:
+        mask = mask.view(B, 1, 1, L)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    y = F.linear(y.transpose(1, 2).reshape(B, L, embed_dim), proj_weight, proj_bias)
+    return y if batched else y.squeeze(0)
+
+
 # ---- convolution: PyTorch routes this device's convolutions to the "overrideable" ops ------------
 
 def _conv_backward_cpu(grad_output, input, weight, stride, padding, dilation, transposed, output_padding, groups,
@@ -243,3 +300,4 @@ def register(aten_lib) -> None:
     aten_lib.impl("layer_norm", _aten_layer_norm, "PrivateUse1")
     aten_lib.impl("_scaled_dot_product_fused_attention_overrideable", _sdpa_forward, "PrivateUse1")
     aten_lib.impl("_scaled_dot_product_fused_attention_overrideable_backward", _sdpa_backward, "PrivateUse1")
+    aten_lib.impl("_transformer_encoder_layer_fwd", _encoder_layer_fwd, "PrivateUse1")
