@@ -166,6 +166,26 @@ def _mat(view: View, offset: int, rows: int, rs: int, cols: int, cs: int) -> Vie
     return View(view.buffer, AP(ap.buffer, ap.dtype, ap.offset + offset, ((rs, rows), (cs, cols))), (rows, cols))
 
 
+def _dma_rows(b: TileBuilder, tile: View, hbm: View, base: int, rs: int, rows: int, cols: int, cs: int = 1,
+              *, store: bool = False) -> None:
+    """Move ``rows`` rows of ``cols`` elements (row stride ``rs``, column stride ``cs``, from element
+    ``base`` of ``hbm``) between HBM and ``tile`` ``[128, k, cols]`` whose slot ``i`` holds rows
+    ``128 i .. 128 i + 127`` on the partitions: one transfer for the full slots and one for a ragged
+    last slot, instead of one per 128 rows (a DMA queue issues one transfer at a time)."""
+    full, rem = divmod(rows, 128)
+    pairs = []
+    if full:
+        hv = View(hbm.buffer, _ap(hbm, base, ((rs, 128), (128 * rs, full), (cs, cols))), (128, full, cols))
+        pairs.append((tile[:, :full, :cols], hv))
+    if rem:
+        pairs.append((tile[:rem, full, :cols], _mat(hbm, base + full * 128 * rs, rem, rs, cols, cs)))
+    for t, h in pairs:
+        if store:
+            b.dma_copy(h, t)
+        else:
+            b.dma_copy(t, h)
+
+
 def _chunks(n: int, size: int):
     return [(s, min(size, n - s)) for s in range(0, n, size)]
 
@@ -227,14 +247,11 @@ def _load_rows(b: TileBuilder, src: View, base: int, rs: int, rows: int, cols: i
     groups = []
     for r0, rw in _chunks(rows, 512):
         blocks = _chunks(rw, 128)
-        loaded = []
-        for k0, kw in blocks:
-            t = b.sbuf((128, width), dtype, site=site + ".rows", bufs=bufs)
-            b.dma_copy(t[:kw, :cols], _mat(src, base + (r0 + k0) * rs, kw, rs, cols, 1))
-            if ones:
-                b.memset(t[:kw, cols:width], 1.0, engine="pool")
-            loaded.append(t)
-        groups.append((r0, blocks, loaded))
+        t = b.sbuf((128, len(blocks), width), dtype, site=site + ".rows", bufs=bufs)
+        _dma_rows(b, t, src, base + r0 * rs, rs, rw, cols)
+        if ones:
+            b.memset(t[:, :, cols:width], 1.0, engine="pool")
+        groups.append((r0, blocks, [t[:, k, :] for k in range(len(blocks))]))
     return groups
 
 
@@ -291,7 +308,7 @@ class _KV:
         if self.resident:  # the DMAs now; the transposes when finish() is called (a block later)
             # a head's rows stay until the next block transposes them, while the next head's arrive
             self._rows = _load_rows(b, K, k_off, form.k.stride[2], S, E, pe_dt, "attn.kload",
-                                    bufs=2 * -(-S // 128) * len(self.echunks))
+                                    bufs=2 * -(-S // 512) + 2)
             if slots is not None:  # on-chip homes made once, their rows/column of ones set once
                 self._slot = slots.next()
                 self._v = self._slot[1]
@@ -335,9 +352,7 @@ class _KV:
 
     def _fill_v(self, t: View, s0: int, n: int) -> None:
         form = self.form
-        for c, (c0, cw) in enumerate(_chunks(n, 128)):
-            self.b.dma_copy(t[:cw, c, :form.Ev], _mat(self.V, self.v_off + (s0 + c0) * form.v.stride[2], cw,
-                                                     form.v.stride[2], form.Ev, 1))
+        _dma_rows(self.b, t, self.V, self.v_off + s0 * form.v.stride[2], form.v.stride[2], n, form.Ev)
 
     def kt(self, s0: int, n: int, ones: bool = False) -> list[View]:
         """``K^T[:, s0:s0+n]`` per head-dim chunk (``[ec, n]`` views; ``ones``: with the rows of ones)."""
@@ -591,9 +606,7 @@ class _Forward:
         # -max as hi + lo: beside the query rows when it rides in their contraction, else its own tile
         blk.rc = blk.qrows[:, :, E:E + 2] if self.aug else b.sbuf((128, self.qb, 2), self.aux_dt, site="attn.rc",
                                                                     bufs=4)
-        for i, (t0, lt) in enumerate(blk.qtiles):
-            b.dma_copy(blk.qrows[:lt, i, :E],
-                       _mat(self.Q, q_off + (blk.qb0 + t0) * f.q.stride[2], lt, f.q.stride[2], E, 1))
+        _dma_rows(b, blk.qrows, self.Q, q_off + blk.qb0 * f.q.stride[2], f.q.stride[2], blk.nq, E)
 
     def _transposes(self, blk: "_Block") -> None:
         blk.kv.finish()
@@ -776,12 +789,11 @@ class _Forward:
         inv = b.sbuf((128, self.qb), "float32", site="attn.inv")
         b.tensor_tensor(inv[:, :nt], live[:, :nt], safe[:, :nt], "divide", engine="pool")
         ost = self.out.stride
+        o = b.sbuf((128, self.qb, Ev), self.out.device_dtype, site="attn.o", bufs=3)
         for i, (t0, lt) in enumerate(qtiles):
             acc = accs[i // per_bank][:, i % per_bank, :]
-            o = b.sbuf((128, Ev), self.out.device_dtype, site="attn.o", bufs=2 * self.qb)
-            b.tensor_scalar(o[:lt, :], acc[:lt, :Ev], "multiply", inv[:lt, i:i + 1], engine="act")
-            q0 = qb0 + t0
-            b.dma_copy(_mat(self.O, bi * ost[0] + h * ost[1] + q0 * ost[2], lt, ost[2], Ev, ost[3]), o[:lt, :])
+            b.tensor_scalar(o[:lt, i, :], acc[:lt, :Ev], "multiply", inv[:lt, i:i + 1], engine="act")
+        _dma_rows(b, o, self.O, bi * ost[0] + h * ost[1] + qb0 * ost[2], ost[2], blk.nq, Ev, ost[3], store=True)
         ln = b.sbuf((128, self.qb), "float32", site="attn.ln")
         b.activation(ln[:, :nt], safe[:, :nt], "log")
         lse = b.sbuf((128, self.qb), "float32", site="attn.lse")
@@ -965,8 +977,7 @@ class _Backward:
         """A head's ``[L, cols]`` rows as ``[128, nL, cols]`` (query tile ``i`` in column block ``i``)."""
         b, L = self.b, self.form.L
         t = b.sbuf((128, -(-L // 128), cols), meta.device_dtype, site=site, bufs=2)
-        for i, (q0, lt) in enumerate(_chunks(L, 128)):
-            b.dma_copy(t[:lt, i, :], _mat(view, off + q0 * meta.stride[2], lt, meta.stride[2], cols, 1))
+        _dma_rows(b, t, view, off, meta.stride[2], L, cols)
         return t
 
     def _head_dma(self, hd: _Head) -> None:
@@ -1024,9 +1035,7 @@ class _Backward:
         k_off, v_off = tile.head.key
         s0, kw = tile.s0, tile.kw
         tile.kn = b.sbuf((128, len(tile.subs), f.E), self.pe_dt, site="attn.b.kn")
-        for u, (u0, uw) in enumerate(tile.subs):
-            b.dma_copy(tile.kn[:uw, u, :], _mat(ins["key"], k_off + (s0 + u0) * f.k.stride[2], uw, f.k.stride[2],
-                                                f.E, 1))
+        _dma_rows(b, tile.kn, ins["key"], k_off + s0 * f.k.stride[2], f.k.stride[2], kw, f.E)
         tile.vrows = _load_rows(b, ins["value"], v_off + s0 * f.v.stride[2], f.v.stride[2], kw, f.Ev, self.pe_dt,
                                 "attn.b.vload")
 
@@ -1139,10 +1148,11 @@ class _Backward:
         f, b = self.form, self.b
         gq, gq_meta = self.outs["grad_query"]
         st = gq_meta.stride
+        res = b.sbuf((128, -(-f.L // 128), f.E), gq_meta.device_dtype, site="attn.b.dqo", bufs=2)
         for i, (q0, lt) in enumerate(_chunks(f.L, 128)):
-            res = b.sbuf((128, f.E), gq_meta.device_dtype, site="attn.b.dqo", bufs=4)
-            b.tensor_scalar(res[:lt, :], hd.dq[:lt, i, :], "multiply", self.scale, engine="pool")
-            b.dma_copy(_mat(gq, hd.bi * st[0] + hd.h * st[1] + q0 * st[2], lt, st[2], f.E, st[3]), res[:lt, :])
+            b.tensor_scalar(res[:lt, i, :], hd.dq[:lt, i, :], "multiply", self.scale,
+                            engine="act" if hd.dq_psum else "pool")
+        _dma_rows(b, res, gq, hd.bi * st[0] + hd.h * st[1], st[2], f.L, f.E, st[3], store=True)
 
     def _zero_mask_grad(self, hd: _Head, q0, lt, s0, n):
         """Masked-out (skipped) scores have a zero gradient: write it."""
@@ -1163,10 +1173,12 @@ class _Backward:
         gk, gk_meta = self.outs["grad_key"]
         gv, gv_meta = self.outs["grad_value"]
         kh = f.kv_head(hd.h)
+        store = hd.group is None or hd.last
+        res = [b.sbuf((128, len(tile.subs), cols), meta.device_dtype, site=f"attn.b.res{gi}", bufs=2)
+               for gi, (meta, cols) in enumerate(((gk_meta, f.E), (gv_meta, f.Ev)))] if store else None
         for u, (u0, uw) in enumerate(tile.subs):
             r0 = tile.s0 + u0
-            for gi, (meta, view, cols, factor) in enumerate(((gk_meta, gk, f.E, self.scale),
-                                                              (gv_meta, gv, f.Ev, 1.0))):
+            for gi, (cols, factor) in enumerate(((f.E, self.scale), (f.Ev, 1.0))):
                 acc = tile.dk if gi == 0 else tile.dv
                 written = tile.written[u]
                 if written < uw:  # keys no query sees (causal, L < S): their gradient is zero
@@ -1186,10 +1198,12 @@ class _Backward:
                     if not hd.last:
                         continue
                     src = g
-                res = b.sbuf((128, cols), meta.device_dtype, site=f"attn.b.res{gi}", bufs=4)
-                b.tensor_scalar(res[:uw, :], src, "multiply", factor, engine="pool")
+                b.tensor_scalar(res[gi][:uw, u, :], src, "multiply", factor, engine="pool")
+        if store:  # one transfer per gradient for the tile's keys
+            for gi, (meta, view, cols) in enumerate(((gk_meta, gk, f.E), (gv_meta, gv, f.Ev))):
                 st = meta.stride
-                b.dma_copy(_mat(view, hd.bi * st[0] + kh * st[1] + r0 * st[2], uw, st[2], cols, st[3]), res[:uw, :])
+                _dma_rows(b, res[gi], view, hd.bi * st[0] + kh * st[1] + tile.s0 * st[2], st[2], tile.kw, cols,
+                          st[3], store=True)
 
 
 # ---- lowering rules ---------------------------------------------------------------------------
