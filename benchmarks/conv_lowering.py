@@ -2,9 +2,10 @@
 
 For each layer and pass (forward, grad_input, grad_weight), one process prints the
 *modeled* time of its Program, its roofline bound computed from the preset alone
-(FLOPs at TensorE's peak for the dtype, bytes -- each operand read or written once -- at
-the DMA/HBM peak), their ratio, the modeled TFLOP/s and the % of TensorE peak, and the
-form the lowering chose. Then the same for the layers around them (batch norm, max pool).
+(the multiply-adds the layer needs -- taps that land in the zero padding need none -- at
+TensorE's peak for the dtype, bytes -- each operand read or written once -- at the DMA/HBM
+peak), their ratio, the modeled TFLOP/s (the usual count, padding taps included) and the %
+of TensorE peak, and the form the lowering chose. Then the same for the layers around them (batch norm, max pool).
 
 Run: .venv/bin/python benchmarks/conv_lowering.py [--batch 8] [--dtype float32] [--passes fwd,gi,gw]
 """
@@ -49,8 +50,15 @@ def conv_call(n, cin, cout, hw, k, s, p, dtype, which):
         out = x if which == "gi" else w
         call = Call("aten::convolution_backward_overrideable", (y, x, w) + args + (mask,), (), (out,))
         moved = y.numel + (w.numel if which == "gi" else x.numel) + out.numel
-    flops = 2 * n * oh * oh * cout * cin * k * k
-    return call, flops, moved
+    flops = 2 * n * oh * oh * cout * cin * k * k  # the usual count (padding taps included)
+    work = 2 * n * cout * cin * valid_taps(hw, oh, k, s, p) ** 2  # what the bound charges
+    return call, flops, work, moved
+
+
+def valid_taps(size: int, out: int, k: int, s: int, p: int, d: int = 1) -> int:
+    """(output position, kernel tap) pairs along one axis whose input lies inside the image: the
+    multiply-adds a convolution must do (taps that land in the zero padding need none)."""
+    return sum(1 for o in range(out) for t in range(k) if 0 <= o * s + t * d - p < size)
 
 
 def bound_ns(spec, flops: float, nbytes: float, dtype: str) -> float:
@@ -102,11 +110,11 @@ def main() -> None:
         for name, cin, cout, hw, k, s, p, count in LAYERS:
             if which == "gi" and cin == 3:
                 continue  # the network input needs no gradient
-            call, flops, moved = conv_call(args.batch, cin, cout, hw, k, s, p, args.dtype, which)
+            call, flops, work, moved = conv_call(args.batch, cin, cout, hw, k, s, p, args.dtype, which)
             t0 = time.perf_counter()
             low = lower(call, spec)
             build_s = time.perf_counter() - t0
-            bound = bound_ns(spec, flops, moved * isz, args.dtype)
+            bound = bound_ns(spec, work, moved * isz, args.dtype)
             tflops = flops / low.modeled_ns / 1e3
             form = low.program.meta.get("mapping") or low.program.meta.get("forms") or low.rule
             print(f"{name:20s} {which:4s} {low.modeled_ns / 1e3:11.1f} {bound / 1e3:9.1f} "

@@ -22,6 +22,11 @@ def bound_ns(flops: float, nbytes: float, dtype: str) -> float:
     return max(flops / SPEC.peak_flops(dtype) * 1e9, nbytes / SPEC.dma_bytes_per_ns)
 
 
+def valid_taps(size: int, out: int, k: int, s: int, p: int) -> int:
+    """(output position, tap) pairs of one axis reading inside the image: the work the layer needs."""
+    return sum(1 for o in range(out) for t in range(k) if 0 <= o * s + t - p < size)
+
+
 def meta(*shape, dtype="float32"):
     return TensorMeta(shape, contiguous_strides(shape), dtype)
 
@@ -99,7 +104,8 @@ def _conv(n, cin, cout, hw, k, s, p, dtype="float32", which="fwd"):
     x, w, y = meta(n, cin, hw, hw, dtype=dtype), meta(cout, cin, k, k, dtype=dtype), meta(n, cout, oh, oh, dtype=dtype)
     args = ((s, s), (p, p), (1, 1), False, (0, 0), 1)
     isz = 2 if dtype == "bfloat16" else 4
-    flops = 2 * n * oh * oh * cout * cin * k * k
+    # the bound charges the multiply-adds the layer needs: taps in the zero padding need none
+    flops = 2 * n * cout * cin * valid_taps(hw, oh, k, s, p) ** 2
     if which == "fwd":
         call = Call("aten::convolution_overrideable", (x, w, None) + args, (), (y,))
         nbytes = (x.numel + w.numel + y.numel) * isz
@@ -111,18 +117,19 @@ def _conv(n, cin, cout, hw, k, s, p, dtype="float32", which="fwd"):
     return call, flops, nbytes
 
 
-# ResNet-18 layers at batch 8 (224x224 input): (cin, cout, size, kernel, stride, pad, pass, max ratio, min % peak)
+# ResNet-18 layers at batch 8 (224x224 input): (cin, cout, size, kernel, stride, pad, pass, max ratio to the
+# bound, min % of TensorE peak as usually counted)
 RESNET = [
     (64, 64, 56, 3, 1, 1, "fwd", 2.4, 40),
     (64, 128, 56, 3, 2, 1, "fwd", 2.0, 50),
     (128, 128, 28, 3, 1, 1, "fwd", 1.3, 80),
     (256, 512, 14, 3, 2, 1, "fwd", 2.0, 55),
-    (512, 512, 7, 3, 1, 1, "fwd", 1.6, 65),
+    (512, 512, 7, 3, 1, 1, "fwd", 1.8, 65),
     (128, 128, 28, 3, 1, 1, "gi", 1.3, 80),
-    (512, 512, 7, 3, 1, 1, "gi", 2.0, 50),
+    (512, 512, 7, 3, 1, 1, "gi", 2.5, 50),
     (128, 256, 28, 3, 2, 1, "gi", 2.5, 40),
     (128, 128, 28, 3, 1, 1, "gw", 2.5, 40),
-    (512, 512, 7, 3, 1, 1, "gw", 2.5, 40),
+    (512, 512, 7, 3, 1, 1, "gw", 3.0, 40),
 ]
 
 
@@ -134,7 +141,9 @@ def test_resnet_layers_time_vs_bound(case):
     bound = bound_ns(flops, nbytes, "float32")
     assert low.modeled_ns >= bound, (low.modeled_ns, bound)
     assert low.modeled_ns <= max_ratio * bound, (low.modeled_ns / bound, low.program.meta)
-    pct = 100 * flops / (low.modeled_ns * 1e-9) / SPEC.peak_flops("float32")
+    oh = (hw + 2 * p - k) // s + 1
+    usual = 2 * 8 * oh * oh * cout * cin * k * k  # TFLOP/s as usually counted (padding taps included)
+    pct = 100 * usual / (low.modeled_ns * 1e-9) / SPEC.peak_flops("float32")
     assert pct >= min_peak, (pct, low.program.meta)
 
 
