@@ -240,6 +240,18 @@ def fill_read_once(x, out):
         tl.store(out[i * 128:(i + 1) * 128, :], t)
 
 
+@tilescope.kernel
+def psum_bank_edge(a, b, out):
+    """Matmuls written into slices of a 4-bank PSUM tile: the last slice crosses a bank, so
+    its matmul goes to a tile of its own and is copied (a replica is not written where the
+    traced iteration would not write)."""
+    ps = tl.ndarray((128, 2048), tl.float32, buffer=tl.psum)
+    at, bt = tl.load(a), tl.load(b)
+    for i in tl.affine_range(4):
+        ps[:, i * 320:i * 320 + 128] = nisa.nc_matmul(at, bt)
+    tl.store(out, tl.copy(ps[:, 960:1088]))
+
+
 KERNELS = [
     (ragged, (S((1000, 64), "float32"), S((1000, 64), "float32"))),
     (special_cases, (S((1280, 64), "float32"), S((128, 64), "float32"))),
@@ -251,6 +263,7 @@ KERNELS = [
     (nested_blocks, (S((4096, 64), "float32"), S((4096, 64), "float32"))),
     (first_fill, (S((4096, 64), "float32"), S((128, 64), "float32"))),
     (fill_read_once, (S((1280, 64), "float32"), S((1280, 64), "float32"))),
+    (psum_bank_edge, (S((128, 128), "float32"), S((128, 128), "float32"), S((128, 128), "float32"))),
 ]
 
 
@@ -301,3 +314,80 @@ def test_two_samples_suffice_when_the_first_iteration_is_like_the_others(monkeyp
     assert stats[("first_fill", line + 5)] == (8, 6)  # a: 8 iterations, 2 traced
     assert stats[("first_fill", line + 6)] == (8, 4)  # k: 4 iterations in each of the 2 traced a's
     assert stats[("fill_read_once", fill_read_once.fn.__code__.co_firstlineno + 5)] == (10, 7)
+
+
+def test_a_replica_that_would_break_a_limit_is_traced_instead(monkeypatch):
+    monkeypatch.setenv("TILESCOPE_TRACE_REPLICATE", "1")
+    psum_bank_edge.cache_clear()
+    args = (S((128, 128), "float32"), S((128, 128), "float32"), S((128, 128), "float32"))
+    p = psum_bank_edge.program_for(*args).program
+    (loop,) = p.meta["traced_loops"]
+    assert (loop["iterations"], loop["replicated"]) == (4, 1)  # iteration 2 written, 3 traced
+    kinds = [type(i).__name__ for i in p.instructions]
+    assert kinds.count("Matmul") == 4 and "TensorCopy" in kinds[kinds.index("Matmul") + 4:]
+    psum_bank_edge.cache_clear()
+
+
+def test_replica_limits_are_those_of_the_full_check():
+    """The builder's array check of replicas (bounds, start partitions, PSUM banks) finds the
+    first replica the full per-instruction check rejects, on random shifts of real rows."""
+    from tilescope.errors import ProgramError
+    from tilescope.program import TileBuilder
+    from tilescope.program._checks import check_instruction
+    from tilescope.program._columns import operands_of
+
+    b = TileBuilder("limits")
+    x = b.input("x", (1024, 512), "float32")
+    s = b.sbuf((128, 2048), "float32", site="s")
+    p = b.psum((128, 2048), "float32", site="p")
+    w = b.sbuf((128, 128), "float32", site="w")
+    b.dma_copy(s[0:32, 0:512], x[0:32, 0:512])
+    b.tensor_scalar(s[0:32, 0:256], s[0:32, 256:512], "add", 1.0)
+    b.matmul(p[:, 0:128], w, s[:, 0:128])
+    tm, _, buf, off = (np.array(a) for a in b.rows(0, b.instruction_count))
+    rng = np.random.default_rng(1)
+    row_el = np.array([max(1, b.buffer(b.buffer_name(int(i))).row_elems) if i >= 0 else 1 for i in buf.ravel()])
+    row_el = row_el.reshape(buf.shape)
+    found = 0
+    for _ in range(200):
+        # shift operands by some partitions and columns, one step per replica
+        parts = rng.choice([0] * 12 + [8, 32, -32, 64], size=off.shape)
+        cols = rng.choice([0] * 12 + [16, 128, 300, -16], size=off.shape)
+        step = parts * row_el + cols
+        O = off[None] + np.arange(1, 7)[:, None, None] * step[None]
+        first = b.first_bad_replica(tm, buf, O)
+        expect = None
+        for k in range(len(O)):
+            for i in range(len(tm)):
+                ins = b.template(int(tm[i]))
+                ops = operands_of(ins)
+                new = {}
+                for j, ap in enumerate(ops):
+                    new[j] = type(ap)(ap.buffer, ap.dtype, int(O[k, i, j]), ap.dims)
+                moved = _with_operands(ins, new)
+                try:
+                    check_instruction(moved, b._buffers, b.spec)
+                except ProgramError:
+                    expect = k
+                    break
+            if expect is not None:
+                break
+        assert first == expect
+        found += expect is not None
+    assert 20 < found < 180  # both outcomes drawn
+
+
+def _with_operands(ins, new: dict):
+    import dataclasses
+
+    from tilescope.program._columns import operand_slots
+
+    changes = {}
+    for j, (name, sub) in enumerate(operand_slots(ins)):
+        if sub is None:
+            changes[name] = new[j]
+        else:
+            lst = list(changes.get(name, getattr(ins, name)))
+            lst[sub] = new[j]
+            changes[name] = tuple(lst)
+    return dataclasses.replace(ins, **changes)

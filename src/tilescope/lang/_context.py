@@ -119,6 +119,7 @@ class KernelContext:
         self.loops: list = []  # language loops being traced, outermost first (see _loops)
         self.touch_log: list[str] = []  # buffers touched, in order (what a loop iteration touched)
         self.materialized: list[tuple[int, int]] = []  # (instruction, buffer id) of fills emitted in loops
+        self.replica_states: set[int] = set()  # ids of replicated buffers given a state (see _loops)
         self.loop_stats: dict = {}  # (file, line) -> [label, iterations, replicated, why not]
         self.template_keys: dict = {}  # builder template id -> shape id (loop replication compares them)
 

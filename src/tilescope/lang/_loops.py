@@ -87,8 +87,12 @@ class Guard:
     boxes: tuple
 
     def key(self) -> tuple:
-        return (tuple((lp.key, c) for lp, c in self.coefs), self.base, self.op, self.outcome,
-                tuple((lp.key, lo, hi) for lp, lo, hi in self.boxes))
+        k = self.__dict__.get("_key")
+        if k is None:
+            k = (tuple((lp.key, c) for lp, c in self.coefs), self.base, self.op, self.outcome,
+                 tuple((lp.key, lo, hi) for lp, lo, hi in self.boxes))
+            object.__setattr__(self, "_key", k)
+        return k
 
     def holds(self, loop: "Loop", xs: np.ndarray) -> np.ndarray:
         """Per value in ``xs`` of ``loop``'s index: is the outcome the same over the boxes?"""
@@ -120,6 +124,57 @@ class Guard:
         else:  # !=
             t, f = (lo > 0) | (hi < 0), (lo == 0) & (hi == 0)
         return t if self.outcome else f
+
+
+def _unique(guards: list) -> list:
+    """``guards`` without repeats (a guard asserts the same thing each time it is recorded)."""
+    seen = set()
+    out = []
+    for g in guards:
+        k = g.key()
+        if k not in seen:
+            seen.add(k)
+            out.append(g)
+    return out
+
+
+def _merged(guards: list, loop: "Loop") -> list:
+    """What a finished ``loop`` hands its parent: its guards without repeats, those that
+    differ only in their range of ``loop``'s index merged where the ranges meet (so a loop
+    replicated from iteration 1 and one replicated from iteration 2 hand up the same)."""
+    step = abs(loop.step)
+    groups: dict = {}
+    for g in guards:
+        box = None
+        for b in g.boxes:
+            if b[0] is loop:
+                box = b
+        if box is None:
+            groups.setdefault(("=", g.key()), [g, None])
+            continue
+        rest = tuple(b for b in g.boxes if b is not box)
+        k = (tuple((lp.key, c) for lp, c in g.coefs), g.base, g.op, g.outcome,
+             tuple((lp.key, lo, hi) for lp, lo, hi in rest))
+        hit = groups.get(k)
+        if hit is None:
+            groups[k] = [Guard(g.coefs, g.base, g.op, g.outcome, rest), [(box[1], box[2])]]
+        else:
+            hit[1].append((box[1], box[2]))
+    out = []
+    for g, ranges in groups.values():
+        if ranges is None:
+            out.append(g)
+            continue
+        ranges.sort()
+        lo, hi = ranges[0]
+        for a, b in ranges[1:]:
+            if a <= hi + step:
+                hi = max(hi, b)
+            else:
+                out.append(Guard(g.coefs, g.base, g.op, g.outcome, g.boxes + ((loop, lo, hi),)))
+                lo, hi = a, b
+        out.append(Guard(g.coefs, g.base, g.op, g.outcome, g.boxes + ((loop, lo, hi),)))
+    return out
 
 
 def _boxed(guards, loop: "Loop", lo: int, hi: int) -> list:
@@ -223,8 +278,8 @@ class Loop:
         it = self.iters[-1]
         ctx = self.ctx
         it.instr1, it.buf1, it.log1 = ctx.b.instruction_count, ctx.b.buffer_count, len(ctx.touch_log)
-        it.guards = self.guards
-        self.done_guards.extend(_boxed(self.guards, self, it.x, it.x))
+        it.guards = _unique(self.guards)
+        self.done_guards.extend(_boxed(it.guards, self, it.x, it.x))
         self.guards = []
         if it.k <= 2 and not self.concrete and self.tainted is None:
             if it.k == 0:
@@ -252,7 +307,7 @@ class Loop:
                 loops[-1]._finish()
             loops.pop()
         if loops:  # (guards of an iteration left by `break` too)
-            loops[-1].guards.extend(self.done_guards + _boxed(self.guards, self, self.x, self.x))
+            loops[-1].guards.extend(_merged(self.done_guards + _boxed(self.guards, self, self.x, self.x), self))
         self.iters = []
         self.frame = None  # (the frame holds Syms that hold this loop)
 
@@ -301,10 +356,14 @@ class Loop:
         bad = np.flatnonzero(~ok)
         end = t + 1 + (int(bad[0]) if len(bad) else len(xs))
         self.concrete = True
+        off = _replica_offsets(plan, end - t - 1)
+        bad = self.ctx.b.first_bad_replica(plan.tmpl, plan.buf, off)
+        if bad is not None:  # (that iteration runs: a retarget there takes another route)
+            end, off = t + 1 + bad, off[:bad]
         if end == t + 1:
             return end
         count = end - t - 1
-        _emit_replicas(self.ctx, plan, it2, count)
+        _emit_replicas(self.ctx, plan, it2, count, off)
         self.replicated = count
         last = end - 1
         # iterations 1 .. last keep the template's guards (iterations 1 and 2 had the same ones)
@@ -565,24 +624,27 @@ def _plan(ctx, it0: _Iteration | None, it1: _Iteration, it2: _Iteration, skip: t
     return _Plan(t2.copy(), p2.copy(), b2.copy(), o2.copy(), o2 - o1, new, prev, c1, c2, nb, touched_old)
 
 
-def _emit_replicas(ctx, plan: _Plan, it2: _Iteration, count: int) -> None:
-    """Append iterations t+1 .. t+count: their buffers and instructions (iteration t's, shifted)."""
+def _replica_offsets(plan: _Plan, count: int) -> np.ndarray:
+    """Operand offsets [count, m, width] of iterations t+1 .. t+count."""
+    steps = np.arange(1, count + 1, dtype=np.int64)[:, None, None]
+    return plan.off[None, :, :] + steps * plan.delta[None, :, :]
+
+
+def _emit_replicas(ctx, plan: _Plan, it2: _Iteration, count: int, off: np.ndarray) -> None:
+    """Append iterations t+1 .. t+count: their buffers and instructions (iteration t's, shifted,
+    at offsets ``off``, checked)."""
     b = ctx.b
     plan.first_replica = b.add_replica_buffers(list(range(plan.c2, plan.c2 + plan.nb)), count)
     m, width = plan.buf.shape
     t = plan.t
     ks = np.arange(t + 1, t + 1 + count, dtype=np.int64)
-    steps = (ks - t)[:, None, None]
-    off = plan.off[None, :, :] + steps * plan.delta[None, :, :]
     base_new = (plan.first_replica + (ks - t - 1) * plan.nb)[:, None, None]  # buffer q of iteration k
     base_prev = np.where(ks == t + 1, plan.c2, plan.first_replica + (ks - t - 2) * plan.nb)[:, None, None]
     buf = np.broadcast_to(plan.buf[None, :, :], (count, m, width)).astype(np.int64)
     buf = np.where(plan.new[None], base_new + (plan.buf[None] - plan.c2), buf)
     buf = np.where(plan.prev[None], base_prev + (plan.buf[None] - plan.c1), buf)
-    first = b.instruction_count
     b.extend_rows(np.tile(plan.tmpl, count), np.tile(plan.prov, count), buf.reshape(count * m, width).astype(np.int32),
                   off.reshape(count * m, width))
-    b.check_replicas(first, m, count)
 
 
 def _patch_states(ctx, plan: _Plan, it2: _Iteration, last: int) -> None:
@@ -597,14 +659,23 @@ def _patch_states(ctx, plan: _Plan, it2: _Iteration, last: int) -> None:
         st = ctx.states.get(name)
         if st is not None and st.writer >= it2.instr0:
             st.writer += shift
+    # the template's buffers with a state: those it made by tracing (named) and the replicas
+    # that were given one (the last iterations of its own inner loops)
+    names, stated = b._names, ctx.replica_states
+    have = []
+    for q in range(plan.nb):
+        i = plan.c2 + q
+        if names[i] is not None or i in stated:
+            st = ctx.states.get(b.buffer_name(i))
+            if st is not None:
+                have.append((q, st))
     for k in (last - 1, last):
         if k <= plan.t:
             continue
-        for q in range(plan.nb):
-            st = ctx.states.get(b.buffer_name(plan.c2 + q))
-            if st is None:
-                continue
-            new = BufState(b.buffer_name(plan.buffer_id(k, q)), st.size, st.nbytes, st.temp)
+        for q, st in have:
+            i = plan.buffer_id(k, q)
+            stated.add(i)
+            new = BufState(b.buffer_name(i), st.size, st.nbytes, st.temp)
             new.fill, new.fill_prov, new.writes, new.read = st.fill, st.fill_prov, st.writes, st.read
             new.writer = moved(st.writer, k)
             new.acc_open = set(st.acc_open)

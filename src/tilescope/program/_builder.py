@@ -480,22 +480,21 @@ class TileBuilder:
 
     def extend_rows(self, tmpl, prov, buf, off) -> None:
         """Append rows of already checked templates at other buffers and offsets (loop
-        replication); their offset-dependent limits are checked by :meth:`check_replicas`."""
+        replication); their offset-dependent limits are checked first, by :meth:`first_bad_replica`."""
         self._rows.extend(tmpl, prov, buf, off)
 
-    def check_replicas(self, first: int, templates: int, count: int) -> None:
-        """Check replicated instructions ``[first, first + templates * count)``: each repeats a
-        checked template at other buffers (of the same records) and offsets, so what can
-        change is offset-dependent: bounds, start partitions and PSUM banks, checked here
-        for every row with array arithmetic (the first failing row is checked in full, for
-        its error)."""
-        if not self.check or count == 0:
-            return
-        stop = first + templates * count
-        bad = self._row_violations(first, stop)
-        if bad is not None:
-            check_instruction(self.instruction(bad), self._buffers, self.spec)
-            raise ProgramError(f"instruction #{bad} breaks a tile limit at its offsets")  # pragma: no cover
+    def first_bad_replica(self, tmpl, buf, off) -> int | None:
+        """Replicas of rows of templates ``tmpl`` [m] over buffers ``buf`` [m, width] at
+        offsets ``off`` [count, m, width] (a replica's buffers have the same records as
+        ``buf``'s): the first replica with a row that breaks a limit its offsets decide
+        (bounds, start partitions, PSUM banks -- the rest is the templates', already
+        checked), or None. The loop then traces that iteration as it runs, as without
+        replication (a tile language retarget that fails its check takes another route)."""
+        if not self.check or len(off) == 0:
+            return None
+        bad = self._violations(np.asarray(tmpl), np.asarray(buf, dtype=np.int64), off)
+        hit = np.nonzero(bad.any(axis=1))[0]
+        return int(hit[0]) if len(hit) else None
 
     def _limit_table(self):
         """Per template and operand slot (arrays ``[templates, width]``): lowest and highest
@@ -539,44 +538,57 @@ class TileBuilder:
         return have
 
     def _kind_arrays(self):
-        """Per buffer record: size, row length, on chip, in PSUM (grown as records are added)."""
+        """Per buffer record: size, row length, on chip, in PSUM, and an id of those four
+        (grown as records are added)."""
         have = self.__dict__.get("_karr")
         ks = self._kinds
         n = len(ks)
         if have is None or have[0] != n:
             start = 0 if have is None else have[0]
             add = ks[start:]
-            parts = [np.array([k.size for k in add], dtype=np.int64),
-                     np.array([max(1, k.row_elems) for k in add], dtype=np.int64),
-                     np.array([k.memory != "hbm" for k in add], dtype=bool),
-                     np.array([k.memory == "psum" for k in add], dtype=bool)]
+            ids = self.__dict__.setdefault("_limit_kinds", {})
+            fields = [(k.size, max(1, k.row_elems), k.memory != "hbm", k.memory == "psum") for k in add]
+            parts = [np.array([f[0] for f in fields], dtype=np.int64),
+                     np.array([f[1] for f in fields], dtype=np.int64),
+                     np.array([f[2] for f in fields], dtype=bool),
+                     np.array([f[3] for f in fields], dtype=bool),
+                     np.array([ids.setdefault(f, len(ids)) for f in fields], dtype=np.int64)]
             if have is not None:
                 parts = [np.concatenate([old, p]) for old, p in zip(have[1:], parts)]
             have = self._karr = (n, *parts)
         return have[1:]
 
-    def _row_violations(self, start: int, stop: int) -> int | None:
-        """The first row in ``[start, stop)`` whose operands leave their buffer, start at a
-        partition an engine cannot, or put a TensorE result across PSUM banks; else None."""
-        r = self._rows
-        tm = r.tmpl[start:stop]
-        B = r.buf[start:stop].astype(np.int64)
-        O = r.off[start:stop]
-        lo, hi, parts, engine_op, pe_dst, flo, fhi, isz = (a[tm] for a in self._limit_table())
+    def _violations(self, tm, B, O) -> np.ndarray:
+        """Per replica and row [count, m]: do the row's operands (templates ``tm`` [m], buffers
+        ``B`` [m, width], offsets ``O`` [count, m, width]) leave their buffer, start at a
+        partition an engine cannot, or put a TensorE result across PSUM banks? (What the
+        templates and buffer records decide is kept per (templates, records): loops replicate
+        the same bodies again and again.)"""
         valid = B >= 0
         K = self.kind_array()[np.where(valid, B, 0)]  # each operand's buffer record
-        size, row_el, onchip, psum = self._kind_arrays()
-        bad = (O + lo < 0) | (O + hi >= size[K])
-        sp = O // row_el[K]
-        ok_sp = np.where(parts > 64, sp == 0,
-                         np.where(parts > 32, (sp == 0) | (sp == 64), (sp == 0) | (sp == 32) | (sp == 64) | (sp == 96)))
-        bad |= (engine_op > 0) & onchip[K] & ~ok_sp
-        w = O % row_el[K]
-        bank = self.spec.psum_bank_bytes
-        bad |= (pe_dst > 0) & psum[K] & ((w + flo) * isz // bank != ((w + fhi + 1) * isz - 1) // bank)
+        size, row_el, onchip, psum, limits = self._kind_arrays()
+        rows = self._limit_table()[:, tm]
+        cache = self.__dict__.setdefault("_limit_rows", {})
+        key = (rows.tobytes(), limits[K].tobytes(), valid.tobytes())
+        c = cache.get(key)
+        if c is None:
+            lo, hi, parts, engine_op, pe_dst, flo, fhi, isz = rows
+            size, row_el, onchip, psum = size[K], row_el[K], onchip[K], psum[K]
+            c = cache[key] = (-lo, size - hi, row_el, parts > 64, parts > 32, valid & (engine_op > 0) & onchip,
+                              valid & (pe_dst > 0) & psum, flo, fhi, isz)
+        low, top, row_el, p64, p32, engine, pe, flo, fhi, isz = c
+        bad = (O < low) | (O >= top)
+        if engine.any():
+            sp = O // row_el
+            ok_sp = np.where(p64, sp == 0, np.where(p32, (sp == 0) | (sp == 64),
+                                                    (sp == 0) | (sp == 32) | (sp == 64) | (sp == 96)))
+            bad |= engine & ~ok_sp
+        if pe.any():
+            w = O % row_el
+            bank = self.spec.psum_bank_bytes
+            bad |= pe & ((w + flo) * isz // bank != ((w + fhi + 1) * isz - 1) // bank)
         bad &= valid
-        rows = np.nonzero(bad.any(axis=1))[0]
-        return start + int(rows[0]) if len(rows) else None
+        return bad.any(axis=2)
 
     def replace(self, index: int, instr: Instruction) -> None:
         """Swap the instruction at ``index`` for ``instr`` (checked like a new one).

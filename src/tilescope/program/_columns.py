@@ -98,6 +98,11 @@ class Columns:
         n = self.names[b]
         return n if n is not None else f"{self.kinds[self.kind[b]].name}~r{b}"
 
+    def all_names(self) -> list[str]:
+        """:meth:`name` of every buffer id, in order."""
+        kn = [k.name for k in self.kinds]
+        return [n if n is not None else f"{kn[k]}~r{b}" for b, (n, k) in enumerate(zip(self.names, self.kind.tolist()))]
+
     def buffer(self, b: int) -> Buffer:
         rec = self.kinds[self.kind[b]]
         return rec if self.names[b] == rec.name else dataclasses.replace(rec, name=self.name(b))

@@ -221,9 +221,12 @@ class Program:
         keys, per_buffer = _first_seen([(k.memory, k.shape, k.dtype, k.role) for k in cols.kinds], cols.kind)
         h.update(repr(keys).encode())
         h.update(per_buffer.tobytes())
-        h.update("\0".join(cols.name(b) for b in range(cols.n_buffers)).encode())
-        slots = self.slots
-        h.update(repr(sorted((s.name, s.addr, s.nbytes) for s in slots.values())).encode())
+        h.update("\0".join(cols.all_names()).encode())
+        if self._instr_prov is not None:  # (the slots' records, without their members' names)
+            slots = [(r.name, r.addr, r.nbytes) for r in self._slot_records]
+        else:
+            slots = [(s.name, s.addr, s.nbytes) for s in self.slots.values()]
+        h.update(repr(sorted(slots)).encode())
         h.update(_placement_bytes(self))
         h.update(self.static.digest.encode())  # every instruction, from the columns
         h.update(self.instr_prov_array.astype(np.int32).tobytes())
