@@ -111,3 +111,25 @@ def test_layout_copy_time_against_the_bound(shape, perm):
     bound = copy_bound_ns(x.numel() * 4)
     # 256-byte runs (one head's 64 floats) on both sides: each run is one DMA descriptor
     assert rule == "dma" and bound <= ns <= 2.0 * bound, (ns, bound)
+
+
+# ---- sums over a few leading rows: a positional embedding's gradient, summed over the batch ------
+
+@pytest.mark.parametrize("shape, dims, keepdim, mean", [
+    ((2, 30, 70), (0,), False, False), ((3, 5, 40), (0,), True, True), ((4, 197, 19), (0,), False, False),
+    ((7, 2, 33), (1,), False, False),
+])
+def test_sum_over_few_rows_values(shape, dims, keepdim, mean):
+    x = rnd(*shape)
+    op = "aten::mean.dim" if mean else "aten::sum.dim_IntList"
+    expected = x.mean(dims, keepdim=keepdim) if mean else x.sum(dims, keepdim=keepdim)
+    check(op, (x, dims, keepdim), {}, {"out": expected}, {"in_self": x}, rule="reduction", tol=2e-5)
+
+
+def test_sum_over_few_rows_time_against_the_bound():
+    x = torch.empty(2, 512, 768)  # GPT-2's position-embedding gradient at batch 2 x 512 tokens
+    y = x.sum(0)
+    ns, rule = modeled_ns("aten::sum.dim_IntList", (x, (0,), False), {}, (y,))
+    bound = bound_ns((x.numel() + y.numel()) * 4, x.numel())
+    # was 1,069 us as TensorE passes over 2-row tiles, one per 512 columns
+    assert rule == "reduction" and bound <= ns <= 2.0 * bound, (ns, bound)

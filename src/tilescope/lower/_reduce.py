@@ -22,7 +22,7 @@ from math import prod
 from ..isa import AP, RuntimeScalar
 from ..program import TileBuilder, View
 from ._call import Call, ScalarArg, TensorMeta
-from ._layout import coalesce, hbm_input, hbm_output
+from ._layout import TilePlan, coalesce, hbm_input, hbm_output
 from ._rules import Rule, add_rules
 
 __all__ = ["lower_reduction", "REDUCTIONS", "reduce_chunk", "finish_reduction", "bn_stats_tile", "bn_stats_into",
@@ -116,7 +116,9 @@ def lower_reduction(call: Call, spec):
         yout = hbm_output(b, "out", out)
         column = (post in (None, "mean") and red_op == "add" and kin[-1] in (1, 0) and len(rshape) == 1
                   and rin[0] > 1 and kshape_c[-1] > 1)
-        if column:
+        if column and _slices_cheaper(spec, rshape[0], prod(kshape_c)):
+            _slices(b, spec, x, out, xin, yout, kshape_c, kin, kout, rshape[0], rin[0], post)
+        elif column:
             _column(b, spec, x, out, xin, yout, kshape_c, kin, kout, rshape[0], rin[0], post)
         else:
             if _rows(b, spec, x, out, xin, yout, kshape_c, kin, kout, rshape, rin, red_op, post, correction) is False:
@@ -328,6 +330,55 @@ def _column(b, spec, x, out, xin, yout, kshape, kin, kout, n_rows, row_stride, p
             b.activation(res, acc, "copy", scale=scale)
             dst = AP(yout.ap.buffer, yout.ap.dtype, yout.ap.offset + base_out + c0 * cs_out, ((cw * cs_out, 1), (cs_out, cw)))
             b.dma_copy(View(yout.buffer, dst, (1, cw)), res)
+
+
+def _slices_cheaper(spec, n_rows: int, kept: int) -> bool:
+    """Whether summing ``n_rows`` slices of ``kept`` elements is cheaper as VectorE adds of whole
+    slices spread over every partition than as TensorE ``ones.T @ x`` over row tiles: few rows
+    (a batch of two, a positional embedding's gradient) leave the PE array's rows idle while it
+    still pays one pass per 512 columns. Compared with the cost table's own figures."""
+    from ..isa import Matmul, TensorTensor, engine_ns
+
+    P = spec.partitions
+    free = min(_FREE, -(-kept // P))
+    tile = AP("t", "float32", 0, ((free, P), (1, free)))
+    add_ns = engine_ns(TensorTensor(tile, tile, tile, "add"), spec) * -(-kept // (P * free))
+    rows = min(n_rows, P)
+    cols = min(_COLS, kept)
+    mm = Matmul(AP("p", "float32", 0, ((cols, 1), (1, cols))), AP("o", "float32", 0, ((1, rows), (1, 1))),
+                AP("x", "float32", 0, ((cols, rows), (1, cols))))
+    mm_ns = engine_ns(mm, spec) * -(-n_rows // P) * -(-kept // cols)
+    return (n_rows - 1) * add_ns < mm_ns
+
+
+def _slices(b, spec, x, out, xin, yout, kshape, kin, kout, n_rows, row_stride, post):
+    """Sum over rows as slices: each tile of the kept elements ([P, k, cols], over every
+    partition) is loaded for ``g`` rows at a time (one transfer, within the free budget) and
+    each row added on VectorE into a float32 accumulator."""
+    plan = TilePlan(kshape, max_free=_FREE, partitions=spec.partitions)
+    scale = 1.0 / n_rows if post == "mean" else 1.0
+    for tile in plan.tiles:
+        p, k, cols = tile.partitions, tile.rows_per_partition, tile.cols
+        shape = (p, k, cols)
+        acc = b.sbuf(shape, "float32", site="red.sl.acc")
+        rows_src = plan.operand_ap(xin, tuple(kin), tile).ap
+        g = max(1, min(n_rows, _FREE // (k * cols)))
+        for r0 in range(0, n_rows, g):
+            gn = min(g, n_rows - r0)
+            t = b.sbuf((p, gn, k, cols), x.device_dtype, site="red.sl.in")
+            src = AP(rows_src.buffer, rows_src.dtype, rows_src.offset + r0 * row_stride,
+                     (rows_src.dims[0], (row_stride, gn)) + rows_src.dims[1:])
+            b.dma_copy(t, View(xin.buffer, src, (p, gn, k, cols)))
+            for j in range(gn):
+                row = View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset + j * k * cols,
+                                        ((gn * k * cols, p), (cols, k), (1, cols))), shape)
+                if r0 + j == 0:
+                    b.tensor_copy(acc, row)
+                else:
+                    b.tensor_tensor(acc, acc, row, "add")
+        res = b.sbuf(shape, out.device_dtype, site="red.sl.out")
+        b.activation(res, acc, "copy", scale=scale)
+        b.dma_copy(plan.operand_ap(yout, tuple(kout), tile), res)
 
 
 def lower_softmax_any_dim(call: Call, spec):
