@@ -63,6 +63,8 @@ MODULES = [
     # analysis engine
     "tilescope.trace._jsonscan",
     "tilescope.trace._labels",
+    "tilescope.trace._devices",
+    "tilescope.trace._store",
     "tilescope.cpp._errors",
     "tilescope.trace._parquet",
     "tilescope.trace._roofline",

@@ -287,6 +287,11 @@ def summary_page(trace, allowed=lambda p: True) -> dict:
         dev = ", ".join(s["devices"]) or "the host CPU (no device in the trace)"
         out["label"] = (f"measured on {dev}, as recorded in the trace; FLOPs and bytes per op are estimated "
                         f"from input shapes")
+    from tilescope.trace._report import hta_analyses
+
+    # HTA's analyses (temporal breakdown, kernel types, overlap, launches, queues, bandwidth,
+    # critical path, kernel sequences): the same data `tilescope report` prints
+    out["analyses"] = hta_analyses(trace, trace.op_table(limit=15).to_pylist(), 5)
     return _rounded(json.loads(json.dumps(out, default=float)))
 
 

@@ -16,9 +16,10 @@ This package imports DuckDB only when a trace is opened, so ``tilescope --help``
 from __future__ import annotations
 
 from ._jsonscan import TraceFormatError
-from ._schema import TABLES
+from ._schema import CATEGORY_KINDS, TABLES
 
-__all__ = ["open", "diff", "Trace", "TraceFormatError", "TraceWarning", "TABLES", "GPU_PEAKS"]
+__all__ = ["open", "diff", "Trace", "TraceFormatError", "TraceWarning", "TABLES", "CATEGORY_KINDS", "VENDORS",
+           "GPU_PEAKS"]
 
 
 def open(paths, *, align: str = "none", progress: bool | None = None, refresh: bool = False):  # noqa: A001
@@ -46,6 +47,10 @@ def __getattr__(name):
         from . import _trace
 
         return getattr(_trace, name)
+    if name == "VENDORS":
+        from ._devices import VENDORS
+
+        return VENDORS
     if name == "GPU_PEAKS":
         from ._roofline import GPU_PEAKS
 

@@ -363,6 +363,10 @@ class ChromeTraceScanner:
                 + (", dropped the incomplete last one" if dropped else "")
             )
             self._tail = bytearray()
+            if self._top == b"{" and not self._skeleton_overflow:
+                # the header before the array (deviceProperties, distributedInfo -> rank) is
+                # whole: close the array and the document and read it
+                self.metadata = self._parse_metadata(bytes(self._skeleton).rstrip(_WS) + b"]}")
             return
         if not self._events_seen and self._top == b"{":
             keys = []
@@ -396,11 +400,13 @@ class ChromeTraceScanner:
             text = bytes(self._skeleton)
         if self._skeleton_overflow:
             return
+        self.metadata = self._parse_metadata(text)
+
+    def _parse_metadata(self, text: bytes) -> dict:
+        """The top-level object outside the events (a warning, and {}, when it is not JSON)."""
         try:
             meta = json.loads(text.decode("utf-8", errors="replace"))
         except ValueError as e:
             self.warnings.append(f"{self.name}: trace metadata outside 'traceEvents' is not valid JSON ({e}); ignored")
             meta = {}
-        if not isinstance(meta, dict):
-            meta = {}
-        self.metadata = meta
+        return meta if isinstance(meta, dict) else {}

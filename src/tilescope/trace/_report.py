@@ -30,9 +30,12 @@ def _time_label(trace) -> str:
     if trace.modeled:
         return "modeled"
     devs = trace.device_names()
+    vendors = sorted({v for v in trace.vendors().values() if v})
     if devs:
-        return "measured on " + ", ".join(devs)
+        return "measured on " + ", ".join(devs) + (f" ({', '.join(vendors)})" if vendors else "")
     has_device = trace.sql("SELECT count(*) FROM events WHERE side = 'device'").fetchall()[0][0]
+    if has_device and vendors:
+        return "measured on " + ", ".join(f"a {v} device" for v in vendors)
     # device work with no deviceProperties (a truncated or filtered trace): which GPU is unknown
     return "measured on an unnamed device" if has_device else "measured on the recording machine (CPU)"
 
@@ -46,6 +49,7 @@ def report_dict(trace, top: int = 15) -> dict:
            "device_lanes": trace.breakdown().to_pylist(),
            "gaps": _gap_totals(trace),
            "roofline": (trace.roofline().slice(0, top) if top else trace.roofline()).to_pylist()}  # 0: all
+    out.update(hta_analyses(trace, out["ops"], top))
     if s["instructions"]:
         out["engines"] = trace.engine_breakdown().to_pylist()
     generic = trace.generic_share() if trace.modeled else None
@@ -54,6 +58,23 @@ def report_dict(trace, top: int = 15) -> dict:
         out["generic"] = generic
     if s["ranks"] and len(s["ranks"]) > 1:
         out["ranks"] = trace.ranks_summary().to_pylist()
+    return out
+
+
+def hta_analyses(trace, ops: list[dict], top: int = 15) -> dict:
+    """HTA's analyses as plain data: temporal breakdown and kernel types per rank, communication
+    overlap, launch statistics, queue length and memory bandwidth summaries, the critical path's
+    time per kind (first rank) and the frequent kernel sequences of the op with the most device time."""
+    from ._critical import critical_path_summary
+
+    out = {"temporal": trace.temporal_breakdown().to_pylist(), "kernel_types": trace.kernel_types().to_pylist(),
+           "comm_comp_overlap": trace.comm_comp_overlap().to_pylist(), "launch_stats": trace.launch_stats().to_pylist(),
+           "queue_length": trace.queue_length_summary().to_pylist(),
+           "memory_bandwidth": trace.memory_bandwidth_summary().to_pylist()}
+    out["critical_path"] = critical_path_summary(trace.critical_path()) if out["temporal"] else []
+    first = next((r["name"] for r in ops if r.get("device_calls")), None)
+    seq = trace.kernel_sequences(first, min_length=2, top=min(top or 5, 5)).to_pylist() if first else []
+    out["kernel_sequences"] = {"op": first, "sequences": seq}
     return out
 
 
@@ -112,6 +133,7 @@ def print_report(trace, console, top: int = 15) -> None:
                       fmt_ns(r["busy_ns"]), fmt_ns(r["kernel_ns"]), fmt_ns(r["memcpy_ns"]), fmt_ns(r["memset_ns"]),
                       f"{r['busy_share']:.1%}")
         console.print(t)
+    _print_hta(d, console, label)
     if d.get("engines"):
         t = Table(title="engines (modeled)")
         for c in ("engine", "instructions", "busy", "bytes", "FLOPs"):
@@ -136,6 +158,82 @@ def print_report(trace, console, top: int = 15) -> None:
             pct = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
             t.add_row(resc(str(r["name"])[:50]), f"{r['flops']:,.0f}", f"{r['bytes']:,.0f}", f"{r['intensity']:.2f}",
                       f"{r['tflops']:.3f}", f"{r['gbps']:.1f}", pct(r["mfu"]), pct(r["mbu"]), pct(r["pct_of_roofline"]))
+        console.print(t)
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.1f}%"
+
+
+def _print_hta(d, console, label: str) -> None:
+    """Temporal breakdown, kernel types, overlap, launches, queues, bandwidth, critical path, sequences."""
+    from rich.markup import escape as resc
+    from rich.table import Table
+
+    if d["temporal"]:
+        t = Table(title=f"temporal breakdown per rank (of the device span; {label})")
+        for c in ("rank", "device span", "idle", "compute", "non-compute", "comm. overlapped by compute"):
+            t.add_column(c, justify="right")
+        ov = {r["rank"]: r for r in d["comm_comp_overlap"]}
+        for r in d["temporal"]:
+            o = ov.get(r["rank"])
+            t.add_row(str(r["rank"]), fmt_ns(r["span_ns"]), f"{fmt_ns(r['idle_ns'])} ({_pct(r['idle_pct'])})",
+                      f"{fmt_ns(r['compute_ns'])} ({_pct(r['compute_pct'])})",
+                      f"{fmt_ns(r['non_compute_ns'])} ({_pct(r['non_compute_pct'])})",
+                      "-" if not o else f"{fmt_ns(o['overlapped_ns'])} of {fmt_ns(o['communication_ns'])} "
+                                        f"({_pct(100 * (o['overlap_ratio'] or 0))})")
+        console.print(t)
+        t = Table(title=f"device time by kernel type, with overlaps ({label})")
+        for c in ("rank", "kernel type", "time", "share"):
+            t.add_column(c, justify="left" if c == "kernel type" else "right")
+        for r in d["kernel_types"]:
+            t.add_row(str(r["rank"]), r["kernel_type"], fmt_ns(r["time_ns"]), _pct(100 * (r["share"] or 0)))
+        console.print(t)
+    if d["launch_stats"]:
+        t = Table(title="launches: host launch call vs device work (host measured)")
+        for c in ("rank", "launches", "mean launch", "mean device", "mean delay", "device < launch", "long launches",
+                  "long delays"):
+            t.add_column(c, justify="right")
+        for r in d["launch_stats"]:
+            t.add_row(str(r["rank"]), f"{r['launches']:,}", fmt_ns(r["mean_cpu_duration_ns"]),
+                      fmt_ns(r["mean_gpu_duration_ns"]), fmt_ns(r["mean_launch_delay_ns"]), f"{r['short_kernels']:,}",
+                      f"{r['long_launches']:,}", f"{r['long_delays']:,}")
+        console.print(t)
+    if d["queue_length"]:
+        t = Table(title="queue length per device lane (launched, not yet started)")
+        for c in ("rank", "lane", "mean (time-weighted)", "max", "time at max"):
+            t.add_column(c, justify="left" if c == "lane" else "right")
+        for r in d["queue_length"]:
+            tw = r["time_weighted_mean"]
+            t.add_row(str(r["rank"]), resc(str(r["identifier"]).strip()), "-" if tw is None else f"{tw:.2f}",
+                      f"{r['max']:,}", fmt_ns(r["time_at_max_ns"]))
+        console.print(t)
+    if d["memory_bandwidth"]:
+        t = Table(title=f"memory copies: bandwidth ({label})")
+        for c in ("rank", "copy type", "copies", "bytes", "busy", "achieved GB/s", "peak GB/s"):
+            t.add_column(c, justify="left" if c == "copy type" else "right")
+        for r in d["memory_bandwidth"]:
+            g = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
+            t.add_row(str(r["rank"]), resc(r["copy_type"]), f"{r['copies']:,}",
+                      "-" if r["bytes"] is None else f"{r['bytes']:,}", fmt_ns(r["busy_ns"]), g(r["achieved_gbps"]),
+                      g(r["series_max_gbps"]))
+        console.print(t)
+    if d["critical_path"]:
+        t = Table(title="critical path (first rank): time per kind")
+        for c in ("kind", "time", "share"):
+            t.add_column(c, justify="left" if c == "kind" else "right")
+        for r in d["critical_path"]:
+            t.add_row(r["kind"], fmt_ns(r["ns"]), _pct(100 * r["share"]))
+        console.print(t)
+    ks = d["kernel_sequences"]
+    if ks["sequences"]:
+        t = Table(title=f"frequent kernel sequences of {resc(ks['op'])}")
+        for c in ("sequence", "count", "device time"):
+            t.add_column(c, justify="left" if c == "sequence" else "right")
+        for r in ks["sequences"]:
+            names = r["pattern"].split("|")[1:]
+            text = " > ".join(n[:40] for n in names[:6]) + (f" > ... ({len(names)} kernels)" if len(names) > 6 else "")
+            t.add_row(resc(text), f"{r['count']:,}", fmt_ns(r["device_ns"]))
         console.print(t)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 __all__ = ["SCHEMA_VERSION", "TABLES", "RAW_JSON_COLUMNS", "TS_EXACT_TYPE", "ARG_COLUMNS", "CATEGORY_KINDS", "kind_case_sql",
            "arg_columns_sql", "arg_paths_sql"]
 
-SCHEMA_VERSION = 5  # 4: the typed args columns are stored at ingest; 5: executables.shapes
+SCHEMA_VERSION = 6  # 4: the typed args columns are stored at ingest; 5: executables.shapes; 6: device lanes by process label
 
 # Columns read from each trace record by DuckDB's JSON reader. Times are microseconds; a
 # double holds them exactly to the nanosecond below 2**53 ns (~104 days: relative clocks,
@@ -134,6 +134,17 @@ CATEGORY_KINDS = (
     ("gpu_memset", None, "memset", "device"),
     ("gpu_user_annotation", None, "annotation", "device"),
     ("cuda_sync", None, "sync", "device"),
+    # Meta MTIA: device work is one category; DMA transfers and stream events are told apart by name
+    ("mtia_ccp_events", "dma", "memcpy", "device"),
+    ("mtia_ccp_events", "event_", "sync", "device"),   # event_wait / event_record order streams: no work
+    ("mtia_ccp_events", None, "kernel", "device"),
+    ("mtia_runtime", None, "launch", "host"),
+    # Intel XPU, Intel Gaudi (HPU) and PrivateUse1 backends: host runtime calls (their device
+    # work is Kineto's kernel / gpu_memcpy / gpu_memset above)
+    ("xpu_runtime", None, "launch", "host"),
+    ("hpu_op", None, "launch", "host"),
+    ("privateuse1_runtime", None, "launch", "host"),
+    ("privateuse1_driver", None, "launch", "host"),
     ("runtime", None, "launch", "host"),         # tilescope runtime queue: execute <op>
     ("hardware", None, "kernel", "device"),      # tilescope hardware: exec_running <op>
     ("memcpy", None, "memcpy", "device"),        # tilescope host<->device copies

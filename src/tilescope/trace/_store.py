@@ -30,12 +30,13 @@ import duckdb
 
 from .. import __version__
 from . import _native
+from ._devices import device_process_sql
 from ._ingest import ingest_chrome_file
 from ._jsonscan import TraceFormatError
 from ._profile import instruction_rows, read_itrace_pair, read_profile_dir
 from ._schema import CATEGORY_KINDS, SCHEMA_VERSION, TABLES
 
-__all__ = ["cache_root", "build_entry", "classify_source", "ensure_lanes", "ensure_lod", "lod_levels", "LOD_LEVELS"]
+__all__ = ["cache_root", "build_entry", "classify_source", "distributed_info", "ensure_lanes", "ensure_lod", "lod_levels", "LOD_LEVELS"]
 
 LOD_BASE_BUCKETS = 1024  # buckets across the entry's span at level 0
 LOD_LEVELS = 5  # each level has 4x more buckets: 1k, 4k, 16k, 64k, 256k
@@ -64,6 +65,26 @@ def classify_source(path: str) -> str:
     if os.path.basename(path).startswith("exec_") and path.endswith(".json"):
         return "executable"
     return "chrome"
+
+
+def distributed_info(metadata: dict) -> dict:
+    """The trace's ``distributedInfo`` as a dict. Some Kineto builds write it as the text of a
+    Python dict (``"{'backend': 'mtia:hccl', 'rank': 0, ...}"``), read here as a literal.
+
+    >>> distributed_info({"distributedInfo": "{'backend': 'nccl', 'rank': 3}"})["rank"]
+    3
+    >>> distributed_info({"distributedInfo": "rank three"}), distributed_info({})
+    ({}, {})
+    """
+    dist = metadata.get("distributedInfo")
+    if isinstance(dist, str):
+        import ast
+
+        try:
+            dist = ast.literal_eval(dist)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            dist = None
+    return dist if isinstance(dist, dict) else {}
 
 
 def _key(path: str, kind: str) -> str:
@@ -137,7 +158,9 @@ def _build_lanes(con, entry: str, rank: int, dst: str | None = None) -> None:
       FROM read_parquet('{glob}', hive_partitioning=false) WHERE ph NOT IN ('M', 's', 't', 'f', 'B', 'E') GROUP BY pid, tid)
     SELECT {rank}::INTEGER AS rank, st.pid, st.tid, pn.process_name, tn.thread_name, pl.labels,
            st.events, st.first_ns, st.last_ns,
-           CASE WHEN st.dev * 2 > st.events OR pl.labels LIKE 'GPU%' THEN 'device' ELSE 'host' END AS side
+           -- a device process (labelled "GPU 0", "MTIA 9", ...: _devices.DEVICE_PROCESS), or mostly device work
+           CASE WHEN st.dev * 2 > st.events OR {device_process_sql('pl.labels')} OR {device_process_sql('pn.process_name')}
+                THEN 'device' ELSE 'host' END AS side
     FROM st LEFT JOIN pn USING (pid) LEFT JOIN pl USING (pid) LEFT JOIN tn USING (pid, tid)
     ) TO '{dst or os.path.join(entry, "lanes.parquet")}' (FORMAT parquet)"""
     con.execute(sql)
@@ -330,7 +353,7 @@ def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool
             meta["warnings"] += res.warnings
             md = res.metadata
             meta["trace_metadata"] = {k: v for k, v in md.items() if k != "traceEvents"}
-            dist = md.get("distributedInfo") if isinstance(md.get("distributedInfo"), dict) else {}
+            dist = distributed_info(md)
             if rank is None and isinstance(dist.get("rank"), int):
                 r = dist["rank"]
         else:

@@ -104,7 +104,22 @@ class Trace:
                     ensure_lanes(con, e, r)
             self._con = con
             self._make_views()
+            self._check_devices()
         return self._con
+
+    def _check_devices(self) -> None:
+        """Warn about events that look like device work but that no rule classifies (so a
+        trace from an accelerator tilescope does not know is never reported as CPU-only)."""
+        from ._devices import CATEGORY_HINT, unclassified_device_events
+
+        found = unclassified_device_events(self._con)
+        if found:
+            listed = "; ".join(f"{cat} ({n:,} events, {where})" for where, cat, n in found[:6])
+            more = f" and {len(found) - 6} more" if len(found) > 6 else ""
+            msg = (f"device-looking events that no rule classifies: {listed}{more}. They are left out of device "
+                   f"time, kernels and gaps; {CATEGORY_HINT}")
+            self.warnings.append(msg)
+            _warnings.warn(msg, TraceWarning, stacklevel=4)
 
     def _ensure_lod(self) -> bool:
         """Build the level-of-detail tables the windowed query reads (first call only)."""
@@ -259,6 +274,38 @@ class Trace:
                 names.append(f"tilescope {dev['preset']}")
         return names
 
+    def vendors(self) -> dict[int, str | None]:
+        """Per rank, whose accelerator recorded the trace (``_devices.VENDORS``: from categories,
+        launch names, device process labels, deviceProperties and the distributed backend);
+        None for a rank with no device evidence (a CPU-only trace).
+
+        >>> tt.open("mtia_rank_0.json.gz").vendors()          # doctest: +SKIP
+        {0: 'Meta MTIA'}
+        """
+        from ._devices import vendor_of
+        from ._store import distributed_info
+
+        if "vendors" not in self._cache:
+            facts: dict[int, set[str]] = {r: set() for r in self.ranks}
+            for rank, fact in self.con.execute("""
+                SELECT DISTINCT rank, 'cat:' || cat FROM events WHERE ph = 'X' AND cat IS NOT NULL
+                UNION ALL
+                SELECT DISTINCT rank, 'name:' || name FROM events WHERE kind = 'launch' AND name ILIKE '%launch%'
+                UNION ALL
+                SELECT DISTINCT rank, 'label:' || process_name FROM lanes WHERE side = 'device' AND process_name IS NOT NULL
+                """).fetchall():
+                facts.setdefault(rank, set()).add(fact)
+            for r, m in zip(self.ranks, self.meta):
+                md = m.get("trace_metadata") or {}
+                for d in md.get("deviceProperties") or []:
+                    if isinstance(d, dict) and d.get("name"):
+                        facts[r].add(f"device:{d['name']}")
+                backend = distributed_info(md).get("backend")
+                if isinstance(backend, str):
+                    facts[r].add(f"backend:{backend}")
+            self._cache["vendors"] = {r: vendor_of(f) for r, f in facts.items()}
+        return self._cache["vendors"]
+
     def preset_name(self) -> str | None:
         for m in self.meta:
             dev = (m.get("manifest") or {}).get("device") or {}
@@ -323,79 +370,172 @@ class Trace:
 
     # ---- analyses (one module each) ----------------------------------------------------
     def summary(self) -> dict:
+        """Counts by kind and category, span, device busy time, lanes, warnings (plain dict)."""
         from ._summary import summary
 
         return summary(self)
 
-    def op_table(self, **kw):
+    def op_table(self, *, kinds: tuple[str, ...] = ("op",), by_shape: bool = False, limit: int | None = None,
+                 sort: str = "device_total_ns"):
+        """key_averages-like table: calls, host total/self, device total/self per op name (and
+        input shapes with ``by_shape``); ``sort`` by device_total_ns, device_self_ns,
+        host_total_ns, host_self_ns or calls. See ``_ops.op_table``."""
         from ._ops import op_table
 
-        return op_table(self, **kw)
+        return op_table(self, kinds=kinds, by_shape=by_shape, limit=limit, sort=sort)
 
-    def kernels(self, **kw):
+    def kernels(self, *, limit: int | None = None, kinds: tuple[str, ...] = ("kernel", "memcpy", "memset")):
+        """Device work by name: calls, total, mean, min, max (ns), lanes, share of device time."""
         from ._ops import kernel_table
 
-        return kernel_table(self, **kw)
+        return kernel_table(self, limit=limit, kinds=kinds)
 
-    def breakdown(self, **kw):
+    def breakdown(self, *, side: str = "device"):
+        """Per lane of ``side`` ('device' or 'host'): busy time (union), kernel / memcpy / memset split."""
         from ._breakdown import breakdown
 
-        return breakdown(self, **kw)
+        return breakdown(self, side=side)
 
-    def engine_breakdown(self, **kw):
+    def engine_breakdown(self, *, program_hash: str | None = None):
+        """tilescope: per engine (TensorE, VectorE, DMA queues ...), modeled busy time, bytes, FLOPs."""
         from ._breakdown import engine_breakdown
 
-        return engine_breakdown(self, **kw)
+        return engine_breakdown(self, program_hash=program_hash)
 
-    def gaps(self, **kw):
+    def gaps(self, *, min_ns: int = 0):
+        """Idle gaps of at least ``min_ns``, classified (device waits on host / runtime / other;
+        host waits on device)."""
         from ._gaps import idle_gaps
 
-        return idle_gaps(self, **kw)
+        return idle_gaps(self, min_ns=min_ns)
+
+    def kernel_types(self, *, busy_kinds: tuple[str, ...] = ("kernel", "memcpy", "memset")):
+        """Per rank: device time split into compute / communication / memory and the time each
+        combination overlaps ('compute + communication', ...): HTA's kernel-type breakdown.
+        Types come from ``_utilization.KERNEL_TYPES``."""
+        from ._utilization import kernel_type_breakdown
+
+        return kernel_type_breakdown(self, busy_kinds=busy_kinds)
+
+    def temporal_breakdown(self, *, busy_kinds: tuple[str, ...] = ("kernel", "memcpy", "memset")):
+        """Per rank: idle / compute / non-compute time and percentages of the device span (HTA's
+        temporal breakdown). Add ``'sync'`` to ``busy_kinds`` to count stream waits as busy, as HTA does."""
+        from ._utilization import temporal_breakdown
+
+        return temporal_breakdown(self, busy_kinds=busy_kinds)
+
+    def comm_comp_overlap(self):
+        """Per rank: communication time, the part of it overlapped by computation, their ratio."""
+        from ._utilization import comm_comp_overlap
+
+        return comm_comp_overlap(self)
+
+    def launch_stats(self, *, launch_names: tuple[str, ...] | None = None, long_launch_ns: int = 50_000,
+                     long_delay_ns: int = 100_000):
+        """Per rank: launch pairs, CPU launch vs device duration, launch delay, and the outliers
+        (short kernels, launches over ``long_launch_ns``, delays over ``long_delay_ns``).
+        ``launch_names``: only those calls (``_launches.LAUNCH_NAMES_HTA`` is HTA's set)."""
+        from ._launches import launch_stats
+
+        return launch_stats(self, launch_names=launch_names, long_launch_ns=long_launch_ns,
+                            long_delay_ns=long_delay_ns)
+
+    def launches(self, *, launch_names: tuple[str, ...] | None = None, rank: int | None = None):
+        """One row per (launch call, device work) pair with cpu_duration_ns, gpu_duration_ns, launch_delay_ns."""
+        from ._launches import launch_pairs
+
+        return launch_pairs(self, launch_names=launch_names, rank=rank)
+
+    def queue_length(self, *, launch_names: tuple[str, ...] | None = None, rank: int | None = None):
+        """Outstanding device work per device lane over time (a step function: one row per change)."""
+        from ._launches import queue_length
+
+        return queue_length(self, launch_names=launch_names, rank=rank)
+
+    def queue_length_summary(self, *, launch_names: tuple[str, ...] | None = None):
+        """Per device lane: changes, mean and max queue length, time-weighted mean, time at the max."""
+        from ._launches import queue_length_summary
+
+        return queue_length_summary(self, launch_names=launch_names)
+
+    def memory_bandwidth(self, *, rank: int | None = None):
+        """Memory-copy bandwidth over time per copy type (Memcpy HtoD / DtoH / DtoD, Memset, DMA)."""
+        from ._launches import memory_bandwidth
+
+        return memory_bandwidth(self, rank=rank)
+
+    def memory_bandwidth_summary(self):
+        """Per copy type: copies, bytes, busy time, achieved GB/s, the bandwidth series' mean and max."""
+        from ._launches import memory_bandwidth_summary
+
+        return memory_bandwidth_summary(self)
+
+    def kernel_sequences(self, op_name: str, *, min_length: int = 3, rank: int | None = None, top: int = 10):
+        """The most frequent sequences of device work launched by the outermost ops named like ``op_name``."""
+        from ._sequences import kernel_sequences
+
+        return kernel_sequences(self, op_name, min_length=min_length, rank=rank, top=top)
+
+    def critical_path(self, *, rank: int | None = None):
+        """The chain of host and device work that set the end time, walked back from the last
+        device work: per-segment rows and what bounded it (see ``_critical``)."""
+        from ._critical import critical_path
+
+        return critical_path(self, rank=rank)
 
     def lineage(self, eid: int) -> list[dict]:
+        """From any hop, the chain parents -> op -> launch(es) -> device execution(s) -> instructions."""
         from ._lineage import lineage
 
         return lineage(self, eid)
 
     def execution(self, eid: int) -> dict:
+        """tilescope: one device execution's instructions (modeled) and per-engine busy time."""
         from ._lineage import execution
 
         return execution(self, eid)
 
     def lowerings(self):
+        """tilescope: modeled kernel time per lowering rule."""
         from ._lowering import lowering_table
 
         return lowering_table(self)
 
-    def generic_share(self, **kw) -> dict | None:
+    def generic_share(self, *, top: int = 5) -> dict | None:
+        """tilescope: the generic lowering's share of modeled kernel time and its ``top`` (op, shapes)."""
         from ._lowering import generic_share
 
-        return generic_share(self, **kw)
+        return generic_share(self, top=top)
 
-    def roofline(self, **kw):
+    def roofline(self, *, peak_tflops: float | None = None, peak_gbps: float | None = None):
+        """FLOPs, bytes, intensity, MFU, MBU, % of roofline per op / executable (peaks overridable)."""
         from ._roofline import roofline
 
-        return roofline(self, **kw)
+        return roofline(self, peak_tflops=peak_tflops, peak_gbps=peak_gbps)
 
-    def memory(self, **kw):
+    def memory(self, *, device_only: bool = True):
+        """Peak device memory per op (Kineto profile_memory traces)."""
         from ._memory import peak_memory
 
-        return peak_memory(self, **kw)
+        return peak_memory(self, device_only=device_only)
 
     def ranks_summary(self):
+        """Per rank: events, ops, kernels, span, device busy / span / active / idle."""
         from ._summary import ranks_summary
 
         return ranks_summary(self)
 
-    def window(self, t0_ns=None, t1_ns=None, lanes=None, pixels: int = 1000, **kw):
+    def window(self, t0_ns=None, t1_ns=None, lanes=None, pixels: int = 1000, *, max_events: int = 20000):
+        """The explorer's level-of-detail query (see docs/trace-analysis.md, "The windowed query")."""
         from ._window import window
 
-        return window(self, t0_ns, t1_ns, lanes, pixels, **kw)
+        return window(self, t0_ns, t1_ns, lanes, pixels, max_events=max_events)
 
-    def replay(self, preset, **kw) -> "Trace":
+    def replay(self, preset, *, out_dir: str | None = None) -> "Trace":
+        """What-if: the profile's Programs re-simulated on another preset (modeled)."""
         from ._replay import replay
 
-        return replay(self, preset, **kw)
+        return replay(self, preset, out_dir=out_dir)
 
     def __repr__(self) -> str:
         n = sum(m.get("events") or 0 for m in self.meta)

@@ -7,6 +7,39 @@ function card(k, v, title = "") {
   return `<div class="card" title="${esc(title)}"><div class="v">${v}</div><div class="k">${esc(k)}</div></div>`;
 }
 
+// HTA's analyses (same data as `tilescope report`): one small table each, columns as given.
+function rowsTable(title, rows, cols, testid) {
+  if (!rows || !rows.length) return "";
+  const cell = (c, r) => c[2] ? c[2](r[c[0]]) : esc(String(r[c[0]] ?? "–"));
+  return `<h3>${esc(title)}</h3><table class="data" data-testid="${testid}"><tr>${cols.map((c) => `<th class="text">${esc(c[1])}</th>`).join("")}</tr>
+    ${rows.map((r) => `<tr>${cols.map((c) => `<td>${cell(c, r)}</td>`).join("")}</tr>`).join("")}</table>`;
+}
+
+function analysesHtml(a) {
+  if (!a) return "";
+  const p = (v) => (v === null || v === undefined ? "–" : `${num(v, 1)}%`);
+  const share = (v) => pct(v);
+  return [
+    rowsTable("Temporal breakdown (of the device span)", a.temporal, [["rank", "rank"], ["span_ns", "device span", ns],
+      ["idle_pct", "idle", p], ["compute_pct", "compute", p], ["non_compute_pct", "non-compute", p]], "temporal"),
+    rowsTable("Device time by kernel type, with overlaps", a.kernel_types, [["rank", "rank"], ["kernel_type", "kernel type"],
+      ["time_ns", "time", ns], ["share", "share", share]], "kernel-types"),
+    rowsTable("Communication overlapped by computation", a.comm_comp_overlap, [["rank", "rank"],
+      ["communication_ns", "communication", ns], ["overlapped_ns", "overlapped", ns], ["overlap_ratio", "ratio", share]], "comm-overlap"),
+    rowsTable("Launches: host launch call vs device work", a.launch_stats, [["rank", "rank"], ["launches", "launches", num],
+      ["mean_cpu_duration_ns", "mean launch", ns], ["mean_gpu_duration_ns", "mean device", ns],
+      ["mean_launch_delay_ns", "mean delay", ns], ["short_kernels", "device < launch", num],
+      ["long_launches", "long launches", num], ["long_delays", "long delays", num]], "launch-stats"),
+    rowsTable("Queue length per device lane", a.queue_length, [["rank", "rank"], ["identifier", "lane"],
+      ["time_weighted_mean", "mean (time-weighted)", (v) => num(v, 2)], ["max", "max", num], ["time_at_max_ns", "time at max", ns]], "queue-length"),
+    rowsTable("Memory copies: bandwidth", a.memory_bandwidth, [["rank", "rank"], ["copy_type", "copy type"], ["copies", "copies", num],
+      ["bytes", "bytes", bytes], ["achieved_gbps", "achieved GB/s", (v) => num(v, 1)], ["series_max_gbps", "peak GB/s", (v) => num(v, 1)]], "memory-bw"),
+    rowsTable("Critical path (first rank)", a.critical_path, [["kind", "kind"], ["ns", "time", ns], ["share", "share", share]], "critical-path"),
+    rowsTable(`Frequent kernel sequences of ${a.kernel_sequences.op || "–"}`, a.kernel_sequences.sequences,
+      [["pattern", "sequence", (v) => esc(v.split("|").slice(1).join(" > "))], ["count", "count", num], ["device_ns", "device time", ns]], "kernel-sequences"),
+  ].join("");
+}
+
 export class SummaryView {
   constructor(app, profile, meta) {
     this.app = app; this.profile = profile; this.meta = meta;
@@ -76,6 +109,7 @@ export class SummaryView {
     const doc = this.meta.doctor.length
       ? this.meta.doctor.map((d) => `<div class="rec"><span class="code">${esc(d.severity)} · ${esc(d.code)}</span> ${esc(d.message)}<div class="fix">→ ${esc(d.fix)}</div></div>`).join("")
       : "";
+    const analyses = analysesHtml(s.analyses);
     this.el.innerHTML = `
       <h2>${esc(this.profile.label)} ${badge}</h2>
       <p class="muted" data-testid="label">${esc(s.label)}</p>
@@ -84,6 +118,7 @@ export class SummaryView {
       ${doc ? `<h3>Profile doctor</h3>${doc}` : ""}
       ${generic}
       ${engines}
+      ${analyses}
       ${gaps ? `<h3>Idle gaps by class</h3><p class="muted">each device lane (a stream, a core) has its own gaps; totals add the lanes up, so they can exceed the span</p><table class="data" style="max-width:600px"><tr><th class="text">class</th><th>gaps</th><th>total</th></tr>${gaps}</table>` : ""}
       <p class="muted">Export: <a href="${href(`/api/p/${this.profile.id}/export/summary.json`)}" download>summary.json</a> ·
       same data on the command line: <span class="mono">tilescope explore PATH --json /api/p/${this.profile.id}/summary</span></p>`;

@@ -1,0 +1,127 @@
+"""Critical path: the chain of host and device work that set a rank's end time.
+
+Walked back from the rank's last device work by the last-arriving predecessor (what a piece of
+work waited for is whichever of its inputs became ready last):
+
+- device work waited for its **launch** (the launch call returned after the previous work on
+  its stream ended: the segment in between is ``launch_delay``, then the path goes to the host)
+  or for the **previous work on its stream** (``stream_wait`` when there is a gap: a
+  dependency or an event wait; none when back-to-back);
+- a launch call was reached by its host thread running: back to the previous synchronize call
+  on that thread (``host``: the CPU time in between), or to the thread's first event;
+- a synchronize call returned when the device work it waited for ended: the device work that
+  ended last within the call (``sync``: the time from that end to the call's return).
+
+Each row is one segment, in time order: rank, kind (``device``, ``host``, ``launch_delay``,
+``stream_wait``, ``sync``), name, lane, start_ns, end_ns, dur_ns, eid. The segments tile the path
+without gaps, so their durations add up to its length (tested).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._gaps import SYNC_NAMES
+from ._nesting import ensure_hierarchy
+
+__all__ = ["critical_path", "critical_path_summary"]
+
+
+# host calls that block until device work is done (cudaStreamWaitEvent only enqueues a wait)
+BLOCKING = tuple(n for n in SYNC_NAMES if "WaitEvent" not in n)
+
+
+def _arrays(trace, rank: int):
+    syncs = " OR ".join(f"name ILIKE '%{s}%'" for s in BLOCKING)
+    dev = trace.sql(f"""SELECT d.eid, d.lane, d.ts_ns, d.end_ns, d.name, coalesce(k.launch_eid, -1) AS launch_eid
+                        FROM events d LEFT JOIN _links k ON k.dev_eid = d.eid
+                        WHERE d.rank = {rank} AND d.ph = 'X' AND d.side = 'device' AND d.kind IN ('kernel', 'memcpy', 'memset')
+                          AND d.dur_ns IS NOT NULL ORDER BY d.lane, d.end_ns, d.ts_ns, d.eid""").fetchnumpy()
+    host = trace.sql(f"""SELECT eid, lane, ts_ns, end_ns, name, ({syncs}) AS is_sync FROM events
+                         WHERE rank = {rank} AND ph = 'X' AND side = 'host' AND dur_ns IS NOT NULL
+                           AND (kind = 'launch' OR ({syncs})) ORDER BY lane, ts_ns, eid""").fetchnumpy()
+    first = dict(trace.sql(f"SELECT lane, min(first_ns) FROM lanes WHERE rank = {rank} GROUP BY lane").fetchall())
+    return dev, host, first
+
+
+def critical_path(trace, *, rank: int | None = None):
+    """The critical path of ``rank`` (default: the first rank) as segments; see the module doc.
+    Returns a pyarrow Table."""
+    import pyarrow as pa
+
+    ensure_hierarchy(trace)
+    r = trace.ranks[0] if rank is None else int(rank)
+    if r not in trace.ranks:
+        raise ValueError(f"rank {rank} is not in this trace (ranks: {trace.ranks})")
+    dev, host, first = _arrays(trace, r)
+    segs: list[tuple] = []  # (kind, name, lane, start, end, eid)
+    if len(dev["eid"]):
+        d_lane, d_ts, d_end = dev["lane"].astype(np.int64), dev["ts_ns"].astype(np.int64), dev["end_ns"].astype(np.int64)
+        d_launch = dev["launch_eid"].astype(np.int64)
+        h_eid, h_lane = host["eid"].astype(np.int64), host["lane"].astype(np.int64)
+        h_ts, h_end = host["ts_ns"].astype(np.int64), host["end_ns"].astype(np.int64)
+        h_sync = np.asarray(host["is_sync"], dtype=bool)
+        h_row = {int(e): i for i, e in enumerate(h_eid.tolist())}
+        lane_rows = {int(ln): np.flatnonzero(d_lane == ln) for ln in np.unique(d_lane).tolist()}
+        order_end = np.argsort(d_end, kind="stable")
+        i = int(np.argmax(d_end))  # the last device work to end
+        steps = 0
+        while i >= 0 and steps < 10 * len(d_ts) + 10:
+            steps += 1
+            segs.append(("device", dev["name"][i], int(d_lane[i]), int(d_ts[i]), int(d_end[i]), int(dev["eid"][i])))
+            rows = lane_rows[int(d_lane[i])]
+            k = np.searchsorted(d_end[rows], d_ts[i], side="right") - 1  # work on the stream ending by this start
+            prev = int(rows[k]) if k >= 0 else -1
+            prev_end = int(d_end[prev]) if prev >= 0 else None
+            li = h_row.get(int(d_launch[i]), -1)
+            if li >= 0 and (prev_end is None or h_end[li] >= prev_end):
+                if d_ts[i] > h_end[li]:
+                    segs.append(("launch_delay", "", int(d_lane[i]), int(h_end[li]), int(d_ts[i]), -1))
+                i = _host_back(segs, li, h_eid, h_lane, h_ts, h_end, h_sync, host["name"], d_end, order_end, first,
+                               min(int(d_ts[i]), int(h_end[li])))
+            elif prev >= 0:
+                if d_ts[i] > prev_end:
+                    segs.append(("stream_wait", "", int(d_lane[i]), prev_end, int(d_ts[i]), -1))
+                i = prev
+            else:
+                i = -1
+    segs.reverse()
+    cols = {"rank": [r] * len(segs), "kind": [s[0] for s in segs], "name": [s[1] for s in segs],
+            "lane": [s[2] for s in segs], "start_ns": [s[3] for s in segs], "end_ns": [s[4] for s in segs],
+            "dur_ns": [s[4] - s[3] for s in segs], "eid": [s[5] for s in segs]}
+    return pa.table(cols, schema=pa.schema([("rank", pa.int32()), ("kind", pa.string()), ("name", pa.string()),
+                                            ("lane", pa.int32()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+                                            ("dur_ns", pa.int64()), ("eid", pa.int64())]))
+
+
+def _host_back(segs, li, h_eid, h_lane, h_ts, h_end, h_sync, h_name, d_end, order_end, first, until) -> int:
+    """From launch call ``li`` back along its host thread to the previous synchronize call (and
+    through it to the device work it waited for); returns that device row, or -1 at the start."""
+    lane = int(h_lane[li])
+    segs.append(("host", h_name[li], lane, int(h_ts[li]), until, int(h_eid[li])))
+    on_lane = np.flatnonzero((h_lane == lane) & h_sync & (h_end <= h_ts[li]))
+    ends = d_end[order_end]
+    t = int(h_ts[li])
+    # the latest synchronize call before the launch that did wait for device work
+    for s in on_lane[np.argsort(-h_end[on_lane], kind="stable")].tolist():
+        j = np.searchsorted(ends, h_end[s], side="right") - 1
+        if j < 0 or ends[j] < h_ts[s]:
+            continue  # it returned without waiting: the host kept running through it
+        if t > h_end[s]:
+            segs.append(("host", "", lane, int(h_end[s]), t, -1))
+        d = int(order_end[j])
+        segs.append(("sync", h_name[s], lane, int(d_end[d]), int(h_end[s]), int(h_eid[s])))
+        return d
+    start = int(first.get(lane, t))
+    if start < t:
+        segs.append(("host", "", lane, start, t, -1))
+    return -1
+
+
+def critical_path_summary(path) -> list[dict]:
+    """Time on the path per segment kind, with its share of the path: plain rows."""
+    total = sum(path.column("dur_ns").to_pylist()) or 1
+    acc: dict[str, int] = {}
+    for k, d in zip(path.column("kind").to_pylist(), path.column("dur_ns").to_pylist()):
+        acc[k] = acc.get(k, 0) + d
+    return [{"kind": k, "ns": v, "share": v / total} for k, v in sorted(acc.items(), key=lambda kv: -kv[1])]
