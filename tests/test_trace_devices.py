@@ -7,6 +7,7 @@ The MTIA figures come from HolisticTraceAnalysis 0.5.0 on the committed real MTI
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
@@ -103,3 +104,45 @@ def test_truncated_plain_json_keeps_its_header(tmp_path):
 def test_distributed_info_written_as_python_text_gives_the_rank(tmp_path):
     p = write(str(tmp_path / "r.json.gz"), make_trace(VENDORS["mtia"], rank=5, dist_as_text=True))
     assert tt.open(p).ranks == [5]
+
+
+def test_a_dur_of_1e20_is_named_as_too_large(tmp_path):
+    tr = make_trace(VENDORS["cuda"], steps=1, kernels=1)
+    tr["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::huge", "pid": 100, "tid": 1,
+                              "ts": 1_000_500.0, "dur": 1e20})
+    p = write(str(tmp_path / "h.json"), tr)
+    with pytest.warns(tt.TraceWarning) as rec:
+        t = tt.open(p)
+    text = " ".join(str(w.message) for w in rec)
+    assert "1 events have a 'dur' too large to be a time" in text and "no numeric 'dur'" not in text
+    # kept as an instant: no call with a duration, nothing summed
+    assert "aten::huge" not in {r["name"] for r in t.op_table().to_pylist()}
+
+
+def test_calls_total_and_mean_count_the_same_events(tmp_path):
+    tr = make_trace(VENDORS["cuda"], steps=1, kernels=1)
+    for dur in (4.0, -3.0, None):  # a valid one, a negative one, one without dur
+        e = {"ph": "X", "cat": "cpu_op", "name": "aten::odd", "pid": 100, "tid": 1, "ts": 1_000_600.0}
+        if dur is not None:
+            e["dur"] = dur
+        tr["traceEvents"].append(e)
+    p = write(str(tmp_path / "c.json"), tr)
+    with pytest.warns(tt.TraceWarning):
+        t = tt.open(p)
+    row = {r["name"]: r for r in t.op_table().to_pylist()}["aten::odd"]
+    assert (row["calls"], row["host_total_ns"], row["host_avg_ns"]) == (1, 4000, 4000)
+
+
+def test_corruption_inside_a_gzip_stream_is_named_as_gzip_corruption(tmp_path):
+    import gzip as _gzip
+
+    raw = json.dumps(make_trace(VENDORS["cuda"], steps=200, kernels=3), indent=1).encode()
+    blob = bytearray(_gzip.compress(raw, 6))
+    mid = len(blob) // 2
+    for k in range(mid, mid + 64):  # scribble over the middle of the deflate stream
+        blob[k] ^= 0x5A
+    p = tmp_path / "corrupt.json.gz"
+    p.write_bytes(bytes(blob))
+    with pytest.raises(tt.TraceFormatError, match=r"corrupt\.json\.gz: (corrupt gzip data near compressed byte|gzip "
+                                                  r"stream ends early)"):
+        tt.open(str(p))

@@ -158,3 +158,13 @@ def test_critical_path_tiles_the_path_and_follows_launches(tmp_path, control):
         assert sum(r["dur_ns"] for r in t) == t[-1]["end_ns"] - t[0]["start_ns"]
     with pytest.raises(ValueError, match="rank 9 is not in this trace"):
         control.critical_path(rank=9)
+
+
+def test_diff_says_when_two_traces_are_different_programs(control):
+    other = tt.open(os.path.join(KINETO, "cuda_alexnet_small.json.gz"))
+    d = tt.diff(control, other, names=["ranking", "alexnet"])
+    assert d.fusion == [] and not d.overlap[0]["same_program"]
+    assert d.overlap[0]["ops"] < 0.25
+    assert any("look like different programs" in w and "no fusion is reported" in w for w in d.warnings)
+    same = tt.diff(control, tt.open(os.path.join(KINETO, "cuda_trace_diff_test.json.gz")))
+    assert same.overlap[0]["same_program"] and same.warnings == []

@@ -17,9 +17,32 @@ import pyarrow as pa
 from ._labels import distinct, short_label
 from ._nesting import ensure_hierarchy
 
-__all__ = ["diff", "TraceDiff", "FusionFinding"]
+__all__ = ["diff", "TraceDiff", "FusionFinding", "program_overlap", "SAME_PROGRAM_MIN_OVERLAP"]
 
 _STEP = re.compile(r"(#\d+|\*)$")  # ProfilerStep#3 and ProfilerStep* (a sim profile's) fold into ProfilerStep
+
+# Two traces are the same program when they share most of their op mix or their regions.
+# op overlap: the histogram intersection of the ops' shares of host self time (1: the same
+# mix, 0: no op in common; self time rather than calls, because bookkeeping ops -- empty, to,
+# detach, view -- are called by every model); region overlap: the Jaccard index of the
+# annotation / module region names.
+# Below this on both (or on ops alone when neither trace has regions), the diff says the
+# traces are different programs and reports no fusion: a fused run keeps its model's regions
+# (RMSNorm stays RMSNorm) even when its ops change, an unrelated model shares neither.
+SAME_PROGRAM_MIN_OVERLAP = 0.25
+_STEPS = frozenset({"ProfilerStep"})  # step markers are not regions of the model
+
+
+def program_overlap(ops_a: dict, ops_b: dict, regions_a: set, regions_b: set) -> dict:
+    """``{"ops": op overlap, "regions": region overlap or None}`` (see SAME_PROGRAM_MIN_OVERLAP).
+
+    >>> program_overlap({"aten::mm": 2, "aten::add": 2}, {"aten::mm": 1, "aten::relu": 3}, {"Linear"}, {"Linear", "ReLU"})
+    {'ops': 0.25, 'regions': 0.5}
+    """
+    ta, tb = sum(ops_a.values()) or 1, sum(ops_b.values()) or 1
+    ops = sum(min(ops_a[k] / ta, ops_b[k] / tb) for k in set(ops_a) & set(ops_b))
+    union = regions_a | regions_b
+    return {"ops": round(ops, 6), "regions": round(len(regions_a & regions_b) / len(union), 6) if union else None}
 
 
 @dataclass(frozen=True)
@@ -66,6 +89,8 @@ class TraceDiff:
     fusion: list[FusionFinding] = field(default_factory=list)
     per_step: bool = False
     modeled: list[bool] = field(default_factory=list)  # per trace: its times come from the device model
+    overlap: list[dict] = field(default_factory=list)  # per other trace: program_overlap() with the base
+    warnings: list[str] = field(default_factory=list)
 
     def times_label(self) -> str:
         """Where each column's times come from (``naive modeled, cuda measured``)."""
@@ -75,7 +100,8 @@ class TraceDiff:
         return {"names": self.names, "modeled": self.modeled, "per_step": self.per_step,
                 "summary": self.summary.to_pylist(),
                 "ops": self.ops.to_pylist(), "regions": self.regions.to_pylist(),
-                "fusion": [dict(f.__dict__, text=f.text()) for f in self.fusion]}
+                "fusion": [dict(f.__dict__, text=f.text()) for f in self.fusion],
+                "overlap": self.overlap, "warnings": self.warnings}
 
 
 def _profile(trace) -> dict:
@@ -171,9 +197,24 @@ def diff(*traces, names: list[str] | None = None) -> TraceDiff:
         regions[f"total_ns[{n}]"] = [p["regions"].get(r, (0, 0))[1] / d for r in all_regions]
     fusion = []
     base = profs[0]
-    for n, p, d in zip(names[1:], profs[1:], div[1:]):
+    overlap, warnings = [], []
+    for n, p in zip(names[1:], profs[1:]):
+        ov = program_overlap({k: v[1] or 0 for k, v in base["ops"].items()}, {k: v[1] or 0 for k, v in p["ops"].items()},
+                             set(base["regions"]) - _STEPS, set(p["regions"]) - _STEPS)
+        ov["other"] = n
+        ov["same_program"] = ov["ops"] >= SAME_PROGRAM_MIN_OVERLAP or (
+            ov["regions"] is not None and ov["regions"] >= SAME_PROGRAM_MIN_OVERLAP)
+        overlap.append(ov)
+        if not ov["same_program"]:
+            reg_text = "" if ov["regions"] is None else f" and {ov['regions']:.0%} of their regions"
+            warnings.append(f"{names[0]} and {n} look like different programs: they share {ov['ops']:.0%} of their "
+                            f"ops' host time{reg_text} (below {SAME_PROGRAM_MIN_OVERLAP:.0%}); the op and region tables compare "
+                            f"them, but no fusion is reported between them")
+    for n, p, d, ov in zip(names[1:], profs[1:], div[1:], overlap):
         if p["modeled"] != base["modeled"]:
             continue  # a modeled and a measured trace ran on different devices: their kernels differ anyway
+        if not ov["same_program"]:
+            continue  # unrelated models: ops that differ were never fused into one another
         for region in sorted(set(base["regions_dev"]) & set(p["regions_dev"])):
             a, b = base["regions_dev"][region], p["regions_dev"][region]
             gone = {k: v / div[0] for k, v in a["ops"].items() if k not in b["ops"]}
@@ -192,5 +233,6 @@ def diff(*traces, names: list[str] | None = None) -> TraceDiff:
                 after_bytes=b["bytes"] / d if b["has_bytes"] else None,
                 modeled=base["modeled"]))
     return TraceDiff(names=names, summary=pa.table(summ), ops=pa.table(ops), regions=pa.table(regions),
-                     fusion=fusion, per_step=per_step, modeled=[bool(p["modeled"]) for p in profs])
+                     fusion=fusion, per_step=per_step, modeled=[bool(p["modeled"]) for p in profs],
+                     overlap=overlap, warnings=warnings)
 

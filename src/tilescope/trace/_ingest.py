@@ -59,10 +59,12 @@ _FRACTIONAL_EPOCH_TS = re.compile(rb'"ts"\s*:\s*"?-?\d{13,}\.\d')
 
 
 def _ns(col: str, exact: bool) -> str:
-    """Microseconds -> integer nanoseconds without a double product (which rounds above 2**53)."""
+    """Microseconds -> integer nanoseconds without a double product (which rounds above 2**53).
+    NaN, infinities and values past int64 nanoseconds become NULL (TRY_CAST), not an error."""
     if exact:
-        return f"CAST({col} * 1000 AS BIGINT)"
-    return (f"(CAST(floor({col}) AS BIGINT) * 1000 + CAST(round(({col} - floor({col})) * 1000) AS BIGINT))")
+        return f"TRY_CAST({col} * 1000 AS BIGINT)"
+    return (f"TRY_CAST(TRY_CAST(floor({col}) AS BIGINT) * 1000 + TRY_CAST(round(({col} - floor({col})) * 1000) AS BIGINT)"
+            f" AS BIGINT)")
 
 
 def _select_sql(src: str, part: int, exact_ts: bool = False) -> str:
@@ -134,8 +136,30 @@ class _Reader:
                 break
         return b"".join(out)
 
+    def gzip_error(self) -> str | None:
+        """For a gzip file whose JSON went wrong: read the rest of the stream and return the
+        gzip error (a corrupt block, a failed CRC, an early end) that explains it, or None."""
+        if self._z is None:
+            return None
+        try:
+            while self.read(1 << 22):
+                pass
+        except TraceFormatError as e:
+            return str(e)
+        return None
+
     def close(self) -> None:
         self._f.close()
+
+
+def gzip_first(reader: _Reader, err: TraceFormatError) -> TraceFormatError:
+    """The error to report for ``err`` raised while scanning: corrupt gzip data decompresses to
+    bytes that are not JSON before zlib's checksum can tell, so a JSON error in a gzip file
+    whose stream is corrupt is reported as the corruption (naming the compressed offset)."""
+    problem = reader.gzip_error()
+    if problem is None:
+        return err
+    return TraceFormatError(f"{problem} (the JSON error it caused: {str(err).split(': ', 1)[-1]})")
 
 
 def _utf8_clean(block: bytes, offset: int, name: str, warnings: list[str], carry: bytearray) -> bytes:
@@ -273,6 +297,10 @@ def ingest_chrome_file(path: str, stage_dir: str, con, *, progress: bool | None 
                 rotate()
         scanner.finish()
         rotate()
+    except TraceFormatError as e:
+        jobs.put(None)
+        th.join()
+        raise gzip_first(reader, e) from None
     except BaseException:
         jobs.put(None)
         th.join()

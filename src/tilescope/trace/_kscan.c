@@ -374,7 +374,8 @@ static int put_minified(Buf *b, const char *s, size_t n) {
     return 0;
 }
 
-/* Microseconds as JSON number text -> nanoseconds. 0 on success. */
+/* Microseconds as JSON number text -> nanoseconds. 0 on success, -2 for a number whose
+   nanoseconds do not fit int64 (|x| beyond ~9.2e15 us, ~292 years), -1 otherwise. */
 static int us_to_ns(const char *s, size_t n, int64_t *out) {
     const char *p = s, *e = s + n;
     int neg = 0;
@@ -385,13 +386,13 @@ static int us_to_ns(const char *s, size_t n, int64_t *out) {
         memcpy(tmp, s, n);
         tmp[n] = 0;
         double ns = floor(strtod(tmp, NULL) * 1000.0 + 0.5);
-        if (!isfinite(ns) || fabs(ns) > 9.2e18) return -1;
+        if (!isfinite(ns) || fabs(ns) > 9.2e18) return -2;
         *out = (int64_t)ns;
         return 0;
     }
     uint64_t ip = 0;
     while (p < e && *p >= '0' && *p <= '9') {
-        if (ip > 9200000000000000ULL / 10) return -1;  /* beyond int64 nanoseconds */
+        if (ip > 9200000000000000ULL / 10) return -2;  /* beyond int64 nanoseconds */
         ip = ip * 10 + (uint64_t)(*p++ - '0');
     }
     uint64_t frac = 0;
@@ -408,7 +409,7 @@ static int us_to_ns(const char *s, size_t n, int64_t *out) {
     }
     for (int d = digits; d < 3; d++) frac *= 10;
     uint64_t ns = ip * 1000 + frac;
-    if (ns > (uint64_t)INT64_MAX - 1) return -1;
+    if (ns > (uint64_t)INT64_MAX - 1) return -2;
     /* floor(x * 1000 + 0.5): halves go up, i.e. away from zero above it, towards it below */
     if (!neg ? d4 >= 5 : (d4 > 5 || (d4 == 5 && rest))) ns += 1;
     *out = neg ? -(int64_t)ns : (int64_t)ns;
@@ -507,7 +508,7 @@ static int put_int(Column *c, int64_t row, int ok, int64_t v) {
 
 /* ---- batch stats (what the cache's meta.json reports per trace) ----------------------------- */
 typedef struct {
-    int64_t t_lo, t_hi, n_ev, no_ts, zero, neg, no_dur, be;
+    int64_t t_lo, t_hi, n_ev, no_ts, zero, neg, no_dur, be, huge_ts, huge_dur;
     int has_t;
 } Stats;
 
@@ -617,8 +618,13 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 if (oom) break;
             }
             int64_t ts = 0, dur = 0;
-            int has_ts = f[F_TS].kind != K_ABSENT && time_of(&f[F_TS], &ts) == 0;
-            int has_dur = f[F_DUR].kind != K_ABSENT && time_of(&f[F_DUR], &dur) == 0;
+            int r_ts = f[F_TS].kind != K_ABSENT ? time_of(&f[F_TS], &ts) : -1;
+            int r_dur = f[F_DUR].kind != K_ABSENT ? time_of(&f[F_DUR], &dur) : -1;
+            /* an end past int64 nanoseconds is as unusable as a duration that is */
+            if (r_ts == 0 && r_dur == 0 && dur > 0 && ts > INT64_MAX - dur) r_dur = -2;
+            int has_ts = r_ts == 0, has_dur = r_dur == 0;
+            if (r_ts == -2) st.huge_ts++;
+            if (r_dur == -2) st.huge_dur++;
             const char *ph_fb = has_dur ? "X" : has_ts ? "i" : NULL;
             int r = 0;
             args_members(f);
@@ -650,9 +656,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                         else { if (ts < st.t_lo) st.t_lo = ts; if (end_ns > st.t_hi) st.t_hi = end_ns; }
                     }
                 }
-                if (!m && !has_ts) st.no_ts++;
+                if (!m && !has_ts && r_ts != -2) st.no_ts++;
                 if (x && has_dur && dur == 0) st.zero++;
-                if (x && !has_dur && has_ts) st.no_dur++;
+                if (x && !has_dur && has_ts && r_dur != -2) st.no_dur++;
                 if (is_ph(ph, ph_fb, 'B') || is_ph(ph, ph_fb, 'E')) st.be++;
             }
             if (has_dur && dur < 0) st.neg++;
@@ -683,11 +689,12 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         ? Py_BuildValue("(LL)", (long long)cols[F_TS].min, (long long)cols[F_TS].max) : Py_NewRef(Py_None);
     PyObject *dur_mm = cols[F_DUR].has_minmax
         ? Py_BuildValue("(LL)", (long long)cols[F_DUR].min, (long long)cols[F_DUR].max) : Py_NewRef(Py_None);
-    PyObject *stats = Py_BuildValue("{s:N,s:N,s:L,s:L,s:L,s:L,s:L,s:L}",
+    PyObject *stats = Py_BuildValue("{s:N,s:N,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L}",
         "t_lo", st.has_t ? PyLong_FromLongLong(st.t_lo) : Py_NewRef(Py_None),
         "t_hi", st.has_t ? PyLong_FromLongLong(st.t_hi) : Py_NewRef(Py_None),
         "events", (long long)st.n_ev, "no_ts", (long long)st.no_ts, "zero", (long long)st.zero,
-        "neg", (long long)st.neg, "no_dur", (long long)st.no_dur, "be", (long long)st.be);
+        "neg", (long long)st.neg, "no_dur", (long long)st.no_dur, "be", (long long)st.be,
+        "huge_ts", (long long)st.huge_ts, "huge_dur", (long long)st.huge_dur);
     result = Py_BuildValue("{s:n,s:n,s:L,s:L,s:n,s:N,s:N,s:N,s:N,s:N}",
         "consumed", consumed, "ended", ended, "rows", (long long)rows, "bad", (long long)bad,
         "stray", stray_at, "bodies", bodies, "nulls", nulls, "ts_minmax", ts_mm, "dur_minmax", dur_mm,

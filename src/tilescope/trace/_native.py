@@ -35,7 +35,7 @@ COLUMNS = (("part", "INT32"), ("ph", "STRING"), ("cat", "STRING"), ("name", "STR
            ("device", "INT64"), ("flow_id", "INT64"), ("program_hash", "STRING"))
 assert _kscan is None or _kscan.COLUMNS == len(COLUMNS) - 1, "_kscan.c and COLUMNS disagree"
 PART_ROWS = 1 << 22  # rows per part file (eid = part << 32 | row keeps far below 2**32)
-_STAT_SUMS = ("events", "no_ts", "zero", "neg", "no_dur", "be")
+_STAT_SUMS = ("events", "no_ts", "zero", "neg", "no_dur", "be", "huge_ts", "huge_dur")
 
 
 def available() -> bool:
@@ -100,7 +100,7 @@ class NativeEvents:
         self.rows += r["rows"]
         st = r["stats"]
         for k in _STAT_SUMS:
-            self.stats[k] += st[k]
+            self.stats[k] += st.get(k, 0)  # (an extension built before a count was added lacks it)
         if st["t_lo"] is not None:
             lo, hi = self.stats["t_lo"], self.stats["t_hi"]
             self.stats["t_lo"] = st["t_lo"] if lo is None else min(lo, st["t_lo"])
@@ -144,7 +144,7 @@ def ingest_native(path: str, stage_dir: str, *, progress: bool | None = None):
     """Ingest one Chrome/Kineto trace file into ``stage_dir/part-<k>.parquet``; returns an
     :class:`~tilescope.trace._ingest.IngestResult` whose ``stats`` hold the time extent and
     the counts the cache's meta.json reports."""
-    from ._ingest import IngestResult, _Reader, clean_blocks
+    from ._ingest import IngestResult, _Reader, clean_blocks, gzip_first
 
     t0 = time.perf_counter()
     os.makedirs(stage_dir, exist_ok=True)
@@ -162,6 +162,8 @@ def ingest_native(path: str, stage_dir: str, *, progress: bool | None = None):
         for _raw, clean in clean_blocks(reader, name, warnings, progress):
             scanner.feed(clean)
         scanner.finish()
+    except TraceFormatError as e:
+        raise gzip_first(reader, e) from None
     finally:
         parts.close()
         reader.close()

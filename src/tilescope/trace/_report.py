@@ -296,6 +296,8 @@ def print_diff(d, console, top: int = 20) -> None:
     for r in d.summary.to_pylist():
         t.add_row(r["metric"], *[_count(r[n]) for n in d.names])
     console.print(t)
+    for w in d.warnings:
+        console.print(f"[yellow]warning:[/yellow] {resc(w)}")
     for f in d.fusion:
         console.print(f"[bold green]fusion:[/bold green] {resc(f.text())}")
     rows = d.ops.to_pylist()

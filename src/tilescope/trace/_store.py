@@ -370,6 +370,14 @@ def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool
                 meta["warnings"].append(
                     f"{name}: {st['no_ts']:,} records have no numeric 'ts' (missing or not a number); "
                     f"they are kept in the tables but left out of every time-based analysis")
+            if st.get("huge_ts"):
+                meta["warnings"].append(
+                    f"{name}: {st['huge_ts']:,} records have a 'ts' too large to be a time (beyond +-9.2e15 us, "
+                    f"the range of int64 nanoseconds); they are kept but left out of every time-based analysis")
+            if st.get("huge_dur"):
+                meta["warnings"].append(
+                    f"{name}: {st['huge_dur']:,} events have a 'dur' too large to be a time (past +-9.2e15 us, "
+                    f"the range of int64 nanoseconds, e.g. 1e20); they are kept as instants without a duration")
             if st["neg"]:
                 meta["warnings"].append(
                     f"{name}: {st['neg']:,} events have a negative 'dur'; they are left out of busy-time sums")
