@@ -1,10 +1,16 @@
-"""Simulator throughput on a cold 100k-instruction Program, and the cached lookup time.
+"""Simulator throughput: the scheduler's rate on cold 100k-instruction Programs.
 
-Prints (medians of REPEATS runs in this one process):
-  * build: emission + on-chip allocation by the tile builder
-  * finalize: the Program's precomputed arrays (signatures, dependency CSR, hash)
-  * schedule: simulate() with a cold result cache, on a finalized Program
-    -> instructions per second, and its ratio to the 200k/s target
+Two Programs: a 100k-instruction tiled load -> exp -> scale -> store loop emitted with the
+TileBuilder (every instruction emitted, checked and allocated one by one), and the NKI
+tutorial's naive tiled matmul at the tutorial's size (99k instructions, traced by the tile
+language). Prints, as means of REPEATS runs in this one process (CPU time of this process,
+``time.process_time``: the machine may be shared):
+
+  * build: emission + on-chip allocation (for the builder loop)
+  * arrays: the Program's signatures, dependency arrays and hash
+  * schedule: the scheduler, cold result cache -> instructions per second and its ratio to
+    the 1M/s target; and the Python loop the C one mirrors (``tilescope.sim._loop``; the
+    same times), for comparison
   * cached: simulate() again (cache hit)
 
 Run: .venv/bin/python benchmarks/sim_throughput.py
@@ -12,14 +18,18 @@ Run: .venv/bin/python benchmarks/sim_throughput.py
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import time
 
 from tilescope.program import TileBuilder
-from tilescope.sim import clear_cache, simulate
+from tilescope.sim import _schedule, clear_cache, simulate
+from tilescope.spec import preset
 
-TARGET_PER_S = 200_000
+TARGET_PER_S = 1_000_000
 REPEATS = 3
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def build(n_instructions: int = 100_000):
@@ -38,36 +48,58 @@ def build(n_instructions: int = 100_000):
     return b
 
 
-def main() -> None:
-    rows = {"build": [], "finalize": [], "schedule": [], "cached": []}
-    n = 0
+def tutorial_matmul():
+    sys.path.insert(0, os.path.join(ROOT, "examples", "matmul"))
+    try:
+        import matmul_kernels as mk
+    finally:
+        sys.path.pop(0)
+    mk.matmul_naive.cache_clear()
+    return mk.matmul_naive.program_for(*mk.inputs(8192, 4096, 8192, data=False)).program
+
+
+def _cpu(fn):
+    t = time.process_time()
+    out = fn()
+    return time.process_time() - t, out
+
+
+def _report(label: str, make) -> None:
+    rows = {"build": [], "arrays": [], "schedule": [], "python loop": [], "cached": []}
+    result = prog = None
+    spec = preset("trn1")
     for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        b = build()
-        prog = b.build()
-        t1 = time.perf_counter()
-        prog.static, prog.dependencies, prog.hash
-        t2 = time.perf_counter()
+        dt, prog = _cpu(make)
+        rows["build"].append(dt)
+        rows["arrays"].append(_cpu(lambda: (prog.static, prog.dependencies, prog.hash))[0])
         clear_cache()
-        result = simulate(prog)
-        t3 = time.perf_counter()
-        simulate(prog)
-        t4 = time.perf_counter()
-        n = len(prog)
-        rows["build"].append(t1 - t0)
-        rows["finalize"].append(t2 - t1)
-        rows["schedule"].append(t3 - t2)
-        rows["cached"].append(t4 - t3)
-    med = {k: statistics.median(v) for k, v in rows.items()}
-    rate = n / med["schedule"]
-    print(f"program: {n:,} instructions; modeled total {result.summary.total_us:,.1f} us (modeled)")
-    print(f"build (emission + allocation): {med['build']:.2f} s  ({n / med['build']:,.0f} instr/s)")
-    print(f"finalize (signatures, dependency arrays, hash): {med['finalize']:.2f} s  ({n / med['finalize']:,.0f} instr/s)")
-    print(f"schedule, cold cache: {med['schedule']:.3f} s -> {rate:,.0f} instructions/s "
+        dt, result = _cpu(lambda: simulate(prog, spec))
+        rows["schedule"].append(dt)
+        rows["cached"].append(_cpu(lambda: simulate(prog, spec))[0])
+    native, _schedule._native = _schedule._native, None
+    try:
+        rows["python loop"].append(_cpu(lambda: _schedule.schedule(prog, spec))[0])
+    finally:
+        _schedule._native = native
+    mean = {k: statistics.fmean(v) for k, v in rows.items() if v}
+    n = len(prog)
+    rate = n / mean["schedule"]
+    print(f"{label}: {n:,} instructions; modeled total {result.summary.total_us:,.1f} us (modeled)")
+    print(f"  build: {mean['build']:.2f} s CPU ({n / mean['build']:,.0f} instr/s)")
+    print(f"  arrays (signatures, dependencies, hash): {mean['arrays']:.3f} s CPU "
+          f"({n / mean['arrays']:,.0f} instr/s)")
+    loop = "C loop" if native is not None else "Python loop (tilescope.sim._loop not built)"
+    print(f"  schedule, cold cache ({loop}): {mean['schedule']:.3f} s CPU -> {rate:,.0f} instructions/s "
           f"(target {TARGET_PER_S:,}/s, ratio {rate / TARGET_PER_S:.2f}x)")
-    cold_all = med["finalize"] + med["schedule"]
-    print(f"finalize + schedule together: {n / cold_all:,.0f} instructions/s")
-    print(f"cached lookup: {med['cached'] * 1e6:.1f} us")
+    print(f"  schedule with the Python loop: {mean['python loop']:.3f} s CPU -> "
+          f"{n / mean['python loop']:,.0f} instructions/s")
+    print(f"  cached lookup: {mean['cached'] * 1e6:.1f} us")
+
+
+def main() -> None:
+    print(f"means of {REPEATS} runs, CPU time of this process\n")
+    _report("builder loop (load, exp, scale, store)", lambda: build().build())
+    _report("tutorial naive matmul (bf16 [4096, 8192] @ [8192, 8192])", tutorial_matmul)
 
 
 if __name__ == "__main__":

@@ -131,3 +131,25 @@ def test_slot_grouping_native_equals_reference_on_random_placements(monkeypatch)
         for x, y in zip(a[1], b[1]):
             np.testing.assert_array_equal(x, y)
         assert a[2] == b[2]
+
+
+def test_rows_share_templates_only_when_nothing_but_buffers_and_offsets_differ():
+    """A builder keeps one template per instruction shape: 10k tiled DMAs share a few, while
+    a different scalar (even -0.0 for 0.0) or a buffer of another shape gets its own -- and
+    every instruction reads back as emitted."""
+    from tilescope.program import TileBuilder
+
+    b = TileBuilder("shared")
+    x = b.input("x", (128 * 64, 512), "float32")
+    emitted = []
+    for k in range(64):
+        t = b.sbuf((128, 512), "float32", site=f"t{k % 4}")
+        emitted.append(b.instruction(b.dma_copy(t, x[128 * k:128 * (k + 1)])))
+        emitted.append(b.instruction(b.memset(t, -0.0 if k % 2 else 0.0)))
+        emitted.append(b.instruction(b.tensor_scalar(t, t, "add", 1 if k % 3 else 1.0)))
+    wide = b.sbuf((128, 1024), "float32", site="w")
+    emitted.append(b.instruction(b.memset(wide[:, 0:512], 0.0)))
+    p = b.build()
+    assert len(p.columns.templates) == 1 + 2 + 1 + 1  # dma, memset 0.0 / -0.0, add, the wide memset
+    assert list(p.instructions) == emitted
+    assert [str(i.value) for i in p.instructions[1:7:3]] == ["0.0", "-0.0"]

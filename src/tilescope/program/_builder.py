@@ -38,6 +38,7 @@ from ..isa import (
     Iota, Matmul, Memset, RuntimeScalar, Select, TensorCopy, TensorReduce, TensorScalar,
     TensorTensor, Transpose,
 )
+from ..isa._instructions import field_access
 from ..spec import CoreSpec, preset
 from ._alloc import allocate, allocate_columns
 from ._checks import check_buffer, check_instruction
@@ -165,6 +166,19 @@ def _index(view: View, index) -> View:
     return View(view.buffer, AP(view.ap.buffer, view.ap.dtype, offset, tuple(dims)), tuple(shape))
 
 
+def _exact(v):
+    """``v`` as a key part equal only to the same value of the same type (0.0 and -0.0, 1 and
+    1.0 and True differ); objects other than numbers, strings and tuples by identity."""
+    c = v.__class__
+    if v is None or c is str or c is int or c is bool:
+        return (c, v)
+    if c is float:
+        return (c, v.hex())  # (NaN and the zeros exactly)
+    if c is tuple:
+        return (c, tuple(_exact(x) for x in v))
+    return ("id", id(v))
+
+
 def _caller_site(depth: int = 3) -> str:
     try:
         f = sys._getframe(depth)
@@ -282,6 +296,7 @@ class TileBuilder:
         self._kinds: list[Buffer] = []  # buffer records (a replica shares its source's)
         self._names: list[str | None] = []  # buffer id -> name (None: a replica, named from its record)
         self._templates: list[Instruction] = []
+        self._template_ids: dict[tuple, int] = {}  # a template's key (see _template_key) -> its index
         self._rows = _Rows()
         self._prov_index: dict[Provenance, int] = {Provenance(): 0}
         self._prov_list: list[Provenance] = [Provenance()]
@@ -465,10 +480,41 @@ class TileBuilder:
         if idx is None:
             idx = self._prov_index[self._prov] = len(self._prov_list)
             self._prov_list.append(self._prov)
-        t = len(self._templates)
-        self._templates.append(instr)
+        t = self._template(instr)
         bufs, offs = self._row(instr)
         return self._rows.append(t, idx, bufs, offs)
+
+    def _template(self, instr: Instruction) -> int:
+        """The index of a template ``instr`` is a row of: an earlier one that differs only in
+        which buffers (of the same memory, shape and dtype) and offsets it touches, else
+        ``instr`` itself, appended."""
+        key = self._template_key(instr)
+        t = self._template_ids.get(key) if key is not None else None
+        if t is None:
+            t = len(self._templates)
+            self._templates.append(instr)
+            if key is not None:
+                self._template_ids[key] = t
+        return t
+
+    def _template_key(self, instr: Instruction):
+        """What a row shares with its template: the class, every field but the operands'
+        buffers and offsets (values by type and exact value; other objects by identity) and
+        the operands' buffer records but their names. None: not shared."""
+        names, values = field_access(type(instr))
+        buffers = self._buffers
+        parts = [instr.__class__]
+        for v in values(instr):
+            c = v.__class__
+            if c is AP:
+                b = buffers[v.buffer]
+                parts.append((v.dtype, v.dims, b.memory, b.shape, b.dtype))
+            elif c is tuple:
+                parts.append(tuple((x.dtype, x.dims, buffers[x.buffer].memory, buffers[x.buffer].shape,
+                                    buffers[x.buffer].dtype) if x.__class__ is AP else _exact(x) for x in v))
+            else:
+                parts.append(_exact(v))
+        return tuple(parts)
 
     def rows(self, start: int, stop: int):
         """Columns of instructions ``[start, stop)``: (template ids, provenance, buffer ids, offsets)."""
@@ -601,8 +647,7 @@ class TileBuilder:
             raise ProgramError(f"no instruction #{index} to replace ({self._rows.n} emitted)")
         if self.check:
             check_instruction(instr, self._buffers, self.spec)
-        t = len(self._templates)
-        self._templates.append(instr)
+        t = self._template(instr)
         bufs, offs = self._row(instr)
         self._rows.set(index, t, bufs, offs)
 

@@ -142,15 +142,21 @@ def _dma_placement(program, spec: CoreSpec, cols, is_dma):
     c = program.columns
     # per template of a DMA: the operand slots of dst and src and their partition strides
     tmpl = c.tmpl[idx]
-    used = np.unique(tmpl)
     slot = np.zeros((len(c.templates), 2), dtype=np.int64)
     stride = np.zeros((len(c.templates), 2), dtype=np.int64)
-    for t in used.tolist():
-        ins = c.templates[t]
-        slots = operand_slots(ins)
-        for k, ap in enumerate((ins.dst, ins.src)):
-            slot[t, k] = slots.index(("dst" if k == 0 else "src", None))
-            stride[t, k] = ap.dims[0][0] if ap.dims else 0
+    of_class: dict = {}
+    templates = c.templates
+    for t in np.unique(tmpl).tolist():
+        ins = templates[t]
+        cls = ins.__class__
+        js = of_class.get(cls)
+        if js is None:  # (dst and src are AP fields of every DMA class: their slots are the class's)
+            slots = operand_slots(ins)
+            js = of_class[cls] = (slots.index(("dst", None)), slots.index(("src", None)))
+        slot[t] = js
+        d, sr = ins.dst.dims, ins.src.dims
+        stride[t, 0] = d[0][0] if d else 0
+        stride[t, 1] = sr[0][0] if sr else 0
     dst_b = c.buf[idx, slot[tmpl, 0]].astype(np.int64)
     src_b = c.buf[idx, slot[tmpl, 1]].astype(np.int64)
     hbm = np.array([k.memory == "hbm" for k in c.kinds], dtype=bool)[c.kind]
