@@ -75,23 +75,25 @@ def record_guard(coefs: dict, diff: int, op: str, outcome: bool) -> None:
     ctx.loops[-1].guards.append(Guard(tuple(coefs.items()), base, op, outcome, ()))
 
 
-@dataclass(frozen=True)
 class Guard:
     """``outcome == (sum(coef * x) + base  op  0)``, asserted over ``boxes`` ((loop, lo, hi):
-    ranges of inner loops' indices); other loops' indices take their current values."""
+    ranges of inner loops' indices); other loops' indices take their current values.
+    (Not changed once made; a plain class: loops make thousands.)"""
 
-    coefs: tuple
-    base: int
-    op: str
-    outcome: bool
-    boxes: tuple
+    __slots__ = ("coefs", "base", "op", "outcome", "boxes", "_key")
+
+    def __init__(self, coefs: tuple, base: int, op: str, outcome: bool, boxes: tuple):
+        self.coefs, self.base, self.op, self.outcome, self.boxes = coefs, base, op, outcome, boxes
+        self._key = None
+
+    def __repr__(self) -> str:
+        return f"Guard({self.key()!r})"
 
     def key(self) -> tuple:
-        k = self.__dict__.get("_key")
+        k = self._key
         if k is None:
-            k = (tuple((lp.key, c) for lp, c in self.coefs), self.base, self.op, self.outcome,
-                 tuple((lp.key, lo, hi) for lp, lo, hi in self.boxes))
-            object.__setattr__(self, "_key", k)
+            k = self._key = (tuple((lp.key, c) for lp, c in self.coefs), self.base, self.op, self.outcome,
+                             tuple((lp.key, lo, hi) for lp, lo, hi in self.boxes))
         return k
 
     def holds(self, loop: "Loop", xs: np.ndarray) -> np.ndarray:

@@ -297,6 +297,7 @@ class TileBuilder:
         self._names: list[str | None] = []  # buffer id -> name (None: a replica, named from its record)
         self._templates: list[Instruction] = []
         self._template_ids: dict[tuple, int] = {}  # a template's key (see _template_key) -> its index
+        self._last: tuple = (-1, None)  # the instruction emitted (or replaced) last, and its index
         self._rows = _Rows()
         self._prov_index: dict[Provenance, int] = {Provenance(): 0}
         self._prov_list: list[Provenance] = [Provenance()]
@@ -482,7 +483,9 @@ class TileBuilder:
             self._prov_list.append(self._prov)
         t = self._template(instr)
         bufs, offs = self._row(instr)
-        return self._rows.append(t, idx, bufs, offs)
+        i = self._rows.append(t, idx, bufs, offs)
+        self._last = (i, instr)  # (the tile language often reads back what it just emitted)
+        return i
 
     def _template(self, instr: Instruction) -> int:
         """The index of a template ``instr`` is a row of: an earlier one that differs only in
@@ -620,16 +623,17 @@ class TileBuilder:
         if c is None:
             lo, hi, parts, engine_op, pe_dst, flo, fhi, isz = rows
             size, row_el, onchip, psum = size[K], row_el[K], onchip[K], psum[K]
-            c = cache[key] = (-lo, size - hi, row_el, parts > 64, parts > 32, valid & (engine_op > 0) & onchip,
-                              valid & (pe_dst > 0) & psum, flo, fhi, isz)
-        low, top, row_el, p64, p32, engine, pe, flo, fhi, isz = c
+            engine, pe = valid & (engine_op > 0) & onchip, valid & (pe_dst > 0) & psum
+            c = cache[key] = (-lo, size - hi, row_el, parts > 64, parts > 32, engine, pe, flo, fhi, isz,
+                              bool(engine.any()), bool(pe.any()))
+        low, top, row_el, p64, p32, engine, pe, flo, fhi, isz, any_engine, any_pe = c
         bad = (O < low) | (O >= top)
-        if engine.any():
+        if any_engine:
             sp = O // row_el
             ok_sp = np.where(p64, sp == 0, np.where(p32, (sp == 0) | (sp == 64),
                                                     (sp == 0) | (sp == 32) | (sp == 64) | (sp == 96)))
             bad |= engine & ~ok_sp
-        if pe.any():
+        if any_pe:
             w = O % row_el
             bank = self.spec.psum_bank_bytes
             bad |= pe & ((w + flo) * isz // bank != ((w + fhi + 1) * isz - 1) // bank)
@@ -650,12 +654,15 @@ class TileBuilder:
         t = self._template(instr)
         bufs, offs = self._row(instr)
         self._rows.set(index, t, bufs, offs)
+        self._last = (index, instr)
 
     def instruction(self, index: int) -> Instruction:
         """The instruction at ``index``."""
         r = self._rows
         if not 0 <= index < r.n:
             raise IndexError(f"no instruction #{index} ({r.n} emitted)")
+        if self._last[0] == index:
+            return self._last[1]
         tmpl = self._templates[int(r.tmpl[index])]
         ops = operands_of(tmpl)
         ids = self._ids
