@@ -21,8 +21,14 @@ iterations are traced like this:
    or for the whole loop if it is tainted, iterations run one by one.
 
 Nested loops replicate inside out: an outer iteration holds its inner loops' replicas
-(so a nest of depth d traces about 2**d bodies), and the inner loops' guards, over the inner ranges they were checked on, must keep their
-outcomes over the outer range too.
+(so a nest of depth d traces about 2**d bodies), and the inner loops' guards, over the
+inner ranges they were checked on, must keep their outcomes over the outer range too.
+Guards are kept without repeats, and a finished loop hands its parent the guards of its
+iterations merged where their ranges meet.
+
+A replica is written only where it passes the tile limits its offsets decide (bounds,
+start partitions, PSUM banks); from the first that would not, iterations run as Python
+runs them (where the tile language may take another route, e.g. not retarget a result).
 
 What is compared is what the body can observe: its local variables (values,
 containers, tiles and tensors by buffer and view, Syms by their affine form), the
@@ -604,26 +610,30 @@ def _plan(ctx, it0: _Iteration | None, it1: _Iteration, it2: _Iteration, skip: t
         keep[np.asarray(skip) - it1.instr0] = False
         t1, p1, b1, o1 = t1[keep], p1[keep], b1[keep], o1[keep]
     t2, p2, b2, o2 = b.rows(it2.instr0, it2.instr1)
-    if not np.array_equal(p1, p2):
+    if not _same(p1, p2):
         return None
     tk = _template_keys(ctx)
-    if not np.array_equal(tk[t1], tk[t2]):
+    if not _same(tk[t1], tk[t2]):
         return None
     valid = b2 >= 0
-    if not np.array_equal(valid, b1 >= 0):
+    if not _same(valid, b1 >= 0):
         return None
     c1, c2 = it1.buf0, it2.buf0
     new = valid & (b2 >= c2) & (b2 < c2 + nb)
     prev = valid & (b2 >= c1) & (b2 < c1 + nb)
-    if prev.any() and (it0 is None or it0.buf1 - it0.buf0 != nb):
+    if np.count_nonzero(prev) and (it0 is None or it0.buf1 - it0.buf0 != nb):
         return None  # (it1 uses it0's buffers as it2 uses it1's, checked below)
     c0 = it0.buf0 if it0 is not None else c1
     old = valid & ~new & ~prev
-    if not (np.array_equal(b1[new], b2[new] - c2 + c1) and np.array_equal(b1[prev], b2[prev] - c1 + c0)
-            and np.array_equal(b1[old], b2[old])):
+    if not (_same(b1[new], b2[new] - c2 + c1) and _same(b1[prev], b2[prev] - c1 + c0) and _same(b1[old], b2[old])):
         return None
     touched_old = {b.buffer_name(int(x)) for x in np.unique(b2[old])}
     return _Plan(t2.copy(), p2.copy(), b2.copy(), o2.copy(), o2 - o1, new, prev, c1, c2, nb, touched_old)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal arrays of one dtype (np.array_equal without its overhead: bodies are small)."""
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
 def _replica_offsets(plan: _Plan, count: int) -> np.ndarray:

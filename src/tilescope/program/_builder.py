@@ -542,7 +542,7 @@ class TileBuilder:
         if not self.check or len(off) == 0:
             return None
         bad = self._violations(np.asarray(tmpl), np.asarray(buf, dtype=np.int64), off)
-        hit = np.nonzero(bad.any(axis=1))[0]
+        hit = np.flatnonzero(np.logical_or.reduce(bad, axis=1))
         return int(hit[0]) if len(hit) else None
 
     def _limit_table(self):
@@ -625,7 +625,7 @@ class TileBuilder:
             size, row_el, onchip, psum = size[K], row_el[K], onchip[K], psum[K]
             engine, pe = valid & (engine_op > 0) & onchip, valid & (pe_dst > 0) & psum
             c = cache[key] = (-lo, size - hi, row_el, parts > 64, parts > 32, engine, pe, flo, fhi, isz,
-                              bool(engine.any()), bool(pe.any()))
+                              bool(np.count_nonzero(engine)), bool(np.count_nonzero(pe)))
         low, top, row_el, p64, p32, engine, pe, flo, fhi, isz, any_engine, any_pe = c
         bad = (O < low) | (O >= top)
         if any_engine:
@@ -638,7 +638,7 @@ class TileBuilder:
             bank = self.spec.psum_bank_bytes
             bad |= pe & ((w + flo) * isz // bank != ((w + fhi + 1) * isz - 1) // bank)
         bad &= valid
-        return bad.any(axis=2)
+        return np.logical_or.reduce(bad, axis=2)
 
     def replace(self, index: int, instr: Instruction) -> None:
         """Swap the instruction at ``index`` for ``instr`` (checked like a new one).
