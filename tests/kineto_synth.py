@@ -98,3 +98,39 @@ def write(path: str, trace: dict, *, indent: int | None = 1) -> str:
         with open(path, "wb") as f:
             f.write(text)
     return path
+
+
+def make_rank_trace(rank: int, world: int, *, steps: int = 3, kernels: int = 4, slow_rank: int | None = None,
+                    slowdown: float = 1.5) -> dict:
+    """One rank of a data-parallel job: per step, ``kernels`` compute kernels on stream 7, then
+    an all-reduce (``ncclKernel_AllReduce``) on stream 13 that ends for every rank when the
+    slowest rank has arrived plus ``ALLREDUCE_US``. ``slow_rank`` computes ``slowdown`` times
+    slower, so it arrives last and waits least in the collective (the straggler)."""
+    t = make_trace(VENDORS["cuda"], steps=0, rank=rank)
+    t["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
+    ev = t["traceEvents"]
+    ev.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": 13, "args": {"name": "stream 13"}})
+    corr = 1
+    k_us = lambda r: KERNEL_US * (slowdown if r == slow_rank else 1.0)  # noqa: E731
+    t0 = 1_000_000.0
+    for s in range(steps):
+        compute_end = {r: t0 + 50 + kernels * k_us(r) for r in range(world)}
+        done = max(compute_end.values()) + ALLREDUCE_US
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 100, "tid": 1,
+                   "ts": t0, "dur": done + 10 - t0})
+        for k in range(kernels):
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 100, "tid": 1,
+                       "ts": t0 + 1 + k, "dur": 1.0, "args": {"correlation": corr}})
+            ev.append({"ph": "X", "cat": "kernel", "name": f"gemm_kernel_{k}", "pid": 1, "tid": 7,
+                       "ts": t0 + 50 + k * k_us(rank), "dur": k_us(rank), "args": {"correlation": corr, "stream": 7}})
+            corr += 1
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 100, "tid": 1,
+                   "ts": t0 + 1 + kernels, "dur": 1.0, "args": {"correlation": corr}})
+        ev.append({"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float", "pid": 1, "tid": 13,
+                   "ts": compute_end[rank], "dur": done - compute_end[rank], "args": {"correlation": corr, "stream": 13}})
+        corr += 1
+        t0 = done + 20
+    return t
+
+
+ALLREDUCE_US = 20.0

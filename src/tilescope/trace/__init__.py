@@ -3,7 +3,9 @@
 One entry point, :func:`open`, returns a :class:`Trace` over Parquet tables queried with
 DuckDB; each analysis is a method backed by its own module (op table, lineage, breakdown,
 gaps, roofline, memory, window, replay) returning a pyarrow Table or plain data;
-:func:`diff` compares traces.
+:func:`diff` compares traces. Jobs too big for one process: :func:`ingest_ranks` ingests
+per-rank traces in parallel into a hive Parquet layout, :func:`cross_rank` analyses it on
+DuckDB or on a Dask cluster.
 
 >>> import tilescope.trace as tt
 >>> t = tt.open("tests/data/kineto/cpu_only_tiny.json.gz")     # doctest: +SKIP
@@ -19,7 +21,7 @@ from ._jsonscan import TraceFormatError
 from ._schema import CATEGORY_KINDS, TABLES
 
 __all__ = ["open", "diff", "Trace", "TraceFormatError", "TraceWarning", "TABLES", "CATEGORY_KINDS", "VENDORS",
-           "GPU_PEAKS"]
+           "GPU_PEAKS", "ingest_ranks", "rank_metrics", "cross_rank", "RANK_METRICS"]
 
 
 def open(paths, *, align: str = "none", progress: bool | None = None, refresh: bool = False):  # noqa: A001
@@ -51,6 +53,10 @@ def __getattr__(name):
         from ._devices import VENDORS
 
         return VENDORS
+    if name in ("ingest_ranks", "rank_metrics", "cross_rank", "RANK_METRICS"):  # jobs past one machine
+        from . import _multirank
+
+        return getattr(_multirank, name)
     if name == "GPU_PEAKS":
         from ._roofline import GPU_PEAKS
 

@@ -1,4 +1,4 @@
-"""CLI subcommands of the analysis engine: report, diff, compare, sql, replay.
+"""CLI subcommands of the analysis engine: report, diff, compare, sql, replay, ranks.
 
 ``register(sub)`` adds them to ``tilescope``'s argparse subparsers; handlers import the
 engine lazily.
@@ -152,8 +152,86 @@ def _cmd_replay(args) -> int:
     return 0
 
 
+def _dask_client(address: str | None):
+    """A ``dask.distributed.Client`` on ``address`` (a running scheduler), or None."""
+    if not address:
+        return None
+    try:
+        from distributed import Client
+    except ImportError:
+        raise OSError("--scheduler needs Dask: pip install 'tilescope[distributed]' (dask[distributed])") from None
+    return Client(address)
+
+
+def _cmd_ranks_ingest(args) -> int:
+    from ._multirank import ingest_ranks
+
+    try:
+        client = _dask_client(args.scheduler)
+        ranks = ingest_ranks(args.traces, args.out, workers=args.workers, client=client)
+    except (OSError, ValueError) as e:
+        return _fail(e)
+    print(f"{len(ranks)} ranks ({min(ranks)}..{max(ranks)}) in {args.out}/events/rank=<r>/ "
+          f"(next: tilescope ranks report {args.out})")
+    return 0
+
+
+def _cmd_ranks_report(args) -> int:
+    from ._multirank import cross_rank
+    from ._report import to_json
+
+    if args.engine != "dask" and args.scheduler:
+        return _fail("--scheduler runs on Dask: add --engine dask")
+    try:
+        x = cross_rank(args.layout, engine=args.engine, client=_dask_client(args.scheduler),
+                       straggler_threshold=args.threshold)
+    except (OSError, ValueError, ImportError) as e:
+        return _fail(e)
+    rows = x.pop("ranks").to_pylist()
+    if args.json:
+        print(to_json(x | {"ranks": rows}))
+        return 0
+    from rich.table import Table
+
+    from ._report import fmt_ns
+
+    con = _console()
+    cols = ("rank", "steps", "step_mean_ns", "active_ns", "idle_ns", "compute_ns", "communication_ns",
+            "memory_ns", "overlap_ns")
+    tab = Table(title=f"per rank ({x['engine']}; measured times from the traces)")
+    for c in cols:
+        tab.add_column(c.removesuffix("_ns"), justify="right")
+    for r in rows:
+        tab.add_row(*[str(r[c]) if c in ("rank", "steps") else fmt_ns(r[c]) for c in cols])
+    con.print(tab)
+    st = x["step_time"]
+    con.print(f"step time over ranks: median {fmt_ns(st['median_ns'])}, min {fmt_ns(st['min_ns'])}, "
+              f"max {fmt_ns(st['max_ns'])}")
+    sk = x["comm_wait_skew"]
+    if sk:
+        con.print(f"communication wait skew: {fmt_ns(sk['skew_ns'])} (rank {sk['min_rank']} {fmt_ns(sk['min_ns'])} "
+                  f"to rank {sk['max_rank']} {fmt_ns(sk['max_ns'])})")
+    for s in x["stragglers"]:
+        con.print(f"straggler: rank {s['rank']}, {s['reason']}: {fmt_ns(s['value_ns'])} vs median "
+                  f"{fmt_ns(s['median_ns'])} ({s['off_median']:+.0%})")
+    if not x["stragglers"]:
+        con.print(f"no straggler (threshold {args.threshold:.0%} off the median)")
+    return 0
+
+
+def _fraction(text: str) -> float:
+    """An argparse type: a fraction, 0 or more (0.1 = 10%)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"{v}: give 0 or more (0.1 = 10% off the median)")
+    return v
+
+
 def register(sub) -> None:
-    """Add report / diff / compare / sql / replay to ``tilescope``'s subparsers."""
+    """Add report / diff / compare / sql / replay / ranks to ``tilescope``'s subparsers."""
     rep = sub.add_parser("report", help="summary, top ops, device breakdown, gaps, roofline of a profile or trace")
     rep.add_argument("paths", nargs="+", help="profile directory, Kineto trace (.json/.json.gz; one per rank), or "
                                                "executable + .itrace.json pair")
@@ -185,3 +263,21 @@ def register(sub) -> None:
     r.add_argument("--json", action="store_true")
     r.add_argument("--top", type=_count, default=20)
     r.set_defaults(func=_cmd_replay)
+    rk = sub.add_parser("ranks", help="jobs past one machine: per-rank ingest in parallel, cross-rank analyses "
+                                      "on DuckDB or a Dask cluster")
+    rks = rk.add_subparsers(dest="ranks_cmd", required=True)
+    ri = rks.add_parser("ingest", help="ingest per-rank traces into the layout OUT/events/rank=<r>/*.parquet")
+    ri.add_argument("out", help="a new folder for the layout (on storage every worker sees)")
+    ri.add_argument("traces", nargs="+", help="per-rank Kineto traces, or folders of them (*.json, *.json.gz)")
+    ri.add_argument("--workers", type=int, default=None, help="local processes (default: one per CPU)")
+    ri.add_argument("--scheduler", metavar="ADDR", help="a Dask scheduler (tcp://host:8786): one task per file")
+    ri.set_defaults(func=_cmd_ranks_ingest)
+    rr = rks.add_parser("report", help="per-rank step time, idle / compute / communication, stragglers, wait skew")
+    rr.add_argument("layout", help="a folder ingest (or Trace.export_parquet) wrote")
+    rr.add_argument("--engine", choices=("duckdb", "dask"), default="duckdb",
+                    help="duckdb: embedded, this machine (default); dask: one task per rank")
+    rr.add_argument("--scheduler", metavar="ADDR", help="with --engine dask: a running scheduler (tcp://host:8786); "
+                                                        "without it a local cluster is started")
+    rr.add_argument("--threshold", type=_fraction, default=0.1, help="straggler threshold off the median (0.1)")
+    rr.add_argument("--json", action="store_true")
+    rr.set_defaults(func=_cmd_ranks_report)

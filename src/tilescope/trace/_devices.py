@@ -68,13 +68,22 @@ def device_process_sql(col: str) -> str:
     return f"regexp_matches(coalesce({col}, ''), '{DEVICE_PROCESS}')"
 
 
-def unclassified_device_events(con) -> list[tuple[str, str, int]]:
+def unclassified_device_events(lanes: list[tuple]) -> list[tuple[str, str, int]]:
     """(where, category, events) for events that look like device work but no rule classifies:
-    any unclassified category on a device lane, and device-looking categories on host lanes."""
-    rows = con.execute(f"""
-      SELECT l.side, coalesce(e.cat, '(no category)') AS cat, count(*) AS n, any_value(coalesce(l.process_name, l.pid)) AS proc
-      FROM events e JOIN lanes l USING (lane)
-      WHERE e.kind = 'other' AND e.ph = 'X'
-        AND (l.side = 'device' OR regexp_matches(coalesce(e.cat, ''), '{DEVICE_LOOKING}'))
-      GROUP BY ALL ORDER BY n DESC""").fetchall()
-    return [(f"{side} process {proc!r}", cat, n) for side, cat, n, proc in rows]
+    any unclassified category on a device lane, and device-looking categories on host lanes.
+    ``lanes``: (side, process, other_cats) per lane, ``other_cats`` the JSON object of the
+    lane's unclassified slice categories and counts that ``lanes.parquet`` records.
+
+    >>> unclassified_device_events([("device", "GPU 0", '{"acme":2}'), ("host", "python", '{"Trace":1,"npu_ops":3}')])
+    [("host process 'python'", 'npu_ops', 3), ("device process 'GPU 0'", 'acme', 2)]
+    """
+    import json
+
+    rx = re.compile(DEVICE_LOOKING)
+    acc: dict[tuple[str, str], int] = {}
+    for side, proc, other in lanes:
+        for cat, n in (json.loads(other) if other else {}).items():
+            if side == "device" or rx.search(cat):
+                key = (f"{side} process {proc!r}", cat)
+                acc[key] = acc.get(key, 0) + int(n)
+    return sorted(((w, c, n) for (w, c), n in acc.items()), key=lambda r: (-r[2], r[0], r[1]))

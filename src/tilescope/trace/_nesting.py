@@ -90,8 +90,13 @@ def ensure_hierarchy(trace) -> None:
     con = trace.con
     from ._trace import _arrow
 
-    t = _arrow(con.sql("""SELECT eid, lane, ts_ns, end_ns, coalesce(dur_ns, 0) AS dur, kind = 'op' AS is_op
-                   FROM events WHERE ph = 'X' ORDER BY lane, ts_ns, end_ns DESC, eid"""))
+    # the slices' few columns, materialized once: the three queries below would otherwise each
+    # re-derive the events view (kinds, lanes) from the Parquet files
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE _slices AS
+        SELECT eid, rank, lane, kind, side, cat, ts_ns, end_ns, coalesce(dur_ns, 0) AS dur, correlation, flow_id
+        FROM events WHERE ph = 'X'""")
+    t = _arrow(con.sql("""SELECT eid, lane, ts_ns, end_ns, dur, kind = 'op' AS is_op
+                   FROM _slices ORDER BY lane, ts_ns, end_ns DESC, eid"""))
     eid = t.column("eid").to_numpy()
     lane_a = t.column("lane").to_numpy().astype(np.int64)
     ts_a = t.column("ts_ns").to_numpy()
@@ -122,12 +127,12 @@ def ensure_hierarchy(trace) -> None:
 
     # device events -> the host event that submitted them
     links = _arrow(con.sql(f"""
-        SELECT d.eid AS dev_eid, l.eid AS launch_eid, coalesce(d.dur_ns, 0) AS dur, l.flow_id
-        FROM events d JOIN events l ON d.rank = l.rank AND d.correlation = l.correlation
+        SELECT d.eid AS dev_eid, l.eid AS launch_eid, d.dur, l.flow_id
+        FROM _slices d JOIN _slices l ON d.rank = l.rank AND d.correlation = l.correlation
         WHERE d.kind IN {_DEVICE_KINDS} AND l.kind = 'launch' AND d.side = 'device' AND l.side = 'host'
         UNION ALL
-        SELECT d.eid, l.eid, coalesce(d.dur_ns, 0), l.flow_id
-        FROM events d JOIN events l ON d.rank = l.rank AND d.flow_id = l.flow_id
+        SELECT d.eid, l.eid, d.dur, l.flow_id
+        FROM _slices d JOIN _slices l ON d.rank = l.rank AND d.flow_id = l.flow_id
         WHERE d.kind IN {_DEVICE_KINDS} AND l.kind = 'launch' AND d.cat = 'hardware' AND l.cat = 'runtime'"""))
     dev_eid = links.column("dev_eid").to_numpy().astype(np.int64)
     launch_eid = links.column("launch_eid").to_numpy().astype(np.int64)
@@ -135,12 +140,14 @@ def ensure_hierarchy(trace) -> None:
     origin = index_of(launch_eid)
     # tilescope: the framework op is where the execution's flow starts ('s'): the innermost
     # slice around that point on the framework lane
+    has_flows = trace.kind == "tilescope" and con.execute(
+        "SELECT count(*) FROM flows WHERE ph = 's' AND cat = 'tilescope.flow'").fetchall()[0][0]
     starts = _arrow(con.sql("""
         SELECT TRY_CAST(f.id AS BIGINT) AS fid, arg_max(e.eid, e.ts_ns) AS eid
         FROM flows f JOIN lanes l ON l.rank = f.rank AND l.pid = f.pid AND l.tid = f.tid
-        JOIN events e ON e.lane = l.lane AND e.ph = 'X' AND e.ts_ns <= f.ts_ns AND f.ts_ns <= e.end_ns
-        WHERE f.ph = 's' AND f.cat = 'tilescope.flow' GROUP BY f.rank, f.id"""))
-    if starts.num_rows:
+        JOIN _slices e ON e.lane = l.lane AND e.ts_ns <= f.ts_ns AND f.ts_ns <= e.end_ns
+        WHERE f.ph = 's' AND f.cat = 'tilescope.flow' GROUP BY f.rank, f.id""")) if has_flows else None
+    if starts is not None and starts.num_rows:
         fids = starts.column("fid").to_pylist()
         flow_origin = dict(zip(fids, index_of(starts.column("eid").to_numpy().astype(np.int64)).tolist()))
         lf = links.column("flow_id").to_pylist()
@@ -172,6 +179,7 @@ def ensure_hierarchy(trace) -> None:
     con.register("_links_arrow", lk)
     con.execute("CREATE OR REPLACE TEMP TABLE _links AS SELECT * FROM _links_arrow")
     con.unregister("_links_arrow")
+    con.execute("DROP TABLE IF EXISTS _slices")  # its memory back: the tables above hold what is needed
     trace._cache["hier"] = True
     trace._cache["overlaps"] = overlaps
     if overlaps:

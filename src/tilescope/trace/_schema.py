@@ -9,7 +9,7 @@ from __future__ import annotations
 __all__ = ["SCHEMA_VERSION", "TABLES", "RAW_JSON_COLUMNS", "TS_EXACT_TYPE", "ARG_COLUMNS", "CATEGORY_KINDS", "kind_case_sql",
            "arg_columns_sql", "arg_paths_sql"]
 
-SCHEMA_VERSION = 6  # 4: the typed args columns are stored at ingest; 5: executables.shapes; 6: device lanes by process label
+SCHEMA_VERSION = 7  # 4: the typed args columns are stored at ingest; 5: executables.shapes; 6: device lanes by process label; 7: lanes.other_cats
 
 # Columns read from each trace record by DuckDB's JSON reader. Times are microseconds; a
 # double holds them exactly to the nanosecond below 2**53 ns (~104 days: relative clocks,

@@ -34,7 +34,7 @@ from ._devices import device_process_sql
 from ._ingest import ingest_chrome_file
 from ._jsonscan import TraceFormatError
 from ._profile import instruction_rows, read_itrace_pair, read_profile_dir
-from ._schema import CATEGORY_KINDS, SCHEMA_VERSION, TABLES
+from ._schema import CATEGORY_KINDS, SCHEMA_VERSION, TABLES, kind_case_sql
 
 __all__ = ["cache_root", "build_entry", "classify_source", "distributed_info", "ensure_lanes", "ensure_lod", "lod_levels", "LOD_LEVELS"]
 
@@ -154,10 +154,13 @@ def _build_lanes(con, entry: str, rank: int, dst: str | None = None) -> None:
     tn AS (SELECT pid, tid, any_value(v) AS thread_name FROM meta WHERE name = 'thread_name' GROUP BY pid, tid),
     st AS (
       SELECT pid, tid, count(*) AS events, min(ts_ns) AS first_ns, max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) AS last_ns,
-             count(*) FILTER (WHERE {_side_case()}) AS dev
+             count(*) FILTER (WHERE {_side_case()}) AS dev,
+             -- categories of slices no CATEGORY_KINDS row classifies, with counts (the unclassified-device check)
+             to_json(histogram(coalesce(cat, '(no category)')) FILTER (WHERE ph = 'X' AND {kind_case_sql()} = 'other'))
+               AS other_cats
       FROM read_parquet('{glob}', hive_partitioning=false) WHERE ph NOT IN ('M', 's', 't', 'f', 'B', 'E') GROUP BY pid, tid)
     SELECT {rank}::INTEGER AS rank, st.pid, st.tid, pn.process_name, tn.thread_name, pl.labels,
-           st.events, st.first_ns, st.last_ns,
+           st.events, st.first_ns, st.last_ns, st.other_cats,
            -- a device process (labelled "GPU 0", "MTIA 9", ...: _devices.DEVICE_PROCESS), or mostly device work
            CASE WHEN st.dev * 2 > st.events OR {device_process_sql('pl.labels')} OR {device_process_sql('pn.process_name')}
                 THEN 'device' ELSE 'host' END AS side
@@ -295,9 +298,11 @@ def _write_program_tables(entry: str, pairs: list[tuple[str, int, str]], executa
 
 
 def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool | None = None,
-                refresh: bool = False, pair: str | None = None) -> str:
-    """Ingest ``path`` into the cache (if not cached yet) and return the entry directory."""
-    root = cache_root()
+                refresh: bool = False, pair: str | None = None, root: str | None = None) -> str:
+    """Ingest ``path`` into the cache (if not cached yet) and return the entry directory.
+    ``root``: the folder to hold the entry instead of :func:`cache_root` (the per-rank ingest
+    writes beside its layout, on storage every worker shares)."""
+    root = cache_root() if root is None else root
     entry = os.path.join(root, _key(path, kind) + (f"-r{rank}" if rank is not None else ""))
     if not refresh and os.path.exists(os.path.join(entry, "meta.json")):
         return entry

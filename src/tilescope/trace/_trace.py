@@ -112,7 +112,13 @@ class Trace:
         trace from an accelerator tilescope does not know is never reported as CPU-only)."""
         from ._devices import CATEGORY_HINT, unclassified_device_events
 
-        found = unclassified_device_events(self._con)
+        lanes = []
+        for e in self.entries:
+            f = os.path.join(e, "lanes.parquet")
+            if os.path.exists(f):
+                lanes += self._con.execute(f"""SELECT side, coalesce(process_name, pid), other_cats
+                                               FROM read_parquet('{f}') WHERE other_cats IS NOT NULL""").fetchall()
+        found = unclassified_device_events(lanes)
         if found:
             listed = "; ".join(f"{cat} ({n:,} events, {where})" for where, cat, n in found[:6])
             more = f" and {len(found) - 6} more" if len(found) > 6 else ""
