@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -21,8 +21,15 @@ $(STAMP): pyproject.toml src/tilescope/trace/_kscan.c src/tilescope/program/_exe
 demo: setup
 	$(VENV)/bin/tilescope demo
 
+# every tier (unit, device, browser; tests/tiers.py), with the wall time printed at the end
 test: setup
-	$(PY) -m pytest
+	@start=$$(date +%s); $(PY) -m pytest; rc=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s wall, exit code $$rc"; exit $$rc
+
+# the local loop: the unit tier without the slow tests (no simulated device, no browser)
+test-fast: setup
+	@start=$$(date +%s); $(PY) -m pytest -m "unit and not slow" -q; rc=$$?; \
+	echo "make test-fast: $$(( $$(date +%s) - start )) s wall, exit code $$rc"; exit $$rc
 
 bench: setup
 	for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -6,10 +6,30 @@ import os
 import pytest
 from hypothesis import settings
 
+from tiers import assign_tier
+
 # CI runs the property tests on a fixed set of examples (HYPOTHESIS_PROFILE=ci in .ci/run), so
 # that a landing depends on the change, not on the draw; local runs draw new examples each time.
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# CI (.ci/run) requires every optional C extension to be built: a test that would skip because one
+# "is not built" fails there instead (tests/test_native_extensions.py names the missing one).
+REQUIRE_NATIVE = os.environ.get("TILESCOPE_REQUIRE_NATIVE") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(assign_tier(item))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_NATIVE and report.skipped and "not built" in str(report.longrepr):
+        report.outcome = "failed"
+        report.longrepr = f"TILESCOPE_REQUIRE_NATIVE=1 but a native extension is missing: {report.longrepr}"
 
 
 @contextlib.contextmanager

@@ -62,9 +62,19 @@ def test_library_fallback_and_redispatch():
 
 
 def test_record_function_switch():
-    # the worker and the dispatcher hide tilescope's own aten calls from the profiler
-    torch._C._autograd._enable_record_function(False)
-    torch._C._autograd._enable_record_function(True)
+    # the worker and the dispatcher hide tilescope's own aten calls from the profiler: with the
+    # switch off, an aten op run under torch.profiler records no event; back on, it does again
+    def recorded(enabled: bool) -> set[str]:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            torch._C._autograd._enable_record_function(enabled)
+            try:
+                torch.ones(3).add(1)
+            finally:
+                torch._C._autograd._enable_record_function(True)
+        return {e.name for e in prof.events()}
+
+    assert "aten::add" not in recorded(False)
+    assert "aten::add" in recorded(True)
 
 
 def test_attention_and_convolution_routing():
