@@ -16,7 +16,7 @@ from ._instructions import (
     AffineSelect, DmaCopy, DmaIndirect, Dropout, GpsimdCall, Instruction, Iota, MatchReplace8, Matmul, Max8, Memset,
     Reciprocal, Select,
     TensorCopy, TensorReduce, TensorScalar, TensorScalarReduce, TensorTensor, TensorTensorScan,
-    Transpose,
+    Transpose, field_access,
 )
 from ._kernel_api import (
     activation, activation_reduce, affine_select, bn_aggr, bn_stats, dma_copy, engine, iota, memset,
@@ -31,7 +31,7 @@ __all__ = [
     "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
     "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "TensorTensorScan",
     "TensorScalarReduce", "AffineSelect", "Reciprocal", "Max8", "MatchReplace8", "Dropout",
-    "INSTRUCTION_KINDS", "ENGINE_NAMES", "ALU_OPS", "ACTIVATIONS", "REDUCE_OPS",
+    "INSTRUCTION_KINDS", "ENGINE_NAMES", "field_access", "ALU_OPS", "ACTIVATIONS", "REDUCE_OPS",
     "COST_TABLE", "CostRule", "DmaCost", "dma_cost", "dma_engines", "dma_indirect_cost", "engine_cycles", "engine_ns",
     "matmul_cycles", "load_stationary_cycles", "flops", "generic_routine_cycles", "GENERIC_CYCLES_PER_ELEMENT",
     "dge_cycles", "DGE_CYCLES_PER_DESCRIPTOR", "local_gather_cycles", "LOCAL_GATHER_CYCLES_PER_ELEMENT",

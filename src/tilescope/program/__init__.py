@@ -1,9 +1,12 @@
 """Programs (the one representation of device work) and the tile builder that makes them."""
 
 from ._builder import Handle, TileBuilder, View, as_ap
+from ._columns import operand_slots, operands_of
 from ._program import FORMAT_VERSION, MEMORIES, Buffer, Program, Provenance, Slot
 
 __all__ = [
     "Program", "Buffer", "Provenance", "Slot", "TileBuilder", "Handle", "View", "as_ap",
     "MEMORIES", "FORMAT_VERSION",
+    # an instruction's operand fields (the scheduler and the tile language read them)
+    "operand_slots", "operands_of",
 ]

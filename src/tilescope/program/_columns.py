@@ -31,8 +31,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..isa import AP
-from ..isa._instructions import field_access
+from ..isa import AP, field_access
 from ._program import Buffer
 
 __all__ = ["Columns", "operand_slots", "operands_of"]

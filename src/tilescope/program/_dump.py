@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import orjson
 
-from ..isa import AP, INSTRUCTION_KINDS, RuntimeScalar
-from ..isa._instructions import field_access
+from ..isa import AP, INSTRUCTION_KINDS, RuntimeScalar, field_access
 
 try:
     from . import _execjson

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..isa import AP, Matmul, Transpose
-from ..isa._instructions import field_access
+from ..isa import AP, Matmul, Transpose, field_access
 
 __all__ = ["StaticInfo", "analyze", "signature"]
 

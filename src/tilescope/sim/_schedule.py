@@ -35,7 +35,7 @@ from ..isa import (
     DmaCopy, DmaIndirect, Matmul, Transpose, dma_cost, dma_engines, dma_indirect_cost, engine_cycles,
     flops, load_stationary_cycles,
 )
-from ..program._columns import operand_slots
+from ..program import operand_slots
 from ..spec import CoreSpec
 from ._resources import DmaEngines, IntervalResource
 from ._timeline import LANE_GROUPS, SimResult, Summary, Timeline
