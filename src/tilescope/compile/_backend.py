@@ -15,6 +15,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,8 @@ import torch.fx as fx
 
 from ._emit import EmitStats, _Unfusable, emit_segments
 from ._graph import DECOMPOSITIONS, propagate_shapes
+from ._foreach import cluster, expand_foreach
+from ._inplace import hoist_input_updates, plan_writebacks, reinplace
 from ._plan import Segment, plan_graph
 
 __all__ = ["tilescope_backend", "CompiledGraph", "Step", "cache_dir", "STATS"]
@@ -42,7 +45,7 @@ def cache_dir() -> Path:
 class Step:
     """One step of a compiled call: a fused Program or one op run as its own execution."""
 
-    kind: str  # "program" | "eager" | "view"
+    kind: str  # "program" | "eager" | "view" | "writeback" (a copy_ its producing Program does)
     nodes: list[fx.Node]
     inputs: list[fx.Node] = field(default_factory=list)
     outputs: list[fx.Node] = field(default_factory=list)
@@ -50,6 +53,7 @@ class Step:
     stats: EmitStats | None = None
     reason: str | None = None
     segments: list[Segment] = field(default_factory=list)
+    aliases: dict = field(default_factory=dict)  # program: output node -> graph input it is written into
 
 
 def _signature(args) -> tuple:
@@ -95,17 +99,33 @@ def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str, *, propagate: b
 
     ``propagate=False`` when the graph's ``val`` metadata already has these shapes (the
     example inputs AOT autograd traced with)."""
+    if expand_foreach(gm):
+        cluster(gm)
+    reinplace(gm)
+    hoist_input_updates(gm)
     if propagate:
         propagate_shapes(gm, [s if isinstance(s, tuple) else s for s in sig])
     forced: dict = {}
     while True:
         segments = plan_graph(gm, forced)
         steps = _group(segments)
+        writebacks = plan_writebacks(gm, steps)
+        for copy in writebacks:
+            st = next(s for s in steps if s.nodes == [copy])
+            st.kind, st.reason = "writeback", "written in place by the Program that computes the value"
         try:
             _build_programs(gm, steps, sig, spec, name)
-            return steps
+            break
         except _UnfusableNode as e:
             forced[e.node] = e.reason
+    for copy, (st, src, dst) in writebacks.items():
+        # a group that streamed its rows in several passes may read the input again after
+        # writing it: then the copy stays a copy
+        if st.stats.passes > 1 and dst in st.inputs:
+            next(s for s in steps if s.nodes == [copy]).kind = "eager"
+        else:
+            st.aliases[src] = dst
+    return steps
 
 
 class _UnfusableNode(Exception):
@@ -137,14 +157,73 @@ def _group(segments: list[Segment]) -> list[Step]:
     return steps
 
 
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
+
+
+class _LazyInstructions(Sequence):
+    """A cached Program's instructions, unpickled on first use.
+
+    Running a compiled graph needs only what the scheduler reads (the precomputed signatures
+    and dependencies, kept in the cache file); the instruction objects themselves -- thousands
+    per Program, the bulk of a load -- are rebuilt when something reads them (an executable
+    written by the profiler, the explorer)."""
+
+    def __init__(self, blob: bytes, count: int):
+        self._blob = blob
+        self._count = count
+        self._items = None
+
+    def _load(self):
+        if self._items is None:
+            import pickle
+
+            self._items = pickle.loads(self._blob)
+            self._blob = None
+        return self._items
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index):
+        return self._load()[index]
+
+    def __iter__(self):
+        return iter(self._load())
+
+    def __reduce__(self):
+        return tuple, (tuple(self._load()),)
+
+
+_COLD = ("buffers", "slots", "placement")  # not read to run a Program: unpickled on first use
+_CACHED_CLASS: list = []
+
+
+def _cached_program_class():
+    """A Program read back from the cache, whose buffers, slots and placement -- thousands of
+    tiles, not needed to run it -- are unpickled when first read."""
+    if not _CACHED_CLASS:
+        import pickle
+
+        from ..program import Program
+
+        def cold(name):
+            def get(self):
+                c = self.__dict__["_cold_state"]
+                if isinstance(c, bytes):
+                    c = self.__dict__["_cold_state"] = pickle.loads(c)
+                return c[name]
+            return property(get)
+
+        _CACHED_CLASS.append(type("CachedProgram", (Program,), {k: cold(k) for k in _COLD}
+                                  | {"__module__": __name__}))
+    return _CACHED_CLASS[0]
 
 
 def _load_cached(path: Path):
-    """A Program pickled by :func:`_store_cached`, or None if absent, stale or damaged.
+    """A Program stored by :func:`_store_cached`, or None if absent, stale or damaged.
 
-    The pickle keeps the Program's precomputed arrays (signatures, dependencies, hash),
-    so a cache hit costs no analysis; a sha256 of the payload guards against torn files.
+    The file keeps the Program's precomputed arrays (signatures, dependencies, hash), so a
+    cache hit costs no analysis; a sha256 of the payload guards against torn files.
     """
     import pickle
 
@@ -161,7 +240,11 @@ def _load_cached(path: Path):
             return None
         if hashlib.sha256(payload).hexdigest() != digest:
             return None
-        prog = pickle.loads(payload)
+        state, cold, instructions, count = pickle.loads(payload)
+        prog = _cached_program_class().__new__(_cached_program_class())
+        prog.__dict__.update(state)
+        prog.__dict__["_cold_state"] = cold
+        prog.__dict__["instructions"] = _LazyInstructions(instructions, count)
     except Exception:  # noqa: BLE001 - any damage means: rebuild
         return None
     return prog if prog.hash == program_hash else None
@@ -172,8 +255,11 @@ def _store_cached(path: Path, prog) -> None:
 
     from .. import __version__
 
-    prog.static, prog.dependencies, prog.hash  # computed once, kept in the pickle
-    payload = pickle.dumps(prog, protocol=pickle.HIGHEST_PROTOCOL)
+    prog.static, prog.dependencies, prog.hash, prog.runtime_scalars  # computed once, kept in the file
+    state = {k: v for k, v in prog.__dict__.items() if k not in ("instructions", "_dumped") + _COLD}
+    cold = pickle.dumps({k: prog.__dict__[k] for k in _COLD}, protocol=pickle.HIGHEST_PROTOCOL)
+    instructions = pickle.dumps(tuple(prog.instructions), protocol=pickle.HIGHEST_PROTOCOL)
+    payload = pickle.dumps((state, cold, instructions, len(prog.instructions)), protocol=pickle.HIGHEST_PROTOCOL)
     header = f"{_CACHE_FORMAT} {__version__} {hashlib.sha256(payload).hexdigest()} {prog.hash}\n".encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -287,8 +373,36 @@ def tilescope_backend(gm: fx.GraphModule, example_inputs, **kwargs):
     from torch._dynamo.backends.common import aot_autograd
 
     _ensure_device_registered()
-    return aot_autograd(fw_compiler=_compiler, bw_compiler=_compiler, decompositions=DECOMPOSITIONS)(
-        gm, example_inputs, **kwargs)
+    skip_internals()
+    # keep_inference_input_mutations: a graph's updates of its inputs (running statistics, an
+    # optimizer's state) stay in the graph as copy_ nodes, which the plan then does in place
+    return aot_autograd(fw_compiler=_compiler, bw_compiler=_compiler, decompositions=DECOMPOSITIONS,
+                        keep_inference_input_mutations=True)(gm, example_inputs, **kwargs)
+
+
+# the device's runtime (not tilescope.device._kernels: tile kernels called in a compiled
+# function are traced into the graph through it)
+_INTERNALS = ("tilescope.device._dispatch", "tilescope.device._runtime", "tilescope.device._worker",
+              "tilescope.device._special", "tilescope.device._native", "tilescope.device._fused",
+              "tilescope.device._registration", "tilescope.sim", "tilescope.lower", "tilescope.program",
+              "tilescope.isa", "tilescope.compile", "tilescope.spec")
+_SKIPPED: list = []
+
+
+def skip_internals() -> None:
+    """Keep Dynamo out of the device's own Python code.
+
+    Code around a graph break (``loss.backward()`` inside a compiled training step) runs with
+    Dynamo's frame hook active, and every Python frame it reaches is compiled unless Dynamo skips
+    its file: the device's dispatch, the simulator and the lowerings would be traced as user code.
+    """
+    if _SKIPPED:
+        return
+    from torch._dynamo import trace_rules
+
+    for name in _INTERNALS:
+        trace_rules.add(name)
+    _SKIPPED.append(True)
 
 
 def _ensure_device_registered() -> None:

@@ -17,7 +17,7 @@ from math import prod
 import torch
 
 from ..dtypes import itemsize
-from ._backend import build_steps, _signature
+from ._backend import _signature, build_steps, skip_internals
 from ._emit import _dt
 from ._ops import packet_name
 from ._plan import node_dtype, node_shape
@@ -60,6 +60,8 @@ class Explanation:
     fused: list[FusedExecution] = field(default_factory=list)
     unfused: list[UnfusedOp] = field(default_factory=list)
     views: list[str] = field(default_factory=list)
+    # copy_ of a value into a graph input that the Program computing it writes in place
+    in_place: list[str] = field(default_factory=list)
     # inputs the code changes in place (BatchNorm's running statistics, an optimizer's state):
     # torch copies each new value back after the graph, one device execution each
     input_writebacks: int = 0
@@ -89,6 +91,7 @@ class Explanation:
             "fused": [f.__dict__ | {"fx_nodes": list(f.fx_nodes), "spilled": list(f.spilled)} for f in self.fused],
             "unfused": [u.__dict__ for u in self.unfused],
             "views": self.views,
+            "in_place": self.in_place,
             "input_writebacks": self.input_writebacks,
             "executions": [e.__dict__ for e in self.executions],
             "generic_share": self.generic_share,
@@ -104,6 +107,9 @@ class Explanation:
         for u in self.unfused:
             lines.append(f"  apart  {u.node} (aten.{u.op}): {u.reason}; fusing it would save "
                          f"~{u.bytes_saved_if_fused / 1e6:.3f} MB of HBM traffic (modeled estimate)")
+        if self.in_place:
+            lines.append(f"  in place  {len(self.in_place)} input update(s) written by the Program that computes "
+                         f"them: {', '.join(self.in_place)}")
         if self.input_writebacks:
             lines.append(f"  after  {self.input_writebacks} copy_ of inputs changed in place (e.g. running "
                          f"statistics): torch writes each back after the graph")
@@ -132,9 +138,13 @@ def _mutated_inputs() -> int:
     """How many of the graph being compiled's inputs it changes in place (AOT autograd's
     metadata; 0 where this torch does not say)."""
     try:
+        from torch._functorch._aot_autograd.schemas import MutationType
+
         meta = torch._guards.TracingContext.try_get().fw_metadata
-        return sum(1 for info in meta.input_info if info.mutates_data)
-    except AttributeError:
+        # mutations kept in the graph are its copy_ nodes, planned with the rest
+        return sum(1 for info in meta.input_info
+                   if info.mutates_data and info.mutation_type != MutationType.MUTATED_IN_GRAPH)
+    except (AttributeError, ImportError):
         return 0
 
 
@@ -171,9 +181,11 @@ def explain(fn, *args, **kwargs) -> Explanation:
         writebacks[0] += _mutated_inputs()
         return capture(gm, example_inputs)
 
+    skip_internals()
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=capture_forward, bw_compiler=capture,
-                                                      decompositions=DECOMPOSITIONS))
+                                                      decompositions=DECOMPOSITIONS,
+                                                      keep_inference_input_mutations=True))
     if on_device:
         from ..device import recording, synchronize
 
@@ -190,7 +202,8 @@ def explain(fn, *args, **kwargs) -> Explanation:
     spec = preset(None)
     report = Explanation(graphs=len(captured), input_writebacks=writebacks[0], executions=executions)
     for g, (gm, example) in enumerate(captured):
-        steps = build_steps(gm, _signature(example), spec, f"explain_{g}")
+        # the graph's metadata already has these shapes (as the backend, which never re-propagates them)
+        steps = build_steps(gm, _signature(example), spec, f"explain_{g}", propagate=False)
         graph_inputs = {n for n in gm.graph.nodes if n.op == "placeholder"}
         outputs = set()
         for n in gm.graph.nodes:
@@ -203,6 +216,8 @@ def explain(fn, *args, **kwargs) -> Explanation:
                     tuple(st.stats.spilled_values), st.stats.spill_bytes))
             elif st.kind == "view":
                 report.views.extend(n.name for n in st.nodes)
+            elif st.kind == "writeback":
+                report.in_place.extend(n.name for n in st.nodes)
             else:
                 for node in st.nodes:
                     saved = sum(_nbytes(i) for i in st.inputs if i not in graph_inputs)

@@ -92,8 +92,10 @@ def _space_of(node: fx.Node) -> tuple[int, int] | None:
         shape = node_shape(node.args[0])
     else:
         shape = node_shape(node)
-    if not shape:
+    if shape is None:
         return None
+    if not shape:
+        return (1, 1)  # a 0-d tensor (a step counter): one row of one element
     d = shape[-1]
     return (prod(shape) // d if d else 0, d)
 

@@ -54,6 +54,9 @@ def _on_sim(tensors) -> bool:
 
 def run_steps(steps, env: dict, compiled) -> None:
     for step in steps:
+        if step.kind == "writeback" and env.get(step.nodes[0].args[1]) is env.get(step.nodes[0].args[0]):
+            env[step.nodes[0]] = env[step.nodes[0].args[0]]  # the Program wrote the value in place
+            continue
         if step.kind != "program":
             interpret_nodes(step.nodes, env)
             continue

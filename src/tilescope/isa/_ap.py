@@ -77,6 +77,9 @@ class AP:
     def key(self) -> tuple:
         return (self.buffer, self.dtype, self.offset, self.dims)
 
+    def __reduce__(self):  # fast unpickling of cached Programs (see Instruction.__reduce__)
+        return AP, (self.buffer, self.dtype, self.offset, self.dims)
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimeScalar:

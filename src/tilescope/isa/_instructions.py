@@ -43,6 +43,11 @@ class Instruction:
     def writes(self) -> tuple[AP, ...]:
         return tuple(v for v in map(self.__getattribute__, self._WRITES) if v.__class__ is AP)
 
+    def __reduce__(self):
+        # rebuilt from its field values: a cached Program unpickles thousands of these, and the
+        # default for frozen slotted dataclasses looks the fields up again for every one
+        return type(self), field_access(type(self))[1](self)
+
     def key(self) -> tuple:
         """A tuple of primitives identifying this instruction (for the Program hash)."""
         _, values = field_access(type(self))

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-
-import numpy as np
+from dataclasses import fields as _fields_of
 from dataclasses import dataclass
 from functools import cached_property
 from math import prod
 from typing import Iterable
+
+import numpy as np
 
 from ..dtypes import itemsize
 from ..isa import AP, Instruction, RuntimeScalar
@@ -33,6 +34,9 @@ class Buffer:
     ``input``/``output``/``scratch`` for HBM tensors and ``tile`` on chip. Tiles made
     at one allocation ``site`` rotate over ``bufs`` physical buffers.
     """
+
+    def __reduce__(self):  # fast unpickling of cached Programs (frozen slotted dataclass)
+        return Buffer, tuple(getattr(self, f.name) for f in _fields(Buffer))
 
     name: str
     memory: str
@@ -79,6 +83,9 @@ class Buffer:
 class Provenance:
     """Where an instruction came from: an aten op, an FX node, a kernel source line."""
 
+    def __reduce__(self):  # fast unpickling of cached Programs (frozen slotted dataclass)
+        return Provenance, tuple(getattr(self, f.name) for f in _fields(Provenance))
+
     op: str | None = None
     fx_node: str | None = None
     file: str | None = None
@@ -101,6 +108,9 @@ class Provenance:
 @dataclass(frozen=True, slots=True)
 class Slot:
     """A physical on-chip buffer: where one or more logical tiles live over time."""
+
+    def __reduce__(self):  # fast unpickling of cached Programs (frozen slotted dataclass)
+        return Slot, tuple(getattr(self, f.name) for f in _fields(Slot))
 
     name: str
     memory: str
@@ -406,3 +416,13 @@ def _nested_runtime(v):
     elif isinstance(v, tuple):
         for x in v:
             yield from _nested_runtime(x)
+
+
+_FIELDS: dict = {}
+
+
+def _fields(cls):
+    got = _FIELDS.get(cls)
+    if got is None:
+        got = _FIELDS[cls] = _fields_of(cls)
+    return got
