@@ -201,3 +201,39 @@ def test_explain_works_where_the_graph_holds_device_tensors():
     assert e.fused and any(u.op == "cat" for u in e.unfused)
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(f, backend="tilescope")(x).cpu(), f(x.cpu()))
+
+
+def test_programs_come_back_from_the_disk_cache_whole(tmp_path, monkeypatch, executions):
+    """A second compile of the same graph reads its Programs from the disk cache: same hash,
+    same instructions and modeled time, same values; a damaged file is rebuilt, not trusted."""
+    from tilescope.compile._backend import _load_cached
+
+    monkeypatch.setenv("TILESCOPE_CACHE_DIR", str(tmp_path))
+    x, w = torch.randn(4, 96, 256), torch.randn(256)
+    xs, ws = x.to("sim"), w.to("sim")
+
+    def run():
+        torch._dynamo.reset()
+        executions.clear()
+        out = torch.compile(rmsnorm, backend="tilescope")(xs, ws)
+        torch.sim.synchronize()
+        compiled = [r for r in executions if r.lowering == "compiled"]
+        return out.cpu(), compiled
+
+    built, read = STATS["programs_built"], STATS["programs_from_disk"]
+    first, (cold,) = run()
+    assert STATS["programs_built"] == built + 1 and STATS["programs_from_disk"] == read
+    files = list(tmp_path.rglob("*.pkl"))
+    assert len(files) == 1
+    second, (warm,) = run()
+    assert STATS["programs_from_disk"] == read + 1 and STATS["programs_built"] == built + 1
+    torch.testing.assert_close(second, first)
+    torch.testing.assert_close(first, rmsnorm(x, w), rtol=1e-4, atol=1e-4)
+    assert warm.program.hash == cold.program.hash and warm.modeled_ns == cold.modeled_ns
+    assert [i.key() for i in warm.program.instructions] == [i.key() for i in cold.program.instructions]
+    assert warm.program.buffers == cold.program.buffers
+    blob = files[0].read_bytes()
+    files[0].write_bytes(blob[:-10] + bytes(10))  # a torn or damaged file
+    assert _load_cached(files[0]) is None
+    run()
+    assert STATS["programs_built"] == built + 2

@@ -15,7 +15,6 @@ import json
 import os
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,77 +156,23 @@ def _group(segments: list[Segment]) -> list[Step]:
     return steps
 
 
-_CACHE_FORMAT = 2
-
-
-class _LazyInstructions(Sequence):
-    """A cached Program's instructions, unpickled on first use.
-
-    Running a compiled graph needs only what the scheduler reads (the precomputed signatures
-    and dependencies, kept in the cache file); the instruction objects themselves -- thousands
-    per Program, the bulk of a load -- are rebuilt when something reads them (an executable
-    written by the profiler, the explorer)."""
-
-    def __init__(self, blob: bytes, count: int):
-        self._blob = blob
-        self._count = count
-        self._items = None
-
-    def _load(self):
-        if self._items is None:
-            import pickle
-
-            self._items = pickle.loads(self._blob)
-            self._blob = None
-        return self._items
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __getitem__(self, index):
-        return self._load()[index]
-
-    def __iter__(self):
-        return iter(self._load())
-
-    def __reduce__(self):
-        return tuple, (tuple(self._load()),)
-
-
-_COLD = ("buffers", "slots", "placement")  # not read to run a Program: unpickled on first use
-_CACHED_CLASS: list = []
-
-
-def _cached_program_class():
-    """A Program read back from the cache, whose buffers, slots and placement -- thousands of
-    tiles, not needed to run it -- are unpickled when first read."""
-    if not _CACHED_CLASS:
-        import pickle
-
-        from ..program import Program
-
-        def cold(name):
-            def get(self):
-                c = self.__dict__["_cold_state"]
-                if isinstance(c, bytes):
-                    c = self.__dict__["_cold_state"] = pickle.loads(c)
-                return c[name]
-            return property(get)
-
-        _CACHED_CLASS.append(type("CachedProgram", (Program,), {k: cold(k) for k in _COLD}
-                                  | {"__module__": __name__}))
-    return _CACHED_CLASS[0]
+_CACHE_FORMAT = 3
+# the object forms a columnar Program makes on demand: not stored, rebuilt when something reads them
+_MADE_ON_DEMAND = ("instructions", "buffers", "slots", "placement", "instr_prov", "_dumped")
 
 
 def _load_cached(path: Path):
     """A Program stored by :func:`_store_cached`, or None if absent, stale or damaged.
 
-    The file keeps the Program's precomputed arrays (signatures, dependencies, hash), so a
-    cache hit costs no analysis; a sha256 of the payload guards against torn files.
+    The file keeps the Program's columns and precomputed arrays (signatures, dependencies,
+    hash), so a cache hit costs no analysis and makes no instruction objects until something
+    reads them (an executable written by the profiler); a sha256 of the payload guards against
+    torn files.
     """
     import pickle
 
     from .. import __version__
+    from ..program import Program
 
     try:
         blob = path.read_bytes()
@@ -240,11 +185,8 @@ def _load_cached(path: Path):
             return None
         if hashlib.sha256(payload).hexdigest() != digest:
             return None
-        state, cold, instructions, count = pickle.loads(payload)
-        prog = _cached_program_class().__new__(_cached_program_class())
-        prog.__dict__.update(state)
-        prog.__dict__["_cold_state"] = cold
-        prog.__dict__["instructions"] = _LazyInstructions(instructions, count)
+        prog = Program.__new__(Program)
+        prog.__dict__.update(pickle.loads(payload))
     except Exception:  # noqa: BLE001 - any damage means: rebuild
         return None
     return prog if prog.hash == program_hash else None
@@ -256,10 +198,11 @@ def _store_cached(path: Path, prog) -> None:
     from .. import __version__
 
     prog.static, prog.dependencies, prog.hash, prog.runtime_scalars  # computed once, kept in the file
-    state = {k: v for k, v in prog.__dict__.items() if k not in ("instructions", "_dumped") + _COLD}
-    cold = pickle.dumps({k: prog.__dict__[k] for k in _COLD}, protocol=pickle.HIGHEST_PROTOCOL)
-    instructions = pickle.dumps(tuple(prog.instructions), protocol=pickle.HIGHEST_PROTOCOL)
-    payload = pickle.dumps((state, cold, instructions, len(prog.instructions)), protocol=pickle.HIGHEST_PROTOCOL)
+    state = dict(prog.__dict__)
+    if state.get("_instr_prov") is not None and "columns" in state:  # columnar: objects on demand
+        state = {k: v for k, v in state.items() if k not in _MADE_ON_DEMAND}
+    state.pop("_dumped", None)
+    payload = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
     header = f"{_CACHE_FORMAT} {__version__} {hashlib.sha256(payload).hexdigest()} {prog.hash}\n".encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")

@@ -43,7 +43,10 @@ def _mm_operands(seg):
 def _work(nodes, in_nodes, in_views, out_nodes, out_views):
     env = dict(zip(in_nodes, in_views))
     interpret_nodes(nodes, env, device=_CPU)
-    for node, view in zip(out_nodes, out_views):
+    # outputs written into an input's memory last: another output may still be a view of it
+    inputs = {v.data_ptr() for v in in_views if isinstance(v, torch.Tensor)}
+    pairs = sorted(zip(out_nodes, out_views), key=lambda p: p[1].data_ptr() in inputs)
+    for node, view in pairs:
         view.copy_(env[node])
 
 

@@ -126,8 +126,8 @@ def _is_mutation(node) -> bool:
 
 def cluster(gm: fx.GraphModule) -> None:
     """Reorder so that each tensor's nodes (``foreach_index``) are contiguous, copies into
-    inputs last; every node still follows what it reads, and a mutation follows every read of
-    the tensor it changes."""
+    inputs last; every node still follows what it reads, a mutation follows every earlier read
+    of the tensor it changes and precedes every later one."""
     nodes = list(gm.graph.nodes)
     if not any("foreach_index" in n.meta for n in nodes):
         return
@@ -142,9 +142,12 @@ def cluster(gm: fx.GraphModule) -> None:
                 index[n] = got.pop()
     deps = {n: set(n.all_input_nodes) for n in nodes}
     for n in nodes:
-        if _is_mutation(n):  # after every earlier read of what it writes
+        if _is_mutation(n):  # after every earlier read of what it writes, before every later one
             for target in n.all_input_nodes:
                 deps[n] |= {u for u in target.users if order[u] < order[n]}
+                for u in target.users:
+                    if order[u] > order[n]:
+                        deps[u].add(n)
     users: dict = {n: [] for n in nodes}
     for n, ds in deps.items():
         for d in ds:
