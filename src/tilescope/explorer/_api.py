@@ -20,11 +20,13 @@ import numpy as np
 
 from . import _device
 from ._binary import pack
-from ._engine import rows
 from ._index import COLOR_MODES
 from ._insights import summary_page
+from ._work import Cancelled
 
-__all__ = ["Response", "ApiError", "handle", "ROUTES", "to_json"]
+__all__ = ["Response", "ApiError", "handle", "ROUTES", "to_json", "CANCELLED"]
+
+CANCELLED = 499  # the status of a request whose client went away (nothing is sent)
 
 
 @dataclass
@@ -84,6 +86,10 @@ def _table(t) -> dict:
 
 
 # ---- parameters -------------------------------------------------------------------------
+INT_LIMIT = 2**62  # integers beyond it (ns: ~146 years) are refused, never overflowed
+MAX_COMPARE = 8  # profiles one compare request may ask for
+
+
 def _one(q: dict, name: str, default=None):
     v = q.get(name)
     if isinstance(v, list):
@@ -97,12 +103,22 @@ def _int(q, name, default=None, *, lo=None, hi=None):
         if default is None:
             raise ApiError(400, f"parameter {name!r} is required", f"add ?{name}=<integer>")
         return default
+    lo = -INT_LIMIT if lo is None else lo
+    hi = INT_LIMIT if hi is None else hi
     try:
-        x = int(float(v))
-    except ValueError:
+        f = float(v)
+    except (ValueError, OverflowError):
         raise ApiError(400, f"parameter {name!r} must be an integer, got {v!r}", f"pass {name}=<integer>") from None
-    if (lo is not None and x < lo) or (hi is not None and x > hi):
-        raise ApiError(400, f"parameter {name!r} = {x} is outside [{lo}, {hi}]", f"pass {lo} <= {name} <= {hi}")
+    def bound(x):
+        return "-2^62" if x == -INT_LIMIT else "2^62" if x == INT_LIMIT else f"{x}"
+
+    if not math.isfinite(f):
+        raise ApiError(400, f"parameter {name!r} must be a finite integer, got {v!r}",
+                       f"pass {bound(lo)} <= {name} <= {bound(hi)}")
+    x = int(v) if re.fullmatch(r"[+-]?\d+", str(v).strip()) else int(f)
+    if x < lo or x > hi:
+        raise ApiError(400, f"parameter {name!r} = {v} is outside [{bound(lo)}, {bound(hi)}]",
+                       f"pass {bound(lo)} <= {name} <= {bound(hi)}" + (" (ns from the trace start)" if name in ("t0", "t1", "t") else ""))
     return x
 
 
@@ -120,14 +136,29 @@ def _lanes(q):
     if v is None or v == "all":
         return None
     try:
-        return [int(x) for x in str(v).split(",") if x != ""]
+        out = [int(x) for x in str(v).split(",") if x != ""]
     except ValueError:
         raise ApiError(400, f"parameter 'lanes' must be comma-separated lane numbers, got {v!r}",
                        "pass lanes=0,1,2 or lanes=all") from None
+    if len(out) > 100_000:
+        raise ApiError(400, f"parameter 'lanes' lists {len(out):,} lanes (at most 100,000)", "pass lanes=all")
+    return out
 
 
 def _hash(q):
     return _str(q, "hash", pattern=r"[0-9a-f]{4,64}")
+
+
+def _ref(src, q) -> int:
+    """The event a request names: ``ref`` (its index position) or ``eid`` (the engine's id)."""
+    ix = src.index
+    if _one(q, "ref") is not None:
+        return _int(q, "ref", lo=0, hi=max(0, ix.n - 1))
+    eid = _int(q, "eid")
+    r = int(ix.refs_of([eid])[0])
+    if r < 0:
+        raise ApiError(404, f"no event with eid {eid}", "take eids from the window or lineage endpoints")
+    return r
 
 
 # ---- endpoints ----------------------------------------------------------------------------
@@ -141,28 +172,44 @@ def _core_of(lane: dict) -> str:
     return "host"
 
 
+def _device_extent(ix) -> tuple[int | None, int | None]:
+    """First start and last end of the events on device lanes (ns from the trace start)."""
+    dev = [ln["lane"] for ln in ix.lanes if ln.get("side") == "device"]
+    if not dev or ix.n == 0:
+        return None, None
+    gs = np.flatnonzero(np.isin(ix.g_lane, dev))
+    first = last = None
+    for g in gs.tolist():
+        a, b = int(ix.g_lo[g]), int(ix.g_hi[g])
+        if b > a:
+            s, e = int(ix.start[a]), int(ix.ecm[b - 1])
+            first = s if first is None else min(first, s)
+            last = e if last is None else max(last, e)
+    return first, last
+
+
 def _meta(src, q):
-    ix, t = src.index, src.trace
-    lanes = []
-    for ln in ix.lanes:
-        d = dict(ln)
-        i = d["lane"]
-        d["max_depth"] = int(ix.max_depth[i]) if i < ix.max_depth.size else 0
-        d["core"] = _core_of(d)
-        lanes.append(d)
-    with src.lock:  # one thread at a time on the trace's DuckDB connection
-        execs = _executions(src)
-        steps = rows(t.sql("SELECT min(ts_ns) AS first FROM events WHERE kind = 'step' AND ph = 'X'"))[0]["first"]
-        preset = t.preset_name() if t.modeled else None
-    return {
-        "id": src.id, "label": src.label, "path": src.path, "kind": t.kind, "modeled": t.modeled,
-        "what": src.label_text(), "devices": t.device_names(), "preset": preset,
-        "origin_ns": ix.origin_ns, "span_ns": ix.span_ns, "events": ix.n, "lanes": lanes, "names": ix.names,
-        "kinds": ix.kinds, "color_modes": list(COLOR_MODES), "warnings": list(t.warnings), "notes": list(t.notes),
-        "doctor": src.doctor, "index": ix.stats(), "executions": len(execs),
-        "first_step_ns": (steps - ix.origin_ns) if steps is not None else None,
-        "files": sorted(src.files),
-    }
+    ix, t, f = src.index, src.trace, src.facts
+    if "meta" not in f:
+        lanes = []
+        for ln in ix.lanes:
+            d = dict(ln)
+            i = d["lane"]
+            d["max_depth"] = int(ix.max_depth[i]) if i < ix.max_depth.size else 0
+            d["core"] = _core_of(d)
+            lanes.append(d)
+        first_dev, dev_end = _device_extent(ix)
+        f["meta"] = {
+            "id": src.id, "label": src.label, "path": src.path, "kind": f["kind"], "modeled": f["modeled"],
+            "what": src.label_text(), "devices": f["devices"], "preset": f["preset"],
+            "origin_ns": ix.origin_ns, "span_ns": ix.span_ns, "events": ix.n, "lanes": lanes, "names": ix.names,
+            "kinds": ix.kinds, "color_modes": list(COLOR_MODES), "doctor": src.doctor, "index": ix.stats(),
+            "executions": len(f["executions"]), "first_step_ns": f["first_step_ns"],
+            "first_device_ns": first_dev, "device_end_ns": dev_end, "waits": f["waits"],
+            "files": sorted(src.files),
+        }
+    # the engine may add notes later (e.g. on first nesting): read them at each call
+    return {**f["meta"], "warnings": list(t.warnings), "notes": list(t.notes)}
 
 
 def _window(src, q):
@@ -198,64 +245,37 @@ def _window(src, q):
     return Response(200, pack(arrays, head), "application/octet-stream")
 
 
-def _lineage_hops(src, eid: int) -> list[dict]:
-    t, ix = src.trace, src.index
-    with src.lock:
-        hops = t.lineage(eid)
-        execs = {e["eid"]: e for e in _executions(src) if e["eid"] is not None}
-    eids = [h.get("eid") for h in hops]
-    refs = ix.refs_of([e if e is not None else -1 for e in eids])
-    out = []
-    for h, r in zip(hops, refs.tolist()):
-        d = dict(h)
-        if d.get("ts_ns") is not None:
-            d["start_ns"] = d.pop("ts_ns") - ix.origin_ns
-        d["ref"] = r if r >= 0 else None
-        if r >= 0:
-            d["depth"] = ix.event_brief(r)["depth"]
-        ex = execs.get(d.get("eid"))
-        if ex is not None:
-            d["device_view"] = {"hash": ex["program_hash"], "run": ex["run"], "own_trace": ex["own_trace"]}
-        out.append(d)
-    # the instructions hop opens the device view of the execution before it
-    for i, d in enumerate(out):
-        if d.get("hop") == "instructions" and i and out[i - 1].get("device_view"):
-            d["device_view"] = out[i - 1]["device_view"]
-    return out
-
-
 def _event(src, q):
-    ix, t = src.index, src.trace
-    if _one(q, "ref") is not None:
-        ref = _int(q, "ref", lo=0, hi=max(0, ix.n - 1))
-        eid = int(ix.eid[ref])
-    else:
-        eid = _int(q, "eid")
-    with src.lock:
-        try:
-            ev = t.event(eid)
-        except KeyError:
-            raise ApiError(404, f"no event with eid {eid}", "take eids from the window or lineage endpoints") from None
-    ev["start_ns"] = ev["ts_ns"] - ix.origin_ns
-    r = int(ix.refs_of([eid])[0])
-    ev["ref"] = r if r >= 0 else None
-    if r >= 0:
-        b = ix.event_brief(r)
-        ev["depth"] = b["depth"]
+    """One event: what the index knows plus its stored record (args), read by eid."""
+    ix = src.index
+    ref = _ref(src, q)
+    b = ix.event_brief(ref)
+    eid = b["eid"]
+    try:
+        rec = src.rows.record(eid)
+    except KeyError:
+        rec = {}
+    lane = next((ln for ln in ix.lanes if ln["lane"] == b["lane"]), {})
+    args = rec.get("args") if isinstance(rec.get("args"), dict) else {}
+    ev = {k: v for k, v in rec.items() if k not in ("part",)}
+    ev.update({
+        "eid": eid, "ref": ref, "rank": eid >> 48, "lane": b["lane"], "depth": b["depth"], "name": b["name"],
+        "kind": ix.kinds[int(ix.kind[ref])], "side": lane.get("side"), "start_ns": b["start"], "dur_ns": b["dur"],
+        "ts_ns": b["start"] + ix.origin_ns, "end_ns": b["start"] + b["dur"] + ix.origin_ns, "args": args,
+        "lowering": args.get("lowering") if rec.get("cat") in ("runtime", "hardware", "memcpy") else None,
+    })
     return ev
 
 
 def _lineage(src, q):
+    from ._lifecycle import MAX_PAGE, PAGE, lifecycle
+
     ix = src.index
-    if _one(q, "ref") is not None:
-        eid = int(ix.eid[_int(q, "ref", lo=0, hi=max(0, ix.n - 1))])
-    else:
-        eid = _int(q, "eid")
-    try:
-        hops = _lineage_hops(src, eid)
-    except KeyError as e:
-        raise ApiError(404, _key_message(e), "take eids from the window or event endpoints") from None
-    return {"eid": eid, "hops": hops, "modeled": src.trace.modeled}
+    ref = _ref(src, q)
+    page = _int(q, "page", 0, lo=0, hi=10**9)
+    per_page = _int(q, "per_page", PAGE, lo=1, hi=MAX_PAGE)
+    out = lifecycle(ix, ref, executions=src.facts.get("by_eid", {}), page=page, per_page=per_page)
+    return {"eid": int(ix.eid[ref]), "ref": ref, **out, "modeled": src.facts.get("modeled", False)}
 
 
 def _select(src, q):
@@ -263,98 +283,145 @@ def _select(src, q):
     t0, t1 = _int(q, "t0"), _int(q, "t1")
     if t1 <= t0:
         raise ApiError(400, f"empty selection: t1 ({t1}) must be greater than t0 ({t0})", "drag over a time range")
-    return {**ix.select(t0, t1, _lanes(q)), "modeled": src.trace.modeled}
+    return {**ix.select(t0, t1, _lanes(q)), "modeled": src.facts.get("modeled", False)}
+
+
+def _name_ids(src, text: str, exact: bool) -> list[int]:
+    names = src.index.names
+    if exact:
+        return [i for i, n in enumerate(names) if n == text]
+    low = text.lower()
+    return [i for i, n in enumerate(names) if low in n.lower()]
 
 
 def _search(src, q):
-    ix = src.index
-    text = str(_one(q, "q", "")).lower()
+    text = str(_one(q, "q", ""))
+    if len(text) > 1000:
+        raise ApiError(400, f"search text of {len(text):,} characters (at most 1,000)", "search for a shorter name")
     if not text:
         return {"ids": [], "names": []}
-    ids = [i for i, n in enumerate(ix.names) if text in n.lower()][:5000]
-    return {"ids": ids, "names": [ix.names[i] for i in ids[:50]]}
+    ids = _name_ids(src, text, _one(q, "exact", "0") in ("1", "true"))[:5000]
+    return {"ids": ids, "names": [src.index.names[i] for i in ids[:50]]}
 
 
-def _cached(src, key, fn):
-    with src.lock:
-        if key not in src.cache:
-            src.cache[key] = fn()
-        return src.cache[key]
+def _matches(src, text: str, exact: bool):
+    """(starts, refs) of the events whose name matches, in time order (kept for a few texts:
+    Enter after Enter walks the same list)."""
+    key = ("matches", text, exact)
+    got = src.facts.get(key)
+    if got is None:
+        ix = src.index
+        ids = _name_ids(src, text, exact)
+        refs = np.flatnonzero(np.isin(ix.name, np.asarray(ids, dtype=np.int32))) if ids else np.zeros(0, np.int64)
+        o = np.lexsort((refs, ix.start[refs]))
+        got = (ix.start[refs][o], refs[o])
+        old = [k for k in src.facts if isinstance(k, tuple) and k[:1] == ("matches",)]
+        for k in old[:-7]:  # keep the last few
+            src.facts.pop(k, None)
+        src.facts[key] = got
+    return got
+
+
+def _match(src, q):
+    """The next (``dir=1``) or previous (``dir=-1``) event whose name matches ``q`` after
+    (before) time ``t`` — ties broken by ``ref`` —, with its rank among all matches."""
+    ix = src.index
+    text = str(_one(q, "q", ""))
+    if not text or len(text) > 1000:
+        raise ApiError(400, "parameter 'q' must be 1 to 1,000 characters", "pass q=<part of an event name>")
+    exact = _one(q, "exact", "0") in ("1", "true")
+    d = _int(q, "dir", 1, lo=-1, hi=1) or 1
+    t = _int(q, "t", -INT_LIMIT if d > 0 else INT_LIMIT)
+    after = _int(q, "ref", -1 if d > 0 else INT_LIMIT, lo=-1)
+    starts, refs = _matches(src, text, exact)
+    total = int(refs.size)
+    if total == 0:
+        return {"total": 0, "match": None}
+    if d > 0:
+        k = int(np.searchsorted(starts, t, side="left"))
+        while k < total and starts[k] == t and refs[k] <= after:
+            k += 1
+        if k >= total:
+            k = 0  # wrap around, as Perfetto does
+    else:
+        k = int(np.searchsorted(starts, t, side="right")) - 1
+        while k >= 0 and starts[k] == t and refs[k] >= after:
+            k -= 1
+        if k < 0:
+            k = total - 1
+    r = int(refs[k])
+    return {"total": total, "index": k, "match": ix.event_brief(r)}
 
 
 def _ops(src, q):
     by_shape = _one(q, "by_shape", "0") in ("1", "true", "yes")
-    return _cached(src, ("ops", by_shape), lambda: {"table": _table(src.trace.op_table(by_shape=by_shape)),
-                                                     "modeled": src.trace.modeled, "what": src.label_text()})
+    label = src.label_text()
+    return src.analysis(("ops", by_shape), lambda t: {"table": _table(t.op_table(by_shape=by_shape)),
+                                                       "modeled": t.modeled, "what": label},
+                        store=f"ops{'-by-shape' if by_shape else ''}")
 
 
 def _kernels(src, q):
-    return _cached(src, "kernels", lambda: {"table": _table(src.trace.kernels()), "modeled": src.trace.modeled,
-                                            "what": src.label_text()})
+    label = src.label_text()
+    return src.analysis("kernels", lambda t: {"table": _table(t.kernels()), "modeled": t.modeled, "what": label},
+                        store="kernels")
 
 
 def _breakdown(src, q):
-    return _cached(src, "breakdown", lambda: {"device": _table(src.trace.breakdown(side="device")),
-                                              "host": _table(src.trace.breakdown(side="host")),
-                                              "modeled": src.trace.modeled, "what": src.label_text()})
+    label = src.label_text()
+    return src.analysis("breakdown", lambda t: {"device": _table(t.breakdown(side="device")),
+                                                 "host": _table(t.breakdown(side="host")),
+                                                 "modeled": t.modeled, "what": label}, store="breakdown")
 
 
 def _engines(src, q):
-    return _cached(src, "engines", lambda: {"table": _table(src.trace.engine_breakdown()), "modeled": True})
+    return src.analysis("engines", lambda t: {"table": _table(t.engine_breakdown()), "modeled": True}, store="engines")
+
+
+def _roofline_of(t, label):
+    tab = t.roofline()
+    pf = pb = None
+    source = None
+    if t.modeled:
+        try:
+            from ..spec import preset
+
+            sp = preset(t.preset_name() or "trn1")
+            pf, pb, source = sp.peak_flops() / 1e12, sp.hbm_bytes_per_ns, f"preset {sp.name}"
+        except Exception:  # unknown preset
+            pass
+    else:
+        from tilescope.trace import GPU_PEAKS
+
+        names = t.device_names()
+        for row in GPU_PEAKS:
+            if names and row[0].lower() in names[0].lower():
+                pf, pb, source = row[1], row[3], row[4]
+                break
+    return {"table": _table(tab), "peak_tflops": pf, "peak_gbps": pb, "peak_source": source,
+            "modeled": t.modeled, "what": label, "estimated": not t.modeled}
 
 
 def _roofline(src, q):
-    def build():
-        t = src.trace
-        tab = t.roofline()
-        pf = pb = None
-        source = None
-        if t.modeled:
-            try:
-                from ..spec import preset
-
-                sp = preset(t.preset_name() or "trn1")
-                pf, pb, source = sp.peak_flops() / 1e12, sp.hbm_bytes_per_ns, f"preset {sp.name}"
-            except Exception:  # unknown preset
-                pass
-        else:
-            from tilescope.trace import GPU_PEAKS
-
-            names = t.device_names()
-            for row in GPU_PEAKS:
-                if names and row[0].lower() in names[0].lower():
-                    pf, pb, source = row[1], row[3], row[4]
-                    break
-        return {"table": _table(tab), "peak_tflops": pf, "peak_gbps": pb, "peak_source": source,
-                "modeled": t.modeled, "what": src.label_text(),
-                "estimated": not t.modeled}
-    return _cached(src, "roofline", build)
+    label = src.label_text()
+    return src.analysis("roofline", lambda t: _roofline_of(t, label), store="roofline")
 
 
 def _summary(src, q):
-    return _cached(src, "summary", lambda: summary_page(src.trace, src.allowed))
-
-
-def _executions(src):
-    with src.lock:
-        if "executions" not in src.cache:
-            src.cache["executions"] = _device.executions(src.trace)
-        return src.cache["executions"]
+    return src.analysis("summary", lambda t: summary_page(t, src.allowed), store="summary")
 
 
 def _executions_ep(src, q):
-    return {"executions": _executions(src), "modeled": True}
+    return {"executions": src.facts.get("executions", []), "modeled": True}
 
 
 def _device_data(src, h, run):
-    key = ("device", h, run)
-    with src.lock:
-        if key not in src.cache:
-            try:
-                src.cache[key] = _device.execution_data(src.trace, h, run, src.allowed)
-            except KeyError as e:
-                raise ApiError(404, _key_message(e), "pick an execution from /executions") from None
-        return src.cache[key]
+    def build(t):
+        try:
+            return _device.execution_data(t, h, run, src.allowed)
+        except KeyError as e:
+            raise ApiError(404, _key_message(e), "pick an execution from /executions") from None
+    return src.analysis(("device", h, run), build)
 
 
 def _device_ep(src, q):
@@ -368,22 +435,25 @@ def _device_ep(src, q):
 
 def _instruction(src, q):
     h, run, i = _hash(q), _int(q, "run", 0, lo=0), _int(q, "index", lo=0)
-    with src.lock:
+    data = _device_data(src, h, run)
+
+    def build(t):
         try:
-            return _device.instruction_detail(src.trace, h, run, i, src.allowed)
+            return _device.instruction_detail(t, h, run, i, src.allowed, data=data)
         except KeyError as e:
             raise ApiError(404, _key_message(e), "pick an instruction of the device view") from None
+    return src.analysis(("instruction", h, run, i), build)
 
 
 def _memory(src, q):
     h, run = _hash(q), _int(q, "run", 0, lo=0)
-    return _cached(src, ("memory", h, run), lambda: _device.memory_usage(src.trace, h, run, src.allowed))
+    return src.analysis(("memory", h, run), lambda t: _device.memory_usage(t, h, run, src.allowed))
 
 
 def _code(src, q):
     h, run = _hash(q), _int(q, "run", 0, lo=0)
-    return _cached(src, ("code", h, run),
-                   lambda: _device.code_lines(src.trace, h, run, src.allowed, src.source_roots()))
+    return src.analysis(("code", h, run),
+                        lambda t: _device.code_lines(t, h, run, src.allowed, src.source_roots()))
 
 
 def _files(src, q):
@@ -422,7 +492,7 @@ def _export(src, what: str, q):
         sel = np.ones(cols["index"].size, dtype=bool)
         if _one(q, "t0") is not None or _one(q, "t1") is not None:
             t0 = float(_int(q, "t0", 0))
-            t1 = float(_int(q, "t1", 2**62))
+            t1 = float(_int(q, "t1", INT_LIMIT))
             sel &= (cols["end"] > t0) & (cols["start"] < t1)
         eng = _one(q, "engines")
         if eng:
@@ -455,11 +525,20 @@ def _export(src, what: str, q):
     raise ApiError(404, f"unknown export {what!r}", "exports: instructions.csv, ops.csv, kernels.csv, summary.json")
 
 
-def _compare(session, q):
-    ids = str(_one(q, "ids", "")).split(",")
-    ids = [i for i in ids if i]
+def _compare_ids(session, q) -> list:
+    raw = str(_one(q, "ids", ""))
+    if len(raw) > 2000:
+        raise ApiError(400, f"parameter 'ids' is {len(raw):,} characters long", f"pass at most {MAX_COMPARE} ids: ids=p0,p1")
+    ids = [i for i in raw.split(",") if i]
     if len(ids) < 2:
         raise ApiError(400, f"compare needs at least two profiles, got {ids}", "pass ids=p0,p1")
+    if len(ids) > MAX_COMPARE:
+        raise ApiError(400, f"compare of {len(ids)} profiles asked; one request compares at most {MAX_COMPARE}",
+                       f"pass at most {MAX_COMPARE} distinct ids")
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ApiError(400, f"profile {', '.join(dup)} is listed more than once in ids={raw}",
+                       "list each profile once (open the same path twice to compare it with itself)")
     srcs = []
     for i in ids:
         try:
@@ -469,40 +548,79 @@ def _compare(session, q):
         if not s.ok:
             raise ApiError(409, f"{s.label} could not be loaded: {s.error}", s.fix or "")
         srcs.append(s)
-    key = ("compare", tuple(ids))
-    cache = session.__dict__.setdefault("compare_cache", {})
-    if key not in cache:
-        import tilescope.trace as tt
+    return srcs
 
-        locks = sorted({id(s.lock): s.lock for s in srcs}.items())
-        for _k, lk in locks:
-            lk.acquire()
-        try:
-            labels = []
-            for s in srcs:
-                lab = s.label
-                while lab in labels:
-                    lab += "'"
-                labels.append(lab)
-            d = tt.diff(*[s.trace for s in srcs], names=labels)
-        finally:
-            for _k, lk in reversed(locks):
-                lk.release()
-        prof = []
-        for s in srcs:
-            m = _meta(s, {})
-            prof.append({"id": s.id, "label": s.label, "modeled": s.trace.modeled, "what": s.label_text(),
-                         "span_ns": m["span_ns"], "first_step_ns": m["first_step_ns"]})
-        cache[key] = {"profiles": prof, "diff": d.to_dict(),
-                      "ops": _table(d.ops), "summary": _table(d.summary), "regions": _table(d.regions)}
-    return cache[key]
+
+def _compare_of(srcs, job=None):
+    import tilescope.trace as tt
+
+    from ._work import check
+
+    labels = []
+    for s in srcs:
+        lab = s.label
+        while lab in labels:
+            lab += "'"
+        labels.append(lab)
+    lends = [s.readers.take() for s in sorted(srcs, key=lambda s: int(s.id[1:]))]  # a fixed order: no deadlock
+    traces = {}
+    try:
+        for s, lend in zip(sorted(srcs, key=lambda s: int(s.id[1:])), lends):
+            traces[s.id] = lend.__enter__()
+            if job is not None:
+                job.traces.append(traces[s.id])
+            check()
+        d = tt.diff(*[traces[s.id] for s in srcs], names=labels)
+        out = {"diff": d.to_dict(), "ops": _table(d.ops), "summary": _table(d.summary), "regions": _table(d.regions)}
+    finally:
+        for s, lend in zip(sorted(srcs, key=lambda s: int(s.id[1:])), lends):
+            if s.id in traces:
+                if job is not None and traces[s.id] in job.traces:
+                    job.traces.remove(traces[s.id])
+                lend.__exit__(None, None, None)
+    prof = []
+    for s, lab in zip(srcs, labels):
+        m = _meta(s, {})
+        prof.append({"id": s.id, "label": lab, "modeled": m["modeled"], "what": m["what"], "span_ns": m["span_ns"],
+                     "first_step_ns": m["first_step_ns"], "first_device_ns": m["first_device_ns"],
+                     "device_end_ns": m["device_end_ns"], "waits": m["waits"]})
+    return {"profiles": prof, **out}
+
+
+def _compare(session, q):
+    srcs = _compare_ids(session, q)
+    key = ("compare", tuple(s.id for s in srcs))
+    return session.results.get(key, lambda job: _compare_of(srcs, job))
+
+
+def warm_up(session) -> None:
+    """Start the analyses every page opens, and the comparison of every opened source, in
+    the background (see ``Session.warm_up``)."""
+    for s in session.sources:
+        if not s.ok:
+            continue
+        label = s.label_text()
+        s.warm(("ops", False), lambda t, label=label: {"table": _table(t.op_table(by_shape=False)),
+                                                        "modeled": t.modeled, "what": label}, store="ops")
+        s.warm("summary", lambda t, s=s: summary_page(t, s.allowed), store="summary")
+        s.warm("kernels", lambda t, label=label: {"table": _table(t.kernels()), "modeled": t.modeled, "what": label},
+               store="kernels")
+        s.warm("breakdown", lambda t, label=label: {"device": _table(t.breakdown(side="device")),
+                                                     "host": _table(t.breakdown(side="host")),
+                                                     "modeled": t.modeled, "what": label}, store="breakdown")
+        s.warm("roofline", lambda t, label=label: _roofline_of(t, label), store="roofline")
+        if s.facts.get("modeled"):
+            s.warm("engines", lambda t: {"table": _table(t.engine_breakdown()), "modeled": True}, store="engines")
+    ok = [s for s in session.sources if s.ok][:MAX_COMPARE]
+    if len(ok) >= 2:
+        session.results.warm(("compare", tuple(s.id for s in ok)), lambda job: _compare_of(ok, job))
 
 
 ROUTES = {
     "meta": _meta, "window": _window, "event": _event, "lineage": _lineage, "select": _select, "search": _search,
-    "ops": _ops, "kernels": _kernels, "breakdown": _breakdown, "engines": _engines, "roofline": _roofline,
-    "summary": _summary, "executions": _executions_ep, "device": _device_ep, "instruction": _instruction,
-    "memory": _memory, "code": _code, "files": _files, "file": _file,
+    "match": _match, "ops": _ops, "kernels": _kernels, "breakdown": _breakdown, "engines": _engines,
+    "roofline": _roofline, "summary": _summary, "executions": _executions_ep, "device": _device_ep,
+    "instruction": _instruction, "memory": _memory, "code": _code, "files": _files, "file": _file,
 }
 
 
@@ -537,7 +655,9 @@ def handle(session, path: str, query: dict) -> Response:
         raise ApiError(404, f"no API at {path!r}", "see /api/profiles")
     except ApiError as e:
         return _error(e.status, str(e), e.fix)
-    except ValueError as e:
+    except Cancelled:
+        return Response(CANCELLED, b"", "application/json")
+    except (ValueError, OverflowError) as e:
         return _error(400, str(e), "check the request's parameters")
     except PermissionError as e:
         return _error(403, str(e), "only files inside the opened profiles are read")

@@ -42,7 +42,9 @@ def executions(trace) -> list[dict]:
     """Every device execution that has an instruction trace (or runs of one, for standalone
     executable + instruction-trace pairs): eid, name, start, duration, program hash, run."""
     runs = rows(trace.sql("""SELECT program_hash, run, any_value(flow_id) AS flow_id, count(*) AS instructions,
-                                    max(end_ns) AS span_ns
+                                    max(end_ns) AS span_ns,
+                                    count(DISTINCT engine) FILTER (WHERE engine NOT LIKE 'DMA%') AS engines,
+                                    count(DISTINCT engine) FILTER (WHERE engine LIKE 'DMA%') AS dma_queues
                              FROM instructions GROUP BY program_hash, run ORDER BY program_hash, run"""))
     if not runs:
         return []
@@ -64,13 +66,15 @@ def executions(trace) -> list[dict]:
         out.append({"eid": e["eid"], "name": e["name"], "start_ns": e["ts_ns"] - origin, "dur_ns": e["dur_ns"],
                     "lane": e["lane"], "program_hash": e["program_hash"], "program": names.get(e["program_hash"]),
                     "run": r["run"], "flow_id": e["flow_id"], "instructions": r["instructions"],
+                    "engines": r["engines"], "dma_queues": r["dma_queues"], "span_ns": r["span_ns"],
                     "own_trace": exact})
     for r in runs:
         if (r["program_hash"], r["run"]) not in used:
             out.append({"eid": None, "name": names.get(r["program_hash"]) or r["program_hash"], "start_ns": None,
                         "dur_ns": r["span_ns"], "lane": None, "program_hash": r["program_hash"],
                         "program": names.get(r["program_hash"]), "run": r["run"], "flow_id": r["flow_id"],
-                        "instructions": r["instructions"], "own_trace": True})
+                        "instructions": r["instructions"], "engines": r["engines"], "dma_queues": r["dma_queues"],
+                        "span_ns": r["span_ns"], "own_trace": True})
     return out
 
 
@@ -81,8 +85,16 @@ def _executable(trace, program_hash: str, allowed) -> dict:
     path = rows_[0]["path"]
     if not allowed(path):
         raise PermissionError(f"the executable of {program_hash} lies outside the opened profile: {path}")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    st = os.stat(path)
+    key = ("exe", path, st.st_size, st.st_mtime_ns)
+    with _programs_lock:
+        ex = _programs.get(key)
+    if ex is None:
+        with open(path, encoding="utf-8") as f:
+            ex = json.load(f)
+        with _programs_lock:
+            _programs[key] = ex
+    return ex
 
 
 def _program(trace, program_hash: str, allowed):
@@ -177,16 +189,30 @@ def execution_data(trace, program_hash: str, run: int, allowed) -> tuple[dict, d
     return header, cols
 
 
-def instruction_detail(trace, program_hash: str, run: int, index: int, allowed) -> dict:
+def instruction_detail(trace, program_hash: str, run: int, index: int, allowed, data=None) -> dict:
     """One instruction: timing, operands, provenance, and its predecessors / successors
-    (data dependencies of the Program) with each edge's slack in this run."""
+    (data dependencies of the Program) with each edge's slack in this run. ``data`` is the
+    run's :func:`execution_data` when the caller has it (no query then)."""
     ex = _executable(trace, program_hash, allowed)
     instrs = ex.get("instructions", [])
     if not 0 <= index < len(instrs):
         raise KeyError(f"executable {program_hash} has {len(instrs)} instructions; index {index} is out of range")
-    times = {r["index"]: r for r in rows(trace.sql(
-        """SELECT index, engine, kind, start_ns, end_ns, bytes, flops FROM instructions
-           WHERE program_hash = ? AND run = ?""", params=[program_hash, int(run)]))}
+    header, cols = data if data is not None else execution_data(trace, program_hash, run, allowed)
+    pos = np.full(len(instrs), -1, dtype=np.int64)
+    ok = (cols["index"] >= 0) & (cols["index"] < len(instrs))
+    pos[cols["index"][ok]] = np.flatnonzero(ok)
+
+    class _Times:  # index -> its timing row (the run's columns, no query)
+        @staticmethod
+        def get(j, default=None):
+            r = int(pos[j]) if 0 <= j < pos.size else -1
+            if r < 0:
+                return default if default is not None else {}
+            return {"index": j, "engine": header["engines"][int(cols["engine"][r])],
+                    "kind": header["kinds"][int(cols["kind"][r])], "start_ns": float(cols["start"][r]),
+                    "end_ns": float(cols["end"][r]), "bytes": float(cols["bytes"][r]), "flops": float(cols["flops"][r])}
+
+    times = _Times
     prog = _program(trace, program_hash, allowed)
     indptr, indices = prog.dependencies
     preds = indices[indptr[index]:indptr[index + 1]].tolist()
@@ -225,7 +251,9 @@ def instruction_detail(trace, program_hash: str, run: int, index: int, allowed) 
         "operands": {k: {"buffer": v["ap"][0], "dtype": v["ap"][1], "offset": v["ap"][2], "dims": v["ap"][3],
                          "memory": buffers.get(v["ap"][0], {}).get("memory"), "role": buffers.get(v["ap"][0], {}).get("role")}
                      for k, v in operands.items()},
-        "fields": {k: v for k, v in d.items() if k not in operands},
+        # the ISA's engine id ("dve") and an op equal to the kind repeat the heading in other words
+        "fields": {k: v for k, v in d.items() if k not in operands and k != "engine"
+                   and not (k == "op" and v == d.get("kind"))},
         "predecessors": [hop(j, True) for j in preds], "successors": [hop(j, False) for j in succs],
         "modeled": True,
     }

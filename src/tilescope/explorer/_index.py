@@ -99,8 +99,9 @@ class _Level:
 
 
 _ARRAYS = ("eid", "start", "dur", "ecm", "name", "kind", "group", "op_key", "eid_order",
-           "g_lo", "g_hi", "g_lane", "g_depth", "max_depth")
-CACHE_VERSION = 2
+           "g_lo", "g_hi", "g_lane", "g_depth", "max_depth", "parent",
+           "lk_dev", "lk_launch", "lk_op", "lk_by_dev", "lk_by_launch", "lk_by_op")
+CACHE_VERSION = 3
 
 
 class TimelineIndex:
@@ -188,8 +189,10 @@ class TimelineIndex:
         for a, b in zip(self.g_lo, self.g_hi):
             np.maximum.accumulate(self.ecm[a:b], out=self.ecm[a:b])
         self.eid_order = np.argsort(self.eid, kind="stable")
+        self.parent = self._parents().astype(np.int32)
         self.op_key = self._op_keys(corr)
         del corr
+        self._build_links(trace)
         self.levels = self._build_levels()
         self.build_seconds = time.perf_counter() - t_build
         self.loaded_from_cache = False
@@ -260,6 +263,74 @@ class TimelineIndex:
         ix.loaded_from_cache = True
         return ix
 
+    # ---- lifecycle links --------------------------------------------------------------------
+    def _build_links(self, trace) -> None:
+        """The engine's device -> launch -> op edges (:meth:`Trace.links`) as refs, in device
+        start order, with one sorted permutation per column so that the edges of any event
+        are two binary searches away (the lifecycle endpoint reads only these arrays)."""
+        empty = np.zeros(0, dtype=np.int32)
+        dev = launch = op = empty
+        if self.n:
+            try:
+                lk = trace.links()
+            except Exception:  # a trace without nesting facts: every lifecycle is the event alone
+                lk = None
+            if lk is not None and lk.num_rows:
+                import pyarrow.compute as pc
+
+                dev = self.refs_of(_col(lk, "dev_eid").astype(np.int64))
+                launch = self.refs_of(_col(lk, "launch_eid").astype(np.int64))
+                op = self.refs_of(pc.fill_null(lk.column("op_eid"), -1).to_numpy().astype(np.int64))
+                keep = (dev >= 0) & (launch >= 0)
+                dev, launch, op = dev[keep], launch[keep], op[keep]
+                o = np.lexsort((dev, self.start[dev]))
+                dev, launch, op = dev[o].astype(np.int32), launch[o].astype(np.int32), op[o].astype(np.int32)
+        self.lk_dev, self.lk_launch, self.lk_op = dev, launch, op
+        self.lk_by_dev = np.argsort(dev, kind="stable").astype(np.int32)
+        self.lk_by_launch = np.argsort(launch, kind="stable").astype(np.int32)
+        self.lk_by_op = np.argsort(op, kind="stable").astype(np.int32)
+
+    def links_of(self, ref: int, column: str) -> np.ndarray:
+        """Rows of the link arrays whose ``column`` (``dev``, ``launch`` or ``op``) is ``ref``,
+        in device start order."""
+        col = getattr(self, f"lk_{column}")
+        by = getattr(self, f"lk_by_{column}")
+        if col.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        keys = col[by]
+        a, b = np.searchsorted(keys, ref, side="left"), np.searchsorted(keys, ref, side="right")
+        return np.sort(by[a:b].astype(np.int64))
+
+    def ancestors(self, ref: int) -> list[int]:
+        """Enclosing events of ``ref`` on its lane, outermost first."""
+        out = []
+        p = int(self.parent[ref])
+        while p >= 0 and len(out) < 10_000:
+            out.append(p)
+            p = int(self.parent[p])
+        return out[::-1]
+
+    def descendants_of_kind(self, ref: int, kind: str) -> np.ndarray:
+        """Events of ``kind`` nested in ``ref`` on its lane (at any depth), in start order."""
+        if kind not in self.kinds:
+            return np.zeros(0, dtype=np.int64)
+        code = self.kinds.index(kind)
+        g = int(self.group[ref])
+        lane, depth = int(self.g_lane[g]), int(self.g_depth[g])
+        s, e = int(self.start[ref]), int(self.start[ref]) + int(self.dur[ref])
+        parts = []
+        for h in np.flatnonzero((self.g_lane == lane) & (self.g_depth > depth)).tolist():
+            a, b = int(self.g_lo[h]), int(self.g_hi[h])
+            i0 = a + int(np.searchsorted(self.start[a:b], s, side="left"))
+            i1 = a + int(np.searchsorted(self.start[a:b], e, side="left" if e > s else "right"))
+            if i1 > i0:
+                r = np.arange(i0, i1)
+                parts.append(r[self.kind[r] == code])
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
+        r = np.concatenate(parts)
+        return r[np.lexsort((r, self.start[r]))]
+
     # ---- colour keys ----------------------------------------------------------------------
     def _name_id(self, s: str) -> int:
         lookup = getattr(self, "_name_lookup", None)
@@ -308,7 +379,7 @@ class TimelineIndex:
         if corr is None or "op" not in kinds or "launch" not in kinds:
             return key
         # CUDA / ROCm: device work -> launch (same correlation id) -> nearest enclosing op
-        parent = self._parents()
+        parent = self.parent.astype(np.int64)
         op_code, launch_code = kinds["op"], kinds["launch"]
         op_of = np.where(self.kind == op_code, np.arange(self.n), -1)
         cur = parent.copy()

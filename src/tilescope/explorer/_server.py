@@ -8,7 +8,11 @@
   ever reaches the file system) and the API (:mod:`._api`), which reads only the opened
   profiles;
 * GET and HEAD only; responses carry ``no-store``, ``nosniff``, a same-origin content
-  security policy and ``no-referrer`` (the token never leaks in a Referer header).
+  security policy and ``no-referrer`` (the token never leaks in a Referer header);
+* one thread per connection, and nothing any request holds is needed by another (see
+  :mod:`._work`); a watcher notices an API request whose client went away (the browser
+  aborted the fetch or left the page) and cancels it: its query is interrupted, nothing is
+  sent, and ``cancelled`` counts it.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ import hmac
 import ipaddress
 import os
 import secrets
+import select
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from ._api import Response, handle, to_json
+from ._api import CANCELLED, Response, handle, to_json
+from ._work import Token, using
 
 __all__ = ["ExplorerServer", "make_server", "is_loopback", "STATIC_DIR"]
 
@@ -74,6 +80,47 @@ class ExplorerServer(ThreadingHTTPServer):
         self.loopback = is_loopback(host)
         self.quiet = quiet
         self.static = _static_files()
+        self.cancelled = 0  # API requests cancelled because their client went away
+        self._inflight: dict = {}  # socket -> Token of the API request it is waiting for
+        self._watch_lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
+
+    # ---- cancelling requests whose client went away ------------------------------------------
+    def watch(self, sock, token: Token) -> None:
+        with self._watch_lock:
+            self._inflight[sock] = token
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch_loop, name="tilescope-explorer-watch", daemon=True)
+                self._watcher.start()
+
+    def unwatch(self, sock) -> None:
+        with self._watch_lock:
+            self._inflight.pop(sock, None)
+
+    def _watch_loop(self) -> None:
+        while True:
+            time.sleep(0.02)
+            with self._watch_lock:
+                items = list(self._inflight.items())
+            if not items:
+                continue
+            try:
+                ready, _, bad = select.select([s for s, _t in items], [], [s for s, _t in items], 0)
+            except (OSError, ValueError):  # a socket closed meanwhile: check them one by one below
+                ready, bad = [s for s, _t in items], []
+            for s, tok in items:
+                if s not in ready and s not in bad:
+                    continue
+                try:
+                    gone = s in bad or s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                except BlockingIOError:
+                    gone = False
+                except OSError:
+                    gone = True
+                if gone and not tok.cancelled:
+                    tok.cancel()
+                    with self._watch_lock:
+                        self.cancelled += 1
 
     @property
     def url(self) -> str:
@@ -199,7 +246,16 @@ class _Handler(BaseHTTPRequestHandler):
             path = u.path
             if path.startswith("/api/"):
                 t0 = time.perf_counter()
-                r = handle(self.server.session, path, query)
+                token = Token()
+                self.server.watch(self.connection, token)
+                try:
+                    with using(token):
+                        r = handle(self.server.session, path, query)
+                finally:
+                    self.server.unwatch(self.connection)
+                if r.status == CANCELLED:  # the client is gone: nothing to send
+                    self.close_connection = True
+                    return None
                 extra["Server-Timing"] = f"app;dur={(time.perf_counter() - t0) * 1e3:.1f}"
                 return self._send(r, head, extra)
             if path in ("/", "/index.html"):

@@ -1,5 +1,6 @@
 """The opened sources of one explorer session: each a trace, its timeline index, the files
-it may serve, and a lock (one DuckDB connection per trace is used by one thread at a time).
+it may serve, its stored records by eid, and a few engine connections for analyses (see
+:mod:`._work`: no request holds anything another request needs).
 
 A source that cannot be loaded stays in the session with its error and the fix, so the
 page can say why instead of showing an empty timeline.
@@ -11,7 +12,6 @@ import glob
 import json
 import os
 import re
-import threading
 import time
 
 from ..trace._labels import distinct, short_label, split_name
@@ -51,10 +51,12 @@ class Source:
         self.source_dirs = [os.path.abspath(d) for d in (source_dirs or [])]
         self.trace = None
         self.index = None
+        self.rows = None  # stored records by eid (_rows.EventRows)
+        self.readers = None  # engine connections for analyses (_work.Readers)
+        self.results = None  # analyses' answers, computed once (_work.Results)
+        self.facts: dict = {}  # what /meta and the lifecycle need, computed at load
         self.error: str | None = None
         self.fix: str | None = None
-        self.lock = threading.RLock()
-        self.cache: dict = {}
         self.doctor: list[dict] = []
         self.load_seconds = None
         self.files: dict[str, str] = {}  # servable: relative name -> absolute path
@@ -64,12 +66,19 @@ class Source:
     def load(self) -> "Source":
         from ._engine import open_source
         from ._index import TimelineIndex
+        from ._rows import EventRows
+        from ._work import Readers, Results, code_tag
 
         t0 = time.perf_counter()
         try:
             self._collect_files()
             self.trace = open_source(self.path)
             self.index = TimelineIndex.load_or_build(self.trace)
+            self.rows = EventRows(self.trace)
+            self.readers = Readers(self.trace, lambda: open_source(self.path))
+            d = TimelineIndex._cache_dir(self.trace)
+            self.results = Results(f"{d.replace('explorer-index-', 'explorer-answers-')}-{code_tag()}" if d else None)
+            self.facts = self._facts()
         except Exception as e:  # every failure becomes a clear page, never a traceback
             self.trace = self.index = None
             self.error = f"{self.path}: {e}" if self.path not in str(e) else str(e)
@@ -85,6 +94,42 @@ class Source:
                 self.doctor = [{"code": "doctor-failed", "severity": "info", "message": str(e),
                                 "fix": "run `tilescope doctor PATH` to see the problem"}]
         return self
+
+    def _facts(self) -> dict:
+        """Facts of the trace that requests read often: computed once, here."""
+        from . import _device
+        from ._timeaxis import host_waits
+
+        t, ix = self.trace, self.index
+        preset = t.preset_name() if t.modeled else None
+        execs = _device.executions(t)
+        first_step = None
+        if "step" in ix.kinds and ix.n:
+            on = ix.kind == ix.kinds.index("step")
+            if on.any():
+                first_step = int(ix.start[on].min())
+        return {"preset": preset, "executions": execs, "by_eid": {e["eid"]: e for e in execs if e["eid"] is not None},
+                "first_step_ns": first_step, "devices": t.device_names(), "modeled": t.modeled, "kind": t.kind,
+                "waits": host_waits(ix) if t.modeled else []}
+
+    def analysis(self, key, fn, *, store: str | None = None):
+        """``fn(trace)``'s answer for ``key``, computed once on a connection of its own (see
+        :mod:`._work`); ``store`` names the file that keeps it across sessions."""
+        def job(j):
+            with self.readers.take() as tr:
+                j.traces.append(tr)
+                try:
+                    return fn(tr)
+                finally:
+                    j.traces.remove(tr)
+        return self.results.get(key, job, store=store)
+
+    def warm(self, key, fn, *, store: str | None = None) -> None:
+        """Start computing ``key`` in the background (the warm-up of :meth:`Session.warm_up`)."""
+        def job(j):
+            with self.readers.take() as tr:
+                return fn(tr)
+        self.results.warm(key, job, store=store)
 
     def kind_of_path(self) -> str:
         p = self.path
@@ -175,10 +220,8 @@ class Source:
         if t is None:
             return ""
         if t.modeled:
-            with self.lock:  # preset_name() queries the trace's DuckDB connection
-                preset = t.preset_name()
-            return f"modeled: device times come from tilescope's device model (preset {preset or '?'})"
-        names = t.device_names()
+            return f"modeled: device times come from tilescope's device model (preset {self.facts.get('preset') or '?'})"
+        names = self.facts.get("devices", [])
         return f"measured on {', '.join(names)}" if names else "measured on the host CPU (no device in the trace)"
 
     def describe(self) -> dict:
@@ -201,6 +244,9 @@ class Session:
         for source, label in zip(self.sources, distinct([s.label for s in self.sources], [s.path for s in self.sources])):
             source.label = label
         self.started = time.time()
+        from ._work import Results
+
+        self.results = Results()  # answers over several sources (compare)
         if load:
             for s in self.sources:
                 s.load()
@@ -216,19 +262,11 @@ class Session:
     def describe(self) -> list[dict]:
         return [s.describe() for s in self.sources]
 
-    def warm_up(self) -> threading.Thread:
-        """Compute, in a background thread, what the first click needs (the engine's op
-        nesting and device links: seconds on traces of millions of events), so that the page's
-        first lifecycle or table does not wait for it. Requests meanwhile wait on the lock."""
-        def run():
-            for s in self.sources:
-                if s.ok:
-                    try:
-                        with s.lock:
-                            s.trace.op_table(limit=1)
-                    except Exception:  # the request that needs it reports the error
-                        pass
+    def warm_up(self) -> None:
+        """Start computing, in the background, the tables, summary and roofline of every
+        opened source and the comparison of all of them (seconds on traces of millions of
+        events), so that the page's first click on them answers at once. Nothing waits for
+        it: a request for an answer still being computed waits for that answer alone."""
+        from ._api import warm_up
 
-        th = threading.Thread(target=run, name="tilescope-explorer-warm-up", daemon=True)
-        th.start()
-        return th
+        warm_up(self)

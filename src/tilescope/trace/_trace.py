@@ -495,6 +495,15 @@ class Trace:
 
         return lineage(self, eid)
 
+    def links(self):
+        """Every device event with the host launch that submitted it and the framework op
+        behind that launch (``dev_eid, launch_eid, op_eid``; op null when none), as a pyarrow
+        Table: the edges :meth:`lineage` follows, for tools that index them once."""
+        from ._nesting import ensure_hierarchy
+
+        ensure_hierarchy(self)
+        return _arrow(self.con.sql("SELECT dev_eid, launch_eid, op_eid FROM _links"))
+
     def execution(self, eid: int) -> dict:
         """tilescope: one device execution's instructions (modeled) and per-engine busy time."""
         from ._lineage import execution
