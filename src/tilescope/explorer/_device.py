@@ -313,6 +313,34 @@ def _read_source(rel: str, roots: list[str]) -> tuple[str | None, str | None]:
     return None, None
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the installed tilescope/
+
+
+def _builtin_source(rel: str) -> tuple[str | None, str | None]:
+    """(text, where) of one of tilescope's own kernels (``src/tilescope/lower/kernels.py`` as
+    provenance records it): read from the installed package, nothing outside it."""
+    import re
+
+    m = re.search(r"(?:^|/)tilescope/(.+)$", rel.replace(os.sep, "/"))
+    if not m:
+        return None, None
+    cand = os.path.realpath(os.path.join(_PACKAGE, m.group(1)))
+    if not cand.startswith(os.path.realpath(_PACKAGE) + os.sep) or not cand.endswith(".py") or not os.path.isfile(cand):
+        return None, None
+    with open(cand, encoding="utf-8", errors="replace") as f:
+        return f.read(), f"tilescope's own kernel source: {cand}"
+
+
+def _source_hint(rel: str) -> str:
+    if os.path.isabs(rel):
+        return (f"the source text is not part of the profile; run `tilescope explore PROFILE --sources "
+                f"{os.path.dirname(rel)}` (the kernel's own directory) to show it")
+    first = rel.replace(os.sep, "/").split("/")[0]
+    return (f"the source text is not part of the profile; the kernel's path {rel!r} is relative to the directory "
+            f"the profiled program ran from: run `tilescope explore PROFILE --sources DIR` with that directory "
+            f"(the one holding {first!r})")
+
+
 def code_lines(trace, program_hash: str, run: int, allowed, source_roots: list[str]) -> dict:
     """Kernel source lines of one run with the instructions they emitted: per (file, line)
     instruction count, modeled busy ns per engine, bytes and FLOPs; plus the files' text where
@@ -337,9 +365,8 @@ def code_lines(trace, program_hash: str, run: int, allowed, source_roots: list[s
     files = {}
     for f in sorted({k[0] for k in lines if k[0]}):
         text, where = _read_source(f, source_roots)
-        files[f] = {"text": text, "found_at": where,
-                    "note": None if text is not None else
-                    ("the source text is not part of the profile; run `tilescope explore ... --sources DIR` "
-                     "with the directory the kernel's path is relative to")}
+        if text is None and where is None:
+            text, where = _builtin_source(f)
+        files[f] = {"text": text, "found_at": where, "note": None if text is not None else _source_hint(f)}
     out = sorted(lines.values(), key=lambda d: (d["file"] or "~", d["line"] or 0, d["label"] or ""))
     return {"program_hash": program_hash, "run": int(run), "lines": out, "files": files, "modeled": True}

@@ -310,26 +310,17 @@ class TimelineIndex:
             p = int(self.parent[p])
         return out[::-1]
 
-    def descendants_of_kind(self, ref: int, kind: str) -> np.ndarray:
-        """Events of ``kind`` nested in ``ref`` on its lane (at any depth), in start order."""
-        if kind not in self.kinds:
-            return np.zeros(0, dtype=np.int64)
-        code = self.kinds.index(kind)
-        g = int(self.group[ref])
-        lane, depth = int(self.g_lane[g]), int(self.g_depth[g])
+    def inside(self, ref: int, refs: np.ndarray) -> np.ndarray:
+        """Which of ``refs`` are nested in ``ref`` on its lane (at any depth): one vectorised
+        test, no list of the descendants (a step may hold millions)."""
+        refs = np.asarray(refs, dtype=np.int64)
+        ok = refs >= 0
+        r = np.where(ok, refs, 0)
+        g, me = self.group[r], int(self.group[ref])
         s, e = int(self.start[ref]), int(self.start[ref]) + int(self.dur[ref])
-        parts = []
-        for h in np.flatnonzero((self.g_lane == lane) & (self.g_depth > depth)).tolist():
-            a, b = int(self.g_lo[h]), int(self.g_hi[h])
-            i0 = a + int(np.searchsorted(self.start[a:b], s, side="left"))
-            i1 = a + int(np.searchsorted(self.start[a:b], e, side="left" if e > s else "right"))
-            if i1 > i0:
-                r = np.arange(i0, i1)
-                parts.append(r[self.kind[r] == code])
-        if not parts:
-            return np.zeros(0, dtype=np.int64)
-        r = np.concatenate(parts)
-        return r[np.lexsort((r, self.start[r]))]
+        st = self.start[r]
+        return (ok & (self.g_lane[g] == self.g_lane[me]) & (self.g_depth[g] > self.g_depth[me])
+                & (st >= s) & ((st < e) | ((st == e) & (self.dur[r] == 0))))
 
     # ---- colour keys ----------------------------------------------------------------------
     def _name_id(self, s: str) -> int:

@@ -37,7 +37,8 @@ def _program_facts(trace, allowed) -> dict:
                      coalesce(ex.executions, r.runs)::DOUBLE / r.runs AS scale FROM runs r LEFT JOIN ex USING (program_hash))
         SELECT i.engine, i.kind, sum(i.flops * w.scale) AS flops, sum(i.bytes * w.scale) AS bytes,
                sum((i.end_ns - i.start_ns) * w.scale) AS busy_ns, sum(w.scale) AS n,
-               sum(w.scale) FILTER (WHERE i.bytes > 0 AND i.bytes < 4096) AS n_small
+               sum(w.scale) FILTER (WHERE i.bytes > 0 AND i.bytes < 4096) AS n_small,
+               sum((i.end_ns - i.start_ns) * w.scale) FILTER (WHERE i.bytes > 0 AND i.bytes < 4096) AS busy_small
         FROM instructions i JOIN w USING (program_hash) GROUP BY ALL"""))
     spill_store = spill_reload = hbm_read = hbm_write = 0.0
     execs = {r["program_hash"]: r for r in rows(trace.sql("""
@@ -84,7 +85,7 @@ def _device_metrics(trace, allowed) -> dict:
                            ).fetchall()[0][0]
         executions = trace.sql("SELECT count(DISTINCT (program_hash, run)) FROM instructions").fetchall()[0][0]
     engines: dict[str, dict] = {}
-    tensor = transpose = allf = dma_bytes = dma_n = dma_small = 0.0
+    tensor = transpose = allf = dma_bytes = dma_n = dma_small = dma_busy = dma_small_busy = 0.0
     for r in per:
         e = engines.setdefault(r["engine"], {"engine": r["engine"], "busy_ns": 0.0, "instructions": 0.0, "flops": 0.0,
                                              "bytes": 0.0})
@@ -102,6 +103,8 @@ def _device_metrics(trace, allowed) -> dict:
             dma_bytes += r["bytes"] or 0
             dma_n += r["n"] or 0
             dma_small += r["n_small"] or 0
+            dma_busy += r["busy_ns"] or 0
+            dma_small_busy += r["busy_small"] or 0
     peak_flops = hbm_bw = None
     preset_name = trace.preset_name()
     try:
@@ -122,6 +125,7 @@ def _device_metrics(trace, allowed) -> dict:
         "spill_store_bytes": facts["spill_store"], "spill_reload_bytes": facts["spill_reload"],
         "spill_bytes": facts["spill_store"] + facts["spill_reload"],
         "dma_bytes": dma_bytes, "dma_transfers": dma_n, "small_dma_transfers": dma_small,
+        "small_dma_busy_share": dma_small_busy / dma_busy if dma_busy else None,
         "average_dma_bytes": dma_bytes / dma_n if dma_n else None,
         "arithmetic_intensity": allf / hbm if hbm else None,
         "hfu": (tensor + transpose) / (peak_flops * sec) if peak_flops and sec else None,
@@ -163,7 +167,7 @@ DEVICE_RULES: tuple[Rule, ...] = (
                 if m["tensore_flops_all"] and m["transpose_flops"] > 0.10 * m["tensore_flops_all"] else None),
      "produce or load data in the layout the matmul consumes (a transposed DMA access pattern, or transpose once upstream)"),
     ("spill-reload",
-     lambda m: (f"spill reloads move {m['spill_reload_bytes'] / 1e6:,.2f} MB, {_pct(m['spill_reload_bytes'] / m['hbm_read_bytes'])} "
+     lambda m: (f"spill reloads move {m['spill_reload_bytes'] / 2**20:,.2f} MiB, {_pct(m['spill_reload_bytes'] / m['hbm_read_bytes'])} "
                 f"of HBM reads (over 25%)"
                 if m["hbm_read_bytes"] and m["spill_reload_bytes"] > 0.25 * m["hbm_read_bytes"] else None),
      "keep intermediates on chip: smaller row groups in the fusion, or split the graph where the working set exceeds SBUF"),
@@ -178,7 +182,7 @@ DEVICE_RULES: tuple[Rule, ...] = (
                 if (m.get("wait_host_share") or 0) > 0.3 else None),
      "launch fewer, larger executions: torch.compile the region, use a fused op, or a tile kernel"),
     ("runtime-overhead",
-     lambda m: (f"executions average {m['device_ns'] / m['executions'] / 1e3:,.2f} us of modeled device time; "
+     lambda m: (f"executions average {m['device_ns'] / m['executions'] / 1e3:,.2f} µs of modeled device time; "
                 f"the runtime's fixed cost per execution is a large share of that"
                 if m["executions"] >= 4 and m["device_ns"] / m["executions"] < 20_000 else None),
      "fuse consecutive ops so that each execution does more work (torch.compile or a fused built-in)"),
@@ -195,7 +199,7 @@ KINETO_RULES: tuple[Rule, ...] = (
                 if (m.get("idle_share") or 0) > 0.3 else None),
      "if the device waits on the host: capture with CUDA graphs or torch.compile, move data loading off the critical path"),
     ("tiny-kernels",
-     lambda m: (f"{m['kernels']:,} kernels with a median of {m['median_kernel_ns'] / 1e3:,.1f} us each"
+     lambda m: (f"{m['kernels']:,} kernels with a median of {m['median_kernel_ns'] / 1e3:,.1f} µs each"
                 if m.get("kernels", 0) >= 1000 and (m.get("median_kernel_ns") or 1e9) < 10_000 else None),
      "fuse elementwise chains (torch.compile) so each launch does more work"),
     ("memcpy-heavy",
@@ -218,6 +222,19 @@ def _apply(rules, m) -> list[dict]:
             msg = None
         if msg:
             out.append({"code": code, "message": msg, "fix": fix})
+    return out
+
+
+def _observations(m, fired) -> list[dict]:
+    """What the device view marks but no rule's threshold reached (so the page never says
+    "nothing applies" beside a warning): small DMA transfers below the small-dma rule."""
+    out = []
+    n = m.get("small_dma_transfers") or 0
+    if n and not any(r["code"] == "small-dma" for r in fired):
+        out.append({"code": "small-dma", "message":
+                    f"{n:,.0f} of {m['dma_transfers']:,.0f} DMA transfers are under {_kib(4096)} "
+                    f"({_pct(m.get('small_dma_busy_share'))} of DMA queue time; red bands in the device view); "
+                    f"below the rule's threshold (an average under {_kib(4096)} or most transfers small)"})
     return out
 
 
@@ -276,6 +293,7 @@ def summary_page(trace, allowed=lambda p: True) -> dict:
         m["tensor_share"] = te / m["device_ns"] if m["device_ns"] else None
         out["metrics"] = m
         out["recommendations"] = _apply(DEVICE_RULES, m)
+        out["observations"] = _observations(m, out["recommendations"])
         out["label"] = (f"modeled by tilescope's device model (preset {m['preset']}); not measured on hardware")
     else:
         m = _kineto_metrics(trace)

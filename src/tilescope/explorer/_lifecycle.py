@@ -8,8 +8,10 @@ the timeline. Two shapes of answer:
   the op, then each launch and the device work it caused, in the device work's time order
   (tilescope executions add their modeled ``instructions`` hop);
 * **the launches inside** a parent that launched nothing itself (a profiler step, a module,
-  ``CompiledFunction``): its own ancestors, the event (``self``), then the launches nested in
-  it, a page at a time, each with the op that made it and its device work.
+  ``CompiledFunction``): its own ancestors, the event (``self``), then the launches made
+  inside it on its thread — nested in it (CUDA) or by the ops nested in it (tilescope's
+  runtime launches on its own lane) —, a page at a time, each with the op that made it and
+  its device work.
 
 Each hop says which earlier hop caused it (``after``) and how long after that one started
 (``delay_ns``) and ended (``gap_ns``): an op's launch is measured from the op, a kernel from
@@ -109,29 +111,27 @@ def lifecycle(ix, ref: int, *, executions: dict | None = None, page: int = 0, pe
         b.chain(part)
         shape = "chain"
     else:
-        launches = ix.descendants_of_kind(ref, "launch")
-        if ix.lk_launch.size:  # launches that submitted device work (not every runtime call)
-            keys = ix.lk_launch[ix.lk_by_launch]
-            pos = np.minimum(np.searchsorted(keys, launches), keys.size - 1)
-            launches = launches[keys[pos] == launches]
-        else:
-            launches = launches[:0]
+        # the links made inside it on its lane: launches nested in it (CUDA), or ops nested in
+        # it whose work another lane launched (tilescope's runtime), one row per device event
+        rows = np.flatnonzero(ix.inside(ref, ix.lk_launch) | ix.inside(ref, ix.lk_op))
+        rows = rows[np.lexsort((ix.lk_dev[rows], ix.start[ix.lk_launch[rows]]))]
         for a in ix.ancestors(ref):
             b.add(a, "parent")
-        b.add(ref, "self")
+        me = b.add(ref, "self")
+        launches = np.unique(ix.lk_launch[rows])
         total = int(launches.size)
         pages = max(1, -(-total // per_page))
         page = max(0, min(int(page), pages - 1))
-        for la in launches[page * per_page:(page + 1) * per_page].tolist():
+        order = launches[np.lexsort((launches, ix.start[launches]))]
+        shown = set(order[page * per_page:(page + 1) * per_page].tolist())
+        for r in rows.tolist():
+            la = int(ix.lk_launch[r])
+            if la not in shown:
+                continue
             check()
-            rows_l = ix.links_of(la, "launch")
-            op = int(ix.lk_op[rows_l[0]]) if rows_l.size else -1
-            if op < 0 or op == ref:
-                oi = b.at[(ref, "self")]
-            else:
-                oi = b.add(op, "op", b.at[(ref, "self")])
+            op = int(ix.lk_op[r])
+            oi = me if op < 0 or op == ref else b.add(op, "op", me)
             li = b.add(la, "launch", oi)
-            for r in rows_l.tolist():
-                b.add(int(ix.lk_dev[r]), "device", li)
+            b.add(int(ix.lk_dev[r]), "device", li)
         shape = "launches" if total else "self"
     return {"hops": b.hops, "shape": shape, "total": total, "page": page, "pages": pages, "per_page": per_page}

@@ -240,9 +240,24 @@ def demo(out: str | Path = "profile_out/rmsnorm", dtype: str = "fp32", device: s
     paths = {(impl if device == "sim" else f"{impl} ({device})"): run(impl, dtype, out, device=device)
              for impl in IMPLEMENTATIONS}
     rows = compare(paths, console)
-    console.print("\nOpen the three profiles side by side in the explorer:")
-    console.print("  tilescope explore " + " ".join(str(p) for p in paths.values()), markup=False, soft_wrap=True)
+    console.print("\nOpen the three profiles side by side in the explorer (Compare tab; the code view shows the "
+                  "built-in kernels' source):")
+    console.print("  " + explore_command(paths), markup=False, soft_wrap=True)
     return rows
+
+
+def explore_command(paths: dict) -> str:
+    """The ``tilescope explore`` line for the study's profiles, each named (NAME=PATH) so that
+    the tabs and the comparison say naive / fused / compiled rather than a timestamp.
+
+    >>> explore_command({"naive": "out/a", "fused (cpu)": "out/b b"})
+    "tilescope explore naive=out/a 'fused_cpu=out/b b'"
+    """
+    import re
+    import shlex
+
+    names = {label: re.sub(r"\W+", "_", label).strip("_") for label in paths}
+    return "tilescope explore " + " ".join(shlex.quote(f"{names[k]}={p}") for k, p in paths.items())
 
 
 def main(impl: str) -> None:

@@ -1,4 +1,6 @@
 // Fetch helpers: JSON and packed bodies; an API error becomes an Error with message and fix.
+// Every fetch can take an AbortSignal: a view aborts its requests when it goes away (the
+// server then cancels their work), and an aborted fetch is not an error anyone sees.
 import { unpack } from "./binary.js";
 
 export class ApiError extends Error {
@@ -34,3 +36,13 @@ export async function getPacked(path, params, signal) {
 }
 
 export function href(path, params) { return url(path, params); }
+
+// True for the rejection of a fetch (or of work waiting on one) that was aborted on purpose.
+export function isAbort(e) {
+  return !!e && (e.name === "AbortError" || e.aborted === true);
+}
+
+// The error a view raises when it learns, after an await, that it was closed meanwhile.
+export class Gone extends Error {
+  constructor() { super("the view was closed"); this.name = "AbortError"; this.aborted = true; }
+}

@@ -10,11 +10,12 @@ import { DataTable } from "./tables.js";
 const LABEL_W = 200, ROW_H = 22, BAND_H = 4, AXIS_H = 22, MEM_H = 90;
 
 export class DeviceView {
-  constructor(app, profile, meta, params) {
-    this.app = app; this.profile = profile; this.meta = meta; this.params = params;
+  constructor(app, profile, meta, params = {}, signal) {
+    this.app = app; this.profile = profile; this.meta = meta; this.params = params; this.signal = signal;
     this.base = `/api/p/${profile.id}`;
-    this.colorMode = "op";
-    this.tab = "summary";
+    this.colorMode = ["op", "line", "kind", "engine"].includes(params.color) ? params.color : "op";
+    this.userColor = !!params.color;
+    this.tab = ["summary", "instruction", "operators", "code", "warnings"].includes(params.tab) ? params.tab : "summary";
     this.scope = "whole";
     this.el = document.createElement("div");
     this.el.className = "split";
@@ -26,7 +27,7 @@ export class DeviceView {
 
   async mount(main) {
     main.appendChild(this.el);
-    const ex = await getJSON(`${this.base}/executions`);
+    const ex = await getJSON(`${this.base}/executions`, undefined, this.signal);
     this.executions = ex.executions;
     if (!this.executions.length) {
       this.el.innerHTML = `<div class="page"><h2>No device execution with an instruction trace</h2>
@@ -37,12 +38,40 @@ export class DeviceView {
     let cur = this.executions.find((e) => e.program_hash === this.params.hash && String(e.run) === String(this.params.run ?? 0));
     if (!cur) cur = this.executions[0];
     await this.load(cur);
+    const t0 = Number(this.params.t0), t1 = Number(this.params.t1);
+    if (this.params.t0 !== undefined && Number.isFinite(t0) && Number.isFinite(t1) && t1 > t0) this.setRange(t0, t1);
+    if (this.params.i !== undefined && this.byIndex.has(Number(this.params.i))) await this.selectRow(this.byIndex.get(Number(this.params.i)), false);
+  }
+
+  urlState() {
+    if (!this.ex) return { hash: this.params.hash, run: this.params.run };
+    return { hash: this.ex.program_hash, run: this.ex.run, t0: Math.round(this.t0), t1: Math.round(this.t1),
+      i: this.selected !== null && this.selected !== undefined ? this.a.index[this.selected] : null,
+      tab: this.tab !== "summary" ? this.tab : null, color: this.userColor ? this.colorMode : null };
+  }
+
+  // W/S zoom at the pointer, A/D pan, 0 the whole run, Esc clears the selection and highlights.
+  key(e, typing) {
+    if (typing || !this.canvas) return false;
+    const k = e.key.toLowerCase();
+    if (k === "w") this.zoom(0.7, this.pointerX);
+    else if (k === "s") this.zoom(1 / 0.7, this.pointerX);
+    else if (k === "a") this.pan(-0.2);
+    else if (k === "d") this.pan(0.2);
+    else if (k === "0") this.setRange(0, this.h.span_ns * 1.02);
+    else if (e.key === "Escape") {
+      this.box = null; this.boxSel = null; this.highlight = null;
+      if (this.scope === "box") this.scope = "whole";
+      this.selectRow(null);
+      this.renderTab();
+    } else return false;
+    return true;
   }
 
   async load(ex) {
     this.ex = ex;
     this.el.innerHTML = `<div class="loading">Loading the instruction trace…</div>`;
-    const { header, arrays } = await getPacked(`${this.base}/device`, { hash: ex.program_hash, run: ex.run });
+    const { header, arrays } = await getPacked(`${this.base}/device`, { hash: ex.program_hash, run: ex.run }, this.signal);
     this.h = header; this.a = arrays;
     this.n = arrays.index.length;
     this.t0 = 0; this.t1 = Math.max(1, header.span_ns) * 1.02;
@@ -50,7 +79,7 @@ export class DeviceView {
     header.engines.forEach((e, i) => this.rowOf.set(i, i));
     this.byIndex = new Map();
     for (let r = 0; r < this.n; r++) this.byIndex.set(arrays.index[r], r);
-    this.mem = await getJSON(`${this.base}/memory`, { hash: ex.program_hash, run: ex.run });
+    this.mem = await getJSON(`${this.base}/memory`, { hash: ex.program_hash, run: ex.run }, this.signal);
     if (!this.userColor) {
       // a tile kernel (one op, many source lines) reads best by source line
       const ops = new Set(), lines = new Set();
@@ -122,11 +151,16 @@ export class DeviceView {
       this.app.go(`#/${this.profile.id}/device?hash=${x.program_hash}&run=${x.run}`);
     });
     q("[data-testid=device-color]").value = this.colorMode;
-    q("[data-testid=device-color]").addEventListener("change", (e) => { this.userColor = true; this.setColor(e.target.value); });
+    q("[data-testid=device-color]").addEventListener("change", (e) => { this.userColor = true; this.setColor(e.target.value); this.app.saveState(); });
     this.el.querySelectorAll("button[data-act]").forEach((b) => b.addEventListener("click", () => {
       if (b.dataset.act === "in") this.zoom(0.5); else if (b.dataset.act === "out") this.zoom(2); else this.setRange(0, this.h.span_ns * 1.02);
     }));
-    this.el.querySelectorAll("[data-tab]").forEach((a) => a.addEventListener("click", () => { this.tab = a.dataset.tab; this.renderTab(); }));
+    this.el.querySelectorAll("[data-tab]").forEach((a) => a.addEventListener("click", () => {
+      this.tab = a.dataset.tab;
+      this.el.querySelectorAll("[data-tab]").forEach((x) => x.classList.toggle("active", x.dataset.tab === this.tab));
+      this.renderTab();
+      this.app.saveState();
+    }));
     this.canvas = q("[data-testid=device-canvas]");
     this.axis = q("[data-role=axis]");
     this.memc = q("[data-role=mem]");
@@ -139,15 +173,9 @@ export class DeviceView {
       if (e.shiftKey) this.pan(e.deltaY / this.plotW);
       else this.zoom(Math.exp(Math.max(-1, Math.min(1, e.deltaY * 0.01))), this._pos(e)[0]);
     }, { passive: false });
-    cv.addEventListener("mousemove", (e) => this._move(e));
-    cv.addEventListener("mouseleave", () => { document.getElementById("tooltip").hidden = true; });
+    cv.addEventListener("mousemove", (e) => { const x = this._pos(e)[0]; this.pointerX = x >= LABEL_W ? x : null; this._move(e); });
+    cv.addEventListener("mouseleave", () => { document.getElementById("tooltip").hidden = true; this.pointerX = null; });
     cv.addEventListener("mousedown", (e) => this._down(e));
-    cv.addEventListener("keydown", (e) => {
-      const k = e.key.toLowerCase();
-      if (k === "w") this.zoom(0.7); else if (k === "s") this.zoom(1 / 0.7);
-      else if (k === "a") this.pan(-0.2); else if (k === "d") this.pan(0.2); else return;
-      e.preventDefault();
-    });
     this._ro = new ResizeObserver(() => this.draw());
     this._ro.observe(this.tracks);
     this.drawLegend();
@@ -168,10 +196,11 @@ export class DeviceView {
     this.draw();
     if (this.tab === "summary" && this.scope === "view") this.renderTab();
     this._csvLinks();
+    this.app.saveState();
   }
 
   zoom(f, x) {
-    const ax = x === undefined ? LABEL_W + this.plotW / 2 : Math.max(LABEL_W, x);
+    const ax = x === undefined || x === null ? LABEL_W + this.plotW / 2 : Math.max(LABEL_W, x);
     const t = this.tOf(ax);
     this.setRange(t - (t - this.t0) * f, t + (this.t1 - t) * f);
   }
@@ -426,14 +455,22 @@ export class DeviceView {
     this.setRange(d.t0 - dt, d.t1 - dt);
   }
 
-  async selectRow(r) {
+  async selectRow(r, switchTab = true) {
     this.selected = r;
     this.detail = null;
     this.draw();
+    this.app.saveState();
     if (r === null) return;
-    this.tab = "instruction";
-    this.el.querySelectorAll("[data-tab]").forEach((a) => a.classList.toggle("active", a.dataset.tab === "instruction"));
-    this.detail = await getJSON(`${this.base}/instruction`, { hash: this.ex.program_hash, run: this.ex.run, index: this.a.index[r] });
+    if (switchTab) {
+      this.tab = "instruction";
+      this.el.querySelectorAll("[data-tab]").forEach((a) => a.classList.toggle("active", a.dataset.tab === "instruction"));
+    }
+    if (this._insAc) this._insAc.abort();
+    const ac = this._insAc = new AbortController();
+    this.signal.addEventListener("abort", () => ac.abort(), { once: true });
+    try {
+      this.detail = await getJSON(`${this.base}/instruction`, { hash: this.ex.program_hash, run: this.ex.run, index: this.a.index[r] }, ac.signal);
+    } catch (e) { this.app.report(e, ac.signal); return; }
     this.draw();
     this.renderTab();
   }
@@ -558,7 +595,11 @@ export class DeviceView {
 
   async renderCode(el) {
     el.innerHTML = `<div class="loading">Loading…</div>`;
-    const c = await getJSON(`${this.base}/code`, { hash: this.ex.program_hash, run: this.ex.run });
+    let c;
+    try {
+      c = await getJSON(`${this.base}/code`, { hash: this.ex.program_hash, run: this.ex.run }, this.signal);
+    } catch (e) { this.app.report(e, this.signal); return; }
+    if (this.tab !== "code") return;
     const parts = [];
     const byFile = new Map();
     for (const l of c.lines) {
@@ -602,13 +643,25 @@ export class DeviceView {
     }
     const s = this.summarize(0, this.h.span_ns, null);
     const idle = this.h.engines.filter((e, i) => !e.startsWith("DMA") && s.per[i].busy / Math.max(1, this.h.span_ns) < 0.05);
+    let dmaN = 0, dmaBusy = 0, smallBusy = 0;
+    for (let r = 0; r < this.n; r++) {
+      if (!this.h.engines[a.engine[r]].startsWith("DMA")) continue;
+      dmaN += 1; dmaBusy += a.end[r] - a.start[r];
+      if (a.flags[r] & 1) smallBusy += a.end[r] - a.start[r];
+    }
     const items = [];
-    if (small) items.push(`${small} DMA transfer(s) under ${bytes(this.h.small_dma_bytes)} (${bytes(smallBytes)} in all; red bands): each pays the DMA's fixed cost for little data — move larger, contiguous tiles.`);
+    if (small) items.push(`${small} of ${dmaN} DMA transfers under ${bytes(this.h.small_dma_bytes)} (${bytes(smallBytes)} in all, ${pct(smallBusy / Math.max(1, dmaBusy))} of DMA queue time; red bands): each pays the DMA's fixed cost for little data — move larger, contiguous tiles. The summary's small-dma rule fires when the average transfer is under ${bytes(this.h.small_dma_bytes)} or most transfers are small.`);
     if (spills) items.push(`${spills} spill transfer(s) to/from HBM scratch (${bytes(spillBytes)}; orange bands): the working set did not fit on chip.`);
     if (idle.length) items.push(`engines idle or under 5% busy: ${idle.join(", ")}.`);
     el.innerHTML = items.length ? `<ul class="warnlist" data-testid="device-warnings">${items.map((x) => `<li>${esc(x)}</li>`).join("")}</ul>`
       : `<p class="muted" data-testid="device-warnings">No small DMAs, no spills, no idle compute engine.</p>`;
   }
 
-  destroy() { if (this._ro) this._ro.disconnect(); document.getElementById("tooltip").hidden = true; this.el.remove(); }
+  destroy() {
+    if (this._ro) this._ro.disconnect();
+    if (this._insAc) this._insAc.abort();
+    this.canvas = null;
+    document.getElementById("tooltip").hidden = true;
+    this.el.remove();
+  }
 }

@@ -1,6 +1,12 @@
-// The explorer app: profile tabs, view tabs, hash routing (#/p0/trace, #/p0/device?hash=&run=,
-// #/p0/ops, #/p0/summary, #/p0/roofline, #/p0/files, #/compare?ids=p0,p1), banners, status.
-import { getJSON } from "./api.js";
+// The explorer app: profile tabs, view tabs, routing, banners, status, keys.
+//
+// The URL holds the view: #/p0/trace?t0=&t1=&sel=&group=&color=&q=, #/p0/device?hash=&run=&t0=&t1=&i=,
+// #/p0/ops?tab=&by_shape=&filter=, #/p0/summary, #/p0/roofline, #/p0/files, #/compare?ids=p0,p1&t0=&t1=.
+// A view reports its state (zoom, selection, grouping, ...) with app.saveState(); the app writes
+// it into the current history entry (replaceState), so Back, reload and a shared link restore it.
+// Each route gets an AbortController: leaving a view aborts its requests (the server cancels
+// their work) and nothing it was waiting for reaches the next view.
+import { getJSON, isAbort } from "./api.js";
 import { esc } from "./format.js";
 import { TraceView } from "./trace.js";
 import { DeviceView } from "./device.js";
@@ -12,6 +18,20 @@ import { FilesView } from "./files.js";
 
 const VIEWS = { trace: TraceView, device: DeviceView, ops: TablesView, summary: SummaryView, roofline: RooflineView, files: FilesView };
 
+export const KEYS = [
+  ["W / S", "zoom in / out at the pointer (ctrl+wheel too)"],
+  ["A / D", "pan left / right (drag, shift+wheel too)"],
+  ["0", "the whole trace"],
+  ["click", "an event: its details and lifecycle; a bucket: zoom into it"],
+  ["double-click", "zoom to an event"],
+  ["shift+drag", "select a box: a summary of what it covers"],
+  ["Enter / Shift+Enter", "next / previous event matching the search (in the search box, or after a search)"],
+  ["m", "mark the selected event's span (or the box) across all lanes; m again removes it"],
+  ["Esc", "clear the selection, the box and the mark"],
+  ["/", "go to the search box"],
+  ["?", "this list"],
+];
+
 class App {
   constructor() {
     this.main = document.getElementById("main");
@@ -19,17 +39,22 @@ class App {
     this.view = null;
     this.dismissed = new Set();
     this.errors = [];
+    this.ac = null;
     this.ready = this.start();
   }
 
   async start() {
+    window.addEventListener("unhandledrejection", (e) => {
+      if (isAbort(e.reason)) { e.preventDefault(); return; }
+    });
+    document.addEventListener("keydown", (e) => this.key(e));
     const r = await getJSON("/api/profiles");
     this.profiles = r.profiles;
     this.renderProfiles();
     document.querySelectorAll("#views a").forEach((a) => a.addEventListener("click", (e) => {
       e.preventDefault();
       const v = a.dataset.view;
-      if (v === "compare") this.go(`#/compare?ids=${this.profiles.filter((p) => p.ok).map((p) => p.id).join(",")}`);
+      if (v === "compare") this.go(`#/compare?ids=${this.profiles.filter((p) => p.ok).slice(0, 8).map((p) => p.id).join(",")}`);
       else this.go(`#/${this.current || this.firstOk()}/${v}`);
     }));
     window.addEventListener("hashchange", () => this.route());
@@ -39,9 +64,30 @@ class App {
   firstOk() { const p = this.profiles.find((x) => x.ok); return p ? p.id : this.profiles[0].id; }
 
   go(hash) {
+    if (this._saveTimer) { clearTimeout(this._saveTimer); this._saveTimer = null; this._writeState(); }
     if (location.hash === hash) return this.route();
     location.hash = hash;
     return new Promise((res) => { this._routed = res; });
+  }
+
+  // ---- the URL holds the view ---------------------------------------------------------------
+  // A view calls saveState() when its state changes; the current history entry is rewritten
+  // (debounced: a drag is one entry, not hundreds).
+  saveState() {
+    clearTimeout(this._saveTimer);
+    this._saveTimer = setTimeout(() => { this._saveTimer = null; this._writeState(); }, 120);
+  }
+
+  _writeState() {
+    const v = this.view;
+    if (!v || !v.urlState || v !== this._stateView) return;
+    const params = v.urlState();
+    const q = new URLSearchParams();
+    for (const [k, val] of Object.entries(params)) if (val !== undefined && val !== null && val !== "") q.set(k, String(val));
+    const qs = q.toString();
+    const path = this.viewName === "compare" ? "#/compare" : `#/${this.current}/${this.viewName}`;
+    const hash = qs ? `${path}?${qs}` : path;
+    if (hash !== location.hash) history.replaceState(history.state, "", hash);
   }
 
   renderProfiles() {
@@ -50,19 +96,24 @@ class App {
       `${p.ok ? "" : " ⚠"}</a>`).join("");
     nav.querySelectorAll("a").forEach((a) => a.addEventListener("click", () => {
       const v = this.viewName && this.viewName !== "compare" ? this.viewName : "trace";
-      this.go(`#/${a.dataset.pid}/${v === "device" ? "device" : v}`);
+      this.go(`#/${a.dataset.pid}/${v}`);
     }));
   }
 
-  async meta(id) {
-    if (!this.metas.has(id)) this.metas.set(id, await getJSON(`/api/p/${id}/meta`));
+  async meta(id, signal) {
+    if (!this.metas.has(id)) {
+      const p = getJSON(`/api/p/${id}/meta`, undefined, signal);
+      this.metas.set(id, p);
+      p.catch(() => this.metas.delete(id));  // an aborted or failed load is asked again next time
+    }
     return this.metas.get(id);
   }
 
   parse() {
     const h = location.hash.replace(/^#\/?/, "");
-    const [path, query] = h.split("?");
-    const params = Object.fromEntries(new URLSearchParams(query || ""));
+    const i = h.indexOf("?");
+    const path = i >= 0 ? h.slice(0, i) : h, query = i >= 0 ? h.slice(i + 1) : "";
+    const params = Object.fromEntries(new URLSearchParams(query));
     const parts = path.split("/").filter(Boolean);
     if (parts[0] === "compare") return { view: "compare", params };
     return { pid: parts[0] || this.firstOk(), view: parts[1] || "trace", params };
@@ -70,10 +121,13 @@ class App {
 
   async route() {
     const r = this.parse();
+    if (this.ac) this.ac.abort();
+    const ac = this.ac = new AbortController();
     if (this.view) { this.view.destroy(); this.view = null; }
     this.main.innerHTML = "";
     this.status("");
     this.viewName = r.view;
+    this.help(false);
     document.querySelectorAll("#views a").forEach((a) => a.classList.toggle("active", a.dataset.view === r.view));
     try {
       if (r.view === "compare") {
@@ -81,25 +135,58 @@ class App {
         this.markProfile(null);
         this.setWhat(null);
         this.banners(null);
-        this.view = new CompareView(this, r.params);
+        this.view = new CompareView(this, r.params, ac.signal);
       } else {
         const p = this.profiles.find((x) => x.id === r.pid);
         if (!p) throw new Error(`no profile ${r.pid}`);
         this.current = p.id;
         this.markProfile(p.id);
         if (!p.ok) return this.refusal(p);
-        const meta = await this.meta(p.id);
+        const meta = await this.meta(p.id, ac.signal);
+        if (ac.signal.aborted) return;
         this.setWhat(meta);
         this.banners(meta);
         const V = VIEWS[r.view] || TraceView;
-        this.view = new V(this, p, meta, r.params);
+        this.view = new V(this, p, meta, r.params, ac.signal);
       }
+      this._stateView = this.view;
       await this.view.mount(this.main);
     } catch (e) {
-      this.error(e);
+      this.report(e, ac.signal);
     } finally {
       if (this._routed) { const f = this._routed; this._routed = null; f(); }
     }
+  }
+
+  // An error of a view: shown unless it is an abort or the view is gone already.
+  report(e, signal) {
+    if (isAbort(e) || (signal && signal.aborted)) return;
+    this.error(e);
+  }
+
+  // ---- keys ---------------------------------------------------------------------------------
+  key(e) {
+    const t = e.target;
+    const typing = t && (t.tagName === "INPUT" || t.tagName === "SELECT" || t.tagName === "TEXTAREA");
+    if (e.key === "?" && !typing) { this.help(!this._help); e.preventDefault(); return; }
+    if (e.key === "Escape" && this._help) { this.help(false); e.preventDefault(); return; }
+    if (e.ctrlKey || e.metaKey || e.altKey) return;
+    if (this.view && this.view.key && this.view.key(e, typing)) e.preventDefault();
+  }
+
+  help(show) {
+    const old = document.querySelector("[data-testid=help]");
+    if (old) old.remove();
+    this._help = !!show;
+    if (!show) return;
+    const div = document.createElement("div");
+    div.className = "help";
+    div.dataset.testid = "help";
+    div.innerHTML = `<h3>Keys <span class="muted">(as in Perfetto)</span> <button title="close (Esc)">×</button></h3><table class="kv">` +
+      KEYS.map(([k, d]) => `<tr><td><kbd>${esc(k)}</kbd></td><td>${esc(d)}</td></tr>`).join("") + `</table>
+      <p class="muted">The address bar holds the view (profile, tab, time window, selection, grouping): Back, reload and a shared link bring it back.</p>`;
+    div.querySelector("button").addEventListener("click", () => this.help(false));
+    document.body.appendChild(div);
   }
 
   markProfile(id) {

@@ -6,15 +6,15 @@ import { colorOf } from "./colors.js";
 import { DataTable } from "./tables.js";
 
 export class RooflineView {
-  constructor(app, profile, meta) {
-    this.profile = profile; this.meta = meta;
+  constructor(app, profile, meta, params, signal) {
+    this.profile = profile; this.meta = meta; this.signal = signal;
     this.el = document.createElement("div");
     this.el.className = "page";
   }
 
   async mount(main) {
     main.appendChild(this.el);
-    const r = await getJSON(`/api/p/${this.profile.id}/roofline`);
+    const r = await getJSON(`/api/p/${this.profile.id}/roofline`, undefined, this.signal);
     this.r = r;
     const cols = r.table.columns;
     const ix = (c) => cols.indexOf(c);
@@ -75,14 +75,34 @@ export class RooflineView {
       ctx.fillText(`${num(pb, 0)} GB/s`, lx(Math.max(x0 * 2, knee / 100)) + 4, ly(Math.max(y0, (Math.max(x0 * 2, knee / 100) * pb) / 1e3)) - 8);
     }
     const maxNs = Math.max(1, ...pts.map((p) => p.ns || 0));
+    const placed = [];  // label boxes already drawn: a label goes where it overlaps none, or is left out
+    const overlaps = (b) => placed.some((o) => b.x < o.x + o.w && o.x < b.x + b.w && b.y < o.y + o.h && o.y < b.y + b.h);
+    const inside = (b) => b.x >= L && b.x + b.w <= R + 20 && b.y >= 0 && b.y + b.h <= B;
     for (const p of pts) {
       const rr = 3 + 9 * Math.sqrt((p.ns || 0) / maxNs);
       ctx.fillStyle = colorOf(p.name);
       ctx.globalAlpha = 0.8;
       ctx.beginPath(); ctx.arc(lx(p.ai), ly(p.tf), rr, 0, 2 * Math.PI); ctx.fill();
       ctx.globalAlpha = 1;
-      ctx.fillStyle = "#111";
-      ctx.fillText(String(p.name).slice(0, 28), lx(p.ai) + rr + 2, ly(p.tf) + 3);
+      placed.push({ x: lx(p.ai) - rr, y: ly(p.tf) - rr, w: 2 * rr, h: 2 * rr });  // labels keep off the points too
+    }
+    this.labels = [];
+    this.hidden = 0;
+    ctx.fillStyle = "#111";
+    for (const p of [...pts].sort((a, b) => (b.ns || 0) - (a.ns || 0))) {  // the biggest points are labelled first
+      const rr = 3 + 9 * Math.sqrt((p.ns || 0) / maxNs);
+      const text = String(p.name).length > 28 ? String(p.name).slice(0, 27) + "…" : String(p.name);
+      const w = ctx.measureText(text).width, h = 12, x = lx(p.ai), y = ly(p.tf);
+      const spots = [[x + rr + 2, y - h / 2], [x - rr - 2 - w, y - h / 2], [x - w / 2, y - rr - 2 - h], [x - w / 2, y + rr + 2]];
+      const spot = spots.map(([bx, by]) => ({ x: bx, y: by, w, h })).find((b) => inside(b) && !overlaps(b));
+      if (!spot) { this.hidden += 1; continue; }
+      placed.push(spot);
+      this.labels.push({ name: p.name, ...spot });
+      ctx.fillText(text, spot.x, spot.y + h - 3);
+    }
+    if (this.hidden) {
+      ctx.fillStyle = "#6b7280";
+      ctx.fillText(`${this.hidden} label(s) left out where they would overlap: the table below names every point`, L + 4, T + 12);
     }
   }
 

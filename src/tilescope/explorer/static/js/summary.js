@@ -41,8 +41,8 @@ function analysesHtml(a) {
 }
 
 export class SummaryView {
-  constructor(app, profile, meta) {
-    this.app = app; this.profile = profile; this.meta = meta;
+  constructor(app, profile, meta, params, signal) {
+    this.app = app; this.profile = profile; this.meta = meta; this.signal = signal;
     this.el = document.createElement("div");
     this.el.className = "page";
     this.el.dataset.testid = "summary";
@@ -51,7 +51,7 @@ export class SummaryView {
   async mount(main) {
     main.appendChild(this.el);
     this.el.innerHTML = `<div class="loading">Computing the summary…</div>`;
-    const s = await getJSON(`/api/p/${this.profile.id}/summary`);
+    const s = await getJSON(`/api/p/${this.profile.id}/summary`, undefined, this.signal);
     const m = s.metrics;
     const badge = s.modeled ? '<span class="badge modeled">MODELED</span>' : '<span class="badge measured">MEASURED</span>';
     let cards = "";
@@ -103,9 +103,11 @@ export class SummaryView {
         <table class="data" data-testid="generic-ops"><tr><th class="text">op</th><th class="text">shapes</th><th>executions</th><th>time</th><th>of kernel time</th></tr>${rows}</table>`;
     }
     const gaps = Object.entries(s.gaps || {}).map(([k, v]) => `<tr><td class="text">${esc(k.replaceAll("_", " "))}</td><td>${num(v.gaps)}</td><td>${ns(v.ns)}</td></tr>`).join("");
+    const obs = (s.observations || []).map((o) => `<div class="rec note" data-testid="observation"><span class="code">${esc(o.code)} (below threshold)</span> ${esc(o.message)}</div>`).join("");
     const recs = s.recommendations.length
-      ? s.recommendations.map((r) => `<div class="rec" data-testid="recommendation"><span class="code">${esc(r.code)}</span> ${esc(r.message)}<div class="fix">→ ${esc(r.fix)}</div></div>`).join("")
-      : `<p class="muted">No rule fired: nothing in the known list of problems applies to this profile.</p>`;
+      ? s.recommendations.map((r) => `<div class="rec" data-testid="recommendation"><span class="code">${esc(r.code)}</span> ${esc(r.message)}<div class="fix">→ ${esc(r.fix)}</div></div>`).join("") + obs
+      : obs ? `<p class="muted" data-testid="no-rule">No rule reached its threshold; the device view's warnings, below them:</p>${obs}`
+        : `<p class="muted" data-testid="no-rule">No rule fired: nothing in the known list of problems applies to this profile.</p>`;
     const doc = this.meta.doctor.length
       ? this.meta.doctor.map((d) => `<div class="rec"><span class="code">${esc(d.severity)} · ${esc(d.code)}</span> ${esc(d.message)}<div class="fix">→ ${esc(d.fix)}</div></div>`).join("")
       : "";

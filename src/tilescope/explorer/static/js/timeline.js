@@ -1,7 +1,14 @@
 // The system-trace timeline: lanes grouped by instance/pid/subsystem (or core, thread, process,
 // CPU vs device), events and level-of-detail buckets drawn on a canvas from windowed, packed
-// data; zoom, pan, hover, click to select, shift-drag to box-select, a highlighted chain.
-import { getPacked } from "./api.js";
+// data; zoom at the pointer, pan, hover, click to select, shift-drag to box-select, a mark, a
+// highlighted chain.
+//
+// One time axis that tells the truth: on a simulated-device profile the host's waits for the
+// simulator (the part of a synchronize after the modeled work was done, /meta "waits") are
+// drawn as waits and, by default, collapsed to a narrow hatched band, so the modeled work fills
+// the view. The axis is then piecewise linear: "display time" u = D(t) removes each collapsed
+// wait but a sliver; the axis labels stay real times and show the break.
+import { getPacked, isAbort } from "./api.js";
 import { KeyColors } from "./colors.js";
 import { ns as fmtNs, esc, laneTimesModeled } from "./format.js";
 
@@ -11,6 +18,7 @@ const LANE_PAD = 4;
 const LABEL_W = 230;
 const AXIS_H = 24;
 const MAX_ROWS = 8;      // nesting levels shown before a lane is expanded
+const CUT_SHARE = 0.02;  // a collapsed wait keeps this share of the collapsed trace's span
 
 export const GROUPINGS = {
   instance: { label: "instance / pid / subsystem", key: (l) => `${l.instance} / ${l.pid} / ${l.subsystem}`, name: (l) => l.identifier },
@@ -27,15 +35,75 @@ function niceStep(range, target) {
   return 10 * p;
 }
 
+// The piecewise-linear map between real time t (ns from the trace start) and display time u.
+export class Axis {
+  constructor(waits, span, collapse) {
+    this.cuts = [];
+    if (collapse && waits && waits.length) {
+      const total = waits.reduce((s, w) => s + (w.end_ns - w.start_ns), 0);
+      const g = Math.max(1, CUT_SHARE * Math.max(1, span - total));
+      let removed = 0;
+      for (const w of waits) {
+        const len = w.end_ns - w.start_ns;
+        if (len <= g) continue;
+        this.cuts.push({ a: w.start_ns, b: w.end_ns, g, ua: w.start_ns - removed, removed, name: w.name, ns: len });
+        removed += len - g;
+      }
+      this.removed = removed;
+    } else this.removed = 0;
+  }
+
+  get identity() { return this.cuts.length === 0; }
+
+  D(t) {
+    const c = this.cuts;
+    if (!c.length) return t;
+    let lo = 0, hi = c.length - 1, k = -1;
+    while (lo <= hi) { const m = (lo + hi) >> 1; if (c[m].a <= t) { k = m; lo = m + 1; } else hi = m - 1; }
+    if (k < 0) return t;
+    const x = c[k];
+    if (t < x.b) return x.ua + ((t - x.a) * x.g) / (x.b - x.a);
+    return t - x.removed - (x.b - x.a - x.g);
+  }
+
+  Dinv(u) {
+    const c = this.cuts;
+    if (!c.length) return u;
+    let k = -1;
+    for (let i = 0; i < c.length; i++) if (c[i].ua <= u) k = i; else break;
+    if (k < 0) return u;
+    const x = c[k];
+    if (u < x.ua + x.g) return x.a + ((u - x.ua) * (x.b - x.a)) / x.g;
+    return u + x.removed + (x.b - x.a - x.g);
+  }
+
+  // Visible real-time segments of a display range, the collapsed waits left out.
+  segments(u0, u1) {
+    const out = [];
+    let cur = u0;
+    for (const x of this.cuts) {
+      const ca = x.ua, cb = x.ua + x.g;
+      if (cb <= cur) continue;
+      if (ca >= u1) break;
+      if (ca > cur) out.push([cur, ca]);
+      cur = Math.max(cur, cb);
+    }
+    if (cur < u1) out.push([cur, u1]);
+    return out;
+  }
+}
+
 export class Timeline {
-  // opts: {base (API base "/api/p/p0"), meta, offset (ns added to view times), onSelect(ref, ev),
-  //        onBox({t0,t1,lanes}), onStatus(text), title, showAxis}
+  // opts: {base (API base "/api/p/p0"), meta, offset (real ns shown as 0), aligned, bounds ([u0, u1]
+  //        view limits), title, showAxis, signal, collapse (host waits), onSelect(ref), onBox({t0,t1,lanes}),
+  //        onRange(t0, t1, src), onStatus(text), onError(e), onChange()}
   constructor(container, opts) {
     this.opts = opts;
     this.meta = opts.meta;
     this.base = opts.base;
-    this.offset = opts.offset || 0;
-    this.aligned = !!(opts.aligned || this.offset);  // compared at a common point (first step), even when it is 0
+    this.signal = opts.signal;
+    this.offsetReal = opts.offset || 0;
+    this.aligned = !!(opts.aligned || this.offsetReal);  // compared at a common point, even when it is 0
     this.group = "instance";
     this.color = "op";
     this.collapsed = new Set();
@@ -43,9 +111,11 @@ export class Timeline {
     this.search = null;        // Set of name ids, or null
     this.selected = null;      // ref
     this.chain = [];           // lineage hops to highlight
-    this.data = null;          // last window answer
-    this.t0 = -this.offset;
-    this.t1 = this.meta.span_ns - this.offset;
+    this.mark = null;          // [t0, t1] in real ns, or null
+    this.data = null;          // last window answer (merged segments)
+    this.pointerX = null;      // the pointer over the plot (W/S zoom there)
+    this.setCollapse(opts.collapse !== undefined ? opts.collapse : (this.meta.waits || []).length > 0, false);
+    [this.t0, this.t1] = this.wholeRange();
     this.wantSeq = 0;
     this.doneSeq = 0;
     this.waiters = [];
@@ -57,6 +127,24 @@ export class Timeline {
     this._build(container);
     this.layout();
   }
+
+  // ---- the axis ---------------------------------------------------------------------------
+  setCollapse(on, redraw = true) {
+    const keep = this.t0 !== undefined ? [this.realOf(this.t0), this.realOf(this.t1)] : null;
+    this.collapse = !!on;
+    this.axisMap = new Axis(this.meta.waits || [], this.meta.span_ns, this.collapse);
+    this.offD = this.axisMap.D(this.offsetReal);
+    if (keep) {
+      this.t0 = this.viewOf(keep[0]);
+      this.t1 = this.viewOf(keep[1]);
+    }
+    if (redraw) { this.draw(); this._changed(); return this.refresh(true); }
+    return Promise.resolve();
+  }
+
+  viewOf(t) { return this.axisMap.D(t) - this.offD; }          // real ns -> view time
+  realOf(v) { return this.axisMap.Dinv(v + this.offD); }        // view time -> real ns
+  wholeRange() { return [this.viewOf(0), this.viewOf(this.meta.span_ns)]; }
 
   // ---- DOM --------------------------------------------------------------------------------
   _build(container) {
@@ -85,26 +173,34 @@ export class Timeline {
     this.canvas.addEventListener("wheel", (e) => this._wheel(e), { passive: false });
     this.canvas.addEventListener("mousedown", (e) => this._down(e));
     this.canvas.addEventListener("mousemove", (e) => this._move(e));
-    this.canvas.addEventListener("mouseleave", () => { this.tooltip.hidden = true; });
+    this.canvas.addEventListener("mouseleave", () => { this.tooltip.hidden = true; this.pointerX = null; });
     this.canvas.addEventListener("dblclick", (e) => this._dbl(e));
-    this.canvas.addEventListener("keydown", (e) => this._key(e));
-    this._resizeObs = new ResizeObserver(() => { this.layout(); this.refresh(); });
+    this.axis.addEventListener("click", (e) => {  // a click on a collapsed wait's band expands the waits
+      const x = e.clientX - this.axis.getBoundingClientRect().left;
+      if (this.opts.onWait && this.waitAt(x)) this.opts.onWait();
+    });
+    this._resizeObs = new ResizeObserver(() => { if (this.dead) return; this.layout(); this.refresh(); });
     this._resizeObs.observe(this.tracks);
   }
 
   destroy() {
+    this.dead = true;
     this._resizeObs.disconnect();
     if (this._raf) cancelAnimationFrame(this._raf);
     (this._afterPaint || []).forEach((f) => f());  // nobody waits for a view that is gone
     this._afterPaint = [];
+    const all = this.waiters;
+    this.waiters = [];
+    all.forEach((w) => w.res(this.lastFetch));
     this.root.remove();
     this.tooltip.hidden = true;
   }
 
   get width() { return Math.max(200, this.tracks.clientWidth); }
-  get plotW() { return this.width - LABEL_W; }
-  xOf(t) { return LABEL_W + ((t - this.t0 - this.offset) / (this.t1 - this.t0)) * this.plotW; }
-  tOf(x) { return this.t0 + this.offset + ((x - LABEL_W) / this.plotW) * (this.t1 - this.t0); }
+  get plotW() { return Math.max(1, this.width - LABEL_W); }
+  xOf(t) { return LABEL_W + ((this.viewOf(t) - this.t0) / (this.t1 - this.t0)) * this.plotW; }   // real ns -> x
+  tOf(x) { return this.realOf(this.vOf(x)); }                                                    // x -> real ns
+  vOf(x) { return this.t0 + ((x - LABEL_W) / this.plotW) * (this.t1 - this.t0); }                // x -> view time
 
   // ---- layout -----------------------------------------------------------------------------
   layout() {
@@ -119,16 +215,20 @@ export class Timeline {
     let y = 0;
     this.laneY = new Map();
     this.laneRows = new Map();
+    // compact (compare): no group headers, fewer nesting levels, lanes named by subsystem
+    const compact = !!this.opts.compact, maxRows = compact ? 3 : MAX_ROWS;
     for (const [key, lanes] of groups) {
-      const collapsed = this.collapsed.has(key);
-      rows.push({ type: "group", key, y, h: GROUP_H, collapsed, n: lanes.length });
-      y += GROUP_H;
+      const collapsed = !compact && this.collapsed.has(key);
+      if (!compact) {
+        rows.push({ type: "group", key, y, h: GROUP_H, collapsed, n: lanes.length });
+        y += GROUP_H;
+      }
       if (collapsed) continue;
       for (const l of lanes) {
         const depth = l.max_depth + 1;
-        const shown = this.expanded.has(l.lane) ? depth : Math.min(depth, MAX_ROWS);
+        const shown = this.expanded.has(l.lane) ? depth : Math.min(depth, maxRows);
         const h = shown * ROW + LANE_PAD;
-        rows.push({ type: "lane", lane: l.lane, y, h, shown, depth, name: g.name(l), info: l });
+        rows.push({ type: "lane", lane: l.lane, y, h, shown, depth, name: compact ? `${l.subsystem} ${l.identifier}` : g.name(l), info: l });
         this.laneY.set(l.lane, y + 2);
         this.laneRows.set(l.lane, shown);
         y += h;
@@ -152,17 +252,22 @@ export class Timeline {
 
   visibleLanes() { return this.rows.filter((r) => r.type === "lane").map((r) => r.lane); }
 
-  setGrouping(mode) { this.group = mode; this.collapsed.clear(); this.layout(); this.draw(); return this.refresh(); }
-  setColor(mode) { this.color = mode; return this.refresh(true); }
+  setGrouping(mode) {
+    if (!GROUPINGS[mode]) return Promise.resolve();
+    this.group = mode; this.collapsed.clear(); this.layout(); this.draw(); this._changed(); return this.refresh();
+  }
+  setColor(mode) { this.color = mode; this._changed(); return this.refresh(true); }
   setSearch(ids) { this.search = ids ? new Set(ids) : null; this.draw(); }
   setChain(hops) { this.chain = hops || []; this.draw(); }
   select(ref) { this.selected = ref; this.draw(); }
+  setMark(m) { this.mark = m; this.draw(); this._changed(); }
+  _changed() { if (this.opts.onChange) this.opts.onChange(this); }
 
   // ---- range & data -------------------------------------------------------------------------
   clampRange(t0, t1) {
     // opts.bounds (view time) lets linked timelines of different lengths share one scale
-    const [min, max] = this.opts.bounds ||
-      [-this.offset - 0.02 * this.meta.span_ns, this.meta.span_ns - this.offset + 0.02 * this.meta.span_ns];
+    const [a, b] = this.wholeRange();
+    const [min, max] = this.opts.bounds || [a - 0.02 * (b - a), b + 0.02 * (b - a)];
     let w = Math.max(t1 - t0, 50);
     w = Math.min(w, max - min);
     t0 = Math.max(min, Math.min(t0, max - w));
@@ -173,32 +278,49 @@ export class Timeline {
     [this.t0, this.t1] = this.clampRange(t0, t1);
     this.draw();
     if (this.opts.onRange && !opts.fromLink) this.opts.onRange(this.t0, this.t1, this);
+    this._changed();
     return this.refresh(opts.force);
   }
 
-  reset() { return this.setRange(-this.offset, this.meta.span_ns - this.offset); }
+  reset() { const [a, b] = this.wholeRange(); return this.setRange(a, b); }
 
+  // The window requests for the view (with half a view of margin each side): one per visible
+  // stretch of real time between collapsed waits, each with its share of the pixels.
   _params() {
     const w = this.t1 - this.t0;
-    const a = Math.max(0, Math.floor(this.t0 + this.offset - 0.5 * w));
-    const b = Math.min(this.meta.span_ns + 1, Math.ceil(this.t1 + this.offset + 0.5 * w));
-    return { t0: a, t1: Math.max(b, a + 1), px: Math.round(this.plotW * 2), lanes: this.visibleLanes().join(","), color: this.color };
+    const u0 = this.t0 + this.offD - 0.5 * w, u1 = this.t1 + this.offD + 0.5 * w;
+    const pxPerU = (this.plotW * 2) / (this.t1 - this.t0);
+    const segs = [];
+    for (const [a, b] of this.axisMap.segments(u0, u1)) {
+      const r0 = Math.max(0, Math.floor(this.axisMap.Dinv(a)));
+      const r1 = Math.min(this.meta.span_ns + 1, Math.ceil(this.axisMap.Dinv(b)));
+      if (r1 <= r0) continue;
+      segs.push({ t0: r0, t1: r1, px: Math.max(1, Math.min(100000, Math.round((b - a) * pxPerU))) });
+    }
+    if (!segs.length) segs.push({ t0: 0, t1: Math.max(1, this.meta.span_ns), px: Math.max(1, Math.round(this.plotW)) });
+    return { segs, lanes: this.visibleLanes().join(","), color: this.color };
   }
 
   _covers(p) {
     const d = this.data;
     if (!d) return false;
     if (d.params.lanes !== p.lanes || d.params.color !== p.color) return false;
-    const vt0 = this.t0 + this.offset, vt1 = this.t1 + this.offset;
-    if (d.header.t0 > Math.max(0, vt0) || d.header.t1 < Math.min(this.meta.span_ns, vt1)) return false;
-    if (d.header.exact) return true;
-    const have = (d.header.t1 - d.header.t0) / d.params.px;
-    const want = (p.t1 - p.t0) / p.px;
-    return have <= want * 1.5 && have >= want / 1.5;
+    return p.segs.every((s) => {
+      // the part of the wanted stretch that lies inside the trace must be fetched already
+      const a = Math.max(0, s.t0), b = Math.min(this.meta.span_ns, s.t1);
+      if (b <= a) return true;
+      return d.segs.some((f) => {
+        if (f.t0 > a || f.t1 < b) return false;
+        if (f.exact) return true;
+        const have = (f.t1 - f.t0) / f.px, want = (s.t1 - s.t0) / s.px;
+        return have <= want * 1.5 && have >= want / 1.5;
+      });
+    });
   }
 
   // Resolves once data covering the current range is drawn.
   refresh(force = false) {
+    if (this.dead) return Promise.resolve(this.lastFetch);
     const seq = ++this.wantSeq;
     if (force) this.forceSeq = seq;
     const p = new Promise((res, rej) => this.waiters.push({ seq, res, rej }));
@@ -207,21 +329,59 @@ export class Timeline {
     return p;
   }
 
+  async _fetch(p) {
+    const parts = await Promise.all(p.segs.map((s) => getPacked(`${this.base}/window`,
+      { t0: s.t0, t1: s.t1, px: s.px, lanes: p.lanes, color: p.color }, this.signal)));
+    return this._merge(parts, p);
+  }
+
+  // One drawable answer from the segments' answers: buckets get their own start and width.
+  _merge(parts, p) {
+    const cat = (name, Ctor) => {
+      let n = 0;
+      for (const x of parts) n += x.arrays[name].length;
+      const out = new Ctor(n);
+      let o = 0;
+      for (const x of parts) { out.set(x.arrays[name], o); o += x.arrays[name].length; }
+      return out;
+    };
+    const arrays = {};
+    for (const [k, C] of [["ev_ref", Uint32Array], ["ev_lane", Uint32Array], ["ev_depth", Uint16Array], ["ev_start", Float64Array],
+      ["ev_dur", Float64Array], ["ev_key", Uint32Array], ["ev_name", Uint32Array], ["bk_lane", Uint16Array], ["bk_depth", Uint8Array],
+      ["bk_fill", Uint8Array], ["bk_count", Uint32Array], ["bk_key", Uint32Array]]) arrays[k] = cat(k, C);
+    let nb = 0;
+    for (const x of parts) nb += x.arrays.bk_pos.length;
+    arrays.bk_start = new Float64Array(nb);
+    arrays.bk_w = new Float64Array(nb);
+    let o = 0, bucket = 0, total = 0, exact = true;
+    for (const x of parts) {
+      const bn = x.header.bucket_ns || 1, bo = x.header.bk_origin || 0, pos = x.arrays.bk_pos;
+      for (let i = 0; i < pos.length; i++) { arrays.bk_start[o + i] = bo + pos[i] * bn; arrays.bk_w[o + i] = bn; }
+      o += pos.length;
+      bucket = Math.max(bucket, x.header.bucket_ns || 0);
+      total += x.header.total;
+      exact = exact && x.header.exact;
+    }
+    const segs = parts.map((x, i) => ({ ...p.segs[i], exact: x.header.exact }));
+    return { header: { exact, bucket_ns: bucket, total, t0: segs[0].t0, t1: segs[segs.length - 1].t1 }, arrays, params: p, segs };
+  }
+
   async _run() {
     try {
-      while (this.doneSeq < this.wantSeq) {
+      while (this.doneSeq < this.wantSeq && !this.dead) {
         const seq = this.wantSeq;
         const p = this._params();
         const force = this.forceSeq && this.forceSeq <= seq && this.forceSeq > this.doneSeq;
         if (force || !this._covers(p)) {
           const t = performance.now();
-          const { header, arrays } = await getPacked(`${this.base}/window`, p);
+          const data = await this._fetch(p);
+          if (this.dead) break;
           const tf = performance.now();
-          this.data = { header, arrays, params: p };
+          this.data = data;
           await this.afterPaint();
           const td = performance.now();
-          this.lastFetch = { ms: td - t, fetch_ms: tf - t, draw_ms: td - tf, events: arrays.ev_ref.length,
-                             buckets: arrays.bk_lane.length, exact: header.exact, total: header.total };
+          this.lastFetch = { ms: td - t, fetch_ms: tf - t, draw_ms: td - tf, events: data.arrays.ev_ref.length,
+                             buckets: data.arrays.bk_lane.length, exact: data.header.exact, total: data.header.total };
           if (!this.firstDraw) this.firstDraw = td;
           this._status();
         } else {
@@ -236,8 +396,11 @@ export class Timeline {
     } catch (e) {
       const all = this.waiters;
       this.waiters = [];
-      all.forEach((w) => w.rej(e));
-      if (this.opts.onError) this.opts.onError(e);
+      if (isAbort(e) || this.dead) all.forEach((w) => w.res(this.lastFetch));  // left: nothing to report
+      else {
+        all.forEach((w) => w.rej(e));
+        if (this.opts.onError) this.opts.onError(e);
+      }
     } finally {
       this.running = false;
     }
@@ -245,10 +408,11 @@ export class Timeline {
 
   _status() {
     const f = this.lastFetch;
-    if (!f || !this.opts.onStatus) return;
+    if (!f || !this.opts.onStatus || this.dead) return;
     const mode = f.exact ? "exact" : `level of detail (${fmtNs(this.data.header.bucket_ns)} buckets)`;
-    this.opts.onStatus(`window ${fmtNs(this.t1 - this.t0)} · ${f.events.toLocaleString()} events` +
-      (f.buckets ? ` + ${f.buckets.toLocaleString()} buckets` : "") + ` of ~${f.total.toLocaleString()} · ${mode} · ` +
+    const cut = this.axisMap.cuts.length ? ` · ${this.axisMap.cuts.length} host wait(s) collapsed (${fmtNs(this.axisMap.removed)})` : "";
+    this.opts.onStatus(`window ${fmtNs(this.realOf(this.t1) - this.realOf(this.t0))} · ${f.events.toLocaleString()} events` +
+      (f.buckets ? ` + ${f.buckets.toLocaleString()} buckets` : "") + ` of ~${f.total.toLocaleString()} · ${mode}${cut} · ` +
       `request+draw ${f.ms.toFixed(1)} ms`);
   }
 
@@ -257,8 +421,9 @@ export class Timeline {
   // rasterised once per frame anyway). afterPaint() resolves once the frame was painted and
   // the next one began, so timings include rasterisation.
   draw() {
+    if (this.dead) return undefined;
     if (document.hidden) return this._paint();
-    if (this._raf) return;
+    if (this._raf) return undefined;
     this._raf = requestAnimationFrame(() => {
       this._raf = 0;
       this._paint();
@@ -266,15 +431,16 @@ export class Timeline {
       this._afterPaint = [];
       if (ws.length) requestAnimationFrame(() => ws.forEach((f) => f()));
     });
+    return undefined;
   }
 
   afterPaint() {
-    if (document.hidden) { this._paint(); return Promise.resolve(); }
+    if (document.hidden || this.dead) { if (!this.dead) this._paint(); return Promise.resolve(); }
     return new Promise((res) => { (this._afterPaint = this._afterPaint || []).push(res); this.draw(); });
   }
 
   _paint() {
-    if (!this.rows) return;
+    if (!this.rows || this.dead) return;
     const ctx = this.canvas.getContext("2d");
     const dpr = this.dpr;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
@@ -300,7 +466,9 @@ export class Timeline {
     ctx.beginPath();
     ctx.rect(LABEL_W, 0, W - LABEL_W, H);
     ctx.clip();
+    this._drawWaits(ctx, top, bottom);
     if (this.data) this._drawData(ctx, top, bottom);
+    this._drawMark(ctx, top, bottom);
     this._drawChain(ctx);
     this._drawBox(ctx);
     ctx.restore();
@@ -314,13 +482,50 @@ export class Timeline {
     return y + depth * ROW;
   }
 
+  // x of a real time, fast when nothing is collapsed
+  _xFn() {
+    const k = this.plotW / (this.t1 - this.t0), base = LABEL_W - (this.t0 + this.offD) * k;
+    if (this.axisMap.identity) return (t) => base + t * k;
+    const m = this.axisMap;
+    return (t) => base + m.D(t) * k;
+  }
+
+  // Waits of the host on the simulator: hatched, collapsed or not, with what they are.
+  _drawWaits(ctx, top, bottom) {
+    const waits = this.meta.waits || [];
+    if (!waits.length) return;
+    const x = this._xFn();
+    for (const w of waits) {
+      const a = x(w.start_ns), b = x(w.end_ns);
+      if (b < LABEL_W || a > this.width) continue;
+      ctx.fillStyle = "rgba(148, 163, 184, 0.18)";
+      ctx.fillRect(a, top, Math.max(2, b - a), bottom - top);
+      ctx.strokeStyle = "rgba(100, 116, 139, 0.35)";
+      ctx.lineWidth = 1;
+      ctx.save();
+      ctx.beginPath(); ctx.rect(a, top, Math.max(2, b - a), bottom - top); ctx.clip();
+      for (let y = top - (b - a); y < bottom; y += 8) { ctx.beginPath(); ctx.moveTo(a, y); ctx.lineTo(b, y + (b - a)); ctx.stroke(); }
+      ctx.restore();
+    }
+  }
+
+  _drawMark(ctx, top, bottom) {
+    if (!this.mark) return;
+    const a = this.xOf(this.mark[0]), b = this.xOf(this.mark[1]);
+    ctx.fillStyle = "rgba(234, 179, 8, 0.16)";
+    ctx.fillRect(a, top, Math.max(1, b - a), bottom - top);
+    ctx.strokeStyle = "#ca8a04";
+    ctx.lineWidth = 1;
+    ctx.beginPath(); ctx.moveTo(a, top); ctx.lineTo(a, bottom); ctx.moveTo(b, top); ctx.lineTo(b, bottom); ctx.stroke();
+  }
+
   // Draws buckets, then events, grouped by fill style (colour and shade): tens of thousands of
   // rectangles cost a few style changes instead of one each.
   _drawData(ctx, top, bottom) {
     const a = this.data.arrays;
     const colors = this.color === "kind" ? this.kindColors : this.keyColors;
-    const x0 = this.t0 + this.offset, span = this.t1 - this.t0, pw = this.plotW;
-    const k = pw / span, right = LABEL_W + pw;
+    const X = this._xFn();
+    const right = LABEL_W + this.plotW;
     const names = this.meta.names;
     const search = this.search;
     const batches = new Map();  // style id -> flat [x, y, w, ...]
@@ -330,12 +535,11 @@ export class Timeline {
       b.push(x, y, w);
     };
     const SHADES = [0.35, 0.55, 0.75, 1];
-    const bn = this.data.header.bucket_ns || 1, bo = this.data.header.bk_origin || 0;
-    const bw = Math.max(bn * k, 1);
     for (let i = 0; i < a.bk_lane.length; i++) {
       const y = this._rowY(a.bk_lane[i], a.bk_depth[i]);
       if (y === undefined || y + ROW < top || y > bottom) continue;
-      const x = LABEL_W + (bo + a.bk_pos[i] * bn - x0) * k;
+      const x = X(a.bk_start[i]);
+      const bw = Math.max(X(a.bk_start[i] + a.bk_w[i]) - x, 1);
       if (x + bw < LABEL_W || x > right) continue;
       const shade = Math.min(3, a.bk_fill[i] >> 6);
       add(a.bk_key[i] * 8 + shade, x, y, bw);
@@ -345,13 +549,13 @@ export class Timeline {
     for (let i = 0; i < a.ev_ref.length; i++) {
       const y = this._rowY(a.ev_lane[i], a.ev_depth[i]);
       if (y === undefined || y + ROW < top || y > bottom) continue;
-      const x = LABEL_W + (a.ev_start[i] - x0) * k;
-      let w = a.ev_dur[i] * k;
+      const x = X(a.ev_start[i]);
+      let w = X(a.ev_start[i] + a.ev_dur[i]) - x;
       if (x > right || x + w < LABEL_W) continue;
       if (w < 1) {
         // sub-pixel events: one 1-px column per pixel and row is enough
         const px = Math.floor(x);
-        if (px === lastX && y === lastY) continue;
+        if (px === lastX && y === lastY && a.ev_ref[i] !== this.selected) continue;
         lastX = px; lastY = y;
         w = a.ev_dur[i] === 0 ? 2 : 1;
       }
@@ -388,21 +592,25 @@ export class Timeline {
   _drawChain(ctx) {
     if (!this.chain.length) return;
     const pts = [];
+    const X = this._xFn();
     for (const h of this.chain) {
       if (h.lane === undefined || h.lane === null || h.start_ns === undefined || h.start_ns === null) continue;
       const y = this._rowY(h.lane, Math.min(h.depth || 0, (this.laneRows.get(h.lane) || 1) - 1));
       if (y === undefined) continue;
-      const x = this.xOf(h.start_ns), w = Math.max(2, (h.dur_ns || 0) * this.plotW / (this.t1 - this.t0));
+      const x = X(h.start_ns), w = Math.max(2, X(h.start_ns + (h.dur_ns || 0)) - x);
       ctx.strokeStyle = "#dc2626";
       ctx.lineWidth = 2;
       ctx.strokeRect(x, y, w, ROW - 1);
-      pts.push([x, y + ROW / 2]);
+      pts.push({ x, y: y + ROW / 2, after: h.after_pt });
     }
     ctx.strokeStyle = "#dc2626";
     ctx.fillStyle = "#dc2626";
     ctx.lineWidth = 1.5;
+    // an arrow from each hop's cause to it (the chain's own order when none is given)
     for (let i = 1; i < pts.length; i++) {
-      const [ax, ay] = pts[i - 1], [bx, by] = pts[i];
+      const from = pts[i].after !== undefined && pts[i].after !== null ? pts[pts[i].after] : pts[i - 1];
+      if (!from) continue;
+      const { x: ax, y: ay } = from, { x: bx, y: by } = pts[i];
       if (ay === by) continue;
       ctx.beginPath(); ctx.moveTo(ax, ay); ctx.lineTo(bx, by); ctx.stroke();
       const ang = Math.atan2(by - ay, bx - ax);
@@ -448,13 +656,18 @@ export class Timeline {
         ctx.font = "11px system-ui, sans-serif";
         ctx.fillStyle = "#111";
         let t = r.name || "";
-        if (t.length > 30) t = t.slice(0, 29) + "…";
+        const max = r.shown > 1 ? 30 : 18;
+        if (t.length > max) t = t.slice(0, max - 1) + "…";
         ctx.fillText(t, 14, r.y + 9);
         ctx.fillStyle = "#6b7280";
         const tags = [];
         if (laneTimesModeled(this.meta, r.info)) tags.push("modeled");
         if (r.depth > r.shown) tags.push(`+${r.depth - r.shown} levels (click)`);
-        if (tags.length) ctx.fillText(tags.join(" · "), 14, r.y + 9 + 13);
+        if (tags.length) {
+          // a one-row lane has no second line: its tags go right-aligned on the first
+          if (r.shown > 1) ctx.fillText(tags.join(" · "), 14, r.y + 9 + 13);
+          else { ctx.textAlign = "right"; ctx.fillText(tags.join(" · "), LABEL_W - 6, r.y + 9); ctx.textAlign = "left"; }
+        }
       }
     }
   }
@@ -471,16 +684,42 @@ export class Timeline {
     ctx.textBaseline = "middle";
     ctx.fillStyle = "#6b7280";
     ctx.fillText(this.aligned ? "aligned time" : "time from trace start", 6, AXIS_H / 2);
+    // ticks in real time, per visible stretch between collapsed waits
     const span = this.t1 - this.t0;
     const step = niceStep(span, Math.max(2, this.plotW / 110));
-    const first = Math.ceil(this.t0 / step) * step;
-    ctx.strokeStyle = "#d1d5db";
-    for (let t = first; t <= this.t1; t += step) {
-      const x = LABEL_W + ((t - this.t0) / span) * this.plotW;
-      ctx.beginPath(); ctx.moveTo(x, AXIS_H - 6); ctx.lineTo(x, AXIS_H); ctx.stroke();
-      ctx.fillStyle = "#374151";
-      ctx.fillText(fmtNs(t), x + 3, AXIS_H / 2 - 2);
+    ctx.save();
+    ctx.beginPath(); ctx.rect(LABEL_W, 0, W - LABEL_W, AXIS_H); ctx.clip();
+    for (const [ua, ub] of this.axisMap.segments(this.t0 + this.offD, this.t1 + this.offD)) {
+      const ra = this.axisMap.Dinv(ua) - this.offsetReal, rb = this.axisMap.Dinv(ub) - this.offsetReal;
+      for (let t = Math.ceil(ra / step) * step; t <= rb; t += step) {
+        const x = this.xOf(t + this.offsetReal);
+        ctx.strokeStyle = "#d1d5db";
+        ctx.beginPath(); ctx.moveTo(x, AXIS_H - 6); ctx.lineTo(x, AXIS_H); ctx.stroke();
+        ctx.fillStyle = "#374151";
+        ctx.fillText(fmtNs(t), x + 3, AXIS_H / 2 - 2);
+      }
     }
+    for (const c of this.axisMap.cuts) {  // the break: what was collapsed, and how long it was
+      const a = this.xOf(c.a), b = this.xOf(c.b);
+      if (b < LABEL_W || a > W) continue;
+      ctx.fillStyle = "#e2e8f0";
+      ctx.fillRect(a, 0, Math.max(3, b - a), AXIS_H);
+      ctx.fillStyle = "#334155";
+      const text = `host waits ${fmtNs(c.ns)} (collapsed) ⋯`;
+      const tw = ctx.measureText(text).width;
+      // beside the band, on the side with room (a band at the right edge gets its label on its left)
+      const tx = a + tw + 6 <= W || a - tw - 6 < LABEL_W ? Math.max(LABEL_W, a) + 3 : a - tw - 3;
+      ctx.fillStyle = "rgba(255,255,255,0.85)";
+      ctx.fillRect(tx - 2, 2, tw + 4, AXIS_H - 4);
+      ctx.fillStyle = "#334155";
+      ctx.fillText(text, tx, AXIS_H / 2);
+    }
+    if (this.mark) {
+      const a = this.xOf(this.mark[0]), b = this.xOf(this.mark[1]);
+      ctx.fillStyle = "#ca8a04";
+      ctx.fillText(`◆ ${fmtNs(this.mark[1] - this.mark[0])}`, Math.max(LABEL_W, (a + b) / 2 - 20), AXIS_H / 2 + 5);
+    }
+    ctx.restore();
   }
 
   // ---- hit testing & interaction ------------------------------------------------------------------
@@ -491,30 +730,33 @@ export class Timeline {
 
   rowAt(y) { return this.rows.find((r) => y >= r.y && y < r.y + r.h); }
 
+  waitAt(x) {
+    for (const w of this.meta.waits || []) if (x >= this.xOf(w.start_ns) - 2 && x <= this.xOf(w.end_ns) + 2) return w;
+    return null;
+  }
+
   hit(x, y) {
     if (!this.data || x < LABEL_W) return null;
     const row = this.rowAt(y);
     if (!row || row.type !== "lane") return null;
     const depth = Math.floor((y - row.y - 2) / ROW);
     const a = this.data.arrays;
-    const t = this.tOf(x);
-    const tol = (3 * (this.t1 - this.t0)) / this.plotW;
+    const X = this._xFn();
     let best = null;
     for (let i = a.ev_ref.length - 1; i >= 0; i--) {
       if (a.ev_lane[i] !== row.lane || a.ev_depth[i] !== depth) continue;
-      if (t >= a.ev_start[i] - tol && t <= a.ev_start[i] + a.ev_dur[i] + tol) {
-        const d = t < a.ev_start[i] ? a.ev_start[i] - t : t > a.ev_start[i] + a.ev_dur[i] ? t - a.ev_start[i] - a.ev_dur[i] : 0;
+      const xa = X(a.ev_start[i]), xb = X(a.ev_start[i] + a.ev_dur[i]);
+      if (x >= xa - 3 && x <= xb + 3) {
+        const d = x < xa ? xa - x : x > xb ? x - xb : 0;
         if (!best || d < best.d) best = { kind: "event", i, d };
         if (d === 0) break;
       }
     }
     if (best) return best;
-    const bn = this.data.header.bucket_ns, bo = this.data.header.bk_origin || 0;
     for (let i = 0; i < a.bk_lane.length; i++) {
-      const s = bo + a.bk_pos[i] * bn;
-      if (a.bk_lane[i] === row.lane && a.bk_depth[i] === depth && t >= s && t < s + bn) {
-        return { kind: "bucket", i };
-      }
+      if (a.bk_lane[i] !== row.lane || a.bk_depth[i] !== depth) continue;
+      const xa = X(a.bk_start[i]), xb = Math.max(xa + 1, X(a.bk_start[i] + a.bk_w[i]));
+      if (x >= xa && x < xb) return { kind: "bucket", i };
     }
     return null;
   }
@@ -531,19 +773,26 @@ export class Timeline {
 
   _move(e) {
     const [x, y] = this._pos(e);
+    this.pointerX = x >= LABEL_W ? x : null;
     if (this.drag) return this._dragMove(e, x, y);
     const h = this.hit(x, y);
     if (!h) {
       const row = this.rowAt(y);
+      const w = x >= LABEL_W ? this.waitAt(x) : null;
       if (row && x < LABEL_W) {
         const l = row.info;
         this._tip(e, row.type === "group" ? `<div class="t">${esc(row.key)}</div><div class="d">click to ${row.collapsed ? "expand" : "collapse"}</div>`
           : `<div class="t">${esc(l.instance)} / ${esc(l.pid)} / ${esc(l.subsystem)} / ${esc(l.identifier)}</div>` +
             `<div class="d">${esc(l.process_name || "")} · ${l.events.toLocaleString()} events · ${esc(l.side)}` +
             `${laneTimesModeled(this.meta, l) ? " · times modeled" : ""}</div>`);
+      } else if (w) {
+        this._tip(e, `<div class="t">host waits ${fmtNs(w.end_ns - w.start_ns)} for the simulator</div>` +
+          `<div class="d">${esc(w.name)} returned ${fmtNs(w.end_ns - w.start_ns)} after the modeled device work was done: the wall-clock time ` +
+          `of the simulator's numerics, which hardware would not spend. ${this.collapse ? "Collapsed on the axis" : "Drawn at its length"} ` +
+          `(toggle: "collapse host waits").</div>`);
       } else this.tooltip.hidden = true;
       this.canvas.style.cursor = "default";
-      return;
+      return undefined;
     }
     this.canvas.style.cursor = "pointer";
     const a = this.data.arrays;
@@ -553,11 +802,12 @@ export class Timeline {
       this._tip(e, `<div class="t">${esc(name)}</div><div class="d">start ${fmtNs(a.ev_start[h.i])} · duration ${fmtNs(a.ev_dur[h.i])}` +
         `${key !== name ? ` · ${this.color}: ${esc(key)}` : ""}${this._laneModeled(a.ev_lane[h.i]) ? " · modeled" : ""}</div>`);
     } else {
-      const bn = this.data.header.bucket_ns;
+      const bn = a.bk_w[h.i];
       this._tip(e, `<div class="t">${a.bk_count[h.i].toLocaleString()} events in ${fmtNs(bn)}</div>` +
         `<div class="d">busy ≈ ${fmtNs((a.bk_fill[h.i] / 255) * bn)} · longest: ${esc(this.color === "kind" ? this.meta.kinds[a.bk_key[h.i]] : this.meta.names[a.bk_key[h.i]])}` +
         ` · zoom in for each event</div>`);
     }
+    return undefined;
   }
 
   _laneModeled(lane) {
@@ -565,14 +815,14 @@ export class Timeline {
   }
 
   _down(e) {
-    this.canvas.focus();
+    this.canvas.focus({ preventScroll: true });
     const [x, y] = this._pos(e);
     if (x < LABEL_W) {
       const row = this.rowAt(y);
       if (!row) return;
       if (row.type === "group") {
         if (this.collapsed.has(row.key)) this.collapsed.delete(row.key); else this.collapsed.add(row.key);
-      } else if (row.depth > MAX_ROWS) {
+      } else if (row.depth > row.shown || this.expanded.has(row.lane)) {
         if (this.expanded.has(row.lane)) this.expanded.delete(row.lane); else this.expanded.add(row.lane);
       }
       this.layout();
@@ -585,9 +835,11 @@ export class Timeline {
       window.removeEventListener("mouseup", up);
       const d = this.drag;
       this.drag = null;
+      if (!d || this.dead) return undefined;
       if (d.box && d.moved) return this._finishBox();
       if (!d.moved) this._click(ev, x, y);
       else this.refresh();
+      return undefined;
     };
     window.addEventListener("mouseup", up);
   }
@@ -606,6 +858,7 @@ export class Timeline {
     [this.t0, this.t1] = this.clampRange(d.t0 - dt, d.t1 - dt);
     this.draw();
     if (this.opts.onRange) this.opts.onRange(this.t0, this.t1, this);
+    this._changed();
     this.refresh();
   }
 
@@ -614,13 +867,15 @@ export class Timeline {
     const t0 = this.tOf(Math.min(b.x0, b.x1)), t1 = this.tOf(Math.max(b.x0, b.x1));
     const ya = Math.min(b.y0, b.y1), yb = Math.max(b.y0, b.y1);
     const lanes = this.rows.filter((r) => r.type === "lane" && r.y + r.h > ya && r.y < yb).map((r) => r.lane);
-    if (this.opts.onBox && lanes.length && t1 > t0) this.opts.onBox({ t0: Math.max(0, Math.floor(t0)), t1: Math.ceil(t1), lanes });
+    this.boxSel = { t0: Math.max(0, Math.floor(t0)), t1: Math.ceil(t1), lanes };
+    if (this.opts.onBox && lanes.length && t1 > t0) this.opts.onBox(this.boxSel);
   }
 
-  clearBox() { this.box = null; this.draw(); }
+  clearBox() { this.box = null; this.boxSel = null; this.draw(); }
 
   _click(e, x, y) {
     this.box = null;
+    this.boxSel = null;
     const h = this.hit(x, y);
     if (h && h.kind === "event") {
       const ref = this.data.arrays.ev_ref[h.i];
@@ -628,9 +883,9 @@ export class Timeline {
       this.draw();
       if (this.opts.onSelect) this.opts.onSelect(ref);
     } else if (h && h.kind === "bucket") {
-      const a = this.data.arrays, bn = this.data.header.bucket_ns;
-      const c = (this.data.header.bk_origin || 0) + a.bk_pos[h.i] * bn + bn / 2 - this.offset;
-      this.setRange(c - bn * 20, c + bn * 20);
+      const a = this.data.arrays, bn = a.bk_w[h.i];
+      const c = this.viewOf(a.bk_start[h.i] + bn / 2), w = this.viewOf(a.bk_start[h.i] + bn) - this.viewOf(a.bk_start[h.i]);
+      this.setRange(c - w * 20, c + w * 20);
     } else {
       this.selected = null;
       this.draw();
@@ -653,14 +908,17 @@ export class Timeline {
     this.draw();
   }
 
+  // Zooms so that the event (real start, duration) fills most of the view.
   zoomTo(start, dur) {
-    const pad = Math.max(dur * 0.25, 100);
-    return this.setRange(start - this.offset - pad, start - this.offset + dur + pad);
+    const a = this.viewOf(start), b = this.viewOf(start + dur);
+    const pad = Math.max((b - a) * 0.25, 100);
+    return this.setRange(a - pad, b + pad);
   }
 
+  // Zooms by ``factor`` keeping the time under x (the pointer; the centre without one) in place.
   zoom(factor, x) {
-    const ax = x === undefined ? LABEL_W + this.plotW / 2 : x;
-    const t = this.t0 + ((ax - LABEL_W) / this.plotW) * (this.t1 - this.t0);
+    const ax = x === undefined || x === null ? LABEL_W + this.plotW / 2 : x;
+    const t = this.vOf(ax);
     return this.setRange(t - (t - this.t0) * factor, t + (this.t1 - t) * factor);
   }
 
@@ -681,14 +939,15 @@ export class Timeline {
     }
   }
 
-  _key(e) {
+  // W/S zoom at the pointer, A/D pan, 0 whole trace. Returns true when the key was used.
+  key(e) {
     const k = e.key.toLowerCase();
-    if (k === "w") this.zoom(0.7);
-    else if (k === "s") this.zoom(1 / 0.7);
+    if (k === "w") this.zoom(0.7, this.pointerX);
+    else if (k === "s") this.zoom(1 / 0.7, this.pointerX);
     else if (k === "a") this.pan(-0.2);
     else if (k === "d") this.pan(0.2);
     else if (k === "0") this.reset();
-    else return;
-    e.preventDefault();
+    else return false;
+    return true;
   }
 }
