@@ -69,6 +69,9 @@ MODULES = [
     "tilescope.trace._parquet",
     "tilescope.trace._roofline",
     "tilescope.trace._report",
+    # explorer and studies
+    "tilescope.explorer._timeaxis",
+    "tilescope.studies.rmsnorm",
 ]
 
 

@@ -121,7 +121,7 @@ export class TablesView {
     if (bs) bs.addEventListener("change", () => { this.byShape = bs.checked; this.app.saveState(); this.render(); });
     const body = this.el.querySelector("[data-role=body]");
     const note = this.el.querySelector("[data-role=note]");
-    const tab = this.tab;
+    const tab = this.tab, gen = this._gen = (this._gen || 0) + 1;
     let tables = [];
     const rowTitle = "click: show its events in the system trace";
     const byName = (t) => (row) => this.showEvents(row[t.columns.indexOf("name")]);
@@ -142,7 +142,7 @@ export class TablesView {
       note.textContent = "per engine over every instruction trace (modeled)";
       tables = [["", r.table, { sort: "busy_ns", testid: "engine-table" }]];
     }
-    if (tab !== this.tab || this.signal.aborted) return;  // another tab was picked meanwhile
+    if (gen !== this._gen || this.signal.aborted) return;  // rendered again meanwhile (another tab, by shape)
     body.innerHTML = "";
     this.dts = [];
     for (const [title, t, opts] of tables) {

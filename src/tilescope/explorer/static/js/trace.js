@@ -167,7 +167,8 @@ export class TraceView {
         const r = await getJSON(`${this.base}/search`, { q: text, exact: this.exact ? 1 : 0 }, this.signal);
         if (this.query !== text) return;
         this.timeline.setSearch(r.ids);
-        this._matches(`${r.ids.length.toLocaleString()} name${r.ids.length === 1 ? "" : "s"} · Enter: next`);
+        // a match already found (a row opened from a table) keeps its "i of n"
+        if (!this.match) this._matches(`${r.ids.length.toLocaleString()} name${r.ids.length === 1 ? "" : "s"} · Enter: next`);
         this.app.saveState();
       } catch (e) { this.app.report(e, this.signal); }
     };
