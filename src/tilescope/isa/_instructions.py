@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import ClassVar
+from typing import ClassVar, dataclass_transform
 
 from ._ap import AP, RuntimeScalar
 
@@ -136,6 +136,7 @@ def _from_json(v):
     return v
 
 
+@dataclass_transform(frozen_default=True)  # type checkers see each instruction's generated __init__
 def _instruction(kind: str, engines: tuple[str, ...], reads: tuple[str, ...], writes=("dst",)):
     """Class decorator: a frozen, slotted dataclass registered as an instruction kind."""
 

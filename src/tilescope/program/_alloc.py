@@ -352,7 +352,7 @@ class _Run:
             else:
                 out.append(ins)
                 origin.append(k)
-        for rec, (v, r, store, reload) in zip(records, self.spills):
+        for rec, (_v, _r, store, reload) in zip(records, self.spills):
             rec["stored_at"] = index_of[store]
             rec["reloaded_at"] = index_of[reload]
         return out, origin, index_of, scratch, records
@@ -448,7 +448,6 @@ def allocate_columns(cols, spec, *, describe_site=None, spill: bool = False):
     ``(slots, slot_of)`` -- the Slot records and, per buffer id, its slot's index (-1 for HBM
     and unused buffers) -- or None when the tiles do not fit and ``spill`` asks for the
     object path (which spills). Without ``spill``, a CapacityError as :func:`allocate` raises."""
-    n = len(cols)
     nb = cols.n_buffers
     B = cols.buf
     mask = B >= 0

@@ -319,9 +319,8 @@ class Program:
         return executable_text(self)
 
     @classmethod
-    def from_json(cls, data: dict | str) -> "Program":
-        if isinstance(data, str):
-            data = json.loads(data)
+    def from_json(cls, text_or_data: dict | str) -> "Program":
+        data: dict = json.loads(text_or_data) if isinstance(text_or_data, str) else text_or_data
         if data.get("format") != "tilescope.executable":
             raise ValueError("not a tilescope executable (missing format: tilescope.executable)")
         if data.get("version") != FORMAT_VERSION:
