@@ -75,16 +75,17 @@ def test_dependency_sweep_on_random_boxes():
 
 def test_allocation_sweep_native_equals_reference_on_random_tiles():
     rng = np.random.default_rng(4)
-    for trial in range(40):
+    for trial in range(60):
         T = 400
         first = np.sort(rng.integers(0, 2000, size=T))
         last = first + rng.integers(0, 200, size=T)
         nbytes = rng.integers(1, 40, size=T) * 64
         site = rng.integers(0, 12, size=T)
-        bufs = rng.integers(1, 4, size=12)[site]
+        bufs = rng.integers(0, 4, size=12)[site]  # 0: no site ring (the mode places the tile)
         cap = int(rng.integers(20, 200)) * 64
-        a = native.place(first, last, nbytes, site, bufs, cap, 64)
-        b = _alloc.place_reference(first, last, nbytes, site, bufs, cap, 64)
+        policy = trial % len(_alloc.MODES)
+        a = native.place(first, last, nbytes, site, bufs, cap, 64, policy)
+        b = _alloc.place_reference(first, last, nbytes, site, bufs, cap, 64, policy)
         if b[1] is None:
             assert a[1] is None
             np.testing.assert_array_equal(a[0], b[0])

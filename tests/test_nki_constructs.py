@@ -504,6 +504,38 @@ def test_compiler_directives_are_accepted():
     assert nt.tensor[128, 512].shape == (128, 512)
 
 
+def _streaming(mode):
+    def body(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        for i in nl.affine_range(x.shape[0] // 128):
+            t = nl.load(x[i * 128:(i + 1) * 128, :])
+            nl.store(out[i * 128:(i + 1) * 128, :], nl.multiply(t, 2.0))
+        return out
+
+    config = None if mode is None else ncc.CompileConfig(experimental_allocation_mode=mode)
+    return nki.jit(body, compile_config=config) if config else nki.jit(body)
+
+
+@pytest.mark.parametrize("mode, addresses", [(None, 12), (ncc.AllocationMode.RING, 12),
+                                             (ncc.AllocationMode.MAX_REUSE, 1), (ncc.AllocationMode.FAST, 1)])
+def test_compile_config_allocation_mode_decides_tile_addresses(mode, addresses):
+    """RING (the default): a fresh address per tile until SBUF wraps (192 KiB / 16 KiB an
+    iteration = 12); MAX_REUSE (and FAST, modeled as it): the best-fitting freed range."""
+    x = f32(16 * 128, 2048)
+    k = _streaming(mode)
+    np.testing.assert_array_equal(k(x), x * 2)
+    prog = program(k, x)
+    sites: dict = {}
+    for slot in prog.slots.values():
+        sites.setdefault(slot.site, set()).add(slot.addr)
+    assert {len(a) for a in sites.values()} == {addresses}
+
+
+def test_compile_config_refuses_a_mode_that_is_not_an_allocation_mode():
+    with pytest.raises(TypeError, match="AllocationMode"):
+        ncc.CompileConfig(experimental_allocation_mode="RING")
+
+
 # ---- what tilescope lacks: clear errors at the kernel line ------------------------------------------
 
 @nki.jit

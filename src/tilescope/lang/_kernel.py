@@ -222,8 +222,15 @@ def _grid(grid) -> tuple[int, ...]:
 class Kernel:
     """A tile kernel (see the module docs). Make one with ``@tilescope.kernel``."""
 
-    def __init__(self, fn: Callable, *, name: str | None = None, bufs: int = 3, preset: str | None = None,
-                 spill: bool = True):
+    def __init__(self, fn: Callable, *, name: str | None = None, bufs: int | None = None, preset: str | None = None,
+                 spill: bool = True, allocation: str = "ring"):
+        from ..program._alloc import MODES
+
+        if allocation not in MODES:
+            raise KernelError(f"allocation={allocation!r} is not an allocation mode; use one of {', '.join(MODES)}")
+        if bufs is not None and (not isinstance(bufs, int) or bufs < 1):
+            raise KernelError(f"bufs={bufs!r}: give a rotation depth >= 1, or None to let the allocation mode place "
+                              f"each tile")
         if isinstance(fn, Kernel):
             fn = fn.fn
         self.fn = fn
@@ -231,6 +238,7 @@ class Kernel:
         self.bufs = bufs
         self.preset = preset
         self.spill = spill
+        self.allocation = allocation
         self.signature = inspect.signature(fn)
         self.trace_count = 0
         self._cache: dict[tuple, Traced] = {}
@@ -333,9 +341,9 @@ class Kernel:
         if b.instruction_count == 0:
             raise KernelError(f"kernel {self.name!r} emitted no instructions (it loads, computes and stores nothing)")
         meta = {"kind": "tile_kernel", "kernel": self.name, "grid": list(grid), "bufs": self.bufs,
-                "sources": _sources(ctx), "traced_loops": _loop_report(ctx)}
+                "allocation": self.allocation, "sources": _sources(ctx), "traced_loops": _loop_report(ctx)}
         try:
-            program = b.build(meta, describe_site=ctx.describe_site, spill=self.spill)
+            program = b.build(meta, describe_site=ctx.describe_site, spill=self.spill, allocation=self.allocation)
         except CapacityError as e:
             if fail_at is None and e.instruction is not None:
                 # trace again and raise when the tile that did not fit is first used, so the
@@ -407,16 +415,20 @@ def _sources(ctx: KernelContext) -> dict[str, str]:
     return {display_path(f): "".join(linecache.getlines(f)) for f in sorted(files) if linecache.getlines(f)}
 
 
-def kernel(fn: Callable | None = None, *, name: str | None = None, bufs: int = 3, preset: str | None = None,
-           spill: bool = True):
-    """Make a tile kernel: ``@tilescope.kernel`` or ``@tilescope.kernel(bufs=2)``.
+def kernel(fn: Callable | None = None, *, name: str | None = None, bufs: int | None = None,
+           preset: str | None = None, spill: bool = True, allocation: str = "ring"):
+    """Make a tile kernel: ``@tilescope.kernel`` or ``@tilescope.kernel(allocation="max_reuse")``.
 
-    ``bufs`` is the number of rotating buffers per SBUF allocation site; ``preset``
-    the hardware preset to trace for (default: ``$TILESCOPE_PRESET`` or ``trn1``).
+    ``allocation`` is how each tile gets its SBUF/PSUM address, as NKI's allocation modes:
+    ``"ring"`` (a fresh address per tile, freed memory reused only after the allocation
+    wraps around, so a loop's iterations overlap as far as the memory allows) or
+    ``"max_reuse"`` (the best-fitting freed range: least memory, least overlap).
+    ``bufs=N`` makes every SBUF allocation site rotate over N addresses instead. ``preset``
+    is the hardware preset to trace for (default: ``$TILESCOPE_PRESET`` or ``trn1``).
     When live tiles do not fit in SBUF, the allocator spills some to HBM (two DMAs each,
     labelled on the timeline, listed in ``program.meta["spills"]``); ``spill=False`` is the
     strict mode: a ``CapacityError`` instead.
     """
     if fn is None:
-        return lambda f: Kernel(f, name=name, bufs=bufs, preset=preset, spill=spill)
-    return Kernel(fn, name=name, bufs=bufs, preset=preset, spill=spill)
+        return lambda f: Kernel(f, name=name, bufs=bufs, preset=preset, spill=spill, allocation=allocation)
+    return Kernel(fn, name=name, bufs=bufs, preset=preset, spill=spill, allocation=allocation)

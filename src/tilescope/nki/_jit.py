@@ -138,7 +138,12 @@ class NkiKernel:
             fn, kernel = fn.fn, kernel or fn.kernel
         self.fn = fn
         opts = dict(options or {})
-        self.kernel = kernel if kernel is not None else Kernel(fn, spill=not opts.get("strict", False))
+        if kernel is None:
+            from .compiler import allocation_of
+
+            kernel = Kernel(fn, spill=not opts.get("strict", False),
+                            allocation=allocation_of(opts.get("compile_config")))
+        self.kernel = kernel
         self.grid = grid
         self.options = dict(options or {})
         functools.update_wrapper(self, fn)
@@ -168,7 +173,8 @@ class NkiKernel:
 def jit(func=None, mode: str = "auto", **kwargs):
     """``@nki.jit`` / ``@nki.jit(mode=...)``: the function becomes an :class:`NkiKernel`.
 
-    Options of hardware NKI (``mode``, ``compile_config``, ...) are accepted and have no effect;
+    Options of hardware NKI are accepted; of them only ``compile_config``'s
+    ``experimental_allocation_mode`` has an effect (how tiles get addresses: ``docs/nki.md``).
     ``strict=True`` (tilescope's) makes SBUF overflow a ``CapacityError`` instead of spills.
     """
     if func is None:

@@ -1,7 +1,9 @@
 """``nki.compiler``: allocation and scheduling directives, accepted so kernels run unchanged.
 
-tilescope allocates every tile itself (live ranges per loop iteration, rotating
-buffers, spills when SBUF is full: ``docs/nki.md``), so NKI's manual allocators
+tilescope allocates every tile itself (live ranges per loop iteration, a fresh address per
+tile as NKI's RING allocation mode gives, spills when SBUF is full: ``docs/nki.md``);
+``CompileConfig(experimental_allocation_mode=AllocationMode.MAX_REUSE)`` picks the
+best-fitting freed range instead. NKI's manual allocators
 (``ncc.sbuf.mod_alloc(...)``, ``ncc.psum.auto_alloc()``) place a tile in their memory
 and leave the address to tilescope; decorators such as ``skip_middle_end_transformations``
 return the kernel unchanged.
@@ -10,12 +12,14 @@ return the kernel unchanged.
 from __future__ import annotations
 
 import contextlib
+import enum
 
 from ..lang._types import psum as _psum, sbuf as _sbuf
 
 __all__ = [
     "sbuf", "psum", "skip_middle_end_transformations", "enable_stack_allocator", "force_auto_alloc",
     "multi_buffer", "no_reorder", "allocation_scope", "CompileConfig", "SpecializationConfig",
+    "AllocationMode", "allocation_of",
 ]
 
 
@@ -66,11 +70,42 @@ def allocation_scope():
     return contextlib.nullcontext()
 
 
+class AllocationMode(enum.Enum):
+    """How each tile's address is chosen (NKI API reference, ``nki.compiler.AllocationMode``).
+
+    ``RING``: a fresh address per tile, freed memory reused only after the allocation wraps
+    around; ``MAX_REUSE``: the freed range that fits best. ``FAST`` (nested lifetimes stacked,
+    best fit for the rest) is modeled as ``MAX_REUSE``: the stacking is not modeled.
+    """
+
+    RING = "ring"
+    FAST = "fast"
+    MAX_REUSE = "max_reuse"
+
+
+_MODE = {AllocationMode.RING: "ring", AllocationMode.FAST: "max_reuse", AllocationMode.MAX_REUSE: "max_reuse"}
+
+
 class CompileConfig:
-    """Accepted and ignored (compiler options of hardware NKI)."""
+    """Compiler options of hardware NKI: ``experimental_allocation_mode`` (an
+    :class:`AllocationMode`) decides tilescope's allocation mode; the rest are accepted and
+    have no effect."""
 
     def __init__(self, **kwargs):
         self.options = kwargs
+        mode = kwargs.get("experimental_allocation_mode")
+        if mode is not None and not isinstance(mode, AllocationMode):
+            raise TypeError(f"experimental_allocation_mode must be an nki.compiler.AllocationMode "
+                            f"(e.g. AllocationMode.RING), not {mode!r}")
+
+    def __repr__(self) -> str:
+        return f"CompileConfig({', '.join(f'{k}={v!r}' for k, v in self.options.items())})"
+
+
+def allocation_of(compile_config) -> str:
+    """tilescope's allocation mode for a ``compile_config`` (``"ring"`` when it says none)."""
+    mode = getattr(compile_config, "options", {}).get("experimental_allocation_mode")
+    return _MODE[mode] if mode is not None else "ring"
 
 
 class SpecializationConfig(CompileConfig):

@@ -1,4 +1,4 @@
-"""On-chip memory allocation: live ranges, rotating addresses per site, spills to HBM.
+"""On-chip memory allocation: live ranges, addresses picked as NKI's allocator does, spills to HBM.
 
 Every tile the builder makes is a new logical buffer, live from the first instruction
 that touches it to the last. Allocation gives each tile an address for exactly that
@@ -6,13 +6,26 @@ range -- per loop iteration, not for the whole loop -- as a compiler's allocator
 
 1. **Tiles in order of first use**, each at a free address range when it becomes live
    (SBUF 64-byte aligned, PSUM in whole 2 KiB banks); a tile's range frees after its last
-   use.
-2. **Rotation per allocation site.** A site (a source line, a named site) prefers to put
-   its tiles on a ring of ``bufs`` addresses in turn, so iteration ``i+1``'s tile does
-   not wait for iteration ``i``'s to die; an address of the ring that is still busy, or a
-   ring that is not full yet, takes the next free range (next fit, so independent
-   neighbours rarely meet through a reused address). Reuse of an address orders the
-   instructions that touch it (the dependencies are physical).
+   use. Reuse of an address orders the instructions that touch it (the dependencies are
+   physical): a load into a reused address waits for the compute that read the tile
+   there before.
+2. **Which free range**: the modes of NKI's allocator (``nki.compiler.AllocationMode``,
+   documented in the NKI API reference), in :data:`MODES`:
+
+   ========== ===================================================================================
+   ``ring``   (default) a fresh address for each tile: the next free range at or after the end
+              of the last one taken, wrapping to the start of the memory only when none is
+              left, so freed memory is reused only after the allocation wraps around. A
+              loop's iterations then overlap as far as the memory lets them: a tile's address
+              comes back after (capacity / bytes allocated per iteration) iterations, not after
+              a fixed count. In PSUM it rotates through the banks.
+   ``max_reuse`` the free range that fits the tile best (the smallest; lowest address on
+              ties): the least memory, and the least overlap of loads and compute.
+   ========== ===================================================================================
+
+   A site (a source line, a named site) made with an explicit ``bufs=N`` instead
+   rotates its tiles over N addresses of its own (NKI's ``mod_alloc`` with N free tiles),
+   while they are free; a busy one is replaced by the mode's choice.
 3. **Spills.** When no free range fits a tile, a live SBUF tile that is not in use at
    that instruction -- the one whose next use is furthest away -- is stored to an HBM
    scratch tensor after its last use so far and loaded back (as a new tile) just before
@@ -35,9 +48,16 @@ from ..errors import CapacityError
 from ..isa import DmaCopy
 from ._program import Buffer, Slot
 
-__all__ = ["allocate", "allocate_columns", "liveness", "Allocation", "SBUF_ALIGN"]
+__all__ = ["allocate", "allocate_columns", "liveness", "Allocation", "SBUF_ALIGN", "MODES"]
 
 SBUF_ALIGN = 64
+MODES = ("ring", "max_reuse")  # how a tile's free range is chosen (module docs); index = native policy code
+
+
+def _mode_code(mode: str) -> int:
+    if mode not in MODES:
+        raise ValueError(f"allocation mode {mode!r} is not one of {', '.join(MODES)}")
+    return MODES.index(mode)
 
 
 def liveness(instructions) -> tuple[dict[str, int], dict[str, int]]:
@@ -107,6 +127,17 @@ class _Free:
                 return a
         return None
 
+    def best_fit(self, n: int) -> int | None:
+        """The start of the smallest free range that holds ``n`` (the lowest on ties)."""
+        best, size = None, None
+        for a, b in self.ranges:
+            if b - a >= n and (size is None or b - a < size):
+                best, size = a, b - a
+        return best
+
+    def pick(self, n: int, policy: int) -> int | None:
+        return self.next_fit(n) if policy == 0 else self.best_fit(n)
+
     def take(self, lo: int, n: int) -> None:
         hi = lo + n
         for k, (a, b) in enumerate(self.ranges):
@@ -144,9 +175,10 @@ def _before(pos):
 
 
 def allocate(buffers: dict[str, Buffer], instructions, spec, *, describe_site=None, spill: bool = False,
-             shrink_rotation: bool = False, report: dict | None = None) -> Allocation:
+             mode: str = "ring", shrink_rotation: bool = False, report: dict | None = None) -> Allocation:
     """Assign every used on-chip buffer an address, spilling SBUF tiles to HBM if allowed.
 
+    ``mode`` picks free ranges (one of :data:`MODES`, module docs);
     ``describe_site(site) -> str`` words allocation sites in capacity errors.
     (``shrink_rotation`` and ``report`` are accepted for old callers: rotation is always a
     preference now.)
@@ -171,9 +203,9 @@ def allocate(buffers: dict[str, Buffer], instructions, spec, *, describe_site=No
             nbytes = -(-nbytes // spec.psum_bank_bytes) * spec.psum_bank_bytes
         else:
             nbytes = -(-nbytes // SBUF_ALIGN) * SBUF_ALIGN
-        tiles.append(_Tile(name, b, b.memory, b.site or name, nbytes, max(1, b.bufs), lst, origin=name))
+        tiles.append(_Tile(name, b, b.memory, b.site or name, nbytes, max(0, b.bufs), lst, origin=name))
     tiles.sort(key=lambda t: t.uses[0])
-    state = _Run(spec, describe_site, spill)
+    state = _Run(spec, describe_site, spill, _mode_code(mode))
     for memory, capacity, align in (("sbuf", spec.sbuf_bytes_per_partition, SBUF_ALIGN),
                                     ("psum", spec.psum_bytes_per_partition, spec.psum_bank_bytes)):
         state.run([t for t in tiles if t.memory == memory], memory, capacity, align)
@@ -183,8 +215,9 @@ def allocate(buffers: dict[str, Buffer], instructions, spec, *, describe_site=No
 class _Run:
     """One allocation: the sweep over tiles, spills, and the slots it leaves."""
 
-    def __init__(self, spec, describe_site, spill: bool):
+    def __init__(self, spec, describe_site, spill: bool, policy: int = 0):
         self.spec = spec
+        self.policy = policy
         self.describe_site = describe_site
         self.spill = spill
         self.placed: list[_Tile] = []
@@ -205,7 +238,7 @@ class _Run:
             while active and active[0][0] < start:
                 _, _, dead = heapq.heappop(active)
                 free.give(dead.addr, dead.nbytes)
-            addr = self._place(t, free, rings, turn)
+            addr = self._place(t, free, rings, turn, self.policy)
             while addr is None:
                 victim = self._victim(active, start) if (self.spill and memory == "sbuf") else None
                 if victim is None:
@@ -216,7 +249,7 @@ class _Run:
                 free.give(victim.addr, victim.nbytes)
                 seq += 1
                 heapq.heappush(heap, (reloaded.uses[0], seq, reloaded))
-                addr = self._place(t, free, rings, turn)
+                addr = self._place(t, free, rings, turn, self.policy)
             t.addr = addr
             free.take(addr, t.nbytes)
             seq += 1
@@ -224,7 +257,9 @@ class _Run:
             self.placed.append(t)
 
     @staticmethod
-    def _place(t: _Tile, free: _Free, rings: dict, turn: dict) -> int | None:
+    def _place(t: _Tile, free: _Free, rings: dict, turn: dict, policy: int) -> int | None:
+        if t.bufs <= 0:  # no site ring: the mode's choice
+            return free.pick(t.nbytes, policy)
         ring = rings.setdefault(t.site, [])
         if len(ring) >= t.bufs:
             k = turn.get(t.site, 0)
@@ -232,11 +267,11 @@ class _Run:
             want = ring[k % t.bufs]
             if free.is_free(want, t.nbytes):
                 return want
-            addr = free.next_fit(t.nbytes)
+            addr = free.pick(t.nbytes, policy)
             if addr is not None:
                 ring[k % t.bufs] = addr
             return addr
-        addr = free.next_fit(t.nbytes)
+        addr = free.pick(t.nbytes, policy)
         if addr is not None:
             ring.append(addr)
         return addr
@@ -443,7 +478,7 @@ def _renamed(instr, repl: dict[str, str], dataclasses):
 
 # ---- the same allocation on a Program's columns (no objects; spills fall back above) ------------
 
-def allocate_columns(cols, spec, *, describe_site=None, spill: bool = False):
+def allocate_columns(cols, spec, *, describe_site=None, spill: bool = False, mode: str = "ring"):
     """:func:`allocate` on :class:`~tilescope.program._columns.Columns`: returns
     ``(slots, slot_of)`` -- the Slot records and, per buffer id, its slot's index (-1 for HBM
     and unused buffers) -- or None when the tiles do not fit and ``spill`` asks for the
@@ -482,7 +517,8 @@ def allocate_columns(cols, spec, *, describe_site=None, spill: bool = False):
     for t in np.nonzero(site < 0)[0].tolist():  # a tile without a site: its own
         site[t] = site_ids.setdefault(cols.name(int(order[t])), len(site_ids))
     site_names = list(site_ids)
-    bufs = np.array([max(1, k.bufs) for k in kinds], dtype=np.int64)[kind]
+    bufs = np.array([max(0, k.bufs) for k in kinds], dtype=np.int64)[kind]
+    policy = _mode_code(mode)
     parts = np.array([k.shape[0] for k in kinds], dtype=np.int64)[kind]
     lasts = last[order]
     addr = np.full(len(order), -1, dtype=np.int64)
@@ -491,7 +527,7 @@ def allocate_columns(cols, spec, *, describe_site=None, spill: bool = False):
         sel = np.nonzero(mem == code)[0]
         if not len(sel):
             continue
-        got, fail = place(first[sel], lasts[sel], nbytes[sel], site[sel], bufs[sel], capacity, align)
+        got, fail = place(first[sel], lasts[sel], nbytes[sel], site[sel], bufs[sel], capacity, align, policy)
         if fail is not None:
             if spill and name == "sbuf":
                 return None
@@ -570,17 +606,18 @@ def _columns_error(memory, t, live, first, nbytes, site_names, site, capacity, s
     return run._error(memory, _T(t), [_T(k) for k in live], capacity)
 
 
-def place(first, last, nbytes, site, bufs, capacity: int, align: int):
+def place(first, last, nbytes, site, bufs, capacity: int, align: int, policy: int = 0):
     """Addresses of tiles (in order of first use) as :meth:`_Run.run` gives them without spills:
-    ``(addr, None)``, or ``(None, (failing tile, live tiles))``."""
+    ``(addr, None)``, or ``(None, (failing tile, live tiles))``. ``bufs`` <= 0: no site ring;
+    ``policy``: the index of the mode in :data:`MODES`."""
     from . import _fastalloc
 
     if _fastalloc.native is not None:
-        return _fastalloc.native.place(first, last, nbytes, site, bufs, capacity, align)
-    return place_reference(first, last, nbytes, site, bufs, capacity, align)
+        return _fastalloc.native.place(first, last, nbytes, site, bufs, capacity, align, policy)
+    return place_reference(first, last, nbytes, site, bufs, capacity, align, policy)
 
 
-def place_reference(first, last, nbytes, site, bufs, capacity: int, align: int):
+def place_reference(first, last, nbytes, site, bufs, capacity: int, align: int, policy: int = 0):
     first, last, nbytes = first.tolist(), last.tolist(), nbytes.tolist()
     site, bufs = site.tolist(), bufs.tolist()
     free = _Free(capacity, align)
@@ -594,22 +631,25 @@ def place_reference(first, last, nbytes, site, bufs, capacity: int, align: int):
             _, _, dead = heapq.heappop(active)
             free.give(addr[dead], nbytes[dead])
         st, n = site[t], nbytes[t]
-        ring = rings.setdefault(st, [])
         a = None
-        if len(ring) >= bufs[t]:
-            k = turn.get(st, 0)
-            turn[st] = k + 1
-            want = ring[k % bufs[t]]
-            if free.is_free(want, n):
-                a = want
-            else:
-                a = free.next_fit(n)
-                if a is not None:
-                    ring[k % bufs[t]] = a
+        if bufs[t] <= 0:
+            a = free.pick(n, policy)
         else:
-            a = free.next_fit(n)
-            if a is not None:
-                ring.append(a)
+            ring = rings.setdefault(st, [])
+            if len(ring) >= bufs[t]:
+                k = turn.get(st, 0)
+                turn[st] = k + 1
+                want = ring[k % bufs[t]]
+                if free.is_free(want, n):
+                    a = want
+                else:
+                    a = free.pick(n, policy)
+                    if a is not None:
+                        ring[k % bufs[t]] = a
+            else:
+                a = free.pick(n, policy)
+                if a is not None:
+                    ring.append(a)
         if a is None:
             return None, (t, sorted(x[2] for x in active))
         addr[t] = a

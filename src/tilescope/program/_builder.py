@@ -279,16 +279,18 @@ class TileBuilder:
     Args:
         name: the Program's name (an aten op, a kernel, a fused region).
         spec: hardware preset (name or CoreSpec); limits and capacities come from it.
-        bufs: default rotation depth of SBUF allocation sites (PSUM sites use 2).
+        bufs: a rotation depth for every SBUF allocation site (None: no fixed depth -- the
+            allocation mode of :meth:`build` places each tile, see
+            :mod:`tilescope.program._alloc`).
 
     Instructions and buffers are kept as columns (:mod:`tilescope.program._columns`):
     an emitted instruction is a template row; loop replication appends rows in bulk.
     """
 
-    def __init__(self, name: str, spec: str | CoreSpec | None = None, *, bufs: int = 3):
+    def __init__(self, name: str, spec: str | CoreSpec | None = None, *, bufs: int | None = None):
         self.name = name
         self.spec = preset(spec)
-        self.default_bufs = bufs
+        self.default_bufs = bufs or 0
         self._buffers: _Buffers = _Buffers()
         self._buffers.builder = self
         self._ids: dict[str, int] = {}  # buffer name -> id
@@ -418,17 +420,19 @@ class TileBuilder:
 
     def sbuf(self, shape, dtype, *, site: str | None = None, bufs: int | None = None,
              name: str | None = None) -> Handle:
-        """A new SBUF tile ``(partitions, *free)``; tiles of one ``site`` rotate over ``bufs`` buffers."""
+        """A new SBUF tile ``(partitions, *free)``; with ``bufs``, tiles of one ``site`` rotate over
+        that many addresses (else the allocation mode places each)."""
         site = site or _caller_site()
         return Handle(self._new_buffer(name, "sb", memory="sbuf", shape=shape, dtype=dtype,
-                                       site=site, bufs=bufs or self.default_bufs))
+                                       site=site, bufs=bufs if bufs is not None else self.default_bufs))
 
     def psum(self, shape, dtype="float32", *, site: str | None = None, bufs: int | None = None,
              name: str | None = None) -> Handle:
-        """A new PSUM tile: whole 2 KiB banks per partition (a TensorE result stays in one bank)."""
+        """A new PSUM tile: whole 2 KiB banks per partition (a TensorE result stays in one bank);
+        ``bufs`` as :meth:`sbuf` (the builder's default depth is for SBUF only)."""
         site = site or _caller_site()
         return Handle(self._new_buffer(name, "ps", memory="psum", shape=shape, dtype=dtype,
-                                       site=site, bufs=bufs or 2))
+                                       site=site, bufs=bufs or 0))
 
     @staticmethod
     def tiles(total: int, size: int) -> Iterator[tuple[int, int]]:
@@ -766,19 +770,21 @@ class TileBuilder:
         return Columns(list(self._templates), r.tmpl[:n].copy(), r.buf[:n].copy(), r.off[:n].copy(),
                        list(self._kinds), np.asarray(self._kind, dtype=np.int32), list(self._names))
 
-    def build(self, meta: dict | None = None, *, describe_site=None, spill: bool = False,
+    def build(self, meta: dict | None = None, *, describe_site=None, spill: bool = False, allocation: str = "ring",
               shrink_rotation: bool = False, report: dict | None = None) -> Program:
         """Allocate on-chip memory and return the finished, immutable Program.
 
-        ``describe_site(site) -> str`` words allocation sites in capacity errors
-        (e.g. as the kernel source line that made the tiles). With ``spill``, SBUF tiles that
+        ``allocation`` is the allocation mode (``"ring"`` or ``"max_reuse"``: how each tile's
+        address is chosen, :mod:`tilescope.program._alloc`). ``describe_site(site) -> str``
+        words allocation sites in capacity errors (e.g. as the kernel source line that made
+        the tiles). With ``spill``, SBUF tiles that
         do not fit are stored to HBM and loaded back around the instructions that need the
         room (``meta["spills"]`` lists them); see :func:`~tilescope.program._alloc.allocate`.
         """
         if not self._rows.n:
             raise ProgramError(f"program {self.name!r} has no instructions")
         cols = self.columns()
-        placed = allocate_columns(cols, self.spec, describe_site=describe_site, spill=spill)
+        placed = allocate_columns(cols, self.spec, describe_site=describe_site, spill=spill, mode=allocation)
         meta = dict(meta or {})
         if placed is not None:
             slot_records, slot_of = placed
@@ -789,7 +795,7 @@ class TileBuilder:
         # SBUF is full: the object path, which spills
         instructions = cols.instructions()
         buffers = cols.buffer_dict()
-        alloc = allocate(buffers, instructions, self.spec, describe_site=describe_site, spill=spill)
+        alloc = allocate(buffers, instructions, self.spec, describe_site=describe_site, spill=spill, mode=allocation)
         prov = self._rows.prov[:self._rows.n].tolist()
         if alloc.instructions is not None:
             instructions, prov = self._spilled(alloc, prov)

@@ -3,7 +3,8 @@
 ``native`` wraps the C extension ``tilescope.program._native`` when it is built: the same
 allocation sweep (:func:`tilescope.program._alloc.place_reference`) and dependency sweep
 (:func:`tilescope.program._deps.sweep_reference`) as the Python references, which the
-tests compare it with. ``TILESCOPE_NATIVE=0`` uses the references.
+tests compare it with. ``TILESCOPE_NATIVE=0`` uses the references, as does a build older than
+the source (``VERSION``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ class _Native:
     def __init__(self, c):
         self.c = c
 
-    def place(self, first, last, nbytes, site, bufs, capacity: int, align: int):
+    def place(self, first, last, nbytes, site, bufs, capacity: int, align: int, policy: int = 0):
         a = [np.ascontiguousarray(x, dtype=np.int64) for x in (first, last, nbytes, site, bufs)]
-        addr, fail = self.c.place(*a, int(capacity), int(align))
+        addr, fail = self.c.place(*a, int(capacity), int(align), int(policy))
         if fail is not None:
             return None, (fail[0], sorted(fail[1]))
         return np.frombuffer(addr, dtype=np.int64).copy(), None
@@ -51,6 +52,8 @@ try:
         raise ImportError
     from . import _native as _c
 
+    if getattr(_c, "VERSION", 1) < 2:  # built from an older source: its place() differs
+        raise ImportError
     native = _Native(_c)
 except ImportError:  # not built (no compiler at install time), or switched off
     native = None

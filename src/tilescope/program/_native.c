@@ -95,6 +95,21 @@ static int64_t fl_next_fit(freelist *f, int64_t n) {
     return -1;
 }
 
+/* the smallest free range that holds n (the lowest on ties): MAX_REUSE */
+static int64_t fl_best_fit(freelist *f, int64_t n) {
+    int64_t best = -1, size = 0;
+    for (Py_ssize_t k = 0; k < f->n; k++) {
+        int64_t w = f->hi[k] - f->lo[k];
+        if (w >= n && (best < 0 || w < size)) { best = f->lo[k]; size = w; }
+    }
+    return best;
+}
+
+/* policy 0: ring (next fit from the cursor), 1: max_reuse (best fit) -- _alloc.MODES */
+static int64_t fl_pick(freelist *f, int64_t n, int policy) {
+    return policy == 0 ? fl_next_fit(f, n) : fl_best_fit(f, n);
+}
+
 static int fl_take(freelist *f, int64_t lo, int64_t n) {
     int64_t hi = lo + n;
     for (Py_ssize_t k = 0; k < f->n; k++) {
@@ -167,7 +182,9 @@ static hent hpop(heap *h) {
 static PyObject *place(PyObject *self, PyObject *args) {
     PyObject *o_first, *o_last, *o_nbytes, *o_site, *o_bufs;
     long long capacity, align;
-    if (!PyArg_ParseTuple(args, "OOOOOLL", &o_first, &o_last, &o_nbytes, &o_site, &o_bufs, &capacity, &align))
+    int policy = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOLL|i", &o_first, &o_last, &o_nbytes, &o_site, &o_bufs, &capacity, &align,
+                          &policy))
         return NULL;
     Py_buffer bf, bl, bn, bs, bb;
     if (get_i64(o_first, &bf, "first") < 0) return NULL;
@@ -202,16 +219,18 @@ static PyObject *place(PyObject *self, PyObject *args) {
         }
         int64_t st = site[t], n = nbytes[t], a = -1;
         vec64 *ring = &rings[st];
-        if (ring->n >= bufs[t]) {
+        if (bufs[t] <= 0) {  /* no site ring: the mode's choice */
+            a = fl_pick(&f, n, policy);
+        } else if (ring->n >= bufs[t]) {
             int64_t k = turn[st]++;
             int64_t want = ring->v[k % bufs[t]];
             if (fl_is_free(&f, want, n)) a = want;
             else {
-                a = fl_next_fit(&f, n);
+                a = fl_pick(&f, n, policy);
                 if (a >= 0) ring->v[k % bufs[t]] = a;
             }
         } else {
-            a = fl_next_fit(&f, n);
+            a = fl_pick(&f, n, policy);
             if (a >= 0 && vpush(ring, a) < 0) { PyErr_NoMemory(); goto done; }
         }
         if (a < 0) { fail = t; break; }
@@ -479,7 +498,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"place", place, METH_VARARGS,
-     "place(first, last, nbytes, site, bufs, capacity, align) -> (addr bytes, None) or (None, (tile, live))"},
+     "place(first, last, nbytes, site, bufs, capacity, align[, policy]) -> (addr bytes, None) or (None, (tile, live))"},
     {"group_slots", group_slots, METH_VARARGS,
      "group_slots(first, last, addr, nbytes, site, parts) -> (slot_of, site, n, addr, nbytes, parts, start, end, "
      "alias_ptr, alias_idx)"},
@@ -490,4 +509,10 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+/* VERSION: what the Python side checks before using this build (2: place takes a policy, and
+   bufs <= 0 means no site ring); an older build is not used (the Python references are). */
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "VERSION", 2) < 0) { Py_DECREF(m); return NULL; }
+    return m;
+}

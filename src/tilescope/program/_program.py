@@ -32,7 +32,8 @@ class Buffer:
 
     ``shape`` of an SBUF/PSUM tile is ``(partitions, *free)``. ``role`` is
     ``input``/``output``/``scratch`` for HBM tensors and ``tile`` on chip. Tiles made
-    at one allocation ``site`` rotate over ``bufs`` physical buffers.
+    at one allocation ``site`` with ``bufs`` > 0 rotate over that many addresses; with 0
+    the allocation mode picks each tile's address (:mod:`tilescope.program._alloc`).
     """
 
     def __reduce__(self):  # fast unpickling of cached Programs (frozen slotted dataclass)
@@ -44,7 +45,7 @@ class Buffer:
     dtype: str
     role: str = "tile"
     site: str | None = None
-    bufs: int = 1
+    bufs: int = 0
 
     @property
     def size(self) -> int:
