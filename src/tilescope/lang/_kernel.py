@@ -224,10 +224,11 @@ class Kernel:
 
     def __init__(self, fn: Callable, *, name: str | None = None, bufs: int | None = None, preset: str | None = None,
                  spill: bool = True, allocation: str = "ring"):
-        from ..program._alloc import MODES
+        from ..program import ALLOCATION_MODES
 
-        if allocation not in MODES:
-            raise KernelError(f"allocation={allocation!r} is not an allocation mode; use one of {', '.join(MODES)}")
+        if allocation not in ALLOCATION_MODES:
+            raise KernelError(f"allocation={allocation!r} is not an allocation mode; use one of "
+                              f"{', '.join(ALLOCATION_MODES)}")
         if bufs is not None and (not isinstance(bufs, int) or bufs < 1):
             raise KernelError(f"bufs={bufs!r}: give a rotation depth >= 1, or None to let the allocation mode place "
                               f"each tile")
