@@ -100,6 +100,15 @@ def test_mypy_at_or_below_its_baseline():
     _compare("mypy", mypy_counts(), _baseline()["mypy"])
 
 
+def test_no_literal_preset_fallback():
+    # a profile's preset comes from the profile, else from the spec (preset(None): $TILESCOPE_PRESET
+    # or spec.DEFAULT_PRESET), never from a name written into the code as a fallback
+    literal = re.compile(r"""\bor\s+["']trn\w*["']""")
+    found = [f"{path.relative_to(ROOT)}:{i}" for path in sorted((ROOT / "src").rglob("*.py"))
+             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if literal.search(line)]
+    assert not found, "literal preset fallbacks (use preset(name) with name None for the default): " + ", ".join(found)
+
+
 def _lowered(old: dict, found: dict) -> dict:
     out: dict = {}
     for path, codes in old.items():

@@ -386,7 +386,7 @@ def _roofline_of(t, label):
         try:
             from ..spec import preset
 
-            sp = preset(t.preset_name() or "trn1")
+            sp = preset(t.preset_name())  # None: the spec's default preset
             pf, pb, source = sp.peak_flops() / 1e12, sp.hbm_bytes_per_ns, f"preset {sp.name}"
         except Exception:  # unknown preset
             pass

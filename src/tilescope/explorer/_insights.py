@@ -110,7 +110,7 @@ def _device_metrics(trace, allowed) -> dict:
     try:
         from ..spec import preset
 
-        sp = preset(preset_name or "trn1")
+        sp = preset(preset_name)  # None: the spec's default preset
         peak_flops, hbm_bw = sp.peak_flops(), sp.hbm_bytes_per_ns
     except Exception:  # unknown preset: utilisations stay n/a
         pass

@@ -408,7 +408,7 @@ def write_plots(trace, out_dir: str, top: int = 15) -> list[str]:
     if trace.modeled:
         from ..spec import preset
 
-        spec = preset(trace.preset_name() or "trn1")
+        spec = preset(trace.preset_name())  # None: the spec's default preset
         pf, pb = spec.peak_flops() / 1e12, spec.hbm_bytes_per_ns
     else:
         from ._roofline import gpu_peak

@@ -178,8 +178,8 @@ def roofline(trace, *, peak_tflops: float | None = None, peak_gbps: float | None
 def _roofline_programs(trace):
     from ..spec import preset
 
-    name = trace.preset_name() or "trn1"
-    spec = preset(name)
+    spec = preset(trace.preset_name())  # None: the spec's default preset
+    name = spec.name
     pf = spec.peak_flops() / 1e12
     pb = spec.hbm_bytes_per_ns
     rows = trace.sql("""
