@@ -12,10 +12,12 @@ hardware's engines do; integer and bool tensors go through the same instructions
 
 from __future__ import annotations
 
+from math import prod
+
 from ..isa import AP, RuntimeScalar
 from ..program import TileBuilder, View
 from ._call import Call, ScalarArg, TensorMeta
-from ._layout import TilePlan, coalesce, hbm_input, hbm_output
+from ._layout import TilePlan, coalesce, compact_load, hbm_input, hbm_output, spread
 from ._rules import Rule, add_rules
 
 __all__ = ["OPS", "TileOps", "EngineLoad", "balanced_copy", "partition_scalar", "lower_elementwise", "lower_foreach",
@@ -644,29 +646,20 @@ def lower_foreach(call: Call, spec):
 
 
 def _load_operand(b, plan, tile, view, st, m, tshape, name):
-    """One operand's tile. An operand broadcast along the free axis (a per-row statistic, a
-    scalar) is loaded compactly -- one value per row -- and widened on chip by a stride-0 access
-    pattern, instead of a DMA that reads the same element once per output element."""
-    p, k, cols = tile.partitions, tile.rows_per_partition, tile.cols
-    if len(plan.shape) == 1:
-        inner_broadcast = st[0] == 0 and k > 1
-    else:
-        inner_broadcast = st[-1] == 0 and cols > 1
-    if not inner_broadcast:
+    """One operand's tile. An operand broadcast along a free dim of the tile (a per-row
+    statistic, a row under several rows, a scalar) is loaded compactly -- each value once per
+    partition -- and widened on chip by stride-0 free dims (:func:`compact_load`), instead of a
+    DMA that reads the same element once per output element."""
+    full = plan.operand_ap(view, st, tile)  # dims ((k*rs, p), (rs, k), (cs, cols))
+    if not any(s == 0 and c > 1 for s, c in full.ap.dims[1:]):  # nothing broadcast along the free dims
         t = b.sbuf(tshape, m.device_dtype, site=f"ew.in_{name}")
-        b.dma_copy(t, plan.operand_ap(view, st, tile))
+        b.dma_copy(t, full)
         return t
-    full = plan.operand_ap(view, st, tile)  # dims ((k*rs, p), (rs, k), (0, cols))
-    (ps, _), (rs, _), _ = full.ap.dims
-    if len(plan.shape) == 1:  # a scalar: one value for the whole tile
-        src = AP(full.ap.buffer, full.ap.dtype, full.ap.offset, ((0, p), (1, 1)))
-        t = b.sbuf((p, 1), m.device_dtype, site=f"ew.in_{name}")
-        b.dma_copy(t, View(full.buffer, src, (p, 1)))
-        return View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset, ((1, p), (0, k))), tshape)
-    src = AP(full.ap.buffer, full.ap.dtype, full.ap.offset, ((ps, p), (rs, k)))
-    t = b.sbuf((p, k), m.device_dtype, site=f"ew.in_{name}")
-    b.dma_copy(t, View(full.buffer, src, (p, k)))
-    return View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset, ((k, p), (1, k), (0, cols))), tshape)
+    load, widen = compact_load(full.ap.dims)
+    p, w = tile.partitions, prod(c for _, c in load[1:])
+    t = b.sbuf((p, w), m.device_dtype, site=f"ew.in_{name}")
+    b.dma_copy(t, View(full.buffer, AP(full.ap.buffer, full.ap.dtype, full.ap.offset, load), (p, w)))
+    return View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset, widen), tshape)
 
 
 def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: TensorMeta, prefix: str) -> bool:
@@ -685,7 +678,9 @@ def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: Tensor
     strides = [tuple(out.stride)] + [broadcast_strides(m, shape) for _, m in tensors]
     cshape, cstrides = coalesce(tuple(shape) or (1,), [s or (0,) for s in strides] if not shape else strides)
     max_free = _MAX_FREE if len(tensors) <= 2 else _MAX_FREE // 2
-    plan = TilePlan(cshape, max_free=max_free, partitions=spec.partitions)
+    cshape, cstrides = spread(cshape, cstrides, [out.device_dtype] + [m.device_dtype for _, m in tensors], spec,
+                              max_free=max_free)
+    plan = TilePlan(cshape, max_free=max_free, partitions=spec.partitions, batch_outer=True)
     views = {n: hbm_input(b, f"{prefix}in_{n}", m) for n, m in tensors}
     out_view = hbm_output(b, f"{prefix}out", out)
     load = EngineLoad(b)

@@ -28,7 +28,8 @@ from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import TensorMeta
 
-__all__ = ["hbm_input", "hbm_output", "strided_view", "coalesce", "TilePlan", "Tile", "device_dtype"]
+__all__ = ["hbm_input", "hbm_output", "strided_view", "coalesce", "TilePlan", "Tile", "device_dtype", "spread",
+           "compact_load", "plan_ns"]
 
 
 def device_dtype(torch_dtype) -> str:
@@ -79,9 +80,35 @@ def coalesce(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tu
     return new_shape, new_strides
 
 
+def _planes(shape) -> tuple[tuple[int, ...], tuple[int, int], tuple[int, ...]]:
+    """``(shape, (rows, cols), outer dims)`` of a plan: the last two dims are the tiled plane (a
+    single dim is rows of one element, ``k`` consecutive rows per partition); the rest loop."""
+    shape = tuple(shape) if shape else (1,)
+    if len(shape) == 1:
+        return shape, (shape[0], 1), ()
+    return shape, tuple(shape[-2:]), tuple(shape[:-2])
+
+
+def _row_tiles(rows: int, cols: int, max_free: int, partitions: int):
+    """``(row0, p, k, col0, cols)`` of the tiles covering a ``[rows, cols]`` plane: column chunks
+    of at most ``max_free``, ``k`` consecutive rows on each of ``p`` partitions."""
+    col_chunk = min(cols, max_free)
+    k_max = max(1, max_free // col_chunk)
+    for c0 in range(0, cols, col_chunk):
+        cw = min(col_chunk, cols - c0)
+        r = 0
+        while r < rows:
+            left = rows - r
+            k = min(k_max, -(-left // partitions))
+            p = min(partitions, left // k)
+            yield r, p, k, c0, cw
+            r += p * k
+
+
 @dataclass(frozen=True)
 class Tile:
-    """One tile of a plan: an outer index, a row range and a column range."""
+    """One tile of a plan: an outer index, a row range and a column range (and, in a plan that
+    batches small planes, ``outer_count`` consecutive indices of the innermost outer dim)."""
 
     outer: tuple[int, ...]  # index into the outer (looped) dims
     row0: int  # first row of the partition dim covered
@@ -89,44 +116,50 @@ class Tile:
     rows_per_partition: int
     col0: int
     cols: int
+    outer_count: int = 1
 
     @property
     def free(self) -> int:
-        return self.rows_per_partition * self.cols
+        return self.outer_count * self.rows_per_partition * self.cols
+
+
+def _batch(row_tiles: list, outer_shape: tuple[int, ...], max_free: int) -> int:
+    """Planes of the innermost outer dim one tile covers: a plane that is one small tile shares
+    it with the next planes (one transfer's fixed cost, and one instruction's, for several)."""
+    if not outer_shape or len(row_tiles) != 1:
+        return 1
+    _, _, k, _, cw = row_tiles[0]
+    return max(1, min(outer_shape[-1], max_free // (k * cw)))
 
 
 class TilePlan:
-    """Tiles covering ``shape`` (already coalesced) as ``[P, k * cols]`` SBUF tiles."""
+    """Tiles covering ``shape`` (already coalesced) as ``[P, k * cols]`` SBUF tiles
+    (``[P, m * k * cols]`` with ``batch_outer``: ``m`` planes of the innermost outer dim in a
+    tile when one plane is a single small tile; for ops whose elements are independent)."""
 
-    def __init__(self, shape: tuple[int, ...], *, max_free: int, partitions: int = 128):
-        self.shape = tuple(shape) if shape else (1,)
-        if len(self.shape) == 1:
-            # a single dim: rows of one element, k consecutive rows per partition
-            self.rows_shape = (self.shape[0], 1)
-        else:
-            self.rows_shape = self.shape[-2:]
-        self.outer_shape = self.shape[:-2] if len(self.shape) > 2 else ()
+    def __init__(self, shape: tuple[int, ...], *, max_free: int, partitions: int = 128, batch_outer: bool = False):
+        self.shape, self.rows_shape, self.outer_shape = _planes(shape)
         self.max_free = max_free
         self.partitions = partitions
+        self.batch_outer = batch_outer
         self.tiles = list(self._make())
 
     def _make(self):
-        rows, cols = self.rows_shape
-        col_chunk = min(cols, self.max_free)
-        k_max = max(1, self.max_free // col_chunk)
-        for outer in product(*(range(n) for n in self.outer_shape)):
-            for c0 in range(0, cols, col_chunk):
-                cw = min(col_chunk, cols - c0)
-                r = 0
-                while r < rows:
-                    left = rows - r
-                    k = min(k_max, -(-left // self.partitions))
-                    p = min(self.partitions, left // k)
+        row_tiles = list(_row_tiles(*self.rows_shape, self.max_free, self.partitions))
+        m = _batch(row_tiles, self.outer_shape, self.max_free) if self.batch_outer else 1
+        if m == 1:
+            for outer in product(*(range(n) for n in self.outer_shape)):
+                for r, p, k, c0, cw in row_tiles:
                     yield Tile(tuple(outer), r, p, k, c0, cw)
-                    r += p * k
+            return
+        (r, p, k, c0, cw), last = row_tiles[0], self.outer_shape[-1]
+        for outer in product(*(range(n) for n in self.outer_shape[:-1])):
+            for o in range(0, last, m):
+                yield Tile(tuple(outer) + (o,), r, p, k, c0, cw, min(m, last - o))
 
     def operand_ap(self, view: View, strides: tuple[int, ...], tile: Tile) -> View:
-        """The HBM region of one operand (with coalesced ``strides``) for ``tile``."""
+        """The HBM region of one operand (with coalesced ``strides``) for ``tile``: dims
+        ``(partitions, k, cols)``, or ``(partitions, planes, k, cols)`` for a batched tile."""
         if len(self.shape) == 1:
             row_stride = col_stride = strides[0]
             outer_strides: tuple[int, ...] = ()
@@ -137,9 +170,111 @@ class TilePlan:
         base += tile.row0 * row_stride + tile.col0 * col_stride
         k = tile.rows_per_partition
         dims = ((k * row_stride, tile.partitions), (row_stride, k), (col_stride, tile.cols))
+        if tile.outer_count > 1:
+            dims = dims[:1] + ((outer_strides[-1], tile.outer_count),) + dims[1:]
         ap = AP(view.ap.buffer, view.ap.dtype, base, dims)
-        return View(view.buffer, ap, (tile.partitions, k, tile.cols))
+        return View(view.buffer, ap, tuple(c for _, c in dims))
 
 
 def numel(shape) -> int:
     return prod(shape)
+
+
+def compact_load(dims: tuple[tuple[int, int], ...]) -> tuple[tuple, tuple]:
+    """How to bring an operand's tile ``dims`` (partition dim first, then its free dims; HBM
+    strides) on chip without reading a broadcast value more than once per partition:
+    ``(load, widen)`` -- the HBM dims to load (the free dims of stride 0 left out) into a
+    compact ``[p, w]`` SBUF tile, and the dims of a view over that tile that widens it back to
+    the whole tile by stride-0 free dims (engines read a stride-0 free dim at no cost).
+
+    >>> compact_load(((64, 128), (0, 4), (1, 16)))  # a row broadcast over 4 rows
+    (((64, 128), (1, 16)), ((16, 128), (0, 4), (1, 16)))
+    >>> compact_load(((3, 128), (1, 3), (0, 8)))  # one value per row
+    (((3, 128), (1, 3)), ((3, 128), (1, 3), (0, 8)))
+    """
+    (ps, p), free = dims[0], dims[1:]
+    kept = [(s, c) for s, c in free if c > 1 and s != 0]
+    widen, inner = [], 1
+    for s, c in reversed(free):
+        if c > 1 and s != 0:
+            widen.append((inner, c))
+            inner *= c
+        else:
+            widen.append((0, c))
+    return ((ps, p),) + (tuple(kept) or ((1, 1),)), ((inner, p),) + tuple(reversed(widen))
+
+
+def plan_ns(shape, strides: list[tuple[int, ...]], dtypes: list[str], spec, *, max_free: int) -> float:
+    """Modeled time of one pass over a :class:`TilePlan` of ``shape``, from the cost table: per
+    tile, one VectorE instruction over the tile and one DMA per operand (``strides`` and
+    ``dtypes`` per operand, the output's among them) loaded as :func:`compact_load` does. The
+    engine passes and the transfers overlap, so the longer of the two sums. A transfer over
+    ``p`` partitions runs on the DMA engines of those partitions, and every tile starts at
+    partition 0, so the transfers' pieces add up on the first engine."""
+    from ..isa import DmaCopy, TensorTensor, dma_cost, engine_ns
+
+    shape, rows_shape, outer_shape = _planes(shape)
+    row_tiles = list(_row_tiles(*rows_shape, max_free, spec.partitions))
+    m = _batch(row_tiles, outer_shape, max_free)
+    groups: dict[tuple[int, int, int, int], int] = {}
+    for _, p, k, _, cw in row_tiles:
+        groups[(p, k, cw, m)] = groups.get((p, k, cw, m), 0) + 1
+    if m > 1:  # one row tile per plane, batched m planes at a time along the innermost outer dim
+        last = outer_shape[-1]
+        groups = {(p, k, cw, m): last // m}
+        if last % m:
+            groups[(p, k, cw, last % m)] = 1
+    one_dim = len(shape) == 1
+    eng = dma = 0.0
+    for (p, k, cw, mm), count in groups.items():
+        f = mm * k * cw
+        t = AP("t", "float32", 0, ((f, p), (1, f)))
+        eng += count * engine_ns(TensorTensor(t, t, t, "add"), spec)
+        for st, dt in zip(strides, dtypes):
+            rs, cs = (st[0], st[0]) if one_dim else (st[-2], st[-1])
+            dims = ((k * rs, p),) + (((st[-3], mm),) if mm > 1 else ()) + ((rs, k), (cs, cw))
+            load, _ = compact_load(dims)
+            w = prod(c for _, c in load[1:])
+            c = dma_cost(DmaCopy(AP("t", dt, 0, ((w, p), (1, w))), AP("x", dt, 0, load)), spec, "hbm", "sbuf")
+            # its issue cost too, spread over the queues: many small transfers wait on it
+            dma += count * (c.engine_ns(spec) + c.fixed_ns / spec.dma.queues)
+    return max(eng, dma) * prod(outer_shape[:-1] if m > 1 else outer_shape)
+
+
+def spread(shape: tuple[int, ...], strides: list[tuple[int, ...]], dtypes: list[str], spec, *,
+           max_free: int) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """The iteration space of an elementwise op (coalesced ``shape``; ``strides`` and ``dtypes``
+    per operand) ordered so that its :class:`TilePlan` fills the partitions.
+
+    Every element is independent, so any order of the dims is the same op. A plan puts its
+    second-last dim on the partitions; when that dim is short (the 24 heads x batch of
+    ``[2, 12, 512, 512]`` scores under a ``[512, 512]`` mask, the 3 channels of an image under a
+    per-channel bias) only a few of the 128 lanes and of the 16 DMA engines work. So each
+    candidate order -- any dim on the partitions with the last dim free, or any dim alone as
+    rows of one element (``k`` consecutive elements per partition); any other dim innermost of
+    the looped ones, so that small planes batch along it -- is priced by :func:`plan_ns` and the
+    fastest kept (the given order on a tie).
+
+    >>> from tilescope.spec import preset
+    >>> shape, st = spread((24, 262144), [(262144, 1), (0, 1)], ["float32", "uint8"], preset("trn1"), max_free=2048)
+    >>> shape, st   # the 24 score planes looped; each plane's elements over the partitions
+    ((24, 262144, 1), [(262144, 1, 0), (0, 1, 0)])
+    """
+    n = len(shape)
+    if n == 1:
+        return tuple(shape), list(strides)
+    orders = [tuple(range(n))]
+    for c in (n - 1, None):  # the free dim: the last, or None (a size-1 free dim: rows of one element)
+        for r in (d for d in range(n) if d != c):
+            rest = [d for d in range(n) if d not in (r, c)]
+            for o in [None] + rest:  # the innermost outer dim (the one a tile batches)
+                outer = rest if o is None else [d for d in rest if d != o] + [o]
+                orders.append(tuple(outer) + (r, c))
+    best = None
+    for order in orders:
+        sh = tuple(1 if d is None else shape[d] for d in order)
+        sts = [tuple(0 if d is None else st[d] for d in order) for st in strides]
+        ns = plan_ns(sh, sts, dtypes, spec, max_free=max_free)
+        if best is None or ns < best[0]:
+            best = (ns, sh, sts)
+    return best[1], best[2]

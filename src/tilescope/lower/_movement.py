@@ -14,7 +14,7 @@ from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
 from ._elementwise import broadcast_strides
-from ._layout import TilePlan, coalesce, hbm_input, hbm_output
+from ._layout import TilePlan, coalesce, hbm_input, hbm_output, spread
 from ._rules import Rule, add_rules
 
 __all__ = ["lower_copy", "lower_cat", "lower_pad"]
@@ -33,7 +33,8 @@ def _copy_into(b: TileBuilder, spec, src: TensorMeta, src_view: View, dst: Tenso
     if not convert:
         _hbm_to_hbm(b, src_view, dst_view, cshape, cs, cd)
         return
-    plan = TilePlan(cshape, max_free=_MAX_FREE, partitions=spec.partitions)
+    cshape, (cd, cs) = spread(cshape, [cd, cs], [dst.device_dtype, src.device_dtype], spec, max_free=_MAX_FREE)
+    plan = TilePlan(cshape, max_free=_MAX_FREE, partitions=spec.partitions, batch_outer=True)
     for tile in plan.tiles:
         s_ap = plan.operand_ap(src_view, cs, tile)
         d_ap = plan.operand_ap(dst_view, cd, tile)
