@@ -45,7 +45,7 @@ def _cmd_share(args) -> int:
     from ._share import share
 
     try:
-        path = share(args.path, args.out, redact=args.redact)
+        path = share(args.path, args.out, redact=args.redact, keep_sources=args.keep_sources)
     except (OSError, ValueError) as e:  # not a complete profile directory
         print(f"tilescope share: {e}", file=sys.stderr)
         return 2
@@ -75,4 +75,6 @@ def register(sub) -> None:
     s.add_argument("path")
     s.add_argument("--out", default="profile_shared", help="output directory (default profile_shared)")
     s.add_argument("--redact", action=__import__("argparse").BooleanOptionalAction, default=True)
+    s.add_argument("--keep-sources", action="store_true",
+                   help="keep the kernels' source text in a redacted copy (left out by default)")
     s.set_defaults(func=_cmd_share)
