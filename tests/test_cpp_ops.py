@@ -175,7 +175,7 @@ def test_accessor_out_of_bounds_names_the_range_and_the_tensor(lib):
     msg = str(info.value)
     line = _line(KERNELS, "tensor_to_tcm<float>(buf, static_cast<size_t>(x.numel()) - 8")
     assert f"ts_test_kernels.cpp:{line}" in msg
-    assert "tensor_to_tcm reaches elements [92, 105) of argument 0 (shape [100], 100 elements): 5 elements past the end" in msg
+    assert "tensor_to_tcm reaches elements [92, 105) of argument 0 ('x', shape [100], 100 elements): 5 elements past the end" in msg
 
 
 def test_accessor_checks_the_tcm_buffer_too(lib):
@@ -191,12 +191,12 @@ def test_buffer_overrun_by_a_plain_loop_is_found_at_tcm_free(lib):
 
 
 def test_writing_an_input_is_refused(lib):
-    with pytest.raises(CppKernelError, match=r"tcm_to_tensor into argument 0, an input: a kernel writes only its output"):
+    with pytest.raises(CppKernelError, match=r"tcm_to_tensor into argument 0 \('x'\), an input: a kernel writes only its output"):
         torch.ops.ts_test.write_input(torch.zeros(4))
 
 
 def test_wrong_element_type_is_refused(lib):
-    with pytest.raises(CppKernelError, match=r"tensor_to_tcm<int32_t> on argument 0, whose dtype is float32.*"
+    with pytest.raises(CppKernelError, match=r"tensor_to_tcm<int32_t> on argument 0 \('x'\), whose dtype is float32.*"
                                              r"use tensor_to_tcm<float>"):
         torch.ops.ts_test.wrong_type(torch.zeros(4))
 
@@ -375,7 +375,7 @@ def test_program_numerics_refuse_with_a_clear_message(lib):
     x = torch.randn(16, 8)
     est = lib["scale_rows"].estimate(x, 2.0)
     with pytest.raises(Exception, match="models its time only; its values come from running the compiled kernel"):
-        run_numerics(est.program, {"a0": x.numpy()})
+        run_numerics(est.program, {"x": x.numpy()})
 
 
 # ---- torch integration -------------------------------------------------------------------------
@@ -392,7 +392,7 @@ def test_op_inside_torch_compile_on_cpu(lib):
 
 def test_schema_and_repr(lib):
     op = lib["giou"]
-    assert op.schema == "giou(Tensor a0, Tensor a1, float a2) -> Tensor"
+    assert op.schema == "giou(Tensor boxes1, Tensor boxes2, float eps_d) -> Tensor"  # the C++ parameter names
     assert "multicore (8 cores)" in repr(op) and "giou_shape.cpp" in repr(op)
 
 

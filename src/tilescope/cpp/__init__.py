@@ -60,6 +60,7 @@ from ._errors import CompileError, CoverageError, CppError, CppKernelError, TcmL
 from ._model import CoreEstimate, CostModel
 from ._ops import CppLibrary, CppOp, Estimate
 from ._abi import NativeLibrary
+from ..spec import preset as _preset
 
 __all__ = [
     "load", "load_library", "include_dir", "CppLibrary", "CppOp", "Estimate", "CostModel", "CoreEstimate",
@@ -69,7 +70,8 @@ __all__ = [
 
 def load(name: str, compute_srcs, shape_srcs, build_directory: str | os.PathLike | None = None,
          multicore: bool = False, verbose: bool = False, *, extra_cflags: list[str] | None = None,
-         check: str = "raise", cost_model: CostModel | None = None, preset=None) -> CppLibrary:
+         check: str = "raise", cost_model: CostModel | None = None, preset=None,
+         timeout_s: float | None = 60.0) -> CppLibrary:
     """Build (or reuse) ``lib<name>.so`` from the sources and register its operators.
 
     Args:
@@ -86,32 +88,47 @@ def load(name: str, compute_srcs, shape_srcs, build_directory: str | os.PathLike
         check: the output-coverage check: ``"raise"`` (default), ``"warn"`` or ``"off"``.
         cost_model: how calls become modeled time (:class:`CostModel`).
         preset: hardware preset for core count and TCM pool size (default: the default preset).
+        timeout_s: a call whose kernel runs longer is stopped with a ``CppKernelError`` naming
+            the line it was at (an infinite loop); None: no limit. Ctrl-C stops it too.
 
-    Returns the :class:`CppLibrary`; its operators are also ``torch.ops.<lib>.<op>``.
+    Returns the :class:`CppLibrary`; its operators are also ``torch.ops.<lib>.<op>``. The
+    library records the mode it was built for (``multicore``), which :func:`load_library`
+    uses. A kernel that faults (null pointer, stack overflow, division by zero, abort) raises
+    ``CppKernelError`` naming the core and its source line; the Python session goes on.
     """
     if isinstance(compute_srcs, (str, os.PathLike)):
         compute_srcs = [compute_srcs]
     if isinstance(shape_srcs, (str, os.PathLike)):
         shape_srcs = [shape_srcs]
     sources = list(compute_srcs) + [s for s in shape_srcs if s not in list(compute_srcs)]
-    result = build(name, sources, build_directory, extra_cflags=extra_cflags, verbose=verbose)
+    spec = _preset(preset)
+    cores = spec.gpsimd_cores if multicore else 1
+    result = build(name, sources, build_directory, extra_cflags=extra_cflags, verbose=verbose, cores=cores)
     if verbose:
         state = "cached" if result.cached else f"compiled {', '.join(result.compiled) or 'nothing'}"
         print(f"lib{name}: {result.path} ({state}, {result.seconds:.2f} s)")
     shown = {str(Path(s).resolve()): str(s) for s in sources}
     return load_library(result.path, multicore=multicore, check=check, cost_model=cost_model, preset=preset,
-                        _sources=shown, _build=result)
+                        timeout_s=timeout_s, _sources=shown, _build=result)
 
 
-def load_library(path: str | os.PathLike, multicore: bool = False, *, check: str = "raise",
-                 cost_model: CostModel | None = None, preset=None, _sources=None, _build=None) -> CppLibrary:
-    """Load a library built earlier by :func:`load` (in any process) and register its operators."""
+def load_library(path: str | os.PathLike, multicore: bool | None = None, *, check: str = "raise",
+                 cost_model: CostModel | None = None, preset=None, timeout_s: float | None = 60.0,
+                 _sources=None, _build=None) -> CppLibrary:
+    """Load a library built earlier by :func:`load` (in any process) and register its operators.
+
+    ``multicore``: None (default) runs the kernels in the mode the library was built for
+    (``load(..., multicore=...)``); True or False overrides it.
+    """
     native = NativeLibrary(path)
+    if multicore is None:
+        built = native.built_cores
+        multicore = bool(built and built > 1)
     if not native.ops:
         raise CppError(
             f"{path} defines no operators: add a TILESCOPE_LIBRARY(my_ops, m) {{ m.def(\"op\", &op_shape, "
             f"&op_kernel); }} block to a shape source"
         )
     lib = CppLibrary(native, multicore=multicore, check=check, cost_model=cost_model, sources=_sources,
-                     spec=preset, build=_build)
+                     spec=preset, build=_build, timeout_s=timeout_s)
     return lib.register()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,10 +17,11 @@ import numpy as np
 
 from ._errors import CppError
 
-__all__ = ["NativeLibrary", "NativeOp", "TensorDesc", "Arg", "RunStats", "LOG_DTYPE", "COUNT_DTYPE", "DTYPE_CODES",
-           "ABI_VERSION", "MAX_DIMS"]
+__all__ = ["NativeLibrary", "NativeOp", "TensorDesc", "Arg", "RunStats", "Stop", "LOG_DTYPE", "COUNT_DTYPE",
+           "DTYPE_CODES", "ABI_VERSION", "interrupt_all", "MAX_DIMS", "STOP_NONE", "STOP_FAULT", "STOP_TIMEOUT", "STOP_INTERRUPTED",
+           "STOP_CANCELLED"]
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 MAX_DIMS = 8
 
 # tilescope dtype name -> code of tilescope::ScalarType (gpsimd.h)
@@ -71,6 +73,20 @@ LOG_DTYPE = np.dtype([
 ])
 
 _ERR_LEN = 8192
+_MAX_FRAMES = 24
+
+# how a failed run stopped (runtime/fault_guard.h, guard::Outcome)
+STOP_NONE, STOP_FAULT, STOP_TIMEOUT, STOP_INTERRUPTED, STOP_CANCELLED = 0, 2, 3, 4, 5
+
+
+@dataclass(frozen=True)
+class Stop:
+    """How a failed run stopped: ``outcome`` (a ``STOP_*`` code; ``STOP_NONE`` when a check
+    failed or the kernel threw) and the stopped code's frames as offsets in the library
+    (the stopped instruction first, then return addresses; None for one in another object)."""
+
+    outcome: int
+    frames: tuple[int | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +103,15 @@ class NativeOp:
     @property
     def qualname(self) -> str:
         return f"{self.lib}::{self.name}"
+
+
+_OPENED: "weakref.WeakSet[NativeLibrary]" = weakref.WeakSet()
+
+
+def interrupt_all() -> int:
+    """Stop every C++ kernel running on any thread, in every opened library (the device's
+    queued work being cancelled); returns how many were asked to stop."""
+    return sum(lib.interrupt() for lib in list(_OPENED))
 
 
 class NativeLibrary:
@@ -126,7 +151,10 @@ class NativeLibrary:
                                  ctypes.c_char_p, ctypes.c_int]
         dll.ts_run.argtypes = [ctypes.c_int, ctypes.POINTER(Arg), ctypes.c_int, ctypes.POINTER(TensorDesc),
                                ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_int32,
-                               ctypes.POINTER(RunStats), ctypes.c_char_p, ctypes.c_int]
+                               ctypes.POINTER(RunStats), ctypes.c_char_p, ctypes.c_int, ctypes.c_double]
+        dll.ts_stop_info.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+        dll.ts_interrupt.restype = ctypes.c_int
+        dll.ts_build_cores.restype = ctypes.c_int
         dll.ts_note.argtypes = [ctypes.c_int]
         dll.ts_log_size.restype = ctypes.c_int64
         dll.ts_log_data.restype = ctypes.c_void_p
@@ -143,29 +171,52 @@ class NativeLibrary:
                      dll.ts_op_file(i).decode(), dll.ts_op_line(i))
             for i in range(dll.ts_op_count())
         ]
+        _OPENED.add(self)
 
-    def shape(self, op: NativeOp, args) -> TensorDesc:
-        """Run the shape function; returns the output's description (sizes, dtype)."""
+    @property
+    def built_cores(self) -> int | None:
+        """The cores the library was built to run on (1, or the GpSimd cores for a multicore
+        build); None for a build that did not record it."""
+        return self._dll.ts_build_cores() or None
+
+    def shape(self, op: NativeOp, args) -> tuple[TensorDesc | None, str, Stop]:
+        """Run the shape function: (the output's description, or None and the error message,
+        and how it stopped)."""
         out = TensorDesc()
         err = ctypes.create_string_buffer(_ERR_LEN)
         if self._dll.ts_shape(op.index, args, len(args), ctypes.byref(out), err, _ERR_LEN):
-            raise CppError(f"shape function of {op.qualname}: {err.value.decode(errors='replace')}")
-        return out
+            return None, err.value.decode(errors="replace"), self._stop()
+        return out, "", Stop(STOP_NONE)
 
     def run(self, op: NativeOp, args, dst: TensorDesc, cores: int, tcm_bytes: int, log: bool,
-            count: bool = False) -> tuple[int | None, str, list[RunStats]]:
+            count: bool = False, timeout_s: float | None = None,
+            guard: bool = True) -> tuple[int | None, str, list[RunStats], Stop]:
         """Run the kernel as cores 0 .. cores-1, one after another, in one native call.
 
         ``count``: count the basic blocks each core executes (libraries built for counting).
-        Returns (index of the failing core or None, its error message, stats per core run).
+        ``timeout_s``: stop the call after that long (None or 0: no limit). ``guard=False`` runs
+        without the fault guard (a fault then ends the process): only to measure its cost.
+        Returns (index of the failing core or None, its error message, stats per core run,
+        how it stopped).
         """
         stats = (RunStats * cores)()
         err = ctypes.create_string_buffer(_ERR_LEN)
-        flags = (1 if log else 0) | (4 if count else 0)
+        flags = (1 if log else 0) | (4 if count else 0) | (0 if guard else 8)
         rc = self._dll.ts_run(op.index, args, len(args), ctypes.byref(dst), 0, cores, cores, tcm_bytes, flags,
-                              stats, err, _ERR_LEN)
+                              stats, err, _ERR_LEN, float(timeout_s or 0.0))
         failed = rc - 1 if rc else None
-        return failed, err.value.decode(errors="replace"), list(stats)
+        stop = self._stop() if rc else Stop(STOP_NONE)
+        return failed, err.value.decode(errors="replace"), list(stats), stop
+
+    def _stop(self) -> Stop:
+        out = (ctypes.c_uint64 * (_MAX_FRAMES + 2))()
+        self._dll.ts_stop_info(out, len(out))
+        frames = tuple(None if f == 2**64 - 1 else int(f) for f in out[2:2 + int(out[1])])
+        return Stop(int(out[0]), frames)
+
+    def interrupt(self) -> int:
+        """Stop every kernel of this library running on any thread; returns how many."""
+        return int(self._dll.ts_interrupt())
 
     def take_log(self) -> tuple[np.ndarray, list[str]]:
         """The accessor copies of the last :meth:`run` on this thread (all cores, with a ``core``

@@ -39,6 +39,9 @@ __all__ = ["BuildResult", "build", "build_counting", "include_dir", "runtime_sou
 
 _HERE = Path(__file__).resolve().parent
 _FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall")
+# the user's sources carry line tables, so a kernel that faults is reported at its source line
+# (debug information does not change the generated code)
+_USER_FLAGS = ("-g",)
 # the user's sources in a counting build: a probe per basic block, scalar code
 COUNT_FLAGS = ("-fsanitize-coverage=trace-pc", "-fno-tree-vectorize", "-fno-tree-slp-vectorize")
 _COMPILER_IDS: dict[tuple[str, ...], str] = {}
@@ -159,7 +162,7 @@ def _compile(cxx: list[str], flags: tuple[str, ...], src: _Source, obj: Path, de
     if proc.returncode != 0:
         tmp_obj.unlink(missing_ok=True)
         depfile.unlink(missing_ok=True)
-        raise CompileError.from_output(src.shown, output)
+        raise CompileError.from_output(src.shown, output, internal=(str(include_dir()),))
     if verbose and output.strip():
         print(output, end="", flush=True)
     headers = [Path(p) for p in _parse_depfile(depfile.read_text())]
@@ -172,13 +175,15 @@ def _compile(cxx: list[str], flags: tuple[str, ...], src: _Source, obj: Path, de
 
 
 def build(name: str, sources: list[str | os.PathLike], build_directory: str | os.PathLike | None = None,
-          extra_cflags: list[str] | None = None, verbose: bool = False, *, counting: bool = False) -> BuildResult:
+          extra_cflags: list[str] | None = None, verbose: bool = False, *, counting: bool = False,
+          cores: int | None = None) -> BuildResult:
     """Build ``lib<name>.so`` from ``sources`` (plus tilescope's runtime); reuse it when unchanged.
 
     Returns the path of a content-named library (``lib<name>.<hash>.so``); ``lib<name>.so``
     next to it always points at the newest build, for :func:`tilescope.cpp.load_library`.
     ``counting=True`` compiles the user's sources with :data:`COUNT_FLAGS` (see
-    :func:`build_counting`).
+    :func:`build_counting`). ``cores``: the mode the library is built for (1, or the GpSimd
+    cores of a multicore build), recorded in it for :func:`tilescope.cpp.load_library`.
     """
     t0 = time.perf_counter()
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -202,7 +207,10 @@ def build(name: str, sources: list[str | os.PathLike], build_directory: str | os
     cxx_id = _compiler_id(cxx)
     plan = []
     for src in srcs:
-        src_flags = flags + (COUNT_FLAGS if counting and src is not runtime else ())
+        if src is runtime:
+            src_flags = flags + ((f"-DTILESCOPE_BUILD_CORES={int(cores)}",) if cores else ())
+        else:
+            src_flags = flags + _USER_FLAGS + (COUNT_FLAGS if counting else ())
         key = _source_key(src, cxx_id, src_flags)
         obj, deps = _object_paths(obj_dir, src, key)
         plan.append((src, key, obj, deps, _object_is_fresh(obj, deps), src_flags))
@@ -228,7 +236,8 @@ def build(name: str, sources: list[str | os.PathLike], build_directory: str | os
     cached = not stale and lib_path.exists()
     if not lib_path.exists():
         tmp = lib_path.with_name(lib_path.name + f".{os.getpid()}.tmp")
-        cmd = cxx + ["-shared", "-Wl,--no-undefined"] + [str(p[2]) for p in plan] + ["-o", str(tmp)]
+        # (-lrt: timer_create, in the C library itself since glibc 2.34)
+        cmd = cxx + ["-shared", "-Wl,--no-undefined"] + [str(p[2]) for p in plan] + ["-lrt", "-o", str(tmp)]
         if verbose:
             print(" ".join(cmd), flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -236,7 +245,7 @@ def build(name: str, sources: list[str | os.PathLike], build_directory: str | os
             tmp.unlink(missing_ok=True)
             raise CompileError.from_output(f"lib{name}.so (link)", _shown(proc.stdout + proc.stderr, srcs))
         os.replace(tmp, lib_path)
-    _write_manifest(lib_path, name, srcs[:-1], extra_cflags)
+    _write_manifest(lib_path, name, srcs[:-1], extra_cflags, cores)
     _point_stable_name(out_dir / f"lib{name}.so", lib_path)
     _prune(out_dir, f"lib{name}.*.so", keep={lib_path})
     for p in plan:
@@ -245,10 +254,10 @@ def build(name: str, sources: list[str | os.PathLike], build_directory: str | os
     return BuildResult(lib_path, cached, time.perf_counter() - t0, compiled)
 
 
-def _write_manifest(lib_path: Path, name: str, sources: list[_Source], extra_cflags) -> None:
+def _write_manifest(lib_path: Path, name: str, sources: list[_Source], extra_cflags, cores) -> None:
     manifest = lib_path.with_suffix(".json")
     data = {"name": name, "sources": [str(s.path) for s in sources], "shown": [s.shown for s in sources],
-            "extra_cflags": list(extra_cflags or ())}
+            "extra_cflags": list(extra_cflags or ()), "cores": cores}
     if not manifest.exists() or json.loads(manifest.read_text() or "{}") != data:
         tmp = manifest.with_name(manifest.name + f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1))
@@ -271,7 +280,8 @@ def build_counting(library: str | os.PathLike, verbose: bool = False) -> BuildRe
     if missing:
         raise CompileError(f"the sources of {path.name} moved or were deleted ({missing[0]}): the device model "
                            f"needs them to count the kernel's instructions; load the library again from its sources")
-    return build(data["name"], data["sources"], path.parent / "count", data["extra_cflags"], verbose, counting=True)
+    return build(data["name"], data["sources"], path.parent / "count", data["extra_cflags"], verbose, counting=True,
+                 cores=data.get("cores"))
 
 
 def _prune(folder: Path, pattern: str, keep: set[Path], newest: int = 4) -> None:

@@ -15,6 +15,7 @@ from ._build import build_counting
 from ._count import block_costs, count_work
 from ._errors import CppError
 from ._model import CoreEstimate, CostModel, build_program
+from ._params import parameter_names
 from ._run import CallRecord, execute, out_from_shape, torch_dtype
 
 __all__ = ["CppLibrary", "CppOp", "Estimate"]
@@ -100,7 +101,7 @@ class CppOp:
         """Run the kernel on CPU tensors with every check; returns the output and the call record."""
         lib = self.library
         return execute(lib.native, self.native, args, self.arg_names, cores=lib.cores, tcm_bytes=lib.tcm_bytes,
-                       check=lib.check, show=lib.show, out=out)
+                       check=lib.check, show=lib.show, out=out, timeout_s=lib.timeout_s)
 
     def count(self, *args) -> CallRecord:
         """Run the kernel in the library's counting build: the call record with each core's
@@ -110,8 +111,9 @@ class CppOp:
         native = next((o for o in counting.ops if o.qualname == self.qualname), None)
         if native is None:
             raise CppError(f"the counting build of {lib.path.name} has no operator {self.qualname}")
+        # (the run that came before warned about leaks already: the counting build's are the same)
         _, record = execute(counting, native, args, self.arg_names, cores=lib.cores, tcm_bytes=lib.tcm_bytes,
-                            check="off", count=True, show=lib.show)
+                            check="off", count=True, show=lib.show, timeout_s=lib.timeout_s, warn_leaks=False)
         return record
 
     def output_spec(self, *args) -> tuple[tuple[int, ...], torch.dtype]:
@@ -176,14 +178,27 @@ def _preset(p) -> CoreSpec:
     return preset(p)
 
 
+def _manifest_sources(path: Path) -> list[str]:
+    """The sources a library was built from, from its build manifest (none if it has none)."""
+    import json
+
+    try:
+        return list(json.loads(Path(path).resolve().with_suffix(".json").read_text()).get("sources", []))
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
 class CppLibrary:
     """A loaded operator library: its ops (``.ops[name]``), mode and where it was built."""
 
     def __init__(self, native: NativeLibrary, *, multicore: bool, check: str = "raise",
                  cost_model: CostModel | None = None, sources: dict[str, str] | None = None,
-                 spec: str | CoreSpec | None = None, build=None):
+                 spec: str | CoreSpec | None = None, build=None, timeout_s: float | None = 60.0):
         if check not in ("raise", "warn", "off"):
             raise ValueError(f"check must be 'raise', 'warn' or 'off', got {check!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds (or None: no limit), got {timeout_s!r}")
+        self.timeout_s = timeout_s
         self.native = native
         self._counting: NativeLibrary | None = None
         self.multicore = bool(multicore)
@@ -194,9 +209,9 @@ class CppLibrary:
         self.spec = preset(spec)
         self.ops: dict[str, CppOp] = {}
         self._torch_libs: dict[str, torch.library.Library] = {}
+        sources_read = list(self._sources) or _manifest_sources(native.path)
         for nop in native.ops:
-            names = [f"a{k}" for k in range(len(nop.kinds))]
-            self.ops[nop.name] = CppOp(self, nop, names)
+            self.ops[nop.name] = CppOp(self, nop, parameter_names(nop, sources_read))
 
     @property
     def path(self) -> Path:

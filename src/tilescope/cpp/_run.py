@@ -10,15 +10,18 @@ records the basic blocks each core executed (the device model's compute estimate
 from __future__ import annotations
 
 import hashlib
+import re
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ._abi import Arg, DTYPE_CODES, MAX_DIMS, ROLE_INPUT, ROLE_META, ROLE_OUTPUT, NativeLibrary, NativeOp, TensorDesc
+from ._abi import (Arg, DTYPE_CODES, MAX_DIMS, ROLE_INPUT, ROLE_META, ROLE_OUTPUT, STOP_INTERRUPTED, STOP_NONE,
+                   NativeLibrary, NativeOp, Stop, TensorDesc)
 from ._coverage import CoverageReport, check_coverage, coverage_message
 from ._errors import CoverageError, CppError, CppKernelError, TcmLeakWarning
+from ._where import user_line
 
 __all__ = ["CoreRun", "CallRecord", "execute", "MAX_DIM_SIZE"]
 
@@ -105,7 +108,7 @@ def pack_args(op: NativeOp, args: tuple, names: list[str], meta: bool = False) -
     for k, (kind, a) in enumerate(zip(op.kinds, args)):
         p = packed[k]
         p.kind = ord(kind)
-        what = f"argument {k} ({names[k]!r}) of {op.qualname}"
+        what = f"argument {k} ({names[k]!r}) of {op.qualname}"  # (the C++ parameter's name)
         if kind == "t":
             if not isinstance(a, torch.Tensor):
                 raise CppError(f"{what} must be a Tensor, got {type(a).__name__}")
@@ -129,10 +132,13 @@ def out_from_shape(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[st
                    show=lambda s: s) -> tuple[tuple, str]:
     """(shape, dtype name) of the output, from the operator's shape function."""
     packed, _ = pack_args(op, args, names, meta=True)
-    try:
-        d = lib.shape(op, packed)
-    except CppError as e:
-        raise CppError(show(str(e))) from None
+    d, msg, stop = lib.shape(op, packed)
+    if d is None:
+        if stop.outcome == STOP_INTERRUPTED:
+            raise KeyboardInterrupt(f"{op.qualname}: {msg}")
+        if stop.outcome != STOP_NONE:  # it faulted or ran past the limit
+            raise CppKernelError(f"{op.qualname}: {_with_line(lib, stop, show(msg), show)}")
+        raise CppError(f"shape function of {op.qualname}: {show(_named(msg, names))}")
     if d.ndim < 0 or d.ndim > MAX_DIMS:
         raise CppError(f"shape function of {op.qualname} returned a tensor with {d.ndim} dimensions")
     if d.dtype not in _FROM_CODE:
@@ -144,14 +150,75 @@ def torch_dtype(name: str) -> torch.dtype:
     return _TORCH_FROM_NAME[name]
 
 
+def _named(msg: str, names: list[str]) -> str:
+    """``argument 1`` in a runtime message gains the C++ parameter's name.
+
+    >>> _named("into argument 1, an input; argument 0 (shape [4])", ["x", "y"])
+    "into argument 1 ('y'), an input; argument 0 ('x', shape [4])"
+    """
+    def name(m):
+        k = int(m.group(1))
+        if k >= len(names):
+            return m.group(0)
+        return f"argument {k} ({names[k]!r}, " if m.group(2) else f"argument {k} ({names[k]!r})"
+
+    return re.sub(r"\bargument (\d+)\b(?! \(')( \()?", name, msg)
+
+
+def _with_line(lib: NativeLibrary, stop: Stop, msg: str, show) -> str:
+    """A stopped kernel's message, led by the user's line (from its frames) when one is known."""
+    if stop.outcome == STOP_NONE or not stop.frames:
+        return msg
+    at = user_line(lib.path, stop.frames)
+    if at is None:
+        return msg
+    func = f" (in {at.function})" if at.function else ""
+    text = at.text
+    shown = f"\n    {at.line} | {text.strip()}" if text.strip() else ""
+    return f"{show(at.file)}:{at.line}: {msg}{func}{shown}"
+
+
+def _leak_message(qualname: str, leaks: list[tuple[int, int, int, str]]) -> str:
+    """One short line for a call's leaks: cores that leaked the same buffers are named once.
+
+    >>> _leak_message("m::op", [(c, 1, 40, "40 B at k.cpp:9") for c in range(8)])
+    'm::op: GpSimd cores 0-7 each returned without tcm_free of 1 TCM buffer(s), 40 bytes (40 B at k.cpp:9); tcm_free what you tcm_malloc'
+    """
+    groups: dict[tuple, list[int]] = {}
+    for core, n, nbytes, note in leaks:
+        groups.setdefault((n, nbytes, note), []).append(core)
+    parts = []
+    for (n, nbytes, note), cores in groups.items():
+        who = f"GpSimd core {cores[0]}" if len(cores) == 1 else f"GpSimd cores {_ranges(cores)} each"
+        parts.append(f"{who} returned without tcm_free of {n} TCM buffer(s), {nbytes} bytes ({note})")
+    return f"{qualname}: {'; '.join(parts)}; tcm_free what you tcm_malloc"
+
+
+def _ranges(values: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out, start = [], None
+    for k, v in enumerate(values):
+        if start is None:
+            start = v
+        if k + 1 == len(values) or values[k + 1] != v + 1:
+            out.append(f"{start}-{v}" if v > start else f"{v}")
+            start = None
+    return ", ".join(out)
+
+
 def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, cores: int, tcm_bytes: int,
             check: str = "raise", count: bool = False, show=lambda s: s,
-            out: torch.Tensor | None = None) -> tuple[torch.Tensor, CallRecord]:
+            out: torch.Tensor | None = None, timeout_s: float | None = None,
+            warn_leaks: bool = True) -> tuple[torch.Tensor, CallRecord]:
     """Run ``op`` on ``cores`` emulated GpSimd cores; returns the output and the call record.
 
     ``check``: ``"raise"`` (default), ``"warn"`` or ``"off"`` for the coverage check.
     ``count``: record each core's executed blocks (``lib`` must be a counting build).
     ``show`` rewrites file paths in messages the way the user wrote them.
+    ``timeout_s``: stop a kernel that runs longer (a ``CppKernelError``); None: no limit.
+    ``warn_leaks``: warn (``TcmLeakWarning``) about TCM buffers the kernel did not free.
+    A kernel that faults, or is stopped, raises ``CppKernelError`` naming the core and, where
+    its line tables tell, the source line; Ctrl-C inside it raises ``KeyboardInterrupt``.
     """
     shape, dtype = out_from_shape(lib, op, args, names, show)
     if out is None:
@@ -159,10 +226,16 @@ def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, 
     _poison(out)
     packed, keep = pack_args(op, args, names)
     dst = _desc(out, ROLE_OUTPUT, -1, f"the output of {op.qualname}")
-    failed, msg, stats = lib.run(op, packed, dst, cores, tcm_bytes, log=True, count=count)
+    failed, msg, stats, stop = lib.run(op, packed, dst, cores, tcm_bytes, log=True, count=count,
+                                       timeout_s=timeout_s)
     if failed is not None:
+        if stop.outcome == STOP_INTERRUPTED:
+            raise KeyboardInterrupt(f"{op.qualname}: {msg}")
+        msg = show(_named(msg, names))
+        if stop.outcome != STOP_NONE and "GpSimd core" not in msg:
+            msg = f"on GpSimd core {failed} of {cores}: {msg}"
         where = f" (GpSimd core {failed} of {cores})" if cores > 1 and "GpSimd core" not in msg else ""
-        raise CppKernelError(f"{op.qualname}{where}: {show(msg)}")
+        raise CppKernelError(f"{op.qualname}{where}: {_with_line(lib, stop, msg, show)}")
     log, files = lib.take_log()
     files = [show(f) for f in files]
     runs: list[CoreRun] = []
@@ -171,11 +244,10 @@ def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, 
         run = CoreRun(c, log[log["core"] == c], files, counts=lib.take_counts(c) if count else None,
                       tcm_peak=int(st.tcm_peak), dst_requested=bool(st.dst_requested))
         if st.leaks:
-            leaks.append(f"GpSimd core {c} returned without tcm_free of {st.leaks} TCM buffer(s), "
-                         f"{st.tcm_leaked} bytes ({show(lib.note(c))})")
+            leaks.append((c, int(st.leaks), int(st.tcm_leaked), show(lib.note(c))))
         runs.append(run)
-    if leaks:  # one warning per call, every core's leaks in it
-        warnings.warn(f"{op.qualname}: {'; '.join(leaks)}; tcm_free what you tcm_malloc", TcmLeakWarning, stacklevel=3)
+    if leaks and warn_leaks:  # one short warning per call, every core's leaks in it
+        warnings.warn(_leak_message(op.qualname, leaks), TcmLeakWarning, stacklevel=3)
     arg_specs = [(names[k], tuple(a.shape), _TORCH_DTYPES[a.dtype]) if kind == "t" else None
                  for k, (kind, a) in enumerate(zip(op.kinds, args))]
     report = check_coverage([r.log for r in runs], tuple(shape))

@@ -9,8 +9,11 @@
 // -fsanitize-coverage=trace-pc), every basic block the kernel executes calls
 // __sanitizer_cov_trace_pc below, which counts it: the device model's compute estimate is
 // those counts times each block's instructions, the same for the same inputs on every run.
-// The Python side (tilescope.cpp) calls the C ABI at the bottom.
+// The Python side (tilescope.cpp) calls the C ABI at the bottom. A fault, Ctrl-C or a timeout
+// inside the user's code stops the kernel, not the process (fault_guard.h).
 #include <tilescope/gpsimd.h>
+
+#include "fault_guard.h"
 
 #include <dlfcn.h>
 
@@ -56,7 +59,7 @@ struct Alloc {
     size_t addr;       // offset inside the core's pool
     size_t accounted;  // bytes charged to the pool
     size_t size;       // bytes requested
-    unsigned char* block;
+    unsigned char* block;  // its guard bytes before, then the data, then guard bytes after
     const char* file;
     int line;
 };
@@ -137,6 +140,10 @@ struct Context {
     std::vector<LogRec> log;
     std::vector<const char*> files;
     std::vector<std::string> notes;  // per core run: live allocations at return (leaks)
+    guard::Slot* slot = nullptr;     // this thread's slot while a kernel or shape function runs
+    unsigned char* arena = nullptr;  // the emulated pool of the core run (in the slot's arena)
+    int32_t stop_outcome = 0;        // how the last run stopped (guard::Outcome)
+    std::vector<uint64_t> stop_frames;  // its instruction and return addresses in this library (offsets)
 };
 
 thread_local Context ctx;
@@ -239,7 +246,35 @@ size_t first_fit(size_t need, size_t* largest) {
     return fit;
 }
 
-void release(Alloc& a) { std::free(a.block); }
+void release(Alloc&) {}  // the block lives in the core's arena, reused by the next run
+
+// The pool's host memory: allocation at pool offset A starts at arena + kGuard + 2*A, so
+// between two allocations there are at least as many bytes as the first one holds (and at
+// least kGuard): guard bytes after each allocation, before the next (see fault_guard.h).
+size_t arena_bytes(size_t capacity) { return 2 * capacity + 2 * kGuard + kAlign; }
+
+// Marks the runtime's own code for asynchronous stops (Ctrl-C, timeout, cancel): one that
+// arrives inside waits for the call's return, where check_pending() throws it.
+struct InRuntime {
+    guard::Slot* s;
+    InRuntime() : s(ctx.slot) { if (s) ++s->in_runtime; }
+    ~InRuntime() { if (s) --s->in_runtime; }
+};
+
+struct Stopped {  // an asynchronous stop deferred to a runtime call's return
+    int outcome;
+    const char* file;
+    int line;
+};
+
+void check_pending(const char* file, int line) {
+    guard::Slot* s = ctx.slot;
+    if (s && s->pending && s->in_runtime == 1) {
+        int outcome = s->pending;
+        s->pending = 0;
+        throw Stopped{outcome, file, line};
+    }
+}
 
 void reset_pool() {
     for (auto& kv : ctx.by_ptr) release(kv.second);
@@ -320,6 +355,7 @@ void log_copy(int32_t dir, const TensorDesc& t, size_t offset, size_t count, siz
 }
 
 void* tcm_malloc(size_t nbytes, const char* file, int line) {
+    InRuntime scope;
     require_kernel("tcm_malloc", file, line);
     if (static_cast<int64_t>(nbytes) < 0)
         fail(where() + fmt("tcm_malloc(%lld bytes): a negative size was converted to size_t",
@@ -346,21 +382,22 @@ void* tcm_malloc(size_t nbytes, const char* file, int line) {
                            advice.c_str()),
              file, line);
     }
-    size_t block_size = (kGuard + nbytes + kGuard + kAlign - 1) / kAlign * kAlign;
-    auto* block = static_cast<unsigned char*>(std::aligned_alloc(kAlign, block_size));
-    if (!block) fail("host out of memory while emulating tcm_malloc", file, line);
+    if (!ctx.arena) fail("host out of memory while emulating the TCM pool", file, line);
+    unsigned char* block = ctx.arena + 2 * addr;
     std::memset(block, kGuardByte, kGuard);
     std::memset(block + kGuard, 0xFF, nbytes);  // NaN for floats: reads of unset values show
-    std::memset(block + kGuard + nbytes, kGuardByte, block_size - kGuard - nbytes);
+    std::memset(block + kGuard + nbytes, kGuardByte, kGuard);
     void* p = block + kGuard;
     ctx.by_ptr[reinterpret_cast<uintptr_t>(p)] = Alloc{addr, accounted, nbytes, block, file, line};
     ctx.by_addr[addr] = reinterpret_cast<uintptr_t>(p);
     ctx.used += accounted;
     if (ctx.used > ctx.peak) ctx.peak = ctx.used;
+    check_pending(file, line);
     return p;
 }
 
 void tcm_free(void* ptr, const char* file, int line) {
+    InRuntime scope;
     require_kernel("tcm_free", file, line);
     if (ptr == nullptr) return;
     auto it = ctx.by_ptr.find(reinterpret_cast<uintptr_t>(ptr));
@@ -378,19 +415,23 @@ void tcm_free(void* ptr, const char* file, int line) {
     ctx.by_ptr.erase(it);
     ctx.used -= a.accounted;
     release(a);
+    check_pending(file, line);
 }
 
 void tensor_to_tcm(const TensorDesc& t, void* tcm_ptr, int32_t elem_dtype, size_t elem_size, size_t offset,
                    size_t count, const char* file, int line) {
+    InRuntime scope;
     require_kernel("tensor_to_tcm", file, line);
     check_tensor_range(t, elem_dtype, elem_size, offset, count, "tensor_to_tcm", file, line);
     tcm_region(tcm_ptr, count, elem_size, "tensor_to_tcm", file, line);
     std::memcpy(tcm_ptr, static_cast<const char*>(t.data) + offset * elem_size, count * elem_size);
     log_copy(0, t, offset, count, elem_size, file, line);
+    check_pending(file, line);
 }
 
 void tcm_to_tensor(const TensorDesc& t, const void* tcm_ptr, int32_t elem_dtype, size_t elem_size, size_t offset,
                    size_t count, const char* file, int line) {
+    InRuntime scope;
     require_kernel("tcm_to_tensor", file, line);
     if (t.role == kRoleInput)
         fail(where() + fmt("tcm_to_tensor into argument %d, an input: a kernel writes only its output. Get it "
@@ -401,6 +442,7 @@ void tcm_to_tensor(const TensorDesc& t, const void* tcm_ptr, int32_t elem_dtype,
     tcm_region(tcm_ptr, count, elem_size, "tcm_to_tensor", file, line);
     std::memcpy(static_cast<char*>(t.data) + offset * elem_size, tcm_ptr, count * elem_size);
     log_copy(1, t, offset, count, elem_size, file, line);
+    check_pending(file, line);
 }
 
 uint32_t cpu_id(const char* file, int line) {
@@ -475,31 +517,6 @@ TILESCOPE_API const char* ts_op_kinds(int i) { return table().ops.at(i).kinds; }
 TILESCOPE_API const char* ts_op_file(int i) { return table().ops.at(i).file; }
 TILESCOPE_API int ts_op_line(int i) { return table().ops.at(i).line; }
 
-TILESCOPE_API int ts_shape(int op, const Arg* args, int nargs, TensorDesc* out, char* err, int errlen) {
-    const OpEntry& e = table().ops.at(op);
-    if (nargs != e.nargs) {
-        copy_error(fmt("%s::%s takes %d arguments, got %d", e.lib, e.name, e.nargs, nargs), err, errlen);
-        return 1;
-    }
-    ctx.in_shape = true;
-    int rc = 0;
-    try {
-        e.shape_thunk(e.shape, args, out);
-    } catch (const tilescope::Error& x) {
-        copy_error(x.what(), err, errlen);
-        rc = 1;
-    } catch (const std::exception& x) {
-        copy_error(fmt("the shape function of %s::%s threw: %s", e.lib, e.name, x.what()), err, errlen);
-        rc = 1;
-    } catch (...) {
-        copy_error(fmt("the shape function of %s::%s threw an exception of unknown type", e.lib, e.name), err,
-                   errlen);
-        rc = 1;
-    }
-    ctx.in_shape = false;
-    return rc;
-}
-
 namespace {
 // The load base of this library, so counted blocks are named by offsets objdump shows.
 uintptr_t library_base() {
@@ -509,6 +526,158 @@ uintptr_t library_base() {
     return 0;
 }
 
+const char* signal_name(int sig) {
+    switch (sig) {
+        case SIGSEGV: return "SIGSEGV";
+        case SIGBUS: return "SIGBUS";
+        case SIGFPE: return "SIGFPE";
+        case SIGILL: return "SIGILL";
+        case SIGABRT: return "SIGABRT";
+        case SIGINT: return "SIGINT";
+        default: return "a signal";
+    }
+}
+
+// What a fault was, in words: the signal, the access and its likely cause.
+std::string describe_fault(const guard::Slot& s) {
+    const char* access = s.access == 2 ? "a write to" : s.access == 1 ? "a read of" : "an access to";
+    switch (s.sig) {
+        case SIGSEGV: {
+            const unsigned char* pool = s.region_bytes ? s.region : nullptr;
+            if (s.addr < 4096)
+                return fmt("SIGSEGV, %s address 0x%zx: a null pointer dereference", access, (size_t)s.addr);
+            if (pool && s.addr >= reinterpret_cast<uintptr_t>(s.map) &&
+                s.addr < reinterpret_cast<uintptr_t>(s.map) + s.map_bytes)
+                return fmt("SIGSEGV, %s memory past this core's TCM pool (a pointer run off the end, or before "
+                           "the start, of a tcm_malloc'ed buffer)", access);
+            const uintptr_t gap = s.addr > s.sp ? s.addr - s.sp : s.sp - s.addr;
+            if (s.sp && gap < 256 * 1024)
+                return fmt("SIGSEGV, %s address 0x%zx next to the stack pointer: a stack overflow (deep or "
+                           "infinite recursion, or a large local array)", access, (size_t)s.addr);
+            return fmt("SIGSEGV, %s address 0x%zx, which is not mapped: a wild or dangling pointer", access,
+                       (size_t)s.addr);
+        }
+        case SIGBUS: return fmt("SIGBUS at address 0x%zx: a misaligned or unbacked memory access", (size_t)s.addr);
+        case SIGFPE:
+            if (s.code == FPE_INTDIV) return "SIGFPE: an integer division by zero";
+            if (s.code == FPE_INTOVF) return "SIGFPE: an integer overflow (e.g. INT_MIN / -1)";
+            return "SIGFPE: an arithmetic exception";
+        case SIGILL:
+            return "SIGILL: an illegal instruction (compilers place one where code has undefined behaviour, "
+                   "e.g. a function returning a value that ends without a return statement)";
+        case SIGABRT:
+            return "SIGABRT: the kernel called abort() (a failed assert(), or an exception escaping a noexcept "
+                   "function; its message, if any, is on stderr)";
+        default: return signal_name(s.sig);
+    }
+}
+
+// The stopped code's instruction address and return addresses, as offsets in this library
+// (the Python side names their source lines); UINT64_MAX for an address in another object.
+void save_stop_frames(const guard::Slot& s) {
+    ctx.stop_frames.clear();
+    const uintptr_t base = library_base();
+    auto offset = [&](uintptr_t a) -> uint64_t {
+        Dl_info info{};
+        if (a && dladdr(reinterpret_cast<void*>(a), &info) && reinterpret_cast<uintptr_t>(info.dli_fbase) == base)
+            return static_cast<uint64_t>(a - base);
+        return UINT64_MAX;
+    };
+    ctx.stop_frames.push_back(offset(s.pc));
+    int first = 0;  // the frames after the interrupted instruction's (skip the handler's and the trampoline)
+    for (int k = 0; k < s.nframes; ++k)
+        if (reinterpret_cast<uintptr_t>(s.frames[k]) == s.pc) first = k + 1;
+    if (first == 0) first = s.nframes > 2 ? 2 : s.nframes;
+    for (int k = first; k < s.nframes && ctx.stop_frames.size() < static_cast<size_t>(guard::kMaxFrames); ++k)
+        ctx.stop_frames.push_back(offset(reinterpret_cast<uintptr_t>(s.frames[k])));
+}
+
+// Where the stopped code was, when it was not in this library (e.g. "in libc.so.6 (memset)").
+std::string elsewhere(uintptr_t pc) {
+    Dl_info info{};
+    if (!pc || !dladdr(reinterpret_cast<void*>(pc), &info) || !info.dli_fname) return "";
+    if (reinterpret_cast<uintptr_t>(info.dli_fbase) == library_base()) return "";
+    const char* name = std::strrchr(info.dli_fname, '/');
+    return fmt(" in %s%s%s%s", name ? name + 1 : info.dli_fname, info.dli_sname ? " (" : "",
+               info.dli_sname ? info.dli_sname : "", info.dli_sname ? ")" : "");
+}
+
+// The message of a run stopped by a signal, a timeout, Ctrl-C or a cancel request.
+std::string describe_stop(const guard::Slot& s, const char* what, double timeout_s) {
+    switch (s.outcome) {
+        case guard::kFault:
+            return fmt("%s faulted: %s%s", what, describe_fault(s).c_str(),
+                       s.sig == SIGABRT ? "" : elsewhere(s.pc).c_str());
+        case guard::kTimeout:
+            return fmt("%s ran longer than the %g s limit and was stopped%s (an infinite loop? the limit is "
+                       "timeout_s of tilescope.cpp.load / load_library)",
+                       what, timeout_s, elsewhere(s.pc).c_str());
+        case guard::kInterrupted: return fmt("%s was interrupted (Ctrl-C)", what);
+        case guard::kCancelled: return fmt("%s was stopped: the device's queued work was cancelled", what);
+        default: return fmt("%s stopped", what);
+    }
+}
+
+struct ShapeCall {
+    const OpEntry* e;
+    const Arg* args;
+    TensorDesc* out;
+    char* err;
+    int errlen;
+    int rc;
+};
+
+void shape_body(void* data) {
+    auto* c = static_cast<ShapeCall*>(data);
+    const OpEntry& e = *c->e;
+    try {
+        e.shape_thunk(e.shape, c->args, c->out);
+    } catch (const tilescope::Error& x) {
+        copy_error(x.what(), c->err, c->errlen);
+        c->rc = 1;
+    } catch (const Stopped& x) {
+        c->rc = 100 + x.outcome;
+    } catch (const std::exception& x) {
+        copy_error(fmt("the shape function of %s::%s threw: %s", e.lib, e.name, x.what()), c->err, c->errlen);
+        c->rc = 1;
+    } catch (...) {
+        copy_error(fmt("the shape function of %s::%s threw an exception of unknown type", e.lib, e.name), c->err,
+                   c->errlen);
+        c->rc = 1;
+    }
+}
+}  // namespace
+
+TILESCOPE_API int ts_shape(int op, const Arg* args, int nargs, TensorDesc* out, char* err, int errlen) {
+    const OpEntry& e = table().ops.at(op);
+    if (nargs != e.nargs) {
+        copy_error(fmt("%s::%s takes %d arguments, got %d", e.lib, e.name, e.nargs, nargs), err, errlen);
+        return 1;
+    }
+    ctx.in_shape = true;
+    ctx.stop_outcome = guard::kOk;
+    ShapeCall call{&e, args, out, err, errlen, 0};
+    guard::Run run;
+    if (guard::begin(run, 0.0)) {
+        ctx.slot = run.slot;
+        int outcome = guard::guarded(run.slot, shape_body, &call);
+        if (outcome != guard::kOk) {
+            save_stop_frames(*run.slot);
+            ctx.stop_outcome = outcome;
+            copy_error(describe_stop(*run.slot, fmt("the shape function of %s::%s", e.lib, e.name).c_str(), 0.0),
+                       err, errlen);
+            call.rc = 1;
+        }
+        ctx.slot = nullptr;
+        guard::end(run);
+    } else {
+        shape_body(&call);
+    }
+    ctx.in_shape = false;
+    return call.rc;
+}
+
+namespace {
 // This core run's block counts, sorted by offset (deterministic order), into ctx.counts.
 void save_counts(RunStats* stats) {
     std::vector<PcCount> out;
@@ -525,9 +694,50 @@ void save_counts(RunStats* stats) {
     ctx.counts.push_back(std::move(out));
 }
 
+struct KernelCall {
+    const OpEntry* e;
+    const Arg* args;
+    char* err;
+    int errlen;
+    int rc;
+    int stopped;  // a deferred asynchronous stop (guard::Outcome), 0 if none
+    const char* stop_file;
+    int stop_line;
+};
+
+void kernel_body(void* data) {
+    auto* c = static_cast<KernelCall*>(data);
+    const OpEntry& e = *c->e;
+    try {
+        e.kernel_thunk(e.kernel, c->args);
+        for (auto& kv : ctx.by_ptr)
+            if (!guard_intact(kv.second))
+                fail(where() + fmt("the TCM buffer of %zu bytes allocated at %s:%d was written outside its "
+                                   "bounds (its guard bytes changed; found when the kernel returned): a loop "
+                                   "writes past the end (or before the start) of the buffer",
+                                   kv.second.size, kv.second.file, kv.second.line),
+                     kv.second.file, kv.second.line);
+    } catch (const tilescope::Error& x) {
+        copy_error(x.what(), c->err, c->errlen);
+        c->rc = 1;
+    } catch (const Stopped& x) {
+        c->stopped = x.outcome;
+        c->stop_file = x.file;
+        c->stop_line = x.line;
+        c->rc = 1;
+    } catch (const std::exception& x) {
+        copy_error(fmt("%s::%s: the kernel threw %s", e.lib, e.name, x.what()), c->err, c->errlen);
+        c->rc = 1;
+    } catch (...) {
+        copy_error(fmt("%s::%s: the kernel threw an exception of unknown type", e.lib, e.name), c->err, c->errlen);
+        c->rc = 1;
+    }
+}
+
 // One run of the kernel as core cpu_id; returns 0 or 1 (error message in err).
 int run_core(const OpEntry& e, const Arg* args, int nargs, const TensorDesc* dst, uint32_t cpu_id,
-             uint32_t cpu_count, int64_t tcm_bytes, int32_t flags, RunStats* stats, char* err, int errlen) {
+             uint32_t cpu_count, int64_t tcm_bytes, int32_t flags, RunStats* stats, char* err, int errlen,
+             double timeout_s) {
     ctx.in_kernel = true;
     ctx.cpu_id = cpu_id;
     ctx.cpu_count = cpu_count;
@@ -538,31 +748,33 @@ int run_core(const OpEntry& e, const Arg* args, int nargs, const TensorDesc* dst
     ctx.dst_requested = false;
     ctx.capacity = static_cast<size_t>(tcm_bytes);
     reset_pool();
+    ctx.arena = ctx.slot ? guard::arena(ctx.slot, arena_bytes(ctx.capacity)) : nullptr;
+    std::vector<unsigned char> fallback;  // no slot (every one taken): a plain buffer
+    if (!ctx.slot) {
+        fallback.resize(arena_bytes(ctx.capacity));
+        ctx.arena = fallback.data();
+    }
     ctx.logging = (flags & 1) != 0;
     ctx.pcs.clear();
     ctx.counting = (flags & 4) != 0;
-    int rc = 0;
-    try {
-        e.kernel_thunk(e.kernel, args);
-        for (auto& kv : ctx.by_ptr)
-            if (!guard_intact(kv.second))
-                fail(where() + fmt("the TCM buffer of %zu bytes allocated at %s:%d was written outside its "
-                                   "bounds (its guard bytes changed; found when the kernel returned): a loop "
-                                   "writes past the end (or before the start) of the buffer",
-                                   kv.second.size, kv.second.file, kv.second.line),
-                     kv.second.file, kv.second.line);
-    } catch (const tilescope::Error& x) {
-        copy_error(x.what(), err, errlen);
-        rc = 1;
-    } catch (const std::exception& x) {
-        copy_error(fmt("%s::%s: the kernel threw %s", e.lib, e.name, x.what()), err, errlen);
-        rc = 1;
-    } catch (...) {
-        copy_error(fmt("%s::%s: the kernel threw an exception of unknown type", e.lib, e.name), err, errlen);
-        rc = 1;
-    }
+    KernelCall call{&e, args, err, errlen, 0, 0, nullptr, 0};
+    int outcome = ctx.slot ? guard::guarded(ctx.slot, kernel_body, &call) : (kernel_body(&call), guard::kOk);
     ctx.counting = false;
     std::fflush(stdout);
+    if (outcome != guard::kOk) {  // stopped by a signal, inside the user's code
+        save_stop_frames(*ctx.slot);
+        ctx.stop_outcome = outcome;
+        copy_error(where() + describe_stop(*ctx.slot, "the kernel", timeout_s), err, errlen);
+        call.rc = 1;
+    } else if (call.stopped) {  // stopped at the return of a runtime call: that call's line
+        guard::Slot stop{};
+        stop.outcome = call.stopped;
+        ctx.stop_outcome = call.stopped;
+        ctx.stop_frames.clear();
+        copy_error(fmt("%s:%d: ", call.stop_file, call.stop_line) + where() +
+                       describe_stop(stop, "the kernel", timeout_s),
+                   err, errlen);
+    }
     save_counts(stats);
     stats->tcm_peak = static_cast<int64_t>(ctx.peak);
     int64_t leaked = 0;
@@ -572,19 +784,25 @@ int run_core(const OpEntry& e, const Arg* args, int nargs, const TensorDesc* dst
     stats->dst_requested = ctx.dst_requested ? 1 : 0;
     ctx.notes.push_back(ctx.by_ptr.empty() ? std::string() : describe_live());
     reset_pool();
+    ctx.arena = nullptr;
     ctx.in_kernel = false;
-    return rc;
+    return call.rc;
 }
 }  // namespace
 
 // Runs the kernel as cores cpu_begin .. cpu_end-1 (of cpu_count), one after another, in one
 // call (so the caller's interpreter lock is released once). stats: one per core run.
-// flags: 1 = log accessor copies, 4 = count executed blocks (libraries built for counting).
-// Returns 0, or 1 + the index of the failing run (its message in err; later cores did not run).
+// flags: 1 = log accessor copies, 4 = count executed blocks (libraries built for counting),
+// 8 = no fault guard (for measuring what it costs).
+// timeout_s > 0: stop the kernel after that long (the whole call). ts_stop_info tells how
+// a failed run stopped. Returns 0, or 1 + the index of the failing run (its message in err;
+// later cores did not run).
 TILESCOPE_API int ts_run(int op, const Arg* args, int nargs, const TensorDesc* dst, uint32_t cpu_begin,
                          uint32_t cpu_end, uint32_t cpu_count, int64_t tcm_bytes, int32_t flags, RunStats* stats,
-                         char* err, int errlen) {
+                         char* err, int errlen, double timeout_s) {
     const OpEntry& e = table().ops.at(op);
+    ctx.stop_outcome = guard::kOk;
+    ctx.stop_frames.clear();
     if (nargs != e.nargs) {
         copy_error(fmt("%s::%s takes %d arguments, got %d", e.lib, e.name, e.nargs, nargs), err, errlen);
         return 1;
@@ -593,10 +811,45 @@ TILESCOPE_API int ts_run(int op, const Arg* args, int nargs, const TensorDesc* d
     ctx.files.clear();
     ctx.notes.clear();
     ctx.counts.clear();
-    for (uint32_t c = cpu_begin; c < cpu_end; ++c)
-        if (run_core(e, args, nargs, dst, c, cpu_count, tcm_bytes, flags, &stats[c - cpu_begin], err, errlen))
-            return 1 + static_cast<int>(c - cpu_begin);
+    guard::Run run;  // (flags & 8: without the guard -- benchmarks/cpp_call_overhead.py measures its cost)
+    ctx.slot = !(flags & 8) && guard::begin(run, timeout_s) ? run.slot : nullptr;
+    int rc = 0;
+    for (uint32_t c = cpu_begin; c < cpu_end && !rc; ++c)
+        if (run_core(e, args, nargs, dst, c, cpu_count, tcm_bytes, flags, &stats[c - cpu_begin], err, errlen,
+                     timeout_s))
+            rc = 1 + static_cast<int>(c - cpu_begin);
+    ctx.slot = nullptr;
+    guard::end(run);
+    return rc;
+}
+
+// How the last failed ts_run / ts_shape on this thread stopped: out[0] = guard::Outcome
+// (0: a check failed or the kernel threw), out[1] = the number of frame offsets that follow
+// (the stopped instruction's, then return addresses; UINT64_MAX outside this library).
+TILESCOPE_API int ts_stop_info(uint64_t* out, int max) {
+    if (max < 2) return 0;
+    out[0] = static_cast<uint64_t>(ctx.stop_outcome);
+    int n = 0;
+    for (uint64_t f : ctx.stop_frames) {
+        if (2 + n >= max) break;
+        out[2 + n++] = f;
+    }
+    out[1] = static_cast<uint64_t>(n);
+    return n;
+}
+
+// Stop every kernel of this library running on any thread (Ctrl-C while the device worker
+// runs one, or the device's queued work cancelled); returns how many were asked.
+TILESCOPE_API int ts_interrupt() { return guard::interrupt_all(); }
+
+// The mode the library was built for: the cores its kernels split work over (1 or the
+// preset's GpSimd cores; 0 when the build did not say).
+TILESCOPE_API int ts_build_cores() {
+#ifdef TILESCOPE_BUILD_CORES
+    return TILESCOPE_BUILD_CORES;
+#else
     return 0;
+#endif
 }
 
 TILESCOPE_API int64_t ts_log_size() { return static_cast<int64_t>(ctx.log.size()); }

@@ -46,7 +46,7 @@
 #include <type_traits>
 #include <utility>
 
-#define TILESCOPE_GPSIMD_ABI 3
+#define TILESCOPE_GPSIMD_ABI 4
 
 #if defined(__GNUC__) || defined(__clang__)
 #define TILESCOPE_API __attribute__((visibility("default")))
