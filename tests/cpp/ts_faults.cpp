@@ -18,7 +18,7 @@ int deep(int n) {
 
 // mode: 0 copies x (a correct kernel), 1 writes through a null pointer made from data,
 // 2 runs past a 256-byte TCM buffer by 1 KB (inside the pool), 3 runs far past the pool,
-// 4 divides by zero, 5 recurses forever, 6 fails an assert, 7 loops forever, 8 writes
+// 4 divides by zero, 5 recurses forever, 6 fails an assert, 7 loops forever when x[0] >= 0, 8 reads
 // through a null pointer on core 3 only
 Tensor faulty(const Tensor& x, int64_t mode, int64_t zero) {
     Tensor out = get_dst_tensor();
@@ -38,9 +38,10 @@ Tensor faulty(const Tensor& x, int64_t mode, int64_t zero) {
     if (mode == 4) buf[0] = static_cast<float>(n / zero);  // FAULT: division
     if (mode == 5) buf[0] = static_cast<float>(deep(static_cast<int>(zero)));
     if (mode == 6) assert(zero != 0 && "zero must not be 0");  // FAULT: assert
-    if (mode == 7) {
+    if (mode == 7) {  // loops while x[0] >= 0
+        tcm_accessor(x).tensor_to_tcm<float>(buf, 0, 1);
         volatile int64_t k = 0;
-        while (zero == 0) k = k + 1;  // FAULT: infinite loop
+        while (buf[0] >= 0.0f) k = k + 1;  // FAULT: infinite loop
     }
     if (mode == 8 && id == 3) {
         float* p = reinterpret_cast<float*>(static_cast<uintptr_t>(zero));

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,7 +112,31 @@ _OPENED: "weakref.WeakSet[NativeLibrary]" = weakref.WeakSet()
 def interrupt_all() -> int:
     """Stop every C++ kernel running on any thread, in every opened library (the device's
     queued work being cancelled); returns how many were asked to stop."""
-    return sum(lib.interrupt() for lib in list(_OPENED))
+    for lib in list(_OPENED):  # they share one fault guard (_share_guard): any one reaches every kernel
+        return lib.interrupt()
+    return 0
+
+
+_GUARD_LOCK = threading.Lock()
+_GUARD: list[tuple[int, int]] = []  # the fault guard state of the first library opened: (address, size)
+
+
+def _share_guard(dll) -> None:
+    """One fault guard for every library in the process (runtime/fault_guard.h, ``Shared``):
+    the first library's state is adopted by the later ones (each links its own copy)."""
+    dll.ts_guard_state.restype = ctypes.c_void_p
+    dll.ts_guard_state.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    dll.ts_guard_adopt.restype = ctypes.c_int
+    dll.ts_guard_adopt.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    with _GUARD_LOCK:
+        if not _GUARD:
+            size = ctypes.c_int64()
+            _GUARD.append((dll.ts_guard_state(ctypes.byref(size)), size.value))
+            return
+        address, size = _GUARD[0]
+        if not dll.ts_guard_adopt(address, size):
+            raise CppError(f"C++ operator libraries of different tilescope versions in one process "
+                           f"(fault guard of {size} bytes expected); rebuild them with tilescope.cpp.load(...)")
 
 
 class NativeLibrary:
@@ -171,6 +196,7 @@ class NativeLibrary:
                      dll.ts_op_file(i).decode(), dll.ts_op_line(i))
             for i in range(dll.ts_op_count())
         ]
+        _share_guard(dll)
         _OPENED.add(self)
 
     @property

@@ -29,6 +29,10 @@ _LOCK = threading.Lock()
 
 def register_device_kernel(tlib, op) -> None:
     """Register ``op``'s kernel for the PrivateUse1 key (the ``sim`` device) on ``tlib``."""
+    from ..device import _worker
+    from ._abi import interrupt_all
+
+    _worker.on_cancel(interrupt_all)  # Ctrl-C while the device worker runs a kernel stops it
 
     def device_kernel(*args):
         return run_on_device(op, args)

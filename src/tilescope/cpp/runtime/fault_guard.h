@@ -75,10 +75,6 @@ struct Slot {
     void* altstack = nullptr;
 };
 
-inline Slot* slots() {
-    static Slot s[kSlots];
-    return s;
-}
 
 inline int64_t now_ns() {
     timespec ts;
@@ -86,25 +82,44 @@ inline int64_t now_ns() {
     return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
+
+const int kHandled[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGINT};
+constexpr int kMaxSignal = 65;
+
+using Handler = void (*)(int, siginfo_t*, void*);
+
+struct Handlers {
+    struct sigaction prev[kMaxSignal];  // what was installed before ours, per signal
+    volatile sig_atomic_t chaining[kMaxSignal];
+    Handler installed[kMaxSignal];  // the guard handler installed (by any copy of this runtime)
+    std::mutex mu;
+};
+
+// The slots and handlers of every copy of this runtime in the process. Each operator library
+// (and its counting build) links its own copy; were each to keep its own, two copies would
+// install their handlers over each other, each chaining to the other, and a signal outside
+// kernels (Ctrl-C) would loop between them and end the process. So the first library opened
+// owns the state and every later one adopts it (ts_guard_adopt, called by the loader): one
+// handler per signal, chaining to what was there before any copy came, and any copy's
+// handler finds any copy's running kernel.
+struct Shared {
+    Slot slots[kSlots];
+    Handlers handlers;
+};
+inline Shared*& shared() {
+    static Shared own;
+    static Shared* current = &own;
+    return current;
+}
+inline Slot* slots() { return shared()->slots; }
+inline Handlers& handlers() { return shared()->handlers; }
+
 // The slot of the calling thread (async-signal-safe: a scan, no locks, no TLS).
 inline Slot* find_slot(unsigned long self) {
     Slot* s = slots();
     for (int k = 0; k < kSlots; ++k)
         if (s[k].owner.load(std::memory_order_acquire) == self) return &s[k];
     return nullptr;
-}
-
-const int kHandled[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGINT};
-constexpr int kMaxSignal = 65;
-
-struct Handlers {
-    struct sigaction prev[kMaxSignal];  // what was installed before ours, per signal
-    volatile sig_atomic_t chaining[kMaxSignal];
-    std::mutex mu;
-};
-inline Handlers& handlers() {
-    static Handlers h;
-    return h;
 }
 
 void on_signal(int sig, siginfo_t* si, void* uc);
@@ -204,12 +219,15 @@ inline void ensure_handlers() {
     Handlers& h = handlers();
     struct sigaction cur {};
     bool all = true;
+    auto is_guard = [&h](int sig, const struct sigaction& a) {
+        return (a.sa_flags & SA_SIGINFO) && (a.sa_sigaction == on_signal || a.sa_sigaction == h.installed[sig]);
+    };
     for (int sig : kHandled) {
         sigaction(sig, nullptr, &cur);
-        if (!((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_signal)) all = false;
+        if (!is_guard(sig, cur)) all = false;
     }
     sigaction(stop_signal(), nullptr, &cur);
-    if (all && (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_signal) return;
+    if (all && is_guard(stop_signal(), cur)) return;
     std::lock_guard<std::mutex> lock(h.mu);
     static bool warmed = false;
     if (!warmed) {  // backtrace() loads libgcc on its first call: not inside a signal handler
@@ -219,7 +237,7 @@ inline void ensure_handlers() {
     }
     auto install = [&](int sig) {
         sigaction(sig, nullptr, &cur);
-        if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_signal) return;
+        if (is_guard(sig, cur)) return;
         struct sigaction ours {};
         ours.sa_sigaction = on_signal;
         sigemptyset(&ours.sa_mask);
@@ -228,6 +246,7 @@ inline void ensure_handlers() {
         ours.sa_flags = SA_SIGINFO | SA_ONSTACK |
                         (sig == SIGINT ? (cur.sa_flags & SA_RESTART) : (sig == stop_signal() ? SA_RESTART : 0));
         h.prev[sig] = cur;
+        h.installed[sig] = on_signal;
         sigaction(sig, &ours, nullptr);
     };
     for (int sig : kHandled) install(sig);

@@ -842,6 +842,18 @@ TILESCOPE_API int ts_stop_info(uint64_t* out, int max) {
 // runs one, or the device's queued work cancelled); returns how many were asked.
 TILESCOPE_API int ts_interrupt() { return guard::interrupt_all(); }
 
+// The fault guard's state (slots, signal handlers) this library uses, and its size; a library
+// opened later adopts the first one's (see guard::Shared) -- before it runs any kernel.
+TILESCOPE_API void* ts_guard_state(int64_t* size) {
+    *size = static_cast<int64_t>(sizeof(guard::Shared));
+    return guard::shared();
+}
+TILESCOPE_API int ts_guard_adopt(void* state, int64_t size) {
+    if (state == nullptr || size != static_cast<int64_t>(sizeof(guard::Shared))) return 0;
+    guard::shared() = static_cast<guard::Shared*>(state);
+    return 1;
+}
+
 // The mode the library was built for: the cores its kernels split work over (1 or the
 // preset's GpSimd cores; 0 when the build did not say).
 TILESCOPE_API int ts_build_cores() {
