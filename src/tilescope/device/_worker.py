@@ -10,6 +10,13 @@ An error in a work item does not stop the worker; it is raised, naming the
 execution that failed, by the next call that waits for the device
 (``synchronize``, ``.cpu()``, ``.item()``, printing). ``configure(blocking=True)``
 (``TILESCOPE_LAUNCH_BLOCKING=1``) raises it at the call that caused it instead.
+
+Ctrl-C while the host waits for the device cancels the work queued so far (the running
+item is asked to stop through the cancel hooks, e.g. a C++ kernel's): the wait raises
+``KeyboardInterrupt`` and the next wait a ``DeviceExecutionError`` saying the outputs of
+the cancelled executions hold undefined values. An interpreter that exits on Ctrl-C
+cancels the queue instead of finishing it; a second Ctrl-C while it waits for the running
+item ends the process at once (exit status 130).
 """
 
 from __future__ import annotations
@@ -17,23 +24,35 @@ from __future__ import annotations
 import atexit
 import os
 import queue
+import sys
 import threading
+import time
 
 import torch
 
 from . import _config
 
-__all__ = ["put", "wait", "pending_error", "DeviceExecutionError"]
+__all__ = ["put", "wait", "cancel", "on_cancel", "pending_error", "DeviceExecutionError"]
+
+_SYNC = "synchronize"  # the label of wait()'s marker: run even while queued work is skipped
+_RESUME = "resume after cancel"
+_CANCEL_HOOKS: list = []  # called by cancel(): stop the item running now (e.g. a C++ kernel)
 
 
 class DeviceExecutionError(RuntimeError):
     """A device execution failed; raised at the next call that waits for the device."""
 
 
+class WorkCancelled(RuntimeError):
+    """Queued device work was cancelled (Ctrl-C): its outputs hold undefined values."""
+
+
 class _Worker:
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.errors: list[tuple[str, BaseException]] = []
+        self.skipping = False  # after cancel(): drop items up to its resume marker
+        self.skipped = 0
         self.thread = threading.Thread(target=self._run, name="tilescope-device-worker", daemon=True)
         self.thread.start()
 
@@ -47,10 +66,31 @@ class _Worker:
             if item is None:  # interpreter exit
                 return
             fn, args, kwargs, label = item
+            if self.skipping and label != _SYNC and label != _RESUME:
+                self.skipped += 1
+                continue
             try:
                 fn(*args, **kwargs)
             except BaseException as e:  # noqa: BLE001 - reported at the next synchronisation
                 errors.append((label, e))
+
+    def cancel(self) -> None:
+        """Drop the items queued so far (wait() markers still run) and ask the running one to stop."""
+        if not self.skipping:
+            self.skipping = True
+            self.queue.put((self._resume, (), {}, _RESUME))
+        for hook in list(_CANCEL_HOOKS):
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 - a hook must not keep the others from running
+                pass
+
+    def _resume(self) -> None:
+        n, self.skipped, self.skipping = self.skipped, 0, False
+        if n:
+            self.errors.append(("queued work", WorkCancelled(
+                f"{n} queued execution(s) were cancelled by an interrupt (Ctrl-C): the tensors they would have "
+                f"written hold undefined values; compute them again")))
 
 
 def _limit_threads(threads: int | None = None) -> None:
@@ -100,10 +140,27 @@ def wait() -> None:
     if threading.current_thread() is w.thread:
         return
     done = threading.Event()
-    w.queue.put((done.set, (), {}, "synchronize"))
-    done.wait()
+    w.queue.put((done.set, (), {}, _SYNC))
+    try:
+        done.wait()
+    except KeyboardInterrupt:  # Ctrl-C while waiting for the device: stop what is queued
+        w.cancel()
+        raise
     if w.errors:
         raise_pending()
+
+
+def cancel() -> None:
+    """Cancel the device work queued so far (the next wait reports it); see the module's doc."""
+    if _W is not None:
+        _W.cancel()
+
+
+def on_cancel(hook) -> None:
+    """Call ``hook()`` whenever queued work is cancelled, to stop the item running then
+    (idempotent per hook)."""
+    if hook not in _CANCEL_HOOKS:
+        _CANCEL_HOOKS.append(hook)
 
 
 def pending_error() -> tuple[str, BaseException] | None:
@@ -127,14 +184,43 @@ def raise_pending() -> None:
     ) from err
 
 
+def _exiting_on_interrupt() -> bool:
+    """The interpreter exits because Ctrl-C was not caught (its exception printed)."""
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return isinstance(last, KeyboardInterrupt)
+
+
 def _drain_at_exit() -> None:
-    """Finish queued work and stop the worker before the interpreter finalizes (a daemon
-    thread left inside a CPU kernel at shutdown takes the process down)."""
+    """Stop the worker before the interpreter finalizes (a daemon thread left inside a CPU
+    kernel at shutdown takes the process down): after the queued work, or at once when the
+    exit is an uncaught Ctrl-C (the queue cancelled); a Ctrl-C while it waits cancels too,
+    and a further one ends the process (status 130) without waiting for the running item."""
     w = _W
     if w is None or not w.thread.is_alive():
         return
+    if _exiting_on_interrupt():
+        w.cancel()
     w.queue.put(None)
-    w.thread.join()
+    try:
+        while w.thread.is_alive():
+            w.thread.join(0.1)
+    except KeyboardInterrupt:
+        w.cancel()
+        try:
+            deadline = time.monotonic() + 5.0
+            while w.thread.is_alive() and time.monotonic() < deadline:
+                w.thread.join(0.1)
+        except KeyboardInterrupt:
+            pass
+        if w.thread.is_alive():  # an item that cannot be stopped: do not finalize under it
+            sys.stderr.write("tilescope: interrupted while the sim device was still running an execution; "
+                             "exiting without waiting for it\n")
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(130)
 
 
 atexit.register(_drain_at_exit)
