@@ -229,13 +229,7 @@ def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, 
     failed, msg, stats, stop = lib.run(op, packed, dst, cores, tcm_bytes, log=True, count=count,
                                        timeout_s=timeout_s)
     if failed is not None:
-        if stop.outcome == STOP_INTERRUPTED:
-            raise KeyboardInterrupt(f"{op.qualname}: {msg}")
-        msg = show(_named(msg, names))
-        if stop.outcome != STOP_NONE and "GpSimd core" not in msg:
-            msg = f"on GpSimd core {failed} of {cores}: {msg}"
-        where = f" (GpSimd core {failed} of {cores})" if cores > 1 and "GpSimd core" not in msg else ""
-        raise CppKernelError(f"{op.qualname}{where}: {_with_line(lib, stop, msg, show)}")
+        _raise_failed(lib, op, names, failed, cores, msg, stop, show)
     log, files = lib.take_log()
     files = [show(f) for f in files]
     runs: list[CoreRun] = []
@@ -253,17 +247,35 @@ def execute(lib: NativeLibrary, op: NativeOp, args: tuple, names: list[str], *, 
     report = check_coverage([r.log for r in runs], tuple(shape))
     record = CallRecord(op, arg_specs, (tuple(shape), dtype), runs, report)
     if not report.ok and check != "off":
-        where = []
-        for r in runs:
-            w = r.log[(r.log["dir"] == 1) & (r.log["arg"] == -1)]
-            lines = sorted({(r.files[f] if 0 <= f < len(r.files) else "?", int(ln))
-                            for f, ln in zip(w["file"], w["line"])})
-            where.append(" at " + ", ".join(f"{f}:{ln}" for f, ln in lines[:3]) if lines else "")
-        message = coverage_message(report, [r.log for r in runs], op.qualname, where)
-        if not any(r.dst_requested for r in runs):
-            message += "\nHint: the kernel never called get_dst_tensor(), the only tensor a kernel can write."
-        if check == "raise":
-            raise CoverageError(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        _report_coverage(op, runs, report, check)
     del keep
     return out, record
+
+
+def _raise_failed(lib: NativeLibrary, op: NativeOp, names: list[str], failed: int, cores: int, msg: str,
+                  stop: Stop, show) -> None:
+    """Raise the error of a run that failed on core ``failed``: ``KeyboardInterrupt`` for Ctrl-C,
+    else ``CppKernelError`` naming the core and, where known, the user's line."""
+    if stop.outcome == STOP_INTERRUPTED:
+        raise KeyboardInterrupt(f"{op.qualname}: {msg}")
+    msg = show(_named(msg, names))
+    if stop.outcome != STOP_NONE and "GpSimd core" not in msg:
+        msg = f"on GpSimd core {failed} of {cores}: {msg}"
+    where = f" (GpSimd core {failed} of {cores})" if cores > 1 and "GpSimd core" not in msg else ""
+    raise CppKernelError(f"{op.qualname}{where}: {_with_line(lib, stop, msg, show)}")
+
+
+def _report_coverage(op: NativeOp, runs: list[CoreRun], report: CoverageReport, check: str) -> None:
+    """Raise (``check="raise"``) or warn about output elements written twice or never."""
+    where = []
+    for r in runs:
+        w = r.log[(r.log["dir"] == 1) & (r.log["arg"] == -1)]
+        lines = sorted({(r.files[f] if 0 <= f < len(r.files) else "?", int(ln))
+                        for f, ln in zip(w["file"], w["line"])})
+        where.append(" at " + ", ".join(f"{f}:{ln}" for f, ln in lines[:3]) if lines else "")
+    message = coverage_message(report, [r.log for r in runs], op.qualname, where)
+    if not any(r.dst_requested for r in runs):
+        message += "\nHint: the kernel never called get_dst_tensor(), the only tensor a kernel can write."
+    if check == "raise":
+        raise CoverageError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)

@@ -117,26 +117,22 @@ def _redacted_programs(prof, redact, keep_sources: bool) -> dict[str, object]:
     return out
 
 
-def share(src, out_dir, *, redact: bool = True, keep_sources: bool = False) -> Path:
-    """Copy the complete profile ``src`` into ``out_dir`` (redacted by default); returns the new path.
-
-    ``keep_sources``: a redacted copy keeps the kernels' source text (it leaves it out by default)."""
-    prof = read_profile(src).require_complete()
+def _redaction(prof, recorded_host: str, keep_sources: bool):
+    """(the redactor of values, old hash -> redacted Program, old hash -> new hash)."""
     host = socket.gethostname().split(".")[0]
-    recorded_host = Path(prof.path).parent.name.rsplit("_pid_", 1)[0]
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid
         user = None
     paths = _PathNames()
-    base = (lambda v: v)
-    programs, renames = {}, {}
-    if redact:
-        base = _redactor(recorded_host or host, user, paths)
-        programs = _redacted_programs(prof, _redactor(recorded_host or host, user, paths, drop_keys=False),
-                                      keep_sources)
-        renames = {old: p.hash for old, p in programs.items() if p.hash != old}
+    base = _redactor(recorded_host or host, user, paths)
+    programs = _redacted_programs(prof, _redactor(recorded_host or host, user, paths, drop_keys=False),
+                                  keep_sources)
+    return base, programs, {old: p.hash for old, p in programs.items() if p.hash != old}
 
+
+def _renaming(base, renames: dict[str, str]):
+    """``base`` (the redactor), then every old executable hash replaced by its new one."""
     def fn(v):
         v = base(v)
         if renames:
@@ -145,6 +141,17 @@ def share(src, out_dir, *, redact: bool = True, keep_sources: bool = False) -> P
                 text = text.replace(old, new)
             v = json.loads(text)
         return v
+    return fn
+
+
+def share(src, out_dir, *, redact: bool = True, keep_sources: bool = False) -> Path:
+    """Copy the complete profile ``src`` into ``out_dir`` (redacted by default); returns the new path.
+
+    ``keep_sources``: a redacted copy keeps the kernels' source text (it leaves it out by default)."""
+    prof = read_profile(src).require_complete()
+    recorded_host = Path(prof.path).parent.name.rsplit("_pid_", 1)[0]
+    base, programs, renames = _redaction(prof, recorded_host, keep_sources) if redact else (lambda v: v, {}, {})
+    fn = _renaming(base, renames)
     manifest = prof.manifest
     w = ProfileWriter(out_dir, device=fn(manifest.get("device", {})), config=fn(manifest.get("config", {})),
                       instance="host" if redact else recorded_host, pid=0 if redact else None,
@@ -152,21 +159,14 @@ def share(src, out_dir, *, redact: bool = True, keep_sources: bool = False) -> P
     with w:
         for entry in manifest["files"]:
             rel = entry["path"]
-            data = (prof.path / rel).read_bytes()
             if redact and rel.startswith("executables/"):
-                old = rel.split("exec_", 1)[1].rsplit(".json", 1)[0]
-                w.add_executable(programs[old])
-                continue
-            if redact and rel.startswith("sources/"):
-                if not keep_sources:
-                    continue
-                data = base(data.decode("utf-8", "replace")).encode()
-                rel = "sources/" + base(rel[len("sources/"):])
-            elif redact and rel.endswith(".json"):
-                data = json.dumps(fn(json.loads(data)), separators=(",", ":")).encode()
-                for old, new in renames.items():
-                    rel = rel.replace(old, new)
-            w.write_bytes(rel, data)
+                w.add_executable(programs[rel.split("exec_", 1)[1].rsplit(".json", 1)[0]])
+            elif redact:
+                copied = _redacted_file(rel, (prof.path / rel).read_bytes(), base, fn, renames, keep_sources)
+                if copied is not None:
+                    w.write_bytes(*copied)
+            else:
+                w.write_bytes(rel, (prof.path / rel).read_bytes())
         if keep_sources:  # the kernels' text where the explorer's code view looks for it
             written = {e["path"] for e in manifest["files"]}
             for name, text in _sources(programs.values()).items():
@@ -174,6 +174,21 @@ def share(src, out_dir, *, redact: bool = True, keep_sources: bool = False) -> P
                     w.write_bytes(f"sources/{name}", text.encode())
         w.stats = manifest.get("stats", {})
     return w.path
+
+
+def _redacted_file(rel: str, data: bytes, base, fn, renames: dict[str, str],
+                   keep_sources: bool) -> tuple[str, bytes] | None:
+    """(path, content) of a profile file in the redacted copy; None to leave it out (a
+    kernel's source, unless kept)."""
+    if rel.startswith("sources/"):
+        if not keep_sources:
+            return None
+        return "sources/" + base(rel[len("sources/"):]), base(data.decode("utf-8", "replace")).encode()
+    if rel.endswith(".json"):
+        data = json.dumps(fn(json.loads(data)), separators=(",", ":")).encode()
+        for old, new in renames.items():
+            rel = rel.replace(old, new)
+    return rel, data
 
 
 def _sources(programs) -> dict[str, str]:
