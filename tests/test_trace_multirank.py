@@ -189,3 +189,17 @@ def test_cli_ingests_and_reports(layout, tmp_path, capsys):
     assert "--engine dask" in capsys.readouterr().err
     assert main(["ranks", "ingest", out, folder]) == 2
     assert "already holds a layout" in capsys.readouterr().err
+
+
+def test_a_rank_without_events_is_a_row_on_both_engines(tmp_path):
+    t = ks.make_rank_trace(0, 2, steps=1, kernels=2)
+    empty = {"schemaVersion": 1, "distributedInfo": {"rank": 1, "world_size": 2}, "traceEvents": []}
+    paths = [ks.write(str(tmp_path / "r0.json"), t), ks.write(str(tmp_path / "r1.json"), empty)]
+    out = str(tmp_path / "layout")
+    assert mr.ingest_ranks(paths, out, workers=1) == [0, 1]
+    rows = mr.rank_metrics(out).to_pylist()
+    assert [(r["rank"], r["events"] > 0, r["steps"], r["active_ns"]) for r in rows] == \
+        [(0, True, 1, rows[0]["active_ns"]), (1, False, 0, 0)]
+    assert rows == [mr.rank_metrics_of_table(r, tbl) for r, tbl in
+                    ((0, mr._rank_table(os.path.join(out, "events", "rank=0"))),
+                     (1, mr._rank_table(os.path.join(out, "events", "rank=1"))))]

@@ -79,12 +79,12 @@ def _place(info: dict, rank: int, out_dir: str) -> None:
 
 
 def trace_files(paths) -> list[str]:
-    """The trace files named by ``paths``: files as given, folders expanded to the
-    ``*.json`` / ``*.json.gz`` / ``*.pt.trace.json*`` files directly inside them (sorted)."""
+    """The traces named by ``paths``: files and tilescope profile folders as given, other
+    folders expanded to the ``*.json`` / ``*.json.gz`` files directly inside them (sorted)."""
     out = []
     for p in paths:
         p = os.fspath(p)
-        if os.path.isdir(p):
+        if os.path.isdir(p) and not os.path.exists(os.path.join(p, "manifest.json")):
             found = sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith((".json", ".json.gz")))
             if not found:
                 raise FileNotFoundError(f"{p}: a folder without .json / .json.gz traces in it")
@@ -182,20 +182,26 @@ def _metrics_duckdb(layout: str):
     from ._trace import _arrow
     from ._utilization import _type_case_sql
 
-    _rank_dirs(layout)  # the error for a folder that is not a layout
+    ranks = list(_rank_dirs(layout))  # (also the error for a folder that is not a layout)
     con = duckdb.connect()
     glob = os.path.join(layout, "events", "rank=*", "*.parquet")
     is_step = "ph = 'X' AND regexp_full_match(name, 'ProfilerStep#[0-9]+') AND dur_ns IS NOT NULL"
     is_dev = "ph = 'X' AND kind IN ('kernel', 'memcpy', 'memset') AND dur_ns >= 0 AND ts_ns IS NOT NULL"
     try:
+        import glob as _glob
+
+        src = (f"read_parquet('{glob}', hive_partitioning=true)" if _glob.glob(glob) else
+               "(SELECT NULL::INTEGER AS rank, NULL AS ph, NULL AS cat, NULL AS name, NULL::BIGINT AS ts_ns, "
+               "NULL::BIGINT AS dur_ns WHERE false)")
         con.execute(f"""CREATE TEMP TABLE r AS
-            SELECT rank::INTEGER AS rank, ph, name, ts_ns, dur_ns, {_device_kinds_sql()} AS kind
-            FROM read_parquet('{glob}', hive_partitioning=true)""")
+            SELECT rank::INTEGER AS rank, ph, name, ts_ns, dur_ns, {_device_kinds_sql()} AS kind FROM {src}""")
         con.execute(f"""CREATE TEMP TABLE dev AS
             SELECT rank, ts_ns, ts_ns + dur_ns AS end_ns, {_type_case_sql()} AS t FROM r WHERE {is_dev}""")
-        per_rank = f"""SELECT rank, count(*) AS events, count(*) FILTER (WHERE {is_step}) AS steps,
+        # every rank folder is a row, also one whose trace held no events (no Parquet part)
+        per_rank = f"""SELECT rank, count(r.kind) AS events, count(*) FILTER (WHERE {is_step}) AS steps,
                               avg(dur_ns) FILTER (WHERE {is_step}) AS step_mean_ns,
-                              max(dur_ns) FILTER (WHERE {is_step}) AS step_max_ns FROM r GROUP BY rank"""
+                              max(dur_ns) FILTER (WHERE {is_step}) AS step_max_ns
+                       FROM (SELECT unnest({ranks or [0]}::INTEGER[]) AS rank) LEFT JOIN r USING (rank) GROUP BY rank"""
         # each device slice in the groups it belongs to (_GROUPS), as the view busy_sql reads
         con.execute("""CREATE TEMP VIEW events AS
             SELECT rank, 'active' AS g, ts_ns, end_ns FROM dev
@@ -306,14 +312,20 @@ def rank_metrics_of_table(rank: int, table) -> dict:
 
 def _rank_task(rank: int, folder: str) -> dict:
     """One Dask task: read one rank's Parquet parts and compute its metrics."""
+    return rank_metrics_of_table(rank, _rank_table(folder))
+
+
+def _rank_table(folder: str):
+    """The columns the metrics read, from one rank's Parquet parts (an empty table if none)."""
     import glob
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     parts = [pq.read_table(f, columns=_COLUMNS) for f in sorted(glob.glob(os.path.join(folder, "*.parquet")))]
-    table = pa.concat_tables(parts) if parts else pa.table({c: [] for c in _COLUMNS})
-    return rank_metrics_of_table(rank, table)
+    empty = pa.schema([("ph", pa.string()), ("cat", pa.string()), ("name", pa.string()), ("ts_ns", pa.int64()),
+                       ("dur_ns", pa.int64())])
+    return pa.concat_tables(parts) if parts else empty.empty_table()
 
 
 def _metrics_dask(layout: str, client):
