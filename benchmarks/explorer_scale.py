@@ -218,6 +218,10 @@ def interactions(page, rec: Recorder, src, pid: str, others: list[str], clicks: 
         rows.append({"what": tag[1], "page_ms": r["ms"], "server_ms": max((a[2] or 0.0) for a in mine) if mine else None,
                      "endpoints": sorted({a[1] for a in mine}), "errors": [a for a in mine if a[3] >= 400],
                      "pages": r["pages"]})
+        if what == "compare":  # its lanes paint without waiting for the diff, which follows when computed
+            for part, sel in (("compare: lanes", lambda e: e != "compare"), ("compare: diff", lambda e: e == "compare")):
+                ms = [a[2] or 0.0 for a in mine if sel(a[1])]
+                rows.append({**rows[-1], "what": part, "server_ms": max(ms) if ms else None, "page_ms": None})
         return rows[-1]
 
     run("open trace", "go", f"#/{pid}/trace")
@@ -318,15 +322,20 @@ def report_interactions(session, per_source: dict) -> bool:
         for what in dict.fromkeys(r["what"] for r in rows):
             mine = [r for r in rows if r["what"] == what]
             srv = [r["server_ms"] for r in mine if r["server_ms"] is not None]
-            pg = [r["page_ms"] for r in mine]
+            pg = [r["page_ms"] for r in mine if r["page_ms"] is not None] or [float("nan")]
             bad = sum(len(r["errors"]) for r in mine)
             if not srv:
                 continue
             p95 = pct(srv, 95)
             good = p95 <= TARGET_SERVER_MS and not bad
             ok &= good
+            # a miss from the first run alone (an analysis computed then, kept after) is told apart
+            later = srv[1:]
+            verdict = "ok" if good else ("MISS (first run only: later p95 "
+                                         f"{pct(later, 95):.1f})" if later and pct(later, 95) <= TARGET_SERVER_MS
+                                         and not bad else "MISS")
             print(f"{name[:28]:<28} {what:<24} {len(srv):>3} {srv[0]:>8.1f} {pct(srv, 50):>8.1f} {p95:>8.1f} "
-                  f"{max(srv):>8.1f}   {pct(pg, 50):>8.1f} {pct(pg, 95):>8.1f}  {'ok' if good else 'MISS'}"
+                  f"{max(srv):>8.1f}   {pct(pg, 50):>8.1f} {pct(pg, 95):>8.1f}  {verdict}"
                   f"{f' ({bad} HTTP errors)' if bad else ''}")
     return ok
 
