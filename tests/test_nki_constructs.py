@@ -504,6 +504,118 @@ def test_compiler_directives_are_accepted():
     assert nt.tensor[128, 512].shape == (128, 512)
 
 
+# ---- the top-8 search (max8, nc_find_index8, nc_match_replace8) and scalar_tensor_tensor -----------
+
+@nki.jit
+def top8_neuronxcc(x):
+    vals = nl.ndarray((x.shape[0], 8), dtype=x.dtype, buffer=nl.shared_hbm)
+    idx = nl.ndarray((x.shape[0], 8), dtype=nl.uint32, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    m = nisa.max8(src=t)
+    nl.store(vals, m)
+    nl.store(idx, nisa.nc_find_index8(data=t, vals=m))
+    return vals, idx
+
+
+@nki.jit
+def top16_current(x):
+    vals = nl.ndarray((x.shape[0], 16), dtype=x.dtype, buffer=nl.shared_hbm)
+    idx = nl.ndarray((x.shape[0], 16), dtype=nl.uint32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    v = nl.ndarray((x.shape[0], 16), dtype=x.dtype, buffer=nl.sbuf)
+    i = nl.ndarray((x.shape[0], 16), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    for r in nl.static_range(2):  # 8 at a time: find them, then knock them out
+        nisa.max8(dst=v[:, r * 8:(r + 1) * 8], src=t)
+        nisa.nc_match_replace8(dst=t, data=t, vals=v[:, r * 8:(r + 1) * 8], imm=-np.inf,
+                               dst_idx=i[:, r * 8:(r + 1) * 8])
+    nisa.dma_copy(dst=vals, src=v)
+    nisa.dma_copy(dst=idx, src=i)
+    return vals, idx
+
+
+def test_max8_and_find_index8_give_the_top_8_and_their_positions():
+    x = f32(128, 1000)
+    v, i = top8_neuronxcc(x)
+    order = np.argsort(-x, axis=1, kind="stable")
+    np.testing.assert_array_equal(v, np.take_along_axis(x, order[:, :8], axis=1))
+    assert i.dtype == np.uint32
+    np.testing.assert_array_equal(i, order[:, :8])
+    prog = program(top8_neuronxcc, x)
+    assert [k for k in kinds(prog) if k[0] != "dma_copy"] == [("max8", "dve"), ("find_index8", "dve")]
+    # [isa] each reads the data once: N = 1000 VectorE cycles (plus the engine's access bubble)
+    from tilescope.isa import engine_cycles
+
+    spec = tilescope.spec.preset("trn1")
+    assert [engine_cycles(i, spec) for i in prog.instructions if i.engine == "dve"] == \
+        [spec.vector.access_cycles + 1000] * 2
+
+
+def test_match_replace8_rounds_give_the_top_16():
+    x = f32(64, 300)
+    v, i = top16_current(x)
+    order = np.argsort(-x, axis=1, kind="stable")
+    np.testing.assert_array_equal(v, np.take_along_axis(x, order[:, :16], axis=1))
+    np.testing.assert_array_equal(np.take_along_axis(x, i.astype(np.int64), axis=1), v)
+
+
+@nki.jit
+def find_absent(x, probes):
+    out = nl.ndarray((x.shape[0], 8), dtype=nl.uint32, buffer=nl.shared_hbm)
+    nl.store(out, nisa.nc_find_index8(data=nl.load(x), vals=nl.load(probes)))
+    return out
+
+
+def test_find_index8_first_occurrence_and_the_sentinel_for_an_absent_value():
+    x = np.tile(np.arange(16, dtype=np.float32), (128, 2))  # every value twice
+    probes = np.tile(np.array([3, 15, 0, 7, 99, 3, 1, 2], np.float32), (128, 1))
+    got = find_absent(x, probes)
+    np.testing.assert_array_equal(got[0], [3, 15, 0, 7, 0xFFFFFFFF, 3, 1, 2])
+
+
+@nki.jit
+def stt_neuronxcc(x, y, s):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    r = nisa.scalar_tensor_tensor(data=nl.load(x), op0=np.subtract, operand0=nl.load(s), op1=np.multiply,
+                                  operand1=nl.load(y))
+    nl.store(out, r)
+    return out
+
+
+@nki.jit
+def stt_current(x, y):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    b = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    r = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=x)
+    nisa.dma_copy(dst=b, src=y)
+    nisa.scalar_tensor_tensor(dst=r, data=a, op0=nl.multiply, operand0=2.0, op1=nl.subtract, operand1=b,
+                              reverse1=True)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+@pytest.mark.parametrize("dtype, per_element", [(np.float32, 2), (ml_dtypes.bfloat16, 1)])
+def test_scalar_tensor_tensor_is_one_vector_instruction(dtype, per_element):
+    x, y, s = f32(128, 512), f32(128, 512), f32(128, 1)
+    np.testing.assert_allclose(stt_neuronxcc(x, y, s), (x - s) * y, rtol=1e-6)
+    np.testing.assert_allclose(stt_current(x, y), y - 2 * x, rtol=1e-6)
+    prog = program(stt_neuronxcc, x.astype(dtype), y.astype(dtype), s)
+    (stt,) = [i for i in prog.instructions if i.KIND != "dma_copy"]
+    assert stt.KIND == "scalar_tensor_tensor" and stt.engine == "dve"
+    # [isa] 2N cycles; N for bf16 data and operand1 with subtract then multiply (N even)
+    from tilescope.isa import engine_cycles
+
+    spec = tilescope.spec.preset("trn1")
+    assert engine_cycles(stt, spec) == spec.vector.access_cycles + per_element * 512
+
+
+def test_scalar_tensor_tensor_refuses_a_per_partition_operand1():
+    with pytest.raises(KernelError, match="operand1 .* must have data's shape"):
+        stt_neuronxcc(f32(128, 512), f32(128, 1), f32(128, 1))
+
+
 def _streaming(mode):
     def body(x):
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)

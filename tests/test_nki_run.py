@@ -108,7 +108,7 @@ def test_an_error_in_a_kernel_file_points_at_its_line_without_internal_frames(tm
         @nki.jit
         def bad(a):
             t = nl.load(a)
-            m = nisa.max8(src=t)
+            m = nisa.sequence_bounds(segment_ids=t)
             return m
         bad(np.ones((128, 8), np.float32))
     """))
@@ -117,7 +117,7 @@ def test_an_error_in_a_kernel_file_points_at_its_line_without_internal_frames(tm
     with pytest.raises(KernelError) as e:
         run_file(str(kernel), profile_dir=None)
     msg = str(e.value)
-    assert "nisa.max8 is not supported by tilescope" in msg and "tensor_reduce" in msg
+    assert "nisa.sequence_bounds is not supported by tilescope" in msg and "on the host" in msg
     assert f"{kernel.name}:9" in msg or f"bad.py:9" in msg
     tb, files = e.tb, []
     while tb is not None:

@@ -14,6 +14,7 @@ from ._cost import (
 from ._instructions import (
     ENGINE_NAMES, INSTRUCTION_KINDS, Activation, ActivationReduce, BnAggr, BnStats,
     AffineSelect, DmaCopy, DmaIndirect, Dropout, GpsimdCall, Instruction, Iota, MatchReplace8, Matmul, Max8, Memset,
+    FindIndex8, ScalarTensorTensor,
     Reciprocal, Select,
     TensorCopy, TensorReduce, TensorScalar, TensorScalarReduce, TensorTensor, TensorTensorScan,
     Transpose, field_access,
@@ -21,7 +22,8 @@ from ._instructions import (
 from ._kernel_api import (
     activation, activation_reduce, affine_select, bn_aggr, bn_stats, dma_copy, engine, iota, memset,
     nc_matmul, nc_transpose, reciprocal, select, tensor_copy, tensor_reduce, tensor_scalar,
-    tensor_scalar_reduce, tensor_tensor, tensor_tensor_scan,
+    tensor_scalar_reduce, tensor_tensor, tensor_tensor_scan, max8, nc_find_index8, nc_match_replace8,
+    scalar_tensor_tensor,
 )
 from ._ops import ACTIVATIONS, ALU_OPS, REDUCE_OPS
 
@@ -30,7 +32,7 @@ __all__ = [
     "Instruction", "DmaCopy", "DmaIndirect", "TensorTensor", "TensorScalar", "Activation",
     "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
     "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "TensorTensorScan",
-    "TensorScalarReduce", "AffineSelect", "Reciprocal", "Max8", "MatchReplace8", "Dropout",
+    "TensorScalarReduce", "AffineSelect", "Reciprocal", "Max8", "MatchReplace8", "FindIndex8", "Dropout", "ScalarTensorTensor",
     "INSTRUCTION_KINDS", "ENGINE_NAMES", "field_access", "ALU_OPS", "ACTIVATIONS", "REDUCE_OPS",
     "COST_TABLE", "CostRule", "DmaCost", "dma_cost", "dma_engines", "dma_indirect_cost", "engine_cycles", "engine_ns",
     "matmul_cycles", "load_stationary_cycles", "flops", "generic_routine_cycles", "GENERIC_CYCLES_PER_ELEMENT",
@@ -38,5 +40,6 @@ __all__ = [
     # kernel calls: one instruction each, inside a tile kernel
     "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor", "tensor_scalar",
     "tensor_reduce", "tensor_copy", "iota", "memset", "bn_stats", "bn_aggr", "dma_copy", "select",
-    "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal", "engine",
+    "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal", "engine", "max8", "scalar_tensor_tensor",
+    "nc_find_index8", "nc_match_replace8",
 ]

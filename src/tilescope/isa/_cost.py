@@ -29,7 +29,7 @@ from ..spec import CoreSpec
 from ._ap import AP
 from ._instructions import (
     Activation, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, DmaIndirect, Dropout, GpsimdCall, Instruction,
-    MatchReplace8, Max8,
+    FindIndex8, MatchReplace8, Max8, ScalarTensorTensor,
     Iota, Matmul, Memset, Reciprocal, Select, TensorCopy, TensorReduce, TensorScalar,
     TensorScalarReduce, TensorTensor, TensorTensorScan, Transpose,
 )
@@ -58,6 +58,15 @@ def _strided(instr: Instruction) -> int:
 def _tensor_tensor_per_elem(i: TensorTensor) -> int:
     # [isa] tensor_tensor reads two SBUF tensors: 2N cycles; N for bf16/fp16 add/sub/mul
     fast = i.op in _FAST_BF16_OPS and all(ap.dtype in _TWO_BYTE_FLOATS for ap in (i.dst, i.a, i.b))
+    return 1 if fast else 2
+
+
+def _scalar_tensor_tensor_per_elem(i: Instruction) -> int:
+    # [isa] scalar_tensor_tensor: 2N cycles; N when data and operand1 are bf16, op0 subtract,
+    # op1 multiply and N is even
+    assert isinstance(i, ScalarTensorTensor)
+    fast = (i.op0 == "subtract" and i.op1 == "multiply" and i.src.dtype == "bfloat16" and i.b.dtype == "bfloat16"
+            and i.src.free_size % 2 == 0)
     return 1 if fast else 2
 
 
@@ -98,6 +107,9 @@ COST_TABLE: dict[type, CostRule] = {
     AffineSelect: CostRule(lambda i: 1, _none, "[isa] affine_select (GpSimd): GPSIMD_START (~150) + N cycles"),
     Reciprocal: CostRule(lambda i: 8, _none, "[isa] reciprocal (VectorE): max(MIN_II, 8N) cycles"),
     Max8: CostRule(lambda i: 1, _none, "[isa] max8: N cycles, N the elements read per partition"),
+    ScalarTensorTensor: CostRule(_scalar_tensor_tensor_per_elem, _none,
+                                 "[isa] scalar_tensor_tensor: 2N cycles (N: bf16 subtract then multiply, N even)"),
+    FindIndex8: CostRule(lambda i: 1, _none, "[isa] nc_find_index8: N cycles, N the elements of data per partition"),
     # ASSUMED: no cost note is published for nc_match_replace8; it reads the data once, as max8 does
     MatchReplace8: CostRule(lambda i: 1, _none, "assumed as max8: N cycles (one read of the data)"),
 }
@@ -326,6 +338,8 @@ def flops(instr: Instruction) -> float:
         return float(n * (2 if instr.op1 else 1))
     if isinstance(instr, (TensorReduce, ActivationReduce, BnStats, Max8)):
         return float(instr.src.size)
-    if isinstance(instr, (TensorTensorScan, TensorScalarReduce)):
+    if isinstance(instr, FindIndex8):
+        return 0.0  # comparisons, not arithmetic
+    if isinstance(instr, (TensorTensorScan, TensorScalarReduce, ScalarTensorTensor)):
         return float(2 * n)
     return float(n)

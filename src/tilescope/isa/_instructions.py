@@ -19,7 +19,9 @@ __all__ = [
     "Instruction", "DmaCopy", "DmaIndirect", "TensorTensor", "TensorScalar", "Activation",
     "ActivationReduce", "TensorReduce", "TensorCopy", "Select", "Iota", "Memset",
     "Matmul", "Transpose", "BnStats", "BnAggr", "GpsimdCall", "TensorTensorScan",
-    "TensorScalarReduce", "AffineSelect", "Reciprocal", "Max8", "MatchReplace8", "Dropout", "INSTRUCTION_KINDS",
+    "TensorScalarReduce", "AffineSelect", "Reciprocal", "Max8", "MatchReplace8", "FindIndex8", "Dropout",
+    "ScalarTensorTensor",
+    "INSTRUCTION_KINDS",
     "ENGINE_NAMES",
 ]
 
@@ -202,6 +204,22 @@ class TensorTensor(Instruction):
     a: AP
     b: AP
     op: str
+    engine: str = "dve"
+
+
+@_instruction("scalar_tensor_tensor", ("dve",), ("src", "scalar0", "b"))
+class ScalarTensorTensor(Instruction):
+    """``dst = op1(op0(src, scalar0), b)``: a per-partition (or constant) operand, then a tile of
+    ``src``'s shape (nki.isa.scalar_tensor_tensor); ``reverse`` swaps an op's operands."""
+
+    dst: AP
+    src: AP
+    op0: str
+    scalar0: object
+    op1: str
+    b: AP
+    reverse0: bool = False
+    reverse1: bool = False
     engine: str = "dve"
 
 
@@ -466,6 +484,18 @@ class Max8(Instruction):
 
     dst: AP
     src: AP
+    engine: str = "dve"
+
+
+@_instruction("find_index8", ("dve",), ("data", "vals"))
+class FindIndex8(Instruction):
+    """``dst`` ``[P, 8]``: the position (from 0) of the first occurrence of each of the 8 ``vals``
+    in its partition of ``data`` (nki.isa.nc_find_index8; a value that is not there gets the
+    all-ones sentinel of ``dst``'s integer dtype, 0xFFFFFFFF for uint32)."""
+
+    dst: AP
+    data: AP
+    vals: AP
     engine: str = "dve"
 
 

@@ -27,6 +27,11 @@ tensor_scalar_     VectorE                     tensor_scalar_reduce (result + re
 reduce
 affine_select      GpSimd                      affine_select (an index predicate, e.g. a causal mask)
 reciprocal         VectorE                     reciprocal
+scalar_tensor_     VectorE                     scalar_tensor_tensor: op1(op0(data, s), tile)
+tensor
+max8               VectorE                     max8 (the 8 largest of each partition)
+nc_find_index8     VectorE                     find_index8 (first positions of 8 values)
+nc_match_replace8  VectorE                     match_replace8 (those positions overwritten)
 =================  ==========================  ==================================================
 
 Each call returns its result; given ``dst=`` (NKI's current form) it writes there.
@@ -37,7 +42,8 @@ from __future__ import annotations
 __all__ = [
     "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor", "tensor_scalar",
     "tensor_reduce", "tensor_copy", "iota", "memset", "bn_stats", "bn_aggr", "dma_copy", "select",
-    "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal", "engine",
+    "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal", "scalar_tensor_tensor", "max8",
+    "nc_find_index8", "nc_match_replace8", "engine",
 ]
 
 
@@ -172,3 +178,26 @@ def affine_select(pred=None, on_true_tile=None, on_false_value=None, *, dtype=No
 def reciprocal(data, *, dtype=None, mask=None, dst=None):
     """``1 / data`` on VectorE (8N cycles)."""
     return _lang().reciprocal(data, dtype=dtype, mask=mask, dst=dst)
+
+
+def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, dtype=None,
+                         mask=None, dst=None):
+    """``op1(op0(data, operand0), operand1)`` on VectorE: ``operand0`` per partition, ``operand1`` a tile."""
+    return _lang().scalar_tensor_tensor(data=data, op0=op0, operand0=operand0, op1=op1, operand1=operand1,
+                                        reverse0=reverse0, reverse1=reverse1, dtype=dtype, mask=mask, dst=dst)
+
+
+def max8(*, src, dtype=None, mask=None, dst=None):
+    """The 8 largest values of each partition of ``src``, descending, into ``[P, 8]`` (VectorE)."""
+    return _lang().max8(src=src, dtype=dtype, mask=mask, dst=dst)
+
+
+def nc_find_index8(*, data, vals, dtype=None, mask=None, dst=None):
+    """The first position of each of the 8 ``vals`` in its partition of ``data`` (uint32 [P, 8])."""
+    return _lang().nc_find_index8(data=data, vals=vals, dtype=dtype, mask=mask, dst=dst)
+
+
+def nc_match_replace8(*, data, vals, imm, dst_idx=None, dtype=None, mask=None, dst=None):
+    """``data`` with the first occurrence of each of the 8 ``vals`` replaced by ``imm``."""
+    return _lang().nc_match_replace8(data=data, vals=vals, imm=imm, dst_idx=dst_idx, dtype=dtype, mask=mask,
+                                     dst=dst)

@@ -22,8 +22,8 @@ from ._context import builtin
 __all__ = [
     "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor", "tensor_scalar",
     "tensor_reduce", "tensor_copy", "iota", "memset", "bn_stats", "bn_aggr", "dma_copy", "select",
-    "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal",
-    "alu_name", "activation_name", "reduce_name", "engine_id", "cmp_symbol",
+    "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal", "scalar_tensor_tensor", "max8", "nc_find_index8",
+    "nc_match_replace8", "alu_name", "activation_name", "reduce_name", "engine_id", "cmp_symbol",
 ]
 
 ENGINES = {"vector": "dve", "dve": "dve", "scalar": "act", "act": "act", "activation": "act",
@@ -235,6 +235,29 @@ def affine_select(pred=None, on_true_tile=None, on_false_value=None, *, dtype=No
                                        cmp_symbol(cmp_op if cmp_op is not None else "equal", "affine_select"),
                                        out=dst)
     return O.affine_select(pred, on_true_tile, on_false_value, dtype=dtype, mask=mask, out=dst)
+
+
+@builtin("isa.scalar_tensor_tensor")
+def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, dtype=None,
+                         mask=None, dst=None):
+    return O.scalar_tensor_tensor(data, alu_name(op0, "scalar_tensor_tensor"), operand0,
+                                  alu_name(op1, "scalar_tensor_tensor"), operand1, reverse0=reverse0,
+                                  reverse1=reverse1, dtype=dtype, mask=mask, out=dst)
+
+
+@builtin("isa.max8")
+def max8(*, src, dtype=None, mask=None, dst=None):
+    return O.max8(src, dtype=dtype, mask=mask, out=dst)
+
+
+@builtin("isa.nc_find_index8")
+def nc_find_index8(*, data, vals, dtype=None, mask=None, dst=None):
+    return O.find_index8(data, vals, dtype=dtype, mask=mask, out=dst)
+
+
+@builtin("isa.nc_match_replace8")
+def nc_match_replace8(*, data, vals, imm, dst_idx=None, dtype=None, mask=None, dst=None):
+    return O.match_replace8(data, vals, imm, dst_idx=dst_idx, dtype=dtype, mask=mask, out=dst)
 
 
 @builtin("isa.reciprocal")

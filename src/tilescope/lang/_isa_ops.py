@@ -12,6 +12,10 @@ tensor_tensor_scan       VectorE     ``tensor_tensor_scan``: a running op1(op0(a
 tensor_scalar_reduce     VectorE     ``tensor_scalar_reduce``: op0(data, s) and its free-dim reduction
 affine_select            GpSimd      ``affine_select``: on_true where cmp(affine(p, i), 0)
 reciprocal               VectorE     ``reciprocal`` (8N cycles)
+scalar_tensor_tensor     VectorE     ``scalar_tensor_tensor``: op1(op0(data, s), operand1) (a tensor_tensor's time)
+max8                     VectorE     ``max8``: the 8 largest values of each partition, descending
+nc_find_index8           VectorE     ``find_index8``: the first position of each of 8 values
+nc_match_replace8        VectorE     ``match_replace8``: those positions overwritten with ``imm``
 activation + reduce_cmd  ScalarE     ``activation`` / ``activation_reduce`` into the engine's
                                      accumulation registers, ``tensor_copy`` to read them out
 shared_constant          (none)      a constant HBM input of the Program, fed on every run
@@ -32,7 +36,8 @@ import numpy as np
 from ..dtypes import canonical, to_numpy
 from ..errors import KernelError
 from ..isa import (
-    AP, AffineSelect, DmaCopy, Iota, Memset, Reciprocal, TensorCopy, TensorScalarReduce, TensorTensorScan,
+    AP, AffineSelect, DmaCopy, FindIndex8, Iota, MatchReplace8, Max8, Memset, Reciprocal, ScalarTensorTensor,
+    TensorCopy, TensorScalarReduce, TensorTensorScan,
 )
 from . import _semantic as S
 from ._context import current
@@ -41,7 +46,7 @@ from ._values import Tensor, Tile
 
 __all__ = [
     "load_transpose2d", "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select",
-    "affine_select_pattern", "reciprocal", "activation_cmd", "shared_constant", "iota_pattern", "REDUCE_CMDS",
+    "affine_select_pattern", "reciprocal", "scalar_tensor_tensor", "max8", "find_index8", "match_replace8", "activation_cmd", "shared_constant", "iota_pattern", "REDUCE_CMDS",
 ]
 
 REDUCE_CMDS = ("idle", "reset", "reduce", "reset_reduce")
@@ -228,6 +233,86 @@ def reciprocal(data, *, dtype=None, mask=None, label: str = "reciprocal", out: T
     aps = S._aps(S._box(mask, (dst, t)), (dst, t))
     if aps is not None:
         ctx.emit(Reciprocal(aps[0], aps[1]))
+    return dst
+
+
+def scalar_tensor_tensor(data, op0: str, operand0, op1: str, operand1, *, reverse0=False, reverse1=False,
+                         dtype=None, mask=None, label: str = "scalar_tensor_tensor", out: Tile | None = None):
+    """``op1(op0(data, operand0), operand1)`` in one VectorE instruction: ``operand0`` a number or
+    a ``[P, 1]`` tile, ``operand1`` a tile of ``data``'s shape."""
+    ctx = current(label)
+    t = S.tile_operand(data, "data", label)
+    b = S.tile_operand(operand1, "operand1", label)
+    if not S.same_elements(b.shape, t.shape):
+        raise KernelError(f"{label}: operand1 {b.shape} must have data's shape {t.shape} (operand0 is the "
+                          f"per-partition one)")
+    if t.memory == "psum" and b.memory == "psum":
+        raise KernelError(f"{label}: data and operand1 cannot both be in PSUM; copy one to SBUF first")
+    dst = S._out(ctx, out, t.shape, S._dtype(dtype) or t.dtype, label, label)
+    box = S._box(mask, (dst, t, b))
+    aps = S._aps(box, (dst, t, b))
+    if aps is not None:
+        P = t.shape[0]
+        ctx.emit(ScalarTensorTensor(aps[0], aps[1], op0, S._scalar_operand(operand0, box, "operand0", label, P),
+                                    op1, aps[2], bool(reverse0), bool(reverse1)))
+    return dst
+
+
+def _partitions_only(mask, views, label: str):
+    """The mask's box when it bounds the partition dim only (the top-8 instructions read a
+    whole row: a free-dim mask has no meaning there); None when it selects nothing."""
+    box = S._box(mask, views)
+    if box is None:
+        return None
+    if any(axis != 0 for axis in box):
+        raise KernelError(f"{label}: mask= may bound the partition dim only (the instruction reads each "
+                          f"partition's whole row); slice the free dims of the tile instead")
+    return box
+
+
+def max8(src, *, dtype=None, mask=None, label: str = "max8", out: Tile | None = None):
+    """The 8 largest values of each partition of ``src`` (8..16384 elements), descending, into
+    ``[P, 8]`` (VectorE, N cycles)."""
+    ctx = current(label)
+    t = S.tile_operand(src, "src", label)
+    dst = S._out(ctx, out, (t.shape[0], 8), S._dtype(dtype) or t.dtype, label, label)
+    box = _partitions_only(mask, (dst, t), label)
+    aps = S._aps(box, (dst, t))
+    if aps is not None:
+        ctx.emit(Max8(aps[0], aps[1]))
+    return dst
+
+
+def find_index8(data, vals, *, dtype=None, mask=None, label: str = "nc_find_index8", out: Tile | None = None):
+    """The position (from 0) of the first occurrence of each of the 8 ``vals`` [P, 8] in its
+    partition of ``data``, as ``uint32`` (or ``uint16``) ``[P, 8]`` (VectorE, N cycles)."""
+    ctx = current(label)
+    t = S.tile_operand(data, "data", label)
+    v = S.tile_operand(vals, "vals", label)
+    dtype = S._dtype(dtype) or "uint32"
+    if dtype not in ("uint16", "uint32"):
+        raise KernelError(f"{label}: dtype={dtype} -- positions are uint16 or uint32")
+    dst = S._out(ctx, out, (t.shape[0], 8), dtype, label, label)
+    box = _partitions_only(mask, (dst, t, v), label)
+    aps = S._aps(box, (dst, t, v))
+    if aps is not None:
+        ctx.emit(FindIndex8(aps[0], aps[1], aps[2]))
+    return dst
+
+
+def match_replace8(data, vals, imm, *, dst_idx=None, dtype=None, mask=None, label: str = "nc_match_replace8",
+                   out: Tile | None = None):
+    """``data`` with the first occurrence of each of the 8 ``vals`` per partition replaced by
+    ``imm`` (VectorE); ``dst_idx`` ``[P, 8]`` gets the positions."""
+    ctx = current(label)
+    t = S.tile_operand(data, "data", label)
+    v = S.tile_operand(vals, "vals", label)
+    idx = S.tile_operand(dst_idx, "dst_idx", label) if dst_idx is not None else None
+    dst = S._out(ctx, out, t.shape, S._dtype(dtype) or t.dtype, label, label)
+    box = _partitions_only(mask, (dst, t, v, idx), label)
+    aps = S._aps(box, (dst, t, v, idx))
+    if aps is not None:
+        ctx.emit(MatchReplace8(aps[0], aps[1], aps[2], float(imm), aps[3]))
     return dst
 
 

@@ -58,9 +58,6 @@ ISA_LACKS = {
     "set_rng_seed": _RANDOM,
     "local_gather": "indirect gathers are not modeled; select rows with slices, or use nisa.select",
     "nc_n_gather": "indirect gathers are not modeled; select rows with slices, or use nisa.select",
-    "max8": "use nisa.tensor_reduce(np.max, ...) for the maximum (the top-8 search is not modeled)",
-    "nc_find_index8": "the top-8 search is not modeled; compare with nl.equal and reduce",
-    "nc_match_replace8": "the top-8 search is not modeled; use nisa.select with a comparison",
     "topk": "the top-k search is not modeled; sort on the host",
     "nonzero_with_count": "data-dependent compaction is not modeled",
     "nc_matmul_mx": _MX, "quantize_mx": _MX,
@@ -69,7 +66,6 @@ ISA_LACKS = {
     "range_select": "use nisa.affine_select or nl.where with comparisons",
     "select_reduce": "use nisa.select, then nisa.tensor_reduce",
     "sequence_bounds": "compute segment bounds on the host",
-    "scalar_tensor_tensor": "use nisa.tensor_scalar followed by nisa.tensor_tensor",
     "tensor_copy_dynamic_dst": _REGISTERS, "tensor_copy_dynamic_src": _REGISTERS,
     "tensor_copy_predicated": "use nisa.select(predicate, on_true, on_false)",
     "tensor_partition_reduce": "reduce across partitions with a TensorE matmul against a ones column "

@@ -372,6 +372,51 @@ def reciprocal(data, *, dtype=None, mask=None, **kwargs):
     return _isa.reciprocal(data, dtype=dtype, mask=mask)
 
 
+@_two_forms(old_lead=0)
+def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, reduce_cmd=None,
+                         reduce_op=None, reduce_res=None):
+    _no_extra("nisa.scalar_tensor_tensor", {"reduce_res": reduce_res})
+    return _isa.scalar_tensor_tensor(data=data, op0=op0, operand0=operand0, op1=op1, operand1=operand1,
+                                     reverse0=reverse0, reverse1=reverse1, dst=dst)
+
+
+@scalar_tensor_tensor.old
+def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, dtype=None,
+                         mask=None, **kwargs):
+    return _isa.scalar_tensor_tensor(data=data, op0=op0, operand0=operand0, op1=op1, operand1=operand1,
+                                     reverse0=reverse0, reverse1=reverse1, dtype=dtype, mask=mask)
+
+
+@_two_forms(old_lead=0)
+def max8(dst, src):
+    return _isa.max8(src=src, dst=dst)
+
+
+@max8.old
+def max8(*, src, dtype=None, mask=None, **kwargs):
+    return _isa.max8(src=src, dtype=dtype, mask=mask)
+
+
+@_two_forms(old_lead=0)
+def nc_find_index8(dst, data, vals):
+    return _isa.nc_find_index8(data=data, vals=vals, dst=dst)
+
+
+@nc_find_index8.old
+def nc_find_index8(*, data, vals, dtype=None, mask=None, **kwargs):
+    return _isa.nc_find_index8(data=data, vals=vals, dtype=dtype, mask=mask)
+
+
+@_two_forms(old_lead=0)
+def nc_match_replace8(dst, data, vals, imm, dst_idx=None):
+    return _isa.nc_match_replace8(data=data, vals=vals, imm=imm, dst_idx=dst_idx, dst=dst)
+
+
+@nc_match_replace8.old
+def nc_match_replace8(*, data, vals, imm, dst_idx=None, dtype=None, mask=None, **kwargs):
+    return _isa.nc_match_replace8(data=data, vals=vals, imm=imm, dst_idx=dst_idx, dtype=dtype, mask=mask)
+
+
 def select(predicate, on_true, on_false, *, dtype=None, mask=None, engine=None, dst=None, **kwargs):
     """tilescope's ``select`` (not an NKI name): ``on_true`` where ``predicate`` != 0."""
     return _isa.select(predicate, on_true, on_false, dtype=dtype, mask=mask, engine=_engine(engine), dst=dst)

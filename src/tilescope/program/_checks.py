@@ -13,7 +13,7 @@ from ..dtypes import itemsize
 from ..errors import CapacityError, IndexRangeError, ProgramError, TileLimitError
 from ..isa import (
     AP, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, DmaIndirect, GpsimdCall, Instruction,
-    MatchReplace8, Matmul, Max8,
+    FindIndex8, MatchReplace8, Matmul, Max8,
     TensorReduce, TensorScalarReduce, Transpose,
 )
 from ..spec import CoreSpec
@@ -244,7 +244,7 @@ def check_instruction(instr: Instruction, buffers, spec: CoreSpec) -> None:
         if n != instr.dst.free_size:
             raise ProgramError(f"affine_select pattern {instr.pattern} covers {n} elements per partition; dst "
                                f"{instr.dst.shape} has {instr.dst.free_size}")
-    elif isinstance(instr, (Max8, MatchReplace8)):
+    elif isinstance(instr, (Max8, MatchReplace8, FindIndex8)):
         _check_top8(instr)
     elif isinstance(instr, GpsimdCall):
         pass
@@ -300,13 +300,19 @@ def _check_top8(instr) -> None:
             f"{kind} reads {data.free_size} elements per partition; it takes {lo} to {hi}: split the row "
             f"into chunks of at most {hi} and merge their top 8s"
         )
-    eights = [("dst", instr.dst)] if isinstance(instr, Max8) else [("vals", instr.vals)] + (
-        [("dst_idx", instr.dst_idx)] if instr.dst_idx is not None else [])
+    if isinstance(instr, Max8):
+        eights = [("dst", instr.dst)]
+    elif isinstance(instr, FindIndex8):
+        eights = [("vals", instr.vals), ("dst", instr.dst)]
+    else:
+        eights = [("vals", instr.vals)] + ([("dst_idx", instr.dst_idx)] if instr.dst_idx is not None else [])
     for role, ap in eights:
         if ap.free_size != 8 or ap.partitions != data.partitions:
             raise ProgramError(f"{kind}: {role!r} must be [{data.partitions}, 8], got {ap.shape}")
     if isinstance(instr, MatchReplace8):
         _same_size(kind, "data", data, "dst", instr.dst)
+    if isinstance(instr, FindIndex8) and instr.dst.dtype not in ("uint16", "uint32"):
+        raise ProgramError(f"{kind}: dst holds positions: uint16 or uint32, got {instr.dst.dtype}")
 
 
 def _check_indirect(instr: DmaIndirect, buffers, spec: CoreSpec) -> None:

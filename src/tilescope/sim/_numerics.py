@@ -19,7 +19,8 @@ from ..dtypes import is_float, to_numpy
 from ..errors import ProgramError
 from ..isa import (
     ACTIVATIONS, ALU_OPS, AP, REDUCE_OPS, Activation, ActivationReduce, AffineSelect, BnAggr,
-    BnStats, DmaCopy, DmaIndirect, Dropout, GpsimdCall, Iota, MatchReplace8, Matmul, Max8, Memset, Reciprocal,
+    BnStats, DmaCopy, DmaIndirect, Dropout, GpsimdCall, FindIndex8, Iota, MatchReplace8, Matmul, Max8, Memset,
+    Reciprocal, ScalarTensorTensor,
     RuntimeScalar, Select,
     TensorCopy, TensorReduce, TensorScalar, TensorScalarReduce, TensorTensor, TensorTensorScan,
     Transpose,
@@ -291,6 +292,12 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
         mem.write(instr.dst, np.take_along_axis(x, order[:, :-9:-1], axis=1))
     elif t is MatchReplace8:
         _match_replace8(mem, instr)
+    elif t is FindIndex8:
+        _find_index8(mem, instr)
+    elif t is ScalarTensorTensor:
+        with np.errstate(all="ignore"):
+            r = _apply(instr.op0, mem.read(instr.src), _scalar(mem, instr.scalar0, scalars), instr.reverse0)
+            mem.write(instr.dst, _apply(instr.op1, np.asarray(r, np.float32), mem.read(instr.b), instr.reverse1))
     elif t is TensorTensor:
         with np.errstate(all="ignore"):
             fn = ALU_OPS[instr.op]
@@ -466,6 +473,16 @@ def _match_replace8(mem: _Memory, instr) -> None:
     mem.write(instr.dst, data)
     if instr.dst_idx is not None:
         mem.write(instr.dst_idx, idx)
+
+
+def _find_index8(mem: _Memory, instr) -> None:
+    """The first position of each value in its partition (NaN finds NaN); absent: all ones."""
+    data = mem.read(instr.data).astype(np.float32).reshape(instr.data.partitions, -1)
+    vals = mem.read(instr.vals).astype(np.float32).reshape(instr.vals.partitions, 8)
+    hit = (data[:, None, :] == vals[:, :, None]) | (np.isnan(data[:, None, :]) & np.isnan(vals[:, :, None]))
+    found = hit.any(axis=2)
+    sentinel = np.iinfo(np.dtype(to_numpy(instr.dst.dtype))).max if instr.dst.dtype.startswith("uint") else -1
+    mem.write(instr.dst, np.where(found, hit.argmax(axis=2), sentinel))
 
 
 def _indirect(mem: _Memory, instr: DmaIndirect) -> None:
