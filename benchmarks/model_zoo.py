@@ -54,6 +54,9 @@ def main() -> int:
                   f"{r.generic_share / GENERIC_TARGET:.2f}); vs CPU (max rel. diff) {diff}: "
                   f"{'ok' if ok else 'MISMATCH'} (tolerances {zoo.TOLERANCE[args.size]}){'; ' + eff if eff else ''}  [{time.perf_counter() - t0:.0f} s wall]",
                   flush=True)
+            for o in r.ops:
+                print(f"    top: {o.op} {o.share:.1%} of kernel time, {o.pct_of_bound:.0%} of its roofline bound "
+                      f"({o.executions}x, {o.lowering})")
             for o in r.generic_ops:
                 print(f"    generic: {o.op} {o.share:.1%} ({o.executions}x)")
     if runs:

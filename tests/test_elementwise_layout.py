@@ -64,6 +64,19 @@ def test_per_channel_and_padding_mask_broadcasts():
     check("aten::mul.Tensor", (y, col), {}, {"out": y * col}, {"in_self": y, "in_other": col}, rule="elementwise")
 
 
+def test_a_factor_of_the_pixels_joins_few_channels_on_the_partitions():
+    # 64 channels x 2 halves of each channel's pixels: 128 partitions, the bias of a channel on both
+    x, bias = rnd(2, 64, 24, 24), rnd(64, 1, 1)
+    low = check("aten::add.Tensor", (x, bias), {}, {"out": x + bias}, {"in_self": x, "in_other": bias},
+                rule="elementwise")
+    assert lane_use(low.program) >= 0.95, lane_use(low.program)
+    g = rnd(2, 40, 30, 30).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # channels-last storage
+    s = rnd(40, 1, 1)
+    out = torch.empty_strided(g.shape, g.stride())
+    out.copy_(g * s)
+    check("aten::mul.Tensor", (g, s), {}, {"out": out}, {"in_self": g, "in_other": s}, rule="elementwise")
+
+
 def test_strided_operands_and_a_strided_output():
     q = rnd(300, 5, 3).transpose(1, 2)  # (300, 3, 5): no two dims coalesce
     check("aten::neg", (q,), {}, {"out": -q}, {"in_self": q}, rule="elementwise")
@@ -88,6 +101,8 @@ CASES = {
     "scores + padding mask": ("aten::add.Tensor", (SCORES, torch.empty(2, 1, 1, S)), SCORES, (), 1.35),
     "image + per-channel bias": (
         "aten::add.Tensor", (torch.empty(16, 3, 224, 224), torch.empty(3, 1, 1)), torch.empty(16, 3, 224, 224), (), 1.5),
+    "64 channels + per-channel bias": (
+        "aten::add.Tensor", (torch.empty(8, 64, 56, 56), torch.empty(64, 1, 1)), torch.empty(8, 64, 56, 56), (), 1.35),
     "feature map + per-channel bias": (
         "aten::add.Tensor", (torch.empty(32, 512, 7, 7), torch.empty(512, 1, 1)), torch.empty(32, 512, 7, 7), (), 1.6),
 }
@@ -105,11 +120,12 @@ def test_elementwise_fills_the_lanes_near_the_bandwidth_bound(name):
 
 def test_the_order_is_priced_not_fixed():
     # rows enough for every partition: the given order stays
-    shape, st = spread((1024, 512), [(512, 1), (512, 1)], ["float32", "float32"], SPEC, max_free=2048)
-    assert shape == (1024, 512) and st == [(512, 1), (512, 1)]
+    lay = spread((1024, 512), [(512, 1), (512, 1)], ["float32", "float32"], SPEC, max_free=2048)
+    assert lay.shape == (1024, 512) and lay.strides == [(512, 1), (512, 1)] and lay.part_dims == 1
     # 6 planes under a shared [4096] row: each plane's elements over the partitions
-    shape, st = spread((6, 4096), [(4096, 1), (0, 1)], ["float32", "float32"], SPEC, max_free=2048)
-    assert shape == (6, 4096, 1) and st == [(4096, 1, 0), (0, 1, 0)]
-    # 3 channels x many pixels per channel, channel-major: the pixels on the partitions
-    shape, st = spread((8, 3, 12544), [(37632, 12544, 1), (0, 1, 0)], ["float32", "float32"], SPEC, max_free=2048)
-    assert st[0][-1] in (0, 1) and max(shape[-2:]) >= SPEC.partitions, (shape, st)
+    lay = spread((6, 4096), [(4096, 1), (0, 1)], ["float32", "float32"], SPEC, max_free=2048)
+    assert lay.shape == (6, 4096, 1) and lay.strides == [(4096, 1, 0), (0, 1, 0)]
+    # 64 channels under a per-channel value: 2 partitions a channel, each half of its pixels
+    lay = spread((8, 64, 3136), [(200704, 3136, 1), (0, 1, 0)], ["float32", "float32"], SPEC, max_free=2048)
+    assert lay.part_dims == 2 and lay.shape[-3:] == (64, 2, 1568), lay
+    assert lay.strides[1][-3:] == (1, 0, 0), lay  # the channel's value on both of its partitions

@@ -1,4 +1,4 @@
-"""The model zoo on the simulated device: six models written in this repository, each trained
+"""The model zoo on the simulated device: seven models written in this repository, each trained
 for a few steps eager and compiled (``torch.compile(..., backend="tilescope")``) -- forward,
 loss, backward, AdamW -- with every value checked against the same steps on CPU, and one
 table of what the device model says about a warm training step.
@@ -41,6 +41,7 @@ from .bert import Bert, BertConfig
 from .gpt2 import GPT2, GPT2Config
 from .llama import Llama, LlamaConfig
 from .lstm import LSTMConfig, LSTMModel
+from .nanogpt import GPT as NanoGPT
 from .resnet import ResNet18, ResNetConfig
 from .vit import ViT, ViTConfig
 
@@ -89,6 +90,17 @@ class _ResNetData(ResNetConfig):
     image: int = 224
 
 
+@dataclass(frozen=True)
+class _NanoConfig:
+    """nanoGPT (``examples/models/nanogpt.py``): untied embeddings, learned positions."""
+
+    vocab: int = 512
+    d: int = 384
+    layers: int = 6
+    heads: int = 6
+    seq: int = 256
+
+
 MODELS: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("gpt2", GPT2, _tokens, _lm_loss),
     ZooModel("llama", Llama, _tokens, _lm_loss),
@@ -96,6 +108,7 @@ MODELS: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("vit", ViT, lambda c, b, g: _images(c, b, g, c.image), F.cross_entropy),
     ZooModel("resnet18", lambda c: ResNet18(c), lambda c, b, g: _images(c, b, g, c.image), F.cross_entropy),
     ZooModel("lstm", lambda c: LSTMModel(c), _tokens, _lm_loss),
+    ZooModel("nanogpt", lambda c: NanoGPT(c.vocab, c.d, c.layers, c.heads, c.seq), _tokens, _lm_loss),
 )}
 
 # (config, batch) per size: "small" runs in CI within minutes; "large" is nearer the real shapes
@@ -108,6 +121,7 @@ SIZES: dict[str, dict[str, tuple[object, int]]] = {
         # (batch norm needs a few values per channel at the last stage: 4 images of 64x64 give 2x2 each)
         "resnet18": (_ResNetData(widths=(8, 16, 32, 64), classes=10, image=64), 4),
         "lstm": (_LSTMData(vocab=256, d=32, hidden=64, layers=2, seq=16), 2),
+        "nanogpt": (_NanoConfig(vocab=256, d=64, layers=2, heads=4, seq=32), 2),
     },
     "large": {
         "gpt2": (GPT2Config(vocab=8192, seq=512, d=768, layers=2, heads=12), 2),
@@ -116,6 +130,7 @@ SIZES: dict[str, dict[str, tuple[object, int]]] = {
         "vit": (ViTConfig(image=224, patch=16, d=192, layers=2, heads=3, mlp=768, classes=1000), 4),
         "resnet18": (_ResNetData(classes=1000, image=112), 2),
         "lstm": (_LSTMData(vocab=8192, d=512, hidden=1024, layers=2, seq=35), 4),
+        "nanogpt": (_NanoConfig(), 2),  # the classic character-level size
     },
 }
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..program import TileBuilder
 from ._call import Call, TensorMeta
-from ._layout import TilePlan, coalesce, hbm_input, hbm_output, spread
+from ._layout import coalesce, hbm_input, hbm_output, spread
 from ._rules import Rule, add_rules
 
 __all__ = ["lower_native_dropout"]
@@ -40,9 +40,10 @@ def lower_native_dropout(call: Call, spec):
     p = float(p)
     shape, (xs, os_, ms) = coalesce(tuple(x.shape) or (1,), [tuple(x.stride) or (0,), tuple(out.stride) or (0,),
                                                             tuple(mask.stride) or (0,)])
-    shape, (xs, os_, ms) = spread(shape, [xs, os_, ms], [x.device_dtype, out.device_dtype, mask.device_dtype],
-                                  spec, max_free=_MAX_FREE)
-    plan = TilePlan(shape, max_free=_MAX_FREE, partitions=spec.partitions, batch_outer=True)
+    layout = spread(shape, [xs, os_, ms], [x.device_dtype, out.device_dtype, mask.device_dtype], spec,
+                    max_free=_MAX_FREE)
+    xs, os_, ms = layout.strides
+    plan = layout.plan(max_free=_MAX_FREE, partitions=spec.partitions)
     b = TileBuilder(call.op, spec)
     with b.provenance(op=call.op):
         X = hbm_input(b, "in_input", x)

@@ -17,7 +17,7 @@ from math import prod
 from ..isa import AP, RuntimeScalar
 from ..program import TileBuilder, View
 from ._call import Call, ScalarArg, TensorMeta
-from ._layout import TilePlan, coalesce, compact_load, hbm_input, hbm_output, spread
+from ._layout import coalesce, compact_load, hbm_input, hbm_output, spread
 from ._rules import Rule, add_rules
 
 __all__ = ["OPS", "TileOps", "EngineLoad", "balanced_copy", "partition_scalar", "lower_elementwise", "lower_foreach",
@@ -650,13 +650,13 @@ def _load_operand(b, plan, tile, view, st, m, tshape, name):
     statistic, a row under several rows, a scalar) is loaded compactly -- each value once per
     partition -- and widened on chip by stride-0 free dims (:func:`compact_load`), instead of a
     DMA that reads the same element once per output element."""
-    full = plan.operand_ap(view, st, tile)  # dims ((k*rs, p), (rs, k), (cs, cols))
-    if not any(s == 0 and c > 1 for s, c in full.ap.dims[1:]):  # nothing broadcast along the free dims
+    full = plan.operand_ap(view, st, tile)  # dims (partition dim(s), free dims)
+    if not any(s == 0 and c > 1 for s, c in full.ap.dims[plan.part_dims:]):  # nothing broadcast along the free dims
         t = b.sbuf(tshape, m.device_dtype, site=f"ew.in_{name}")
         b.dma_copy(t, full)
         return t
-    load, widen = compact_load(full.ap.dims)
-    p, w = tile.partitions, prod(c for _, c in load[1:])
+    load, widen = compact_load(full.ap.dims, plan.part_dims)
+    p, w = tile.partitions, prod(c for _, c in load[plan.part_dims:])
     t = b.sbuf((p, w), m.device_dtype, site=f"ew.in_{name}")
     b.dma_copy(t, View(full.buffer, AP(full.ap.buffer, full.ap.dtype, full.ap.offset, load), (p, w)))
     return View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset, widen), tshape)
@@ -678,9 +678,10 @@ def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: Tensor
     strides = [tuple(out.stride)] + [broadcast_strides(m, shape) for _, m in tensors]
     cshape, cstrides = coalesce(tuple(shape) or (1,), [s or (0,) for s in strides] if not shape else strides)
     max_free = _MAX_FREE if len(tensors) <= 2 else _MAX_FREE // 2
-    cshape, cstrides = spread(cshape, cstrides, [out.device_dtype] + [m.device_dtype for _, m in tensors], spec,
-                              max_free=max_free)
-    plan = TilePlan(cshape, max_free=max_free, partitions=spec.partitions, batch_outer=True)
+    layout = spread(cshape, cstrides, [out.device_dtype] + [m.device_dtype for _, m in tensors], spec,
+                    max_free=max_free)
+    cstrides = layout.strides
+    plan = layout.plan(max_free=max_free, partitions=spec.partitions)
     views = {n: hbm_input(b, f"{prefix}in_{n}", m) for n, m in tensors}
     out_view = hbm_output(b, f"{prefix}out", out)
     load = EngineLoad(b)

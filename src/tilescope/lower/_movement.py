@@ -33,8 +33,9 @@ def _copy_into(b: TileBuilder, spec, src: TensorMeta, src_view: View, dst: Tenso
     if not convert:
         _hbm_to_hbm(b, src_view, dst_view, cshape, cs, cd)
         return
-    cshape, (cd, cs) = spread(cshape, [cd, cs], [dst.device_dtype, src.device_dtype], spec, max_free=_MAX_FREE)
-    plan = TilePlan(cshape, max_free=_MAX_FREE, partitions=spec.partitions, batch_outer=True)
+    layout = spread(cshape, [cd, cs], [dst.device_dtype, src.device_dtype], spec, max_free=_MAX_FREE)
+    cd, cs = layout.strides
+    plan = layout.plan(max_free=_MAX_FREE, partitions=spec.partitions)
     for tile in plan.tiles:
         s_ap = plan.operand_ap(src_view, cs, tile)
         d_ap = plan.operand_ap(dst_view, cd, tile)
