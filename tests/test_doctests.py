@@ -12,6 +12,7 @@ MODULES = [
     "tilescope.dtypes",
     "tilescope._env",
     "tilescope._lru",
+    "tilescope._console",
     "tilescope.spec",
     "tilescope.spec._model",
     "tilescope.isa._ap",

@@ -134,9 +134,9 @@ class BenchResult:
         return Group(self.table(), *(Text(line) for line in self.lines()))
 
     def __str__(self) -> str:
-        from rich.console import Console
+        from ._console import console as _console
 
-        console = Console(width=100, record=True, file=_Null())
+        console = _console(width=100, record=True, file=_Null())
         console.print(self)
         return console.export_text().rstrip()
 
@@ -429,9 +429,9 @@ class Comparison:
         return self.table()
 
     def __str__(self) -> str:
-        from rich.console import Console
+        from ._console import console as _console
 
-        console = Console(width=110, record=True, file=_Null())
+        console = _console(width=110, record=True, file=_Null())
         console.print(self.table())
         return console.export_text().rstrip()
 

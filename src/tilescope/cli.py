@@ -27,7 +27,7 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_presets(args) -> int:
-    from rich.console import Console
+    from ._console import console
     from rich.table import Table
 
     from .spec import preset, preset_names
@@ -39,7 +39,7 @@ def _cmd_presets(args) -> int:
         p = preset(name)
         t.add_row(name, p.generation, f"{p.peak_flops() / 1e12:.1f}", f"{p.dma.bytes_per_ns:.0f}",
                   f"{p.hbm_bytes_per_ns:.0f}", f"{p.sbuf_bytes_per_partition // 1024} KiB", p.description)
-    Console().print(t)
+    console().print(t)
     return 0
 
 

@@ -28,6 +28,7 @@ from torch.autograd.profiler_util import EventList
 from torch.profiler import ProfilerActivity
 
 from .. import device as _device
+from .._console import console as new_console
 from ..profiler import ProfileConfig, Profiler, find_profiles, load
 from ..sim import simulate
 from ..spec import preset
@@ -168,7 +169,7 @@ def compare(paths: dict[str, Path], console: Console | None = None) -> dict:
     """Print the study's comparison. ``paths`` maps a label (``naive``, ``fused``, ``compiled``,
     optionally suffixed `` (cpu)`` etc.) to a profile directory; modeled and measured rows
     sit in one table, each labelled, with ratios taken within each device."""
-    console = console or Console()
+    console = console or new_console()
     rows = {label: summarize(p) for label, p in paths.items()}
 
     def impl_of(label):
@@ -233,7 +234,7 @@ def latest(root: Path, name: str) -> Path:
 
 def demo(out: str | Path = "profile_out/rmsnorm", dtype: str = "fp32", device: str = "sim") -> dict:
     """Run the three implementations, compare them, and say how to open them in the explorer."""
-    console = Console()
+    console = new_console()
     where = "the simulated device (virtual clock; device times are modeled)" if device == "sim" else device
     console.print(f"[bold]RMSNorm three ways[/bold] on {where}: input {SHAPE} {dtype}, "
                   "schedule(wait=2, warmup=1, active=1).\n")

@@ -15,9 +15,9 @@ __all__ = ["register"]
 
 
 def _console():
-    from rich.console import Console
+    from .._console import console
 
-    return Console()
+    return console()  # tables that never cut a number
 
 
 def _open(paths, args):
