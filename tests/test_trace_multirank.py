@@ -148,13 +148,15 @@ def test_export_parquet_is_the_same_layout(layout, tmp_path):
     assert mr.rank_metrics(out).to_pylist() == mr.rank_metrics(layout["out"]).to_pylist()
 
 
-def test_files_claiming_one_rank_are_numbered_by_position(tmp_path):
-    paths = _write_ranks(str(tmp_path), world=3, same_rank=True, overlap_rank=None)
-    out = str(tmp_path / "layout")
+def test_files_claiming_one_rank_are_numbered_by_position(tmp_path, monkeypatch):
+    _write_ranks(str(tmp_path), world=3, same_rank=True, overlap_rank=None)
+    monkeypatch.chdir(tmp_path)  # relative names: the rank files record absolute ones (for cluster workers)
+    paths, out = [f"rank{r}.json.gz" for r in range(3)], "layout"
     assert mr.ingest_ranks(paths, out, workers=1) == [0, 1, 2]
     with open(os.path.join(out, "ranks", "rank=2.json")) as f:
         info = json.load(f)
     assert any("several files claim rank [0]" in w and "rank2.json.gz is rank 2" in w for w in info["warnings"])
+    assert info["source"] == str(tmp_path / "rank2.json.gz")
     assert [r["rank"] for r in mr.rank_metrics(out).to_pylist()] == [0, 1, 2]
 
 

@@ -104,7 +104,9 @@ def ingest_ranks(paths, out_dir: str, *, workers: int | None = None, client=None
     from each trace's ``distributedInfo``; when files claim the same rank, every file is
     numbered by its position instead, with a warning in its rank's json. ``out_dir`` must not
     hold a layout already (a stale rank would join the analysis)."""
-    paths = trace_files(paths)
+    # absolute: a cluster's workers do not share the client's working directory
+    paths = [os.path.abspath(p) for p in trace_files(paths)]
+    out_dir = os.path.abspath(out_dir)
     if not paths:
         raise ValueError("ingest_ranks needs at least one trace file")
     if os.path.isdir(os.path.join(out_dir, "events")):
