@@ -1,6 +1,6 @@
 """HTA's figures for the committed traces: the reference behind the fixed numbers in the tests.
 
-    .venv/bin/python benchmarks/hta_reference.py [TRACE ...]
+    .venv/bin/python benchmarks/hta_reference.py [--pandas2] [TRACE ...]
 
 Runs HolisticTraceAnalysis 0.5.0 (in the virtualenv ``benchmarks/ingest_vs_hta.py`` creates,
 ``~/.cache/tilescope/hta-0.5.0-venv``; the tests never need HTA) on each trace -- by default
@@ -14,6 +14,9 @@ prints, as JSON, the analyses tilescope reproduces:
 - ``get_queue_length_summary`` (per stream: count, mean, max) and
   ``get_memory_bw_summary`` (per copy type: count, mean, max);
 - ``get_frequent_cuda_kernel_sequences("aten::linear", min_pattern_len=3)``: the top patterns.
+  HTA 0.5.0's implementation fails under pandas >= 3 (``np.unique`` on objects); with
+  ``--pandas2`` the script runs HTA in a second virtualenv with pandas < 3
+  (``~/.cache/tilescope/hta-0.5.0-pandas2-venv``), where it works.
 
 HTA works in whole microseconds (a fractional-microsecond trace is rounded inward: start up,
 end down) and filters to the profiler steps; the tests document each place this makes HTA's
@@ -80,9 +83,23 @@ _CHILD = textwrap.dedent(r"""
 """)
 
 
-def hta_figures(trace: str) -> dict:
+HTA_PANDAS2_VENV = os.path.join(os.path.expanduser("~"), ".cache", "tilescope", "hta-0.5.0-pandas2-venv")
+
+
+def ensure_hta_pandas2_venv() -> str:
+    """HTA 0.5.0 with pandas < 3 (its frequent-sequence analysis needs it); made once, needs pip."""
+    py = os.path.join(HTA_PANDAS2_VENV, "bin", "python")
+    if not (os.path.exists(py) and subprocess.run([py, "-c", "import hta"], capture_output=True).returncode == 0):
+        print(f"creating {HTA_PANDAS2_VENV} with holistictraceanalysis==0.5.0 and pandas<3 (one-time) ...",
+              file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "venv", HTA_PANDAS2_VENV], check=True)
+        subprocess.run([py, "-m", "pip", "install", "--quiet", "holistictraceanalysis==0.5.0", "pandas<3"], check=True)
+    return py
+
+
+def hta_figures(trace: str, pandas2: bool = False) -> dict:
     """HTA 0.5.0's figures for one trace file (run in HTA's own virtualenv)."""
-    py = ensure_hta_venv()
+    py = ensure_hta_pandas2_venv() if pandas2 else ensure_hta_venv()
     with tempfile.TemporaryDirectory() as d:
         shutil.copy(trace, d)
         p = subprocess.run([py, "-c", _CHILD, d], capture_output=True, text=True)
@@ -92,9 +109,10 @@ def hta_figures(trace: str) -> dict:
 
 
 def main() -> int:
-    for trace in sys.argv[1:] or DEFAULT:
+    args = [a for a in sys.argv[1:] if a != "--pandas2"]
+    for trace in args or DEFAULT:
         print(f"== {os.path.basename(trace)}")
-        print(json.dumps(hta_figures(trace), indent=1))
+        print(json.dumps(hta_figures(trace, pandas2="--pandas2" in sys.argv[1:]), indent=1))
     return 0
 
 
