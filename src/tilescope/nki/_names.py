@@ -41,8 +41,6 @@ LANGUAGE_LACKS = {
     "tfloat32": "tfloat32 tiles are not modeled; use nl.float32 (TensorE rounds fp32 passes itself)",
     "prelu": "use nl.maximum(x, alpha * x) for 0 <= alpha <= 1",
     "average": "use nl.mean", "bypass": "use nl.copy",
-    "rms_norm": "write it from nl.square, nl.mean, nl.rsqrt and nl.multiply (see docs/nki.md)",
-    "softmax": "write it from nl.max, nl.exp (with bias=-max) and nl.sum, as in docs/nki.md",
     "MemoryRegion": "use nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm or nl.private_hbm",
     "NkiTensor": "tiles and tensors are tilescope.lang.Tile / tilescope.lang.Tensor",
     "NKIObject": "not needed in kernels", "DType": "dtypes are names: nl.float32 == 'float32'",

@@ -329,9 +329,10 @@ class _Run:
             fix = "fewer live PSUM tiles (accumulate, then copy out to SBUF before starting the next)"
         else:
             need_s, cap_s = f"{need / 1024:g} {unit}", f"{capacity / 1024:g} {unit}"
-            fix = "smaller tiles, fewer rotating buffers per site (bufs=), or shorter tile lifetimes"
+            fix = "smaller tiles or shorter tile lifetimes (a site given bufs=N keeps N addresses: fewer)"
             if not self.spill:
-                fix += " -- or let the allocator spill to HBM (spill=True)"
+                fix += (" -- or let the allocator spill to HBM (tilescope.kernel(spill=True); nki.jit without "
+                        "strict=True)")
         at = s.uses[0][0]
         err = CapacityError(
             f"{memory.upper()} capacity exceeded at instruction #{at}: live tiles need {need_s}, "
