@@ -27,6 +27,7 @@ FILES = {
     "matmul.py": ["matmul_tiled", "matmul_blocked"],
     "flash_attention.py": ["flash_attention", "flash_attention"],
     "selective_scan.py": ["selective_scan"],
+    "moe_router.py": ["moe_router"],
 }
 
 
