@@ -144,7 +144,7 @@ MOVES_JS = """async ([moves, force, seed]) => {
     await Promise.race([tl.setRange(a, b, {force}),
       new Promise((_, rej) => setTimeout(() => rej(new Error(`move ${k} got no answer within 60 s`)), 60000))]);
     out.push({ms: performance.now() - t, events: tl.lastFetch.events, buckets: tl.lastFetch.buckets,
-              exact: tl.lastFetch.exact, width: tl.t1 - tl.t0});
+              exact: tl.lastFetch.exact, width: tl.t1 - tl.t0, fetch_ms: tl.lastFetch.fetch_ms, draw_ms: tl.lastFetch.draw_ms});
   }
   return out;
 }"""
@@ -427,7 +427,11 @@ def main(argv=None) -> int:
           f"(target <= {TARGET_MOVE_MS:.0f} ms, p95 ratio {p95 / TARGET_MOVE_MS:.2f})")
     ms = r["move_server"]
     if ms:
-        print(f"  of which server time (window answers' Server-Timing): p50 {pct(ms, 50):.1f} ms, p95 {pct(ms, 95):.1f} ms")
+        fetch = [m["fetch_ms"] for m in r["forced"]]
+        draw = [m["draw_ms"] for m in r["forced"]]
+        print(f"  of which server time (window answers' Server-Timing): p50 {pct(ms, 50):.1f} ms, p95 {pct(ms, 95):.1f} ms; "
+              f"request + decode in the page p50 {pct(fetch, 50):.1f} ms, p95 {pct(fetch, 95):.1f} ms; "
+              f"draw until the next frame p50 {pct(draw, 50):.1f} ms, p95 {pct(draw, 95):.1f} ms")
     print(f"zoom/pan as the user gets them (moves within loaded data need no request): p50 "
           f"{pct(user, 50):.1f} ms, p95 {pct(user, 95):.1f} ms")
     print(f"analyses computed in the background (summary, tables, roofline, the comparison of all sources): "
