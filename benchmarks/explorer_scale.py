@@ -63,7 +63,8 @@ def machine() -> str:
                     break
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    load = ", load average %.1f %.1f %.1f (1/5/15 min)" % os.getloadavg() if hasattr(os, "getloadavg") else ""
+    return f"{cpu}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}{load}"
 
 
 def fmt_ns(v: float) -> str:
@@ -287,6 +288,11 @@ def measure_browser(url: str, moves: int, session, clicks: int, repeats: int, pa
             # interactions are measured once they are (how long that takes is printed)
             warm_s = time.perf_counter() - session.t_start
             warm_s += wait_warm(session)
+            rec.tag = (0, "zoom/pan, warm")  # the same moves once nothing runs in the background
+            settled = page.evaluate(MOVES_JS, [moves, True, 7])
+            rec.tag = None
+            settled_server = [a[2] for a in rec.answers if a[0] == (0, "zoom/pan, warm") and a[1] == "window"
+                              and a[2] is not None]
             per_source = {}
             for k, src in enumerate(session.sources):
                 if src.ok:
@@ -295,7 +301,8 @@ def measure_browser(url: str, moves: int, session, clicks: int, repeats: int, pa
     finally:
         shutil.rmtree(profile, ignore_errors=True)
     return {"wall_first_paint_s": wall, "first": first, "forced": forced, "user": user, "errors": errors,
-            "interactions": per_source, "warm_s": warm_s, "move_server": move_server}
+            "interactions": per_source, "warm_s": warm_s, "move_server": move_server, "settled": settled,
+            "settled_server": settled_server}
 
 
 def pct(xs, q):
@@ -432,11 +439,17 @@ def main(argv=None) -> int:
         print(f"  of which server time (window answers' Server-Timing): p50 {pct(ms, 50):.1f} ms, p95 {pct(ms, 95):.1f} ms; "
               f"request + decode in the page p50 {pct(fetch, 50):.1f} ms, p95 {pct(fetch, 95):.1f} ms; "
               f"draw until the next frame p50 {pct(draw, 50):.1f} ms, p95 {pct(draw, 95):.1f} ms")
+    st = [m["ms"] for m in r["settled"]]
+    p95_settled = pct(st, 95)
+    print(f"zoom/pan once the background analyses are done (same moves): p50 {pct(st, 50):.1f} ms, p95 "
+          f"{p95_settled:.1f} ms (ratio {p95_settled / TARGET_MOVE_MS:.2f}); server p50 {pct(r['settled_server'], 50):.1f} ms, "
+          f"p95 {pct(r['settled_server'], 95):.1f} ms")
     print(f"zoom/pan as the user gets them (moves within loaded data need no request): p50 "
           f"{pct(user, 50):.1f} ms, p95 {pct(user, 95):.1f} ms")
     print(f"analyses computed in the background (summary, tables, roofline, the comparison of all sources): "
           f"all done {r['warm_s']:.1f} s after the session started")
     inter_ok = report_interactions(session, r["interactions"])
+    print(f"machine at the end: {machine()}")
     print(f"server peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB (this process: "
           f"engine + index + server)")
     if r["errors"]:
@@ -445,9 +458,10 @@ def main(argv=None) -> int:
     again = Session([trace])
     print(f"re-open with the index from the cache: {time.perf_counter() - t:.2f} s "
           f"(index {'from cache' if again.sources[0].index.loaded_from_cache else 'rebuilt'})")
-    ok = paint_s <= TARGET_PAINT_S and p95 <= TARGET_MOVE_MS and inter_ok and not r["errors"]
+    ok = paint_s <= TARGET_PAINT_S and max(p95, p95_settled) <= TARGET_MOVE_MS and inter_ok and not r["errors"]
     print(f"\n{'PASS' if ok else 'MISS'}: first paint {paint_s:.2f} s (<= {TARGET_PAINT_S:.0f} s), "
-          f"zoom/pan p95 {p95:.1f} ms (<= {TARGET_MOVE_MS:.0f} ms), every interaction's server p95 "
+          f"zoom/pan p95 {p95:.1f} ms while the analyses run, {p95_settled:.1f} ms after "
+          f"(<= {TARGET_MOVE_MS:.0f} ms), every interaction's server p95 "
           f"{'within' if inter_ok else 'NOT all within'} {TARGET_SERVER_MS:.0f} ms")
     if not args.workdir and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
