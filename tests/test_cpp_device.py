@@ -115,3 +115,19 @@ def test_the_giou_study_runs_and_reports_every_table(lib, capsys, tmp_path):
     assert "without torch.sim.synchronize()" in text and "3. profiles" in text
     assert "us modeled, the same as its device execution" in text
     assert len(list(tmp_path.glob("*/*/*/manifest.json"))) == 3
+
+
+def test_a_leaking_kernel_warns_once_per_call_on_sim_too(lib):
+    """The first call on ``sim`` also runs the counting build (for the modeled time); only the
+    user's call warns about the leak."""
+    import warnings
+
+    (x,) = _sim(torch.randn(10))
+    for _ in range(2):  # the first call (counting run too) and a later one
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = torch.ops.ts_test.copy_leaky(x)
+            torch.sim.synchronize()
+        leaks = [str(w.message) for w in seen if issubclass(w.category, cpp.TcmLeakWarning)]
+        assert len(leaks) == 1, leaks
+        assert torch.equal(out.cpu(), x.cpu())
