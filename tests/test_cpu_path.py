@@ -43,3 +43,19 @@ def test_explorer_data_api_serves_a_cpu_profile(cpu_profiles):
     w = t.window(pixels=200)
     assert len(w["events"]["eid"]) > 0
     assert explorer is not None
+
+
+def test_profile_dir_is_set_when_the_block_raises(tmp_path):
+    """An exception inside ``tilescope.profile()`` still writes the profile of what ran, and
+    ``prof.profile_dir`` names it."""
+    import pytest
+    import torch
+
+    import tilescope
+    from tilescope.profiler import load
+
+    with pytest.raises(ValueError, match="user's bug"):
+        with tilescope.profile(str(tmp_path), device="cpu") as prof:
+            torch.randn(64, 64) @ torch.randn(64, 64)
+            raise ValueError("the user's bug")
+    assert prof.profile_dir is not None and load(prof.profile_dir).path == prof.profile_dir

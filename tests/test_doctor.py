@@ -84,11 +84,15 @@ def test_the_folder_profiles_are_written_under_is_named_not_taken_for_an_incompl
 
     older = _sim_profile(tmp_path, [_hw()], {"executions": 1})
     newest = _sim_profile(tmp_path, [_hw()], {"executions": 1})
+    unfinished = newest.parent / (newest.name + "9.partial")  # later, but still being written: never suggested
+    unfinished.mkdir()
+    (unfinished / "manifest.json").write_text((newest / "manifest.json").read_text())
     for folder in (tmp_path, newest.parent):
         assert main(["doctor", str(folder)]) == 2
         err = capsys.readouterr().err
         assert f"{folder} is not a profile directory but a folder profiles are written under" in err
-        assert f"the newest is {newest}" in err and str(older) not in err
+        assert f"the newest is {newest}" in err and str(older) not in err and ".partial" in err
+        assert str(unfinished) not in err
         with pytest.raises(tt.TraceFormatError, match="pass one of them -- the newest is"):
             tt.open(str(folder))
     assert main(["doctor", str(tmp_path / "nowhere")]) == 2

@@ -164,11 +164,18 @@ def profiles_inside(path) -> str | None:
     path = Path(path)
     found = [m.parent for pattern in ("*/manifest.json", "*/*/manifest.json") for m in path.glob(pattern)
              if SPARE_DIR not in m.parts]
-    if not found:
+    partial = [d for d in found if d.name.endswith(".partial")]  # still being written, or never finished
+    found = [d for d in found if d not in partial]
+    if not found and not partial:
         return None
+    held = (f"it holds {len(found)} profile(s)"
+            + (f" and {len(partial)} unfinished one(s) (.partial)" if partial else ""))
+    if not found:
+        return (f"{path} is not a profile directory but a folder profiles are written under ({held}, none "
+                f"complete); profile again, or run `tilescope doctor` on the .partial one to see what is missing")
     newest = max(found, key=lambda d: d.name)  # (a profile's name is its timestamp)
-    return (f"{path} is not a profile directory but a folder profiles are written under (it holds "
-            f"{len(found)} profile(s)); pass one of them -- the newest is {newest}")
+    return (f"{path} is not a profile directory but a folder profiles are written under ({held}); pass "
+            f"one of them -- the newest is {newest}")
 
 
 def find_profiles(root) -> list[Profile]:

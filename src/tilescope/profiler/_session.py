@@ -31,7 +31,7 @@ def profile(output_dir="profile_out", *, device: str | None = None, config: Prof
     (a ``tilescope::synchronize (profile exit)`` range); ``synchronize=False`` leaves that out,
     though torch's profiler still synchronises the device as it stops, as it does CUDA's.
     ``config`` (a ProfileConfig) or its keyword arguments, not both. The yielded torch profile
-    gains a ``profile_dir`` attribute once the block exits.
+    gains a ``profile_dir`` attribute once the block exits, also when it exits by an exception.
     """
     if config is not None and (config_kwargs or output_dir != "profile_out"):
         given = sorted(config_kwargs) + (["output_dir"] if output_dir != "profile_out" else [])
@@ -41,15 +41,19 @@ def profile(output_dir="profile_out", *, device: str | None = None, config: Prof
     device = device or _device_kind()
     activities = activities_for(device)
     exporter = Profiler(cfg)
-    with torch.profiler.profile(activities=activities, experimental_config=cfg, on_trace_ready=exporter.export_trace,
-                                record_shapes=record_shapes, profile_memory=profile_memory,
-                                with_stack=with_stack) as prof:
-        try:
-            yield prof
-        finally:
-            if synchronize:
-                _synchronize(device)
-    prof.profile_dir = exporter.path
+    prof = None
+    try:
+        with torch.profiler.profile(activities=activities, experimental_config=cfg,
+                                    on_trace_ready=exporter.export_trace, record_shapes=record_shapes,
+                                    profile_memory=profile_memory, with_stack=with_stack) as prof:
+            try:
+                yield prof
+            finally:
+                if synchronize:
+                    _synchronize(device)
+    finally:  # also when the block raised: the profile of what ran was written
+        if prof is not None:
+            prof.profile_dir = exporter.path
 
 
 DEVICES = ("sim", "cuda", "cpu")
