@@ -202,3 +202,32 @@ def test_events_of_odd_shape_from_elsewhere_are_skipped(tmp_path):
     copy = {"ph": "X", "cat": "memcpy", "name": "memcpy HtoD", "pid": 1, "tid": 1, "ts": 0, "dur": 50.0}
     path = _sim_profile(tmp_path, [*odd, _hw(dur=10.0), copy], {"executions": 1})
     assert _codes(path) == ["host-copies"]
+
+
+def test_an_instruction_trace_the_manifest_does_not_list_makes_the_profile_incomplete(tmp_path):
+    """A file dropped into ``itraces/`` after the export would be read as one more run with
+    no checksum behind it: the doctor, the trace reader and share refuse it, naming it."""
+    import shutil
+
+    import pytest
+
+    import tilescope.trace as tt
+    from tilescope.profiler import load
+    from tilescope.profiler._reader import IncompleteProfileError
+
+    b = TileBuilder("k")
+    x = b.input("x", (128, 64), "float32")
+    t = b.sbuf((128, 64), "float32")
+    b.dma_copy(t, x)
+    prog = b.build()
+    path = _sim_profile(tmp_path, [_hw(prog.hash)], {"executions": 1}, program=prog)
+    assert load(path).complete
+    (listed,) = (path / "itraces").iterdir()
+    stray = path / "itraces" / listed.name.replace(".0.itrace", ".7.itrace")
+    shutil.copy(listed, stray)
+    (f,) = diagnose(path)
+    assert f.code == "incomplete-profile" and f"itraces/{stray.name} is not listed in the manifest" in f.message
+    with pytest.raises(IncompleteProfileError, match=stray.name):
+        load(path)
+    with pytest.raises(tt.TraceFormatError, match=stray.name):
+        tt.open(str(path))

@@ -154,7 +154,29 @@ def read_profile(path, *, verify: bool = True) -> Profile:
                 problems.append(f"{entry['path']} has {size} bytes, the manifest says {entry['bytes']}")
             elif verify and hashlib.sha256(f.read_bytes()).hexdigest() != entry["sha256"]:
                 problems.append(f"{entry['path']} does not match its sha256 in the manifest")
+        problems += _unlisted(path, manifest)
     return Profile(path, manifest, problems)
+
+
+# the folders whose files are read as the profile's executables and instruction traces
+_LISTED_DIRS = (("executables", _EXEC_RE), ("itraces", _ITRACE_RE))
+
+
+def _unlisted(path: Path, manifest: dict) -> list[str]:
+    """A problem for each executable or instruction trace in the folder that the manifest does
+    not list: it would be read as part of the profile with no checksum behind it."""
+    listed = {entry["path"] for entry in manifest.get("files", [])}
+    out = []
+    for folder, pattern in _LISTED_DIRS:
+        d = path / folder
+        if not d.is_dir():
+            continue
+        for p in sorted(d.iterdir()):
+            rel = f"{folder}/{p.name}"
+            if pattern.match(p.name) and rel not in listed:
+                out.append(f"{rel} is not listed in the manifest (added after the export, or copied in from "
+                           f"another profile); remove it, or profile again")
+    return out
 
 
 def profiles_inside(path) -> str | None:
