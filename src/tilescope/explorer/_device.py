@@ -273,7 +273,7 @@ def memory_usage(trace, program_hash: str, run: int, allowed) -> dict:
 
         sp = preset(ex.get("spec") or trace.preset_name())  # None: the spec's default preset
         capacity = {"sbuf": sp.sbuf_bytes_per_partition, "psum": sp.psum_bytes_per_partition}
-    except Exception:  # an unknown preset name: show usage without the capacity line
+    except ValueError:  # an unknown preset name: show usage without the capacity line
         capacity = {}
     out = {"capacity": capacity, "modeled": True, "series": {}}
     for mem in ("sbuf", "psum"):

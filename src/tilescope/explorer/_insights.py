@@ -112,7 +112,7 @@ def _device_metrics(trace, allowed) -> dict:
 
         sp = preset(preset_name)  # None: the spec's default preset
         peak_flops, hbm_bw = sp.peak_flops(), sp.hbm_bytes_per_ns
-    except Exception:  # unknown preset: utilisations stay n/a
+    except ValueError:  # an unknown preset name: utilisations stay n/a
         pass
     sec = dev_ns * 1e-9
     hbm = facts["hbm_read"] + facts["hbm_write"]

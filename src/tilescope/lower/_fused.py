@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from math import prod
 
+from ..errors import CapacityError, TileLimitError
 from ._call import Call, TensorMeta
 from ._rules import Rule, add_rules
 
@@ -49,8 +50,8 @@ def _affine_ok(p, x: TensorMeta) -> bool:
 def _program(kernel, spec, *args):
     try:
         return kernel.program_for(*args, preset=spec).program
-    except Exception:  # noqa: BLE001 - e.g. a shape whose tiles do not fit SBUF: not this rule's form
-        return None
+    except (TileLimitError, CapacityError):  # the shape's tiles do not fit this kernel's form: the next
+        return None  # rule takes the call. Any other error is a bug in the kernel and surfaces.
 
 
 def _last_dim(call: Call, named):
