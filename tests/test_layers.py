@@ -2,7 +2,7 @@
 
 Packages form layers, each importing only from its own layer and those below it::
 
-    base (errors, dtypes, _env, _lru) -> spec, isa -> program -> sim -> lang, lower
+    base (errors, dtypes, _env, _lru, _console) -> spec, isa -> program -> sim -> lang, lower
         -> device, compile, cpp -> profiler -> trace -> explorer -> nki, studies, bench, cli
 
 And a package's private modules and names (a leading underscore) are its own: a neighbour
@@ -35,7 +35,7 @@ LAYER = {
     "explorer": 8,
     "nki": 9, "studies": 9, "bench": 9, "cli": 9, "__main__": 9, "root": 9,
 }
-BASE_MODULES = {"_env", "_lru", "dtypes", "errors"}  # tilescope's top-level helpers, below everything
+BASE_MODULES = {"_env", "_lru", "_console", "dtypes", "errors"}  # tilescope's top-level helpers, below everything
 ROOT_BASE_NAMES = {"__version__"}  # defined in tilescope/__init__.py itself, which imports nothing eagerly
 
 
@@ -94,6 +94,9 @@ def violations() -> dict[Edge, list[str]]:
             dst = "base" if (not module and name in ROOT_BASE_NAMES) else _unit(module)
             if dst == src:
                 continue
+            for unit in (src, dst):
+                assert unit in LAYER, (f"tilescope.{unit} is in no layer: give it one in LAYER (or BASE_MODULES, "
+                                       f"for a helper that imports no other tilescope package) in tests/test_layers.py")
             kinds = []
             if LAYER[dst] > LAYER[src]:
                 kinds.append("upward")
@@ -137,8 +140,9 @@ ALLOWED: set[Edge] = {
     # compile runs its Programs through the device's runtime: a device-side launch API
     # (device/__init__) for compiled graphs.
     _e("compile/_device.py", "device._native"), _e("compile/_device.py", "device._runtime"),
-    # C++ operators launch through the device's dispatcher and launch path: same launch API.
+    # C++ operators launch through the device's dispatcher, launch path and worker: same launch API.
     _e("cpp/_device.py", "device._dispatch"), _e("cpp/_device.py", "device._launch"),
+    _e("cpp/_device.py", "device._worker"),
     # the device's kernel bridge and fused built-ins use lang's kernel objects and lower's tables
     # and tensor conversions: export KernelLaunch/KERNELS/register_call_handler from lang, the
     # conversions and the op table from lower.
