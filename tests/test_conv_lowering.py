@@ -83,6 +83,8 @@ BACKWARD = [
     (2, 12, 8, 8, 24, 1, 2, 0, 1, 1, (True, True, False)),     # 1x1 strided (a downsample)
     (4, 64, 7, 7, 72, 3, 1, 1, 1, 1, (False, True, False)),    # small images: pixels transposed to partitions
     (130, 2, 5, 5, 3, 3, 1, 1, 1, 1, (True, True, True)),      # more images than partitions
+    (2, 2, 24, 24, 8, 12, 12, 0, 1, 1, (False, True, True)),   # 144 taps (a ViT patch embedding): kernel-row bands
+    (2, 2, 21, 21, 6, 12, 3, 0, 1, 1, (False, True, False)),   # 144 overlapping taps
 ]
 
 
@@ -258,3 +260,13 @@ def test_few_contraction_rows_put_each_image_in_its_own_partition_quarter(monkey
     starts = {i.moving.offset // prog.buffers[i.moving.buffer].row_elems for i in prog.instructions
               if i.KIND == "matmul"}
     assert low.program.meta["mapping"] == "pixels-stationary" and starts == {0, 32, 64, 96}
+
+
+def test_patch_embedding_grad_weight_against_the_bound():
+    # ViT-tiny's 16x16 patches (256 taps, more than the partitions) in two bands of kernel rows;
+    # DMA-bound: dy is read per band in short runs (its columns split over column blocks)
+    call, flops, nbytes = _conv(4, 3, 192, 224, 16, 16, 0, which="gw")
+    low = lower(call, SPEC)
+    bound = bound_ns(flops, nbytes, "float32")
+    assert low.rule == "conv_backward" and "bands" in low.program.meta["forms"]
+    assert bound <= low.modeled_ns <= 8 * bound, (low.modeled_ns, bound)

@@ -967,6 +967,29 @@ class _ScatterGradInput:
 
 # ---- rules ----------------------------------------------------------------------------------------
 
+def _grad_weight_rows(b, spec, g: ConvGeom, X: View, xs, DY: View, dys, GW: View, gws, dtype: str, out_dtype: str,
+                      form: str, transposed: bool) -> str:
+    """grad_weight of ``g``; a kernel of more taps than partitions (ViT's 16x16 patches: 256)
+    in bands of kernel rows, each the grad_weight of the same convolution with that band's
+    rows as its kernel and the input seen from the band's first row (so without top padding,
+    as every band is then an ordinary convolution over the same output rows)."""
+    from ._conv_wgrad import grad_weight_program
+
+    P = spec.partitions
+    if g.taps <= P or transposed or g.ph or g.groups != 1 or g.kw > P:
+        return grad_weight_program(b, spec, g, X, xs, DY, dys, GW, gws, dtype, out_dtype, form)
+    band = P // g.kw  # kernel rows per band
+    forms = []
+    for k0 in range(0, g.kh, band):
+        kn = min(band, g.kh - k0)
+        h = (g.oh - 1) * g.sh + (kn - 1) * g.dh + 1  # the input rows this band's taps read
+        sub = ConvGeom(g.n, g.cin, g.cout, 1, h, g.w, g.oh, g.ow, kn, g.kw, g.sh, g.sw, 0, g.pw, g.dh, g.dw)
+        Xb = _hbm(X, k0 * g.dh * xs[2], ((xs[0], g.n), (xs[1], g.cin), (xs[2], h), (xs[3], g.w)))
+        GWb = _hbm(GW, k0 * gws[2], ((gws[0], g.cout), (gws[1], g.cin), (gws[2], kn), (gws[3], g.kw)))
+        forms.append(grad_weight_program(b, spec, sub, Xb, xs, DY, dys, GWb, gws, dtype, out_dtype, form))
+    return f"{len(forms)} kernel-row bands: {forms[0]}"
+
+
 def _pe_dtype(*metas: TensorMeta) -> str | None:
     dts = {m.device_dtype for m in metas if m is not None}
     if len(dts) != 1:
@@ -1173,8 +1196,9 @@ def _backward_program(call: Call, spec, gw_form: str):
                 gw2 = _as_2d(gw) if gw.ndim == 3 else gw
                 GW = _view_2d(hbm_output(b, "grad_weight", gw), gw)
                 (Xa, xa), (Ya, ya) = ((DY, dy2), (X, x2)) if transposed else ((X, x2), (DY, dy2))
-                forms.append("grad_weight=" + grad_weight_program(b, spec, g, Xa, xa.stride, Ya, ya.stride, GW,
-                                                                  gw2.stride, dtype, gw2.device_dtype, gw_form))
+                forms.append("grad_weight=" + _grad_weight_rows(b, spec, g, Xa, xa.stride, Ya, ya.stride, GW,
+                                                                gw2.stride, dtype, gw2.device_dtype, gw_form,
+                                                                transposed))
             if gb is not None:
                 GB = hbm_output(b, "grad_bias", gb)
                 # one bias per channel of grad_output, summed over its images and pixels
