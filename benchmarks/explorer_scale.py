@@ -33,6 +33,7 @@ import glob
 import os
 import platform
 import random
+import re
 import resource
 import shutil
 import sys
@@ -157,7 +158,7 @@ ACT_JS = """async ([what, arg, ms]) => {
   const app = window.tilescope.app;
   const act = async () => {
     const v = app.view;
-    if (what === "go") return app.go(arg);
+    if (what === "go") { await app.go(arg); if (app.view && app.view.analysesShown) await app.view.analysesShown; return; }
     if (what === "click") { v.timeline.select(arg); return v.showEvent(arg); }
     if (what === "page") return v.showEvent(arg[0], v.ev, arg[1]);
     if (what === "search") { v.exact = false; return v.search(arg, {now: true}); }
@@ -187,7 +188,9 @@ class Recorder:
             return
         timing = r.headers.get("server-timing", "")
         ms = float(timing.split("dur=")[1]) if "dur=" in timing else None
-        self.answers.append((self.tag, r.url.split("?")[0].rsplit("/", 1)[-1], ms, r.status))
+        part = re.search(r"[?&]part=(\w+)", r.url)
+        self.answers.append((self.tag, r.url.split("?")[0].rsplit("/", 1)[-1] + (f"?part={part.group(1)}" if part else ""),
+                             ms, r.status))
 
 
 def wait_warm(session, timeout_s: float = 1800) -> float:
@@ -219,11 +222,15 @@ def interactions(page, rec: Recorder, src, pid: str, others: list[str], clicks: 
         rows.append({"what": tag[1], "page_ms": r["ms"], "server_ms": max((a[2] or 0.0) for a in mine) if mine else None,
                      "endpoints": sorted({a[1] for a in mine}), "errors": [a for a in mine if a[3] >= 400],
                      "pages": r["pages"]})
-        if what == "compare":  # its lanes paint without waiting for the diff, which follows when computed
-            for part, sel in (("compare: lanes", lambda e: e != "compare"), ("compare: diff", lambda e: e == "compare")):
-                ms = [a[2] or 0.0 for a in mine if sel(a[1])]
-                rows.append({**rows[-1], "what": part, "server_ms": max(ms) if ms else None, "page_ms": None})
-        return rows[-1]
+        # compare's lanes paint without waiting for the diff; the summary's figures without HTA's analyses
+        splits = {"compare": (("compare: lanes", lambda e: e != "compare"), ("compare: diff", lambda e: e == "compare")),
+                  "summary": (("summary: figures", lambda e: e != "summary?part=analyses"),
+                              ("summary: HTA analyses", lambda e: e == "summary?part=analyses"))}
+        whole = rows[-1]
+        for part, sel in splits.get(what, ()):
+            ms = [a[2] or 0.0 for a in mine if sel(a[1])]
+            rows.append({**whole, "what": part, "server_ms": max(ms) if ms else None, "page_ms": None})
+        return whole
 
     run("open trace", "go", f"#/{pid}/trace")
     page.wait_for_function("() => window.tilescope.app.view.timeline && window.tilescope.app.view.timeline.lastFetch",

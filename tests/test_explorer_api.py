@@ -235,6 +235,18 @@ def test_summary_tables_roofline_and_exports(session):
     assert api(session, "/api/p/p0/export/ops.csv").decode().startswith("name,calls")
 
 
+def test_summary_comes_in_two_parts_the_page_shows_apart(session):
+    """The figures and rules (quick) and HTA's analyses (long on a large trace) are asked for
+    apart, so the page shows the first at once; together they are the whole summary."""
+    core = api(session, "/api/p/p2/summary", part="core")
+    hta = api(session, "/api/p/p2/summary", part="analyses")
+    assert "analyses" not in core and core["metrics"]["kernels"] == 79
+    assert set(hta) == {"analyses"} and hta["analyses"]["launch_stats"]
+    assert api(session, "/api/p/p2/summary") == {**core, **hta}
+    with pytest.raises(ValueError, match="parameter 'part' must be one of all, core, analyses"):
+        api(session, "/api/p/p2/summary", part="cards")
+
+
 def test_compare_finds_the_fusion(session):
     c = api(session, "/api/compare", ids="p0,p1")
     assert [p["label"] for p in c["profiles"]] == ["naive", "fused"]

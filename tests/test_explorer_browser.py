@@ -343,6 +343,7 @@ def test_real_cuda_trace(page):
     goto(page, "#/p3/summary")
     page.locator("[data-testid=label]").wait_for()
     assert page.locator("[data-testid=label]").inner_text().startswith("measured on NVIDIA")
+    page.locator("[data-testid=analyses] [data-testid=launch-stats]").wait_for()  # HTA's analyses, asked apart
 
 
 def test_unloadable_path_gets_a_clear_page(page):

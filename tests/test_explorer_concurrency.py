@@ -115,7 +115,7 @@ def test_a_slow_request_blocks_nothing(cuda, monkeypatch):
     import tilescope.explorer._api as A
 
     started, release = threading.Event(), threading.Event()
-    real = A.summary_page
+    real = A.summary_core
 
     def slow_summary(trace, allowed):
         started.set()
@@ -123,11 +123,11 @@ def test_a_slow_request_blocks_nothing(cuda, monkeypatch):
         release.wait(30)
         return real(trace, allowed)
 
-    monkeypatch.setattr(A, "summary_page", slow_summary)
+    monkeypatch.setattr(A, "summary_core", slow_summary)
     monkeypatch.setattr(s.sources[1].results, "store_dir", None)
     port = srv.server_address[1]
     out = {}
-    th = threading.Thread(target=lambda: out.setdefault("r", _get(port, "/api/p/p1/summary")))
+    th = threading.Thread(target=lambda: out.setdefault("r", _get(port, "/api/p/p1/summary?part=core")))
     th.start()
     assert started.wait(60)
     src = s.sources[1]
@@ -163,14 +163,14 @@ def test_an_abandoned_request_is_cancelled_on_the_server(cuda, monkeypatch):
             raise
         return {}
 
-    monkeypatch.setattr(A, "summary_page", endless)
+    monkeypatch.setattr(A, "summary_core", endless)
     res = s.sources[0].results
     monkeypatch.setattr(res, "store_dir", None)  # computed afresh, not read from an earlier test's answer
-    res._done.pop("summary", None)
+    res._done.pop("summary-core", None)
     port = srv.server_address[1]
     before = srv.cancelled
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"GET /api/p/p0/summary?x=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    sock.sendall(b"GET /api/p/p0/summary?part=core HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert state["started"].wait(60)
     sock.close()  # the browser aborted the fetch
     deadline = time.time() + 20
@@ -180,8 +180,8 @@ def test_an_abandoned_request_is_cancelled_on_the_server(cuda, monkeypatch):
     assert state["interrupted"], "the running query was not interrupted"
     assert s.sources[0].results.interrupted >= 1
     # nothing was kept: the next request computes again (and answers)
-    monkeypatch.setattr(A, "summary_page", lambda trace, allowed: {"ok": 1})
-    assert api(s, "/api/p/p0/summary") == {"ok": 1}
+    monkeypatch.setattr(A, "summary_core", lambda trace, allowed: {"ok": 1})
+    assert api(s, "/api/p/p0/summary", part="core") == {"ok": 1}
 
 
 @pytest.mark.parametrize("path, message", [

@@ -21,7 +21,7 @@ import numpy as np
 from . import _device
 from ._binary import pack
 from ._index import COLOR_MODES
-from ._insights import summary_page
+from ._insights import summary_analyses, summary_core
 from ._work import Cancelled
 
 __all__ = ["Response", "ApiError", "handle", "ROUTES", "to_json", "CANCELLED"]
@@ -407,8 +407,20 @@ def _roofline(src, q):
     return src.analysis("roofline", lambda t: _roofline_of(t, label), store="roofline")
 
 
+SUMMARY_PARTS = ("all", "core", "analyses")  # the page asks for core and analyses apart: core is quick
+
+
 def _summary(src, q):
-    return src.analysis("summary", lambda t: summary_page(t, src.allowed), store="summary")
+    part = _one(q, "part", "all")
+    if part not in SUMMARY_PARTS:
+        raise ApiError(400, f"parameter 'part' must be one of {', '.join(SUMMARY_PARTS)}, got {part!r}",
+                       "pass part=core (figures, rules, gaps), part=analyses (HTA's analyses) or part=all")
+    core = analyses = {}
+    if part in ("core", "all"):
+        core = src.analysis("summary-core", lambda t: summary_core(t, src.allowed), store="summary-core")
+    if part in ("analyses", "all"):
+        analyses = src.analysis("summary-analyses", summary_analyses, store="summary-analyses")
+    return {**core, **analyses}
 
 
 def _executions_ep(src, q):
@@ -602,7 +614,7 @@ def warm_up(session) -> None:
         label = s.label_text()
         s.warm(("ops", False), lambda t, label=label: {"table": _table(t.op_table(by_shape=False)),
                                                         "modeled": t.modeled, "what": label}, store="ops")
-        s.warm("summary", lambda t, s=s: summary_page(t, s.allowed), store="summary")
+        s.warm("summary-core", lambda t, s=s: summary_core(t, s.allowed), store="summary-core")
         s.warm("kernels", lambda t, label=label: {"table": _table(t.kernels()), "modeled": t.modeled, "what": label},
                store="kernels")
         s.warm("breakdown", lambda t, label=label: {"device": _table(t.breakdown(side="device")),
@@ -611,6 +623,9 @@ def warm_up(session) -> None:
         s.warm("roofline", lambda t, label=label: _roofline_of(t, label), store="roofline")
         if s.facts.get("modeled"):
             s.warm("engines", lambda t: {"table": _table(t.engine_breakdown()), "modeled": True}, store="engines")
+    for s in session.sources:  # HTA's analyses last: the longest to compute on a large trace
+        if s.ok:
+            s.warm("summary-analyses", summary_analyses, store="summary-analyses")
     ok = [s for s in session.sources if s.ok][:MAX_COMPARE]
     if len(ok) >= 2:
         session.results.warm(("compare", tuple(s.id for s in ok)), lambda job: _compare_of(ok, job))

@@ -15,7 +15,7 @@ from typing import Callable
 from ..profiler._lowering import GENERIC_SHARE_LIMIT as _GENERIC_LIMIT  # the doctor's threshold
 from ._engine import rows
 
-__all__ = ["summary_page", "DEVICE_RULES", "KINETO_RULES"]
+__all__ = ["summary_page", "summary_core", "summary_analyses", "DEVICE_RULES", "KINETO_RULES"]
 
 
 def _pct(x) -> str:
@@ -277,7 +277,23 @@ def _kineto_metrics(trace) -> dict:
 
 
 def summary_page(trace, allowed=lambda p: True) -> dict:
-    """Everything the summary page shows, as plain data (also ``tilescope explore --json``)."""
+    """Everything the summary page shows, as plain data (also ``tilescope explore --json``):
+    :func:`summary_core` and :func:`summary_analyses` together."""
+    return {**summary_core(trace, allowed), **summary_analyses(trace)}
+
+
+def summary_analyses(trace) -> dict:
+    """HTA's analyses (temporal breakdown, kernel types, overlap, launches, queues, bandwidth,
+    critical path, kernel sequences): the same data `tilescope report` prints. The longest part
+    of a summary on a large trace, so the page asks for it apart and shows the rest first."""
+    from tilescope.trace._report import hta_analyses
+
+    out = {"analyses": hta_analyses(trace, trace.op_table(limit=15).to_pylist(), 5)}
+    return _rounded(json.loads(json.dumps(out, default=float)))
+
+
+def summary_core(trace, allowed=lambda p: True) -> dict:
+    """The summary's figures, rules and gaps (without HTA's analyses)."""
     s = trace.summary()
     gaps = _gap_classes(trace)
     out = {"kind": trace.kind, "modeled": trace.modeled, "devices": s["devices"], "events": s["events"],
@@ -305,11 +321,6 @@ def summary_page(trace, allowed=lambda p: True) -> dict:
         dev = ", ".join(s["devices"]) or "the host CPU (no device in the trace)"
         out["label"] = (f"measured on {dev}, as recorded in the trace; FLOPs and bytes per op are estimated "
                         f"from input shapes")
-    from tilescope.trace._report import hta_analyses
-
-    # HTA's analyses (temporal breakdown, kernel types, overlap, launches, queues, bandwidth,
-    # critical path, kernel sequences): the same data `tilescope report` prints
-    out["analyses"] = hta_analyses(trace, trace.op_table(limit=15).to_pylist(), 5)
     return _rounded(json.loads(json.dumps(out, default=float)))
 
 

@@ -51,7 +51,11 @@ export class SummaryView {
   async mount(main) {
     main.appendChild(this.el);
     this.el.innerHTML = `<div class="loading">Computing the summary…</div>`;
-    const s = await getJSON(`/api/p/${this.profile.id}/summary`, undefined, this.signal);
+    // HTA's analyses come apart (long on a large trace): the figures and rules show first
+    const base = `/api/p/${this.profile.id}/summary`;
+    const hta = getJSON(base, { part: "analyses" }, this.signal);
+    hta.catch(() => {});  // reported below, once the page it goes into is drawn
+    const s = await getJSON(base, { part: "core" }, this.signal);
     const m = s.metrics;
     const badge = s.modeled ? '<span class="badge modeled">MODELED</span>' : '<span class="badge measured">MEASURED</span>';
     let cards = "";
@@ -111,7 +115,7 @@ export class SummaryView {
     const doc = this.meta.doctor.length
       ? this.meta.doctor.map((d) => `<div class="rec"><span class="code">${esc(d.severity)} · ${esc(d.code)}</span> ${esc(d.message)}<div class="fix">→ ${esc(d.fix)}</div></div>`).join("")
       : "";
-    const analyses = analysesHtml(s.analyses);
+
     this.el.innerHTML = `
       <h2>${esc(this.profile.label)} ${badge}</h2>
       <p class="muted" data-testid="label">${esc(s.label)}</p>
@@ -120,10 +124,14 @@ export class SummaryView {
       ${doc ? `<h3>Profile doctor</h3>${doc}` : ""}
       ${generic}
       ${engines}
-      ${analyses}
+      <div data-testid="analyses"><p class="loading muted">Computing HTA's analyses (temporal breakdown, kernel types, launches, queues, critical path)…</p></div>
       ${gaps ? `<h3>Idle gaps by class</h3><p class="muted">each device lane (a stream, a core) has its own gaps; totals add the lanes up, so they can exceed the span</p><table class="data" style="max-width:600px"><tr><th class="text">class</th><th>gaps</th><th>total</th></tr>${gaps}</table>` : ""}
       <p class="muted">Export: <a href="${href(`/api/p/${this.profile.id}/export/summary.json`)}" download>summary.json</a> ·
       same data on the command line: <span class="mono">tilescope explore PATH --json /api/p/${this.profile.id}/summary</span></p>`;
+    this.analysesShown = hta.then((a) => {
+      if (this.signal.aborted) return;
+      this.el.querySelector("[data-testid=analyses]").innerHTML = analysesHtml(a.analyses);
+    }, (e) => this.app.report(e, this.signal));
   }
 
   destroy() { this.el.remove(); }
