@@ -616,6 +616,38 @@ def test_scalar_tensor_tensor_refuses_a_per_partition_operand1():
         stt_neuronxcc(f32(128, 512), f32(128, 1), f32(128, 1))
 
 
+@nki.jit
+def dma_transpose_neuronxcc(x):
+    out = nl.ndarray((x.shape[1], x.shape[0]), dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, nisa.dma_transpose(x))
+    return out
+
+
+@nki.jit
+def dma_transpose_current(x):
+    out = nl.ndarray((x.shape[1], x.shape[0]), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((x.shape[1], x.shape[0]), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=t, src=x)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+@nki.jit
+def dma_transpose_on_chip(x):
+    t = nl.load(x)
+    return nisa.dma_transpose(t)  # <- error
+
+
+def test_dma_transpose_of_an_hbm_matrix_is_one_dma_in_both_forms():
+    x = f32(256, 128)
+    for k in (dma_transpose_neuronxcc, dma_transpose_current):
+        np.testing.assert_array_equal(k(x), x.T)
+        assert [kind for kind, _ in kinds(program(k, x))] == ["dma_copy", "dma_copy"]
+    with pytest.raises(KernelError, match="nc_transpose") as e:
+        dma_transpose_on_chip(f32(128, 64))
+    assert f"{HERE}:{line_of(dma_transpose_on_chip)}" in str(e.value)
+
+
 def _streaming(mode):
     def body(x):
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)

@@ -23,7 +23,7 @@ from ._kernel_api import (
     activation, activation_reduce, affine_select, bn_aggr, bn_stats, dma_copy, engine, iota, memset,
     nc_matmul, nc_transpose, reciprocal, select, tensor_copy, tensor_reduce, tensor_scalar,
     tensor_scalar_reduce, tensor_tensor, tensor_tensor_scan, max8, nc_find_index8, nc_match_replace8,
-    scalar_tensor_tensor,
+    scalar_tensor_tensor, dma_transpose,
 )
 from ._ops import ACTIVATIONS, ALU_OPS, REDUCE_OPS
 
@@ -41,5 +41,6 @@ __all__ = [
     "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor", "tensor_scalar",
     "tensor_reduce", "tensor_copy", "iota", "memset", "bn_stats", "bn_aggr", "dma_copy", "select",
     "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal", "engine", "max8", "scalar_tensor_tensor",
+    "dma_transpose",
     "nc_find_index8", "nc_match_replace8",
 ]

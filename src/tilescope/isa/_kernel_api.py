@@ -29,6 +29,7 @@ affine_select      GpSimd                      affine_select (an index predicate
 reciprocal         VectorE                     reciprocal
 scalar_tensor_     VectorE                     scalar_tensor_tensor: op1(op0(data, s), tile)
 tensor
+dma_transpose      DMA queue                   dma_copy walking a 2-D HBM source column by column
 max8               VectorE                     max8 (the 8 largest of each partition)
 nc_find_index8     VectorE                     find_index8 (first positions of 8 values)
 nc_match_replace8  VectorE                     match_replace8 (those positions overwritten)
@@ -42,7 +43,7 @@ from __future__ import annotations
 __all__ = [
     "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor", "tensor_scalar",
     "tensor_reduce", "tensor_copy", "iota", "memset", "bn_stats", "bn_aggr", "dma_copy", "select",
-    "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal", "scalar_tensor_tensor", "max8",
+    "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal", "scalar_tensor_tensor", "max8", "dma_transpose",
     "nc_find_index8", "nc_match_replace8", "engine",
 ]
 
@@ -185,6 +186,11 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
     """``op1(op0(data, operand0), operand1)`` on VectorE: ``operand0`` per partition, ``operand1`` a tile."""
     return _lang().scalar_tensor_tensor(data=data, op0=op0, operand0=operand0, op1=op1, operand1=operand1,
                                         reverse0=reverse0, reverse1=reverse1, dtype=dtype, mask=mask, dst=dst)
+
+
+def dma_transpose(src, *, axes=None, dtype=None, mask=None, dst=None):
+    """A 2-D HBM ``[F, P]`` into SBUF as ``[P, F]`` in one DMA."""
+    return _lang().dma_transpose(src, axes=axes, dtype=dtype, mask=mask, dst=dst)
 
 
 def max8(*, src, dtype=None, mask=None, dst=None):

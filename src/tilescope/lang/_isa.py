@@ -22,7 +22,7 @@ from ._context import builtin
 __all__ = [
     "nc_matmul", "nc_transpose", "activation", "activation_reduce", "tensor_tensor", "tensor_scalar",
     "tensor_reduce", "tensor_copy", "iota", "memset", "bn_stats", "bn_aggr", "dma_copy", "select",
-    "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal", "scalar_tensor_tensor", "max8", "nc_find_index8",
+    "tensor_tensor_scan", "tensor_scalar_reduce", "affine_select", "reciprocal", "scalar_tensor_tensor", "max8", "nc_find_index8", "dma_transpose",
     "nc_match_replace8", "alu_name", "activation_name", "reduce_name", "engine_id", "cmp_symbol",
 ]
 
@@ -243,6 +243,21 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
     return O.scalar_tensor_tensor(data, alu_name(op0, "scalar_tensor_tensor"), operand0,
                                   alu_name(op1, "scalar_tensor_tensor"), operand1, reverse0=reverse0,
                                   reverse1=reverse1, dtype=dtype, mask=mask, out=dst)
+
+
+@builtin("isa.dma_transpose")
+def dma_transpose(src, *, axes=None, dtype=None, mask=None, dst=None):
+    """A 2-D HBM ``[F, P]`` into SBUF as ``[P, F]`` by one DMA that walks the source column by
+    column (every element its own descriptor run: priced so)."""
+    from ._values import Tensor
+
+    if axes is not None and tuple(axes) != (1, 0):
+        raise KernelError(f"dma_transpose: axes={tuple(axes)} is not supported by tilescope; a 2-D transpose "
+                          f"(axes (1, 0)) is -- permute 3-D/4-D tiles with nl.mgrid indexing and nisa.tensor_copy")
+    if not isinstance(src, Tensor):
+        raise KernelError("dma_transpose of an on-chip tile is not supported by tilescope; transpose it on TensorE "
+                          "with nisa.nc_transpose, or dma_transpose its HBM source")
+    return O.load_transpose2d(src, mask=mask, dtype=dtype, label="dma_transpose", out=dst)
 
 
 @builtin("isa.max8")

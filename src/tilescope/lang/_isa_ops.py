@@ -61,14 +61,20 @@ def _transposed(v: Tensor) -> Tensor:
     return Tensor(v.buffer, v.offset, (v.dims[1], v.dims[0]), checks, axis_vars)
 
 
-def load_transpose2d(src, *, mask=None, dtype=None, label: str = "load_transpose2d"):
-    """HBM ``[F, P]`` -> a new SBUF tile ``[P, F]`` in one DMA (element by element: each
-    element is its own contiguous chunk, and the DMA cost prices that)."""
+def load_transpose2d(src, *, mask=None, dtype=None, label: str = "load_transpose2d", out: Tile | None = None):
+    """HBM ``[F, P]`` -> a new SBUF tile ``[P, F]`` (or ``out``, cast by the DMA) in one DMA
+    (element by element: each element is its own contiguous chunk, and the DMA cost prices that)."""
     ctx = current(label)
     s = S._hbm_operand(src, "src", label)
     if len(s.shape) != 2:
         raise KernelError(f"{label} takes a 2-D HBM view [F, P]; got shape {s.shape}")
     t = _transposed(s)
+    if out is not None:
+        dst = S._out(ctx, out, t.shape, out.dtype if isinstance(out, Tile) else s.dtype, label, label)
+        aps = S._aps(S._box(mask, (dst, t)), (dst, t), hint="mask the part outside the tensor")
+        if aps is not None:
+            ctx.emit(DmaCopy(aps[0], aps[1]))
+        return dst
     dst = S.new_tile(ctx, t.shape, s.dtype, label=label)
     views = (dst, t)
     aps = S._aps(S._box(mask, views), views, hint="mask the part outside the tensor")

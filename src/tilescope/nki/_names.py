@@ -51,7 +51,6 @@ ISA_LACKS = {
     "activate2": "use nisa.activation followed by nisa.tensor_scalar",
     "builtin_custom_op": "write a GpSimd C++ operator (tilescope.cpp) and call it from PyTorch",
     "core_barrier": _COLLECTIVES, "sendrecv": _COLLECTIVES, "dma_compute": _COLLECTIVES,
-    "dma_transpose": "use nl.load_transpose2d (HBM [F, P] -> SBUF [P, F]) or nisa.nc_transpose on TensorE",
     "dropout": _RANDOM, "rng": _RANDOM, "rand2": _RANDOM, "rand_get_state": _RANDOM, "rand_set_state": _RANDOM,
     "set_rng_seed": _RANDOM,
     "local_gather": "indirect gathers are not modeled; select rows with slices, or use nisa.select",

@@ -387,6 +387,16 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
                                      reverse0=reverse0, reverse1=reverse1, dtype=dtype, mask=mask)
 
 
+@_two_forms(old_lead=1)
+def dma_transpose(dst, src, axes=None, dge_mode=None, oob_mode=None, priority=None):
+    return _isa.dma_transpose(src, axes=axes, dst=dst)
+
+
+@dma_transpose.old
+def dma_transpose(src, *, axes=None, mask=None, dtype=None, dge_mode=None, **kwargs):
+    return _isa.dma_transpose(src, axes=axes, mask=mask, dtype=dtype)
+
+
 @_two_forms(old_lead=0)
 def max8(dst, src):
     return _isa.max8(src=src, dst=dst)
