@@ -13,6 +13,7 @@ MODULES = [
     "tilescope._env",
     "tilescope._lru",
     "tilescope._console",
+    "tilescope.trace._nesting",
     "tilescope.spec",
     "tilescope.spec._model",
     "tilescope.isa._ap",

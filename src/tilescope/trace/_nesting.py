@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["ensure_hierarchy", "nest"]
+__all__ = ["ensure_hierarchy", "nest", "nearest_op", "subtree_sums"]
 
 
 def nest(lane: np.ndarray, ts: np.ndarray, end: np.ndarray):
@@ -84,6 +84,48 @@ def _stack(ts, end, a: int, b: int, parent, depth) -> int:
 _DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
 
+def nearest_op(parent: np.ndarray, is_op: np.ndarray) -> np.ndarray:
+    """Each slice's nearest op at or above it (itself if an op; -1: none), by pointer
+    jumping: O(n log depth), so slices nested a million deep (identical timestamps) cost no
+    more than a few passes.
+
+    >>> nearest_op(np.array([-1, 0, 1, 2, -1]), np.array([True, False, True, False, False])).tolist()
+    [0, 0, 2, 2, -1]
+    """
+    anc = parent.copy()
+    done = (anc < 0) | is_op[np.maximum(anc, 0)]
+    while not done.all():
+        j = np.flatnonzero(~done)
+        anc[j] = anc[anc[j]]  # (every read sees the previous round: a synchronous jump)
+        done[j] = (anc[j] < 0) | is_op[np.maximum(anc[j], 0)]
+    return np.where(is_op, np.arange(len(parent)), anc)
+
+
+def subtree_sums(values: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """Each slice's value plus its descendants'. A parent precedes its children (``nest``
+    takes the latest earlier slice), so one pass from the last slice back adds each to its
+    parent; shallow trees (the usual) do it a level at a time instead, vectorised.
+
+    >>> subtree_sums(np.array([1, 2, 4, 8]), np.array([-1, 0, 1, 0]), np.array([0, 1, 2, 1])).tolist()
+    [15, 6, 4, 8]
+    """
+    total = values.copy()
+    deepest = int(depth.max()) if len(depth) else 0
+    if deepest <= 64:
+        has = np.flatnonzero(parent >= 0)
+        by_depth = has[np.argsort(depth[has], kind="stable")]
+        bounds = np.searchsorted(depth[by_depth], np.arange(deepest + 2))
+        for d in range(deepest, 0, -1):  # children before parents, deepest level first
+            sel = by_depth[bounds[d]:bounds[d + 1]]
+            np.add.at(total, parent[sel], total[sel])
+        return total
+    t, p = total.tolist(), parent.tolist()
+    for i in range(len(t) - 1, -1, -1):
+        if p[i] >= 0:
+            t[p[i]] += t[i]
+    return np.asarray(t, dtype=total.dtype)
+
+
 def ensure_hierarchy(trace) -> None:
     if trace._cache.get("hier"):
         return
@@ -110,11 +152,7 @@ def ensure_hierarchy(trace) -> None:
     has = par >= 0
     np.add.at(child_sum, par[has], dur[has])
     self_ns = np.maximum(dur - child_sum, 0)
-    # the nearest op at or above each slice (-1: none), level by level from the top
-    op_anc = np.where(is_op, np.arange(n), -1)
-    for d in range(1, int(depth_a.max()) + 1 if n else 0):
-        sel = np.flatnonzero((depth_a == d) & ~is_op & has)
-        op_anc[sel] = op_anc[par[sel]]
+    op_anc = nearest_op(par, is_op)  # the nearest op at or above each slice (-1: none)
     order = np.argsort(eid, kind="stable")
     sorted_eid = eid[order]
 
@@ -162,11 +200,7 @@ def ensure_hierarchy(trace) -> None:
     np.add.at(n_dev, op[ok], 1)
     rows_dev, rows_launch = dev_eid, launch_eid
     rows_op = pa.array(np.where(ok, eid[np.maximum(op, 0)], 0), pa.int64(), mask=~ok)
-    # totals: children before parents, deepest level first (a parent is one level up)
-    dev_total = dev_self.copy()
-    for d in range(int(depth_a.max()) if n else 0, 0, -1):
-        sel = np.flatnonzero((depth_a == d) & (par_idx >= 0))
-        np.add.at(dev_total, par_idx[sel], dev_total[sel])
+    dev_total = subtree_sums(dev_self, par_idx, depth_a)  # totals: its own and its descendants'
     hier = pa.table({
         "eid": eid, "parent_eid": np.where(has, eid[np.maximum(par, 0)], -1), "depth": depth_a.astype(np.int32),
         "self_ns": self_ns, "dev_self_ns": dev_self, "dev_total_ns": dev_total, "n_dev": n_dev,

@@ -88,7 +88,7 @@ def _depths(ev) -> np.ndarray:
     lane = ev.column("lane").to_pylist()
     start = ev.column("start_ns").to_pylist()
     end = [s + d for s, d in zip(start, ev.column("dur_ns").to_pylist())]
-    depth = np.zeros(len(lane), dtype=np.int16)
+    depth = np.zeros(len(lane), dtype=np.int32)  # (slices with one timestamp nest as deep as they are many)
     stack: list[int] = []
     prev = None
     for i in range(len(lane)):
