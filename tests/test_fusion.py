@@ -257,3 +257,37 @@ def test_matmuls_past_sbuf_tile_every_dim(m, k, n, linear, plan):
     # every operand crosses HBM once (A.T kept on chip, B streamed in panels) where it fits
     if plan == "a_resident":
         assert s.hbm_read_bytes == (x.numel() + w.numel()) * 4
+
+
+@pytest.mark.parametrize("b, t, d", [
+    (2, 32, 64),     # narrow rows packed several to a partition (a divisor of the period)
+    (3, 50, 768),    # a period that does not divide a tile: runs cut where it starts again
+    (2, 160, 96),    # a period longer than a tile
+    (5, 7, 48),      # a prime period
+    (2, 12, 20000),  # rows cut into column chunks
+])
+def test_a_periodic_broadcast_fuses_and_reads_its_period(b, t, d):
+    """``tok + pos``: pos [T, D] repeats every T rows of the [B*T, D] block. It joins the row
+    group (no extra execution) and is read from its own T rows, not materialized B times."""
+    g = torch.Generator().manual_seed(0)
+    tok, pos, w = torch.randn(b, t, d, generator=g), torch.randn(t, d, generator=g), torch.randn(d, generator=g)
+    fn = lambda tok, pos, w: torch.nn.functional.layer_norm(tok + pos, (d,), w)  # noqa: E731
+    segs, prog, _, out = fuse(fn, tok, pos, w)
+    assert [s.kind for s in segs] == ["rowgroup"]
+    np.testing.assert_allclose(_only(out).reshape(tok.shape), fn(tok, pos, w).numpy(), rtol=1e-4, atol=1e-4)
+    assert any(prog.provenance[k].label == "load (periodic)" for k in prog.instr_prov)
+    # each row reads its row of the period once: the bytes of a pos materialized B times
+    _, full, _, _ = fuse(lambda tok, pos, w: torch.nn.functional.layer_norm(tok + pos, (d,), w),
+                         tok, pos.expand(b, t, d).contiguous(), w)
+    assert simulate(prog).summary.hbm_read_bytes == simulate(full).summary.hbm_read_bytes
+
+
+def test_rows_sized_operands_broadcast_along_trailing_dims_not_per_row():
+    """A [T, D] operand of [B, T, D] with T * D == B * T (B == D) has one value per row by count
+    only: torch aligns it with the trailing dims, and so does the fused Program."""
+    g = torch.Generator().manual_seed(1)
+    tok, pos = torch.randn(8, 4, 8, generator=g), torch.randn(4, 8, generator=g)
+    fn = lambda tok, pos: (tok * pos).softmax(-1)  # noqa: E731
+    segs, _, _, out = fuse(fn, tok, pos)
+    assert [s.kind for s in segs] == ["rowgroup"]
+    np.testing.assert_allclose(_only(out).reshape(tok.shape), fn(tok, pos).numpy(), rtol=1e-5, atol=1e-6)

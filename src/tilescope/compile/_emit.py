@@ -20,7 +20,7 @@ epilogue's tiles (:mod:`._matmul`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import prod
+from math import gcd, prod
 
 import torch
 import torch.fx as fx
@@ -33,7 +33,7 @@ from ..lower._elementwise import _MAX_FREE as _EW_MAX_FREE
 from ..lower._elementwise import EngineLoad, TileOps, _Decline, balanced_copy
 from ..program import TileBuilder, View
 from ._ops import CONSTANTS, MATMULS, REDUCTIONS, VIEWS, is_reduction, named_args, packet_name, row_of
-from ._plan import Segment, _tensor_args, node_dtype, node_shape, value_class
+from ._plan import Segment, _tensor_args, node_dtype, node_shape, operand_class, period, value_class
 
 __all__ = ["emit_segments", "EmitStats"]
 
@@ -60,7 +60,7 @@ class _Unfusable(Exception):
 
 @dataclass
 class _Val:
-    kind: str  # row | rowvec | colvec | scalar | const
+    kind: str  # row | rowvec | colvec | scalar | const (a periodic input is a row value once loaded)
     dtype: str
     tile: View | None = None
     const: float | None = None
@@ -80,7 +80,7 @@ class _Block:
     cw: int
 
     def shape(self, kind: str) -> tuple[int, int]:
-        return {"row": (self.p, self.k * self.cw), "rowvec": (self.p, self.k),
+        return {"row": (self.p, self.k * self.cw), "periodic": (self.p, self.k * self.cw), "rowvec": (self.p, self.k),
                 "colvec": (P, self.cw), "scalar": (P, 1)}[kind]
 
 
@@ -114,6 +114,36 @@ def _region(handle: View, kind: str, blk: _Block, d: int) -> View:
         dims, off, shape = ((0, P), (1, 1)), 0, (P, 1)
     dims = dims[:1] + tuple(dm for dm in dims[1:] if dm[1] != 1) or dims[:1] + ((1, 1),)
     return View(handle.buffer, AP(ap.buffer, ap.dtype, ap.offset + off, dims), shape)
+
+
+def _periodic_pieces(tile: View, handle: View, blk: _Block, d: int, period: int):
+    """(tile part, HBM region) pairs that fill ``tile`` (``blk``'s rows) from a ``[period, d]``
+    tensor whose row ``r % period`` row ``r`` reads: one transfer per run of partitions whose
+    rows follow each other there, a run cut where the period starts again."""
+    ap, k, cw = handle.ap, blk.k, blk.cw
+
+    def region(start: int, parts: int, n: int) -> View:
+        dims = ((n * d, parts), (d, n), (1, cw))
+        dims = dims[:1] + tuple(dm for dm in dims[1:] if dm[1] != 1) or dims[:1] + ((1, 1),)
+        return View(handle.buffer, AP(ap.buffer, ap.dtype, ap.offset + start * d + blk.c0, dims), (parts, n, cw))
+
+    i = 0
+    while i < blk.p:
+        s = (blk.r0 + i * k) % period
+        if s + k <= period:
+            m = 1
+            while i + m < blk.p and s + (m + 1) * k <= period:
+                m += 1
+            yield tile[i:i + m], region(s, m, k)
+            i += m
+            continue
+        j = 0  # the period ends among this partition's rows (a last, shorter tile)
+        while j < k:
+            r = (s + j) % period
+            n = min(k - j, period - r)
+            yield tile[i:i + 1, j * cw:(j + n) * cw], region(r, 1, n)
+            j += n
+        i += 1
 
 
 def _as_operand(v: _Val, out_kind: str, blk: _Block):
@@ -189,8 +219,13 @@ class _RowGroup:
         used = {a for n in self.nodes for a in _tensor_args(n) if (n, a) not in gemm_operands}
         self.inputs = [a for a in seg.inputs if a in used]
         self.cls: dict = {}
-        for n in self.inputs + self.nodes:
+        for n in self.nodes:
             self.cls[n] = self._classify(n)
+        for n in self.inputs:
+            self.cls[n] = self._classify_input(n)
+        # rows after which each periodic input repeats; tiles then hold whole runs of its rows
+        self.periods = {n: period(node_shape(n), self.rows, self.d) for n in self.inputs
+                        if self.cls[n] == "periodic"}
         self.outputs = list(seg.outputs)
         self.once: dict = {}  # values loaded or computed once for the whole group
         self.colvec_full: dict = {}  # matmul epilogues: colvec inputs held whole, sliced per block
@@ -205,6 +240,14 @@ class _RowGroup:
             raise _Unfusable(f"{node.name} of shape {node_shape(node)} does not fit the [{self.rows}, {self.d}] space")
         return cls
 
+    def _classify_input(self, node) -> str:
+        """An input's class as its readers see it: broadcast into a row result, torch aligns
+        trailing dims (a periodic block; per-row values only with a last dim of 1)."""
+        seen = {operand_class(n, node, self.rows, self.d) for n in self.nodes if node in _tensor_args(n)}
+        if "periodic" in seen:
+            return "periodic"
+        return self._classify(node)
+
     def _peak_row_values(self) -> int:
         last = {}
         for k, n in enumerate(self.nodes):
@@ -212,7 +255,7 @@ class _RowGroup:
                 last[a] = k
         for o in self.outputs:
             last[o] = len(self.nodes)
-        live = {a for a in self.inputs if self.cls.get(a) == "row"}
+        live = {a for a in self.inputs if self.cls.get(a) in ("row", "periodic")}
         peak = len(live)
         for k, n in enumerate(self.nodes):
             if self.cls[n] == "row" and packet_name(n.target) not in VIEWS:
@@ -235,6 +278,9 @@ class _RowGroup:
         if d >= MIN_CHUNK:
             return 1, d
         k = min(max(1, TILE_FREE // d), max(1, self.budget // (d * per_elem)), max(1, -(-self.rows // P)))
+        if self.periods:  # a divisor of every period: no partition's rows cross a period's end
+            g = gcd(*self.periods.values())
+            k = max(j for j in range(1, k + 1) if g % j == 0)
         return k, d
 
     # ---- memory: spills of row values --------------------------------------------------------
@@ -297,10 +343,15 @@ class _RowGroup:
         if full is not None:  # held whole: this block's columns
             return _Val("colvec", dt, full[:, blk.c0:blk.c0 + blk.cw])
         site = f"in:{node.name}"
-        if kind == "row":
+        if kind in ("row", "periodic"):
             env_need = blk.k * blk.cw * itemsize(dt)
             self._make_room(self._env, env_need, blk)
         t = self.b.sbuf(blk.shape(kind), dt, site=site)
+        if kind == "periodic":
+            with self.b.provenance(label="load (periodic)", fx_node=node.name):
+                for dst, src in _periodic_pieces(t, self.hbm[node], blk, self.d, self.periods[node]):
+                    self.b.dma_copy(dst, src)
+            return _Val("row", dt, t)
         label = "load" if kind in ("row", "rowvec") else "load (broadcast)"
         with self.b.provenance(label=label, fx_node=node.name):
             self.b.dma_copy(t, _region(self.hbm[node], kind, blk, self.d))
@@ -487,7 +538,7 @@ class _RowGroup:
                 self._spills = {}
         env = self._env = dict(self.once)
         for a in self.inputs:  # row inputs up front: their loads overlap the first compute
-            if self.cls[a] == "row" and a not in env:
+            if self.cls[a] in ("row", "periodic") and a not in env:
                 env[a] = self._load(a, blk)
         for pos, node in enumerate(nodes):
             self.pos = pos
@@ -674,6 +725,7 @@ def _hbm_view(b: TileBuilder, name: str, node, rows: int, d: int, role: str, sha
             cls = "rowvec"  # a reduction's result is per row, whatever its shape says
         hshape = {"row": (rows, d), "rowvec": (rows, 1), "colvec": (1, d), "scalar": (1, 1)}.get(
             cls, (prod(node_shape(node)) or 1, 1))
+
     return b.input(name, hshape, dt) if role == "input" else b.output(name, hshape, dt)
 
 
@@ -712,6 +764,10 @@ def _emit_all(b: TileBuilder, segments, spec, fraction, stats) -> None:
     for seg in segments:
         rows, d = seg.space
         natural = matmul_operand_shapes(seg) if seg.kind == "matmul" else {}
+        for inp in seg.inputs:  # periodic inputs keep their own rows: [period, d]
+            if seg.kind == "rowgroup" and any(operand_class(n, inp, rows, d) == "periodic"
+                                              for n in seg.nodes if inp in _tensor_args(n)):
+                natural.setdefault(inp, (prod(node_shape(inp)) // d, d))
         for inp in seg.inputs:
             if inp not in hbm and inp in externals:
                 hbm[inp] = _hbm_view(b, inp.name, inp, rows, d, "input", natural.get(inp))

@@ -23,7 +23,7 @@ import torch.fx as fx
 
 from ._ops import CONSTANTS, MATMULS, VIEWS, is_reduction, named_args, packet_name, row_of
 
-__all__ = ["Segment", "plan_graph", "value_class", "node_shape"]
+__all__ = ["Segment", "plan_graph", "value_class", "operand_class", "period", "node_shape"]
 
 
 @dataclass
@@ -61,11 +61,14 @@ def node_dtype(node):
     return tm.dtype if tm is not None else None
 
 
-def value_class(shape: tuple[int, ...] | None, rows: int, d: int) -> str | None:
+def value_class(shape: tuple[int, ...] | None, rows: int, d: int, *, into_rows: bool = False) -> str | None:
     """How a tensor of ``shape`` sits in the ``[rows, d]`` space, or None if it does not.
 
     The order follows torch's broadcasting: a 1-d tensor of length ``d`` lines up with the
-    last dim (a row-broadcast vector), even when ``rows == d``.
+    last dim (a row-broadcast vector), even when ``rows == d``. ``into_rows``: the tensor is an
+    operand broadcast into a row block's result, where torch aligns trailing dims: ``rows``
+    values are one per row only when the last dim is 1, and a tensor that repeats along the
+    rows (``pos`` [T, D] added to ``tok`` [B, T, D]) is ``"periodic"`` (see :func:`period`).
     """
     if shape is None:
         return None
@@ -74,15 +77,34 @@ def value_class(shape: tuple[int, ...] | None, rows: int, d: int) -> str | None:
         return "row"
     if n == d and len(shape) >= 1 and shape[-1] == d and rows > 1:
         return "colvec"
-    if n == rows and (len(shape) == 0 or shape[-1] == 1 or d == 1 or _is_leading(shape, rows)):
+    if n == rows and (not into_rows or len(shape) == 0 or shape[-1] == 1 or d == 1):
         return "rowvec" if rows > 1 or n == 1 else "scalar"
     if n == 1:
         return "scalar"
+    if into_rows and period(shape, rows, d):
+        return "periodic"
     return None
 
 
-def _is_leading(shape, rows) -> bool:
-    return prod(shape) == rows
+def period(shape, rows: int, d: int) -> int | None:
+    """The rows after which a tensor broadcast into a ``[rows, d]`` row block repeats: ``T`` for
+    a ``[T, d]`` (or ``[1, T, d]``) one in ``[B, T, d]``, row ``r`` reading its row ``r % T``;
+    None if it is not such a tensor (a size-1 dim inside it repeats rows, not periods)."""
+    dims = list(shape or ())
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    if not dims or dims[-1] != d or 1 in dims:
+        return None
+    t = prod(dims) // d
+    return t if 1 < t < rows and rows % t == 0 else None
+
+
+def operand_class(node: fx.Node, operand, rows: int, d: int) -> str | None:
+    """How ``operand`` sits in the ``[rows, d]`` space as an operand of ``node``: broadcast
+    into a row block when ``node`` is a pointwise op with a row result."""
+    into = (not is_reduction(packet_name(node.target))
+            and value_class(node_shape(node), rows, d) == "row")
+    return value_class(node_shape(operand), rows, d, into_rows=into)
 
 
 def _space_of(node: fx.Node) -> tuple[int, int] | None:
@@ -168,17 +190,27 @@ def fusible_op(node: fx.Node) -> tuple[str | None, str | None]:
 
 def _joins(seg: Segment, node: fx.Node, produced: set) -> bool:
     """Can ``node`` run inside ``seg``: its output and every tensor it reads fit the space
-    (a per-row value such as a mean joins the group of the rows it summarises)."""
+    (a per-row value such as a mean joins the group of the rows it summarises; a periodic
+    input joins a row group, read row by row from its period)."""
     rows, d = seg.space
     if value_class(node_shape(node), rows, d) is None:
         return False
     name = packet_name(node.target)
     if is_reduction(name) and value_class(node_shape(node.args[0]), rows, d) != "row":
         return False
+    return not _misfits(node, seg.space, produced, periodic=seg.kind == "rowgroup")
+
+
+def _misfits(node: fx.Node, space, produced: set, *, periodic: bool = True) -> list:
+    """The operands of ``node`` that do not fit ``space`` (periodic ones only where the group
+    reads them from HBM: ``periodic`` and not computed in the group, ``produced``)."""
+    rows, d = space
+    out = []
     for a in _tensor_args(node):
-        if a not in produced and value_class(node_shape(a), rows, d) is None:
-            return False
-    return True
+        cls = operand_class(node, a, rows, d)
+        if cls is None or (cls == "periodic" and (a in produced or not periodic)):
+            out.append(a)
+    return out
 
 
 def plan_graph(gm: fx.GraphModule, forced: dict | None = None) -> list[Segment]:
@@ -232,12 +264,12 @@ def plan_graph(gm: fx.GraphModule, forced: dict | None = None) -> list[Segment]:
             if space is None or value_class(node_shape(node), *space) is None:
                 segments.append(Segment("eager", [node], reason="output does not fit a [rows, D] row group"))
                 continue
-            misfit = [a for a in _tensor_args(node) if value_class(node_shape(a), *space) is None]
+            misfit = _misfits(node, space, set())
             if misfit:
                 shapes = ", ".join(str(node_shape(a)) for a in misfit)
                 segments.append(Segment("eager", [node], reason=(
                     f"operand of shape {shapes} is neither a row block, a per-row value, a row-broadcast "
-                    f"vector nor a scalar of the [{space[0]}, {space[1]}] space")))
+                    f"vector, a periodic block nor a scalar of the [{space[0]}, {space[1]}] space")))
                 continue
             current = Segment("rowgroup", [node], space=space)
             produced = {node}
