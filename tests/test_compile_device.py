@@ -237,3 +237,27 @@ def test_programs_come_back_from_the_disk_cache_whole(tmp_path, monkeypatch, exe
     assert _load_cached(files[0]) is None
     run()
     assert STATS["programs_built"] == built + 2
+
+
+def test_transposed_and_periodic_inputs_cost_no_copies(executions):
+    """RoPE on heads moved before the sequence: the groups read the transposed projection by its
+    strides and the [T, hd] tables by their period -- no copy_ before them, values as CPU."""
+    def rope(x, w, cos, sin):
+        b, t, _ = x.shape
+        q = (x @ w).view(b, t, 4, 16).transpose(1, 2)
+        a, c = q.chunk(2, dim=-1)
+        return q * cos + torch.cat([-c, a], dim=-1) * sin
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(2, 32, 64, generator=g), torch.randn(64, 64, generator=g),
+            torch.randn(32, 16, generator=g), torch.randn(32, 16, generator=g)]
+    f = torch.compile(rope, backend="tilescope")
+    f(*[a.to("sim") for a in args])
+    torch.sim.synchronize()
+    executions.clear()
+    got = f(*[a.to("sim") for a in args])
+    torch.sim.synchronize()
+    torch.testing.assert_close(got.cpu(), rope(*args), rtol=1e-4, atol=1e-4)
+    ops = [r.op for r in executions if r.kind != "memcpy"]
+    assert "aten::copy_" not in ops and sum(o.startswith("tilescope::fused") for o in ops) == 3, ops

@@ -156,7 +156,7 @@ def _group(segments: list[Segment]) -> list[Step]:
     return steps
 
 
-_CACHE_FORMAT = 3
+_CACHE_FORMAT = 4  # (also when what a Program reads changes: its runtime meta)
 # the object forms a columnar Program makes on demand: not stored, rebuilt when something reads them
 _MADE_ON_DEMAND = ("instructions", "buffers", "slots", "placement", "instr_prov", "_dumped")
 

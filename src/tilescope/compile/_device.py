@@ -58,7 +58,10 @@ def run_program_step(step, inputs, env, compiled) -> None:
     # anything else non-contiguous is copied to the layout the Program reads
     as_stored = {n for seg in step.segments if seg.kind == "matmul"
                  for n, flag in _mm_operands(seg) if flag}
-    inputs = [t if (not isinstance(t, torch.Tensor) or node in as_stored) else _contiguous(t)
+    # inputs the Program reads by their strides, where they have the strides it was built for
+    strided = set(step.program.meta.get("read_strided", ()))
+    inputs = [t if (not isinstance(t, torch.Tensor) or node in as_stored
+                    or node.name in strided and t.stride() == getattr(node.meta.get("val"), "stride", lambda: None)()) else _contiguous(t)
               for node, t in zip(step.inputs, inputs)]
     core = next(t.device.index for t in inputs if isinstance(t, torch.Tensor))
     outputs = []

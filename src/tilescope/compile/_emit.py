@@ -60,7 +60,7 @@ class _Unfusable(Exception):
 
 @dataclass
 class _Val:
-    kind: str  # row | rowvec | colvec | scalar | const (a periodic input is a row value once loaded)
+    kind: str  # row | rowvec | colvec | scalar | const (periodic and strided inputs: row values once loaded)
     dtype: str
     tile: View | None = None
     const: float | None = None
@@ -80,7 +80,8 @@ class _Block:
     cw: int
 
     def shape(self, kind: str) -> tuple[int, int]:
-        return {"row": (self.p, self.k * self.cw), "periodic": (self.p, self.k * self.cw), "rowvec": (self.p, self.k),
+        return {"row": (self.p, self.k * self.cw), "periodic": (self.p, self.k * self.cw),
+                "strided": (self.p, self.k * self.cw), "rowvec": (self.p, self.k),
                 "colvec": (P, self.cw), "scalar": (P, 1)}[kind]
 
 
@@ -116,32 +117,72 @@ def _region(handle: View, kind: str, blk: _Block, d: int) -> View:
     return View(handle.buffer, AP(ap.buffer, ap.dtype, ap.offset + off, dims), shape)
 
 
-def _periodic_pieces(tile: View, handle: View, blk: _Block, d: int, period: int):
-    """(tile part, HBM region) pairs that fill ``tile`` (``blk``'s rows) from a ``[period, d]``
-    tensor whose row ``r % period`` row ``r`` reads: one transfer per run of partitions whose
-    rows follow each other there, a run cut where the period starts again."""
-    ap, k, cw = handle.ap, blk.k, blk.cw
+def row_layout(operand, out_shape, d: int):
+    """The leading dims of ``operand`` read as rows of an ``[rows, d]`` block shaped
+    ``out_shape``: ``[(size, stride)]``, outer first, adjacent dims merged where their strides
+    allow (a contiguous operand is one dim: ``[(rows, d)]``); broadcast dims have stride 0.
+    None if its rows are not laid out so (a last dim that is not contiguous, negative strides)."""
+    val = operand.meta.get("val") if isinstance(operand, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or not out_shape or out_shape[-1] != d:
+        return None
+    shape, strides = list(val.shape), list(val.stride())
+    if not shape or (shape[-1] != 1 and strides[-1] != 1) or any(st < 0 for st in strides):
+        return None
+    pad = len(out_shape) - len(shape)
+    if pad < 0:
+        return None
+    shape, strides = [1] * pad + shape, [0] * pad + strides
+    dims = []
+    for size, n, st in zip(out_shape[:-1], shape[:-1], strides[:-1]):
+        if size == 1:
+            continue
+        st = 0 if n == 1 else st
+        if dims and dims[-1][1] == size * st:  # merge: the outer dim steps over the whole inner one
+            dims[-1] = (dims[-1][0] * size, st)
+        else:
+            dims.append((size, st))
+    return dims or [(1, d)]
 
-    def region(start: int, parts: int, n: int) -> View:
-        dims = ((n * d, parts), (d, n), (1, cw))
-        dims = dims[:1] + tuple(dm for dm in dims[1:] if dm[1] != 1) or dims[:1] + ((1, 1),)
-        return View(handle.buffer, AP(ap.buffer, ap.dtype, ap.offset + start * d + blk.c0, dims), (parts, n, cw))
+
+def layout_span(dims, d: int) -> int:
+    """Elements from a strided operand's first to its last (the HBM buffer it is read from)."""
+    return 1 + sum((n - 1) * st for n, st in dims) + d - 1
+
+
+def _row_pieces(tile: View, handle: View, blk: _Block, d: int, dims):
+    """(tile part, HBM region) pairs that fill ``tile`` (``blk``'s rows) from an operand laid out
+    as ``dims`` (:func:`row_layout`): one transfer per run of partitions whose rows follow each
+    other by the innermost stride, a run cut where the innermost dim starts again."""
+    ap, k, cw = handle.ap, blk.k, blk.cw
+    inner_n, inner_st = dims[-1]
+
+    def offset(r: int) -> int:
+        off = 0
+        for n, st in reversed(dims):
+            r, i = divmod(r, n)
+            off += i * st
+        return off
+
+    def region(r: int, parts: int, n: int) -> View:
+        dm = ((n * inner_st, parts), (inner_st, n), (1, cw))
+        dm = dm[:1] + tuple(x for x in dm[1:] if x[1] != 1) or dm[:1] + ((1, 1),)
+        return View(handle.buffer, AP(ap.buffer, ap.dtype, ap.offset + offset(r) + blk.c0, dm), (parts, n, cw))
 
     i = 0
     while i < blk.p:
-        s = (blk.r0 + i * k) % period
-        if s + k <= period:
+        r = blk.r0 + i * k
+        pos = r % inner_n
+        if pos + k <= inner_n:
             m = 1
-            while i + m < blk.p and s + (m + 1) * k <= period:
+            while i + m < blk.p and pos + (m + 1) * k <= inner_n:
                 m += 1
-            yield tile[i:i + m], region(s, m, k)
+            yield tile[i:i + m], region(r, m, k)
             i += m
             continue
-        j = 0  # the period ends among this partition's rows (a last, shorter tile)
+        j = 0  # the innermost dim starts again among this partition's rows (a last, shorter tile)
         while j < k:
-            r = (s + j) % period
-            n = min(k - j, period - r)
-            yield tile[i:i + 1, j * cw:(j + n) * cw], region(r, 1, n)
+            n = min(k - j, inner_n - (r + j) % inner_n)
+            yield tile[i:i + 1, j * cw:(j + n) * cw], region(r + j, 1, n)
             j += n
         i += 1
 
@@ -200,6 +241,16 @@ def _reduction_params(node: fx.Node):
     return red_op, post, extra
 
 
+def strided_input(node, rows: int, d: int) -> bool:
+    """A row block stored with gaps or in another order of its leading dims (a transposed
+    head layout, a slice of the last dim): the group reads it where it is, by its strides,
+    instead of a copy making it contiguous first."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.is_contiguous() or value_class(tuple(val.shape), rows, d) != "row":
+        return False
+    return row_layout(node, tuple(val.shape), d) is not None
+
+
 class _RowGroup:
     """Emits one row group (or the epilogue of a matmul segment, block by block)."""
 
@@ -223,9 +274,8 @@ class _RowGroup:
             self.cls[n] = self._classify(n)
         for n in self.inputs:
             self.cls[n] = self._classify_input(n)
-        # rows after which each periodic input repeats; tiles then hold whole runs of its rows
-        self.periods = {n: period(node_shape(n), self.rows, self.d) for n in self.inputs
-                        if self.cls[n] == "periodic"}
+        # how periodic and strided inputs lay out their rows; tiles then hold whole runs of them
+        self.layouts = {n: self._layout(n) for n in self.inputs if self.cls[n] in ("periodic", "strided")}
         self.outputs = list(seg.outputs)
         self.once: dict = {}  # values loaded or computed once for the whole group
         self.colvec_full: dict = {}  # matmul epilogues: colvec inputs held whole, sliced per block
@@ -246,7 +296,14 @@ class _RowGroup:
         seen = {operand_class(n, node, self.rows, self.d) for n in self.nodes if node in _tensor_args(n)}
         if "periodic" in seen:
             return "periodic"
-        return self._classify(node)
+        cls = self._classify(node)
+        if cls == "row" and self.seg.kind == "rowgroup" and strided_input(node, self.rows, self.d):
+            return "strided"
+        return cls
+
+    def _layout(self, node):
+        reader = next((n for n in self.nodes if node in _tensor_args(n) and self.cls[n] == "row"), node)
+        return row_layout(node, node_shape(reader), self.d)
 
     def _peak_row_values(self) -> int:
         last = {}
@@ -255,7 +312,7 @@ class _RowGroup:
                 last[a] = k
         for o in self.outputs:
             last[o] = len(self.nodes)
-        live = {a for a in self.inputs if self.cls.get(a) in ("row", "periodic")}
+        live = {a for a in self.inputs if self.cls.get(a) in ("row", "periodic", "strided")}
         peak = len(live)
         for k, n in enumerate(self.nodes):
             if self.cls[n] == "row" and packet_name(n.target) not in VIEWS:
@@ -278,8 +335,8 @@ class _RowGroup:
         if d >= MIN_CHUNK:
             return 1, d
         k = min(max(1, TILE_FREE // d), max(1, self.budget // (d * per_elem)), max(1, -(-self.rows // P)))
-        if self.periods:  # a divisor of every period: no partition's rows cross a period's end
-            g = gcd(*self.periods.values())
+        if self.layouts:  # a divisor of every innermost run: no partition's rows cross a run's end
+            g = gcd(*(dims[-1][0] for dims in self.layouts.values()))
             k = max(j for j in range(1, k + 1) if g % j == 0)
         return k, d
 
@@ -343,13 +400,13 @@ class _RowGroup:
         if full is not None:  # held whole: this block's columns
             return _Val("colvec", dt, full[:, blk.c0:blk.c0 + blk.cw])
         site = f"in:{node.name}"
-        if kind in ("row", "periodic"):
+        if kind in ("row", "periodic", "strided"):
             env_need = blk.k * blk.cw * itemsize(dt)
             self._make_room(self._env, env_need, blk)
         t = self.b.sbuf(blk.shape(kind), dt, site=site)
-        if kind == "periodic":
-            with self.b.provenance(label="load (periodic)", fx_node=node.name):
-                for dst, src in _periodic_pieces(t, self.hbm[node], blk, self.d, self.periods[node]):
+        if kind in ("periodic", "strided"):
+            with self.b.provenance(label=f"load ({kind})", fx_node=node.name):
+                for dst, src in _row_pieces(t, self.hbm[node], blk, self.d, self.layouts[node]):
                     self.b.dma_copy(dst, src)
             return _Val("row", dt, t)
         label = "load" if kind in ("row", "rowvec") else "load (broadcast)"
@@ -538,7 +595,7 @@ class _RowGroup:
                 self._spills = {}
         env = self._env = dict(self.once)
         for a in self.inputs:  # row inputs up front: their loads overlap the first compute
-            if self.cls[a] in ("row", "periodic") and a not in env:
+            if self.cls[a] in ("row", "periodic", "strided") and a not in env:
                 env[a] = self._load(a, blk)
         for pos, node in enumerate(nodes):
             self.pos = pos
@@ -744,17 +801,21 @@ def emit_segments(segments: list[Segment], name: str, spec, *, budget_fraction: 
         stats = EmitStats(bufs=bufs)
         b = TileBuilder(name, spec, bufs=bufs)
         try:
-            _emit_all(b, segments, spec, fraction, stats)
-            return b.build(meta={"kind": "compiled", "segments": [s.names for s in segments]}), stats
+            strided = _emit_all(b, segments, spec, fraction, stats)
+            return b.build(meta={"kind": "compiled", "segments": [s.names for s in segments],
+                                 "read_strided": strided}), stats
         except CapacityError as e:
             last_error = e
     raise last_error
 
 
-def _emit_all(b: TileBuilder, segments, spec, fraction, stats) -> None:
+def _emit_all(b: TileBuilder, segments, spec, fraction, stats) -> list[str]:
+    """Emit every segment; returns the inputs read where they are, by their strides (the
+    runtime passes those as they are, not made contiguous)."""
     from ._matmul import emit_matmul, matmul_operand_shapes
 
     hbm: dict = {}
+    strided: list[str] = []
     produced = {n for seg in segments for n in seg.nodes}
     externals = []
     for seg in segments:
@@ -764,10 +825,18 @@ def _emit_all(b: TileBuilder, segments, spec, fraction, stats) -> None:
     for seg in segments:
         rows, d = seg.space
         natural = matmul_operand_shapes(seg) if seg.kind == "matmul" else {}
-        for inp in seg.inputs:  # periodic inputs keep their own rows: [period, d]
-            if seg.kind == "rowgroup" and any(operand_class(n, inp, rows, d) == "periodic"
-                                              for n in seg.nodes if inp in _tensor_args(n)):
-                natural.setdefault(inp, (prod(node_shape(inp)) // d, d))
+        for inp in seg.inputs:  # periodic and strided inputs: the span their rows are read from
+            if seg.kind != "rowgroup" or inp in natural:
+                continue
+            readers = [n for n in seg.nodes if inp in _tensor_args(n)]
+            periodic = any(operand_class(n, inp, rows, d) == "periodic" for n in readers)
+            if periodic or strided_input(inp, rows, d):
+                reader = next((n for n in readers if value_class(node_shape(n), rows, d) == "row"), inp)
+                dims = row_layout(inp, node_shape(reader), d)
+                if dims is not None:
+                    natural[inp] = (1, layout_span(dims, d))
+                    if not periodic:
+                        strided.append(inp.name)
         for inp in seg.inputs:
             if inp not in hbm and inp in externals:
                 hbm[inp] = _hbm_view(b, inp.name, inp, rows, d, "input", natural.get(inp))
@@ -782,3 +851,4 @@ def _emit_all(b: TileBuilder, segments, spec, fraction, stats) -> None:
             emit_matmul(b, seg, hbm, stats, budget, int(spec.sbuf_bytes_per_partition * fraction))
         else:
             raise _Unfusable(f"segment kind {seg.kind} is not emitted")
+    return strided

@@ -167,7 +167,7 @@ def fusible_op(node: fx.Node) -> tuple[str | None, str | None]:
     name = packet_name(node.target)
     shape = node_shape(node)
     if shape is None:
-        return None, f"{name} does not produce a single tensor"
+        return None, f"returns several tensors: runs as the device's own aten.{name} lowering (one execution)"
     if prod(shape) == 0:
         return None, "makes a tensor of no elements (nothing to compute)"
     if name in MATMULS:
