@@ -1,8 +1,10 @@
 """The device model against every published real-hardware figure: the harness's errors, pinned.
 
 ``benchmarks/fidelity.py --quick`` builds each case at a scaled shape with the same bound
-(the matmul tutorial at 1/16 of its work, RMSNorm at 1/4) and compares the modeled figure
-with the published one. Each pin below is modeled / published; a change to the device model
+(the matmul tutorial's DMA-bound steps at 1/64 of its work and its optimized step at 1/16,
+RMSNorm at 1/4; the tutorial's own shape is the benchmark's) and compares the modeled figure
+with the published one. All cases are built once, for the module (a few seconds beyond
+importing torch and registering the device). Each pin below is modeled / published; a change to the device model
 that moves one by more than 0.02 fails here, on purpose: update the pin, the docs' table
 (``docs/fidelity.md``) and, if a target changes side, say why in the commit.
 """
@@ -21,13 +23,13 @@ TOL = 0.02
 MM, RMS, DMA = "NKI matmul tutorial", "RMSNorm: eager vs fused vs compiled", "DMA throughput vs bytes per partition (p_dim 128)"
 MAMBA = "NKI fused Mamba tutorial"
 PINS = {
-    (MM, "tiled"): 0.823,
-    (MM, "hoisted loads"): 0.993,
-    (MM, "blocked free dims"): 0.989,
+    (MM, "tiled"): 0.827,
+    (MM, "hoisted loads"): 0.996,
+    (MM, "blocked free dims"): 0.992,
     (MM, "fully optimized"): 0.971,
-    (MM, "tiled -> hoisted loads"): 0.829,
+    (MM, "tiled -> hoisted loads"): 0.830,
     (MM, "hoisted loads -> blocked free dims"): 1.004,
-    (MM, "blocked free dims -> fully optimized"): 1.019,
+    (MM, "blocked free dims -> fully optimized"): 1.021,
     (RMS, "naive"): 1.043,
     (RMS, "fused"): 1.401,
     (RMS, "compiled"): 1.504,
