@@ -11,6 +11,7 @@ framework trace (``trace.json``, device executions added); all through the atomi
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import importlib
 import json
@@ -237,6 +238,17 @@ def _torch_trace(w: ProfileWriter, prof) -> str:
     when device events are added); its path."""
     path = w.target("trace.json")
     prof.export_chrome_trace(path)
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:  # torch logs a failed write and goes on
+        directory = os.path.dirname(path)
+        try:
+            free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
+        except OSError:
+            free = None
+        full = free is not None and free < (1 << 20)
+        raise OSError(errno.ENOSPC if full else errno.EIO,
+                      "torch's profiler could not write its trace"
+                      + (f" ({free:,} bytes free on that file system: the disk is full)" if full else
+                         "" if free is None else f" ({free:,} bytes free on that file system)"), path)
     return path
 
 

@@ -616,6 +616,8 @@ def _write_file(path: str, data: bytes | str | tuple) -> None:
             view = memoryview(part.encode() if isinstance(part, str) else part)
             while view:
                 view = view[os.write(fd, view):]
+    except OSError as e:  # os.write's error names no file (a full disk): name it
+        raise OSError(e.errno, e.strerror, path) from None
     finally:
         os.close(fd)
 
