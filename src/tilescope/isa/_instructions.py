@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import ClassVar, dataclass_transform
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, dataclass_transform
 
 from ._ap import AP, RuntimeScalar
 
@@ -37,6 +37,9 @@ class Instruction:
     _READS: ClassVar[tuple[str, ...]] = ()
     _WRITES: ClassVar[tuple[str, ...]] = ("dst",)
     __slots__ = ()
+    if TYPE_CHECKING:  # fields every kind declares (each subclass is the dataclass that holds them)
+        engine: str
+        dst: AP
 
     def reads(self) -> tuple[AP, ...]:
         """Every region this instruction reads (scalar operands given as APs included)."""
@@ -83,16 +86,22 @@ class Instruction:
             )
 
 
-_FIELD_ACCESS: dict[type, tuple[tuple[str, ...], attrgetter]] = {}
+# field names, and one getter of all their values as a tuple
+FieldAccess = tuple[tuple[str, ...], Callable[[Any], tuple]]
+_FIELD_ACCESS: dict[type, FieldAccess] = {}
 
 
-def field_access(cls) -> tuple[tuple[str, ...], attrgetter]:
+def field_access(cls) -> FieldAccess:
     """A dataclass's field names and one getter of all their values as a tuple (``attrgetter``
     does the reads in C: serialising an executable reads tens of thousands of fields)."""
     access = _FIELD_ACCESS.get(cls)
     if access is None:
         names = tuple(f.name for f in fields(cls))
-        getter = attrgetter(*names) if len(names) > 1 else (lambda o, _n=names: tuple(getattr(o, n) for n in _n))
+        if len(names) > 1:
+            getter: Callable[[Any], tuple] = attrgetter(*names)
+        else:  # attrgetter of one name returns the value, not a tuple
+            def getter(o, _n=names):
+                return tuple(getattr(o, n) for n in _n)
         access = _FIELD_ACCESS[cls] = (names, getter)
     return access
 
