@@ -2,9 +2,9 @@
 
 - ``unit``: the library alone -- specs, cost tables, the builder, the scheduler, lowerings called as
   functions, tile kernels on the CPU simulator, trace analysis of files on disk;
-- ``device``: the simulated PyTorch device ("sim"): eager ops, torch.compile, the profiler around
-  them, examples and studies run end to end (each module registers the device and its native
-  runtime);
+- ``device``: the simulated PyTorch device ("sim") and its toolchains: eager ops, torch.compile,
+  the profiler around them, examples and studies run end to end (each module registers the device
+  and its native runtime), GpSimd C++ operators built with the compiler;
 - ``browser``: the explorer driven through Chromium (Playwright).
 
 A module's tier comes from ``OVERRIDES`` when listed there, else from what its source uses (the
@@ -27,6 +27,7 @@ OVERRIDES = {
     "test_lang_examples.py": "device",  # runs the examples/ scripts in subprocesses
     "test_nki_run.py": "device",  # `tilescope nki run` in subprocesses, profiles written
     "test_fidelity.py": "device",  # the fidelity harness over every published figure
+    "test_cpp_ops.py": "device",  # builds GpSimd C++ operators with g++ (seconds per build)
 }
 
 _DEVICE = re.compile(r"""device\s*=\s*["']sim|["']sim["']|tilescope\.device|sim_virtual|sim_wall|documented_loop""")
