@@ -1148,7 +1148,7 @@ def _backward_geometry(call: Call):
 
 
 def _backward_program(call: Call, spec, gw_form: str):
-    from ._conv_wgrad import grad_bias_program, grad_weight_program
+    from ._conv_wgrad import grad_bias_program
 
     n = call.named()
     dy, x, w = n.get("grad_output"), n.get("input"), n.get("weight")
