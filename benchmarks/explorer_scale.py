@@ -193,17 +193,18 @@ class Recorder:
                              ms, r.status))
 
 
-def wait_warm(session, timeout_s: float = 1800) -> float:
-    """Seconds until the analyses the session computes in the background at start (summary,
-    tables, roofline, the comparison of every source) are all done."""
+def wait_warm(session, timeout_s: float) -> tuple[float, list]:
+    """Seconds until each source's analyses computed in the background at start (summary,
+    tables, roofline) are done, at most ``timeout_s``; and what was still running then."""
     t = time.perf_counter()
-    pools = [s.results for s in session.sources if s.ok and s.results is not None] + [session.results]
-    while any(r._jobs for r in pools) and time.perf_counter() - t < timeout_s:
+    pools = [(s.label, s.results) for s in session.sources if s.ok and s.results is not None]
+    while any(r._jobs for _, r in pools) and time.perf_counter() - t < timeout_s:
         time.sleep(0.2)
-    return time.perf_counter() - t
+    return time.perf_counter() - t, [f"{label}: {k}" for label, r in pools for k in list(r._jobs)]
 
 
-def interactions(page, rec: Recorder, src, pid: str, others: list[str], clicks: int, repeats: int, seed: int) -> list[dict]:
+def interactions(page, rec: Recorder, src, pid: str, others: list[str], clicks: int, repeats: int, seed: int,
+                 timeout_s: float = 120) -> list[dict]:
     """Every kind of interaction on one source, each run several times; returns one row per run:
     ``{"what", "page_ms", "server_ms", "endpoints", "errors"}``."""
     import numpy as np
@@ -212,16 +213,26 @@ def interactions(page, rec: Recorder, src, pid: str, others: list[str], clicks: 
     ix = src.index
     rows = []
 
+    gave_up = set()
+
     def run(what, kind, arg):
+        if what in gave_up:  # it ran out of time once here: its repeats would only wait again
+            return {"pages": None}
         rec.n += 1
         tag = (rec.n, what)
         rec.tag = tag
-        r = page.evaluate(ACT_JS, [kind, arg, 120_000])
+        try:
+            r = page.evaluate(ACT_JS, [kind, arg, timeout_s * 1000])
+        except Exception as e:  # noqa: BLE001 - playwright's Error: the interaction took longer than timeout_s
+            if "no answer within" not in str(e):
+                raise
+            r = {"ms": timeout_s * 1000.0, "pages": None, "timed_out": True}
+            gave_up.add(what)
         rec.tag = None
         mine = [a for a in rec.answers if a[0] == tag]
         rows.append({"what": tag[1], "page_ms": r["ms"], "server_ms": max((a[2] or 0.0) for a in mine) if mine else None,
                      "endpoints": sorted({a[1] for a in mine}), "errors": [a for a in mine if a[3] >= 400],
-                     "pages": r["pages"]})
+                     "pages": r["pages"], "timed_out": r.get("timed_out", False)})
         # compare's lanes paint without waiting for the diff; the summary's figures without HTA's analyses
         splits = {"compare": (("compare: lanes", lambda e: e != "compare"), ("compare: diff", lambda e: e == "compare")),
                   "summary": (("summary: figures", lambda e: e != "summary?part=analyses"),
@@ -263,7 +274,8 @@ def interactions(page, rec: Recorder, src, pid: str, others: list[str], clicks: 
     return rows
 
 
-def measure_browser(url: str, moves: int, session, clicks: int, repeats: int, pairs: dict) -> dict:
+def measure_browser(url: str, moves: int, session, clicks: int, repeats: int, pairs: dict, warm_timeout: float,
+                    timeout_s: float) -> dict:
     from playwright.sync_api import sync_playwright
 
     profile = tempfile.mkdtemp(prefix="tilescope-bench-chromium-")
@@ -294,7 +306,8 @@ def measure_browser(url: str, moves: int, session, clicks: int, repeats: int, pa
             # the analyses are computed once, in the background from the start, and kept on disk:
             # interactions are measured once they are (how long that takes is printed)
             warm_s = time.perf_counter() - session.t_start
-            warm_s += wait_warm(session)
+            waited, running = wait_warm(session, warm_timeout)
+            warm_s += waited
             rec.tag = (0, "zoom/pan, warm")  # the same moves once nothing runs in the background
             settled = page.evaluate(MOVES_JS, [moves, True, 7])
             rec.tag = None
@@ -303,12 +316,13 @@ def measure_browser(url: str, moves: int, session, clicks: int, repeats: int, pa
             per_source = {}
             for k, src in enumerate(session.sources):
                 if src.ok:
-                    per_source[src.id] = interactions(page, rec, src, src.id, pairs.get(src.id, []), clicks, repeats, k)
+                    per_source[src.id] = interactions(page, rec, src, src.id, pairs.get(src.id, []), clicks, repeats, k,
+                                                      timeout_s)
             ctx.close()
     finally:
         shutil.rmtree(profile, ignore_errors=True)
     return {"wall_first_paint_s": wall, "first": first, "forced": forced, "user": user, "errors": errors,
-            "interactions": per_source, "warm_s": warm_s, "move_server": move_server, "settled": settled,
+            "interactions": per_source, "warm_s": warm_s, "still_running": running, "move_server": move_server, "settled": settled,
             "settled_server": settled_server}
 
 
@@ -335,6 +349,11 @@ def report_interactions(session, per_source: dict) -> bool:
         name = f"{src.label} ({src.index.n:,} ev)"
         for what in dict.fromkeys(r["what"] for r in rows):
             mine = [r for r in rows if r["what"] == what]
+            if any(r.get("timed_out") for r in mine):
+                ok = False
+                print(f"{name[:28]:<28} {what:<24} {len(mine):>3}  no answer within the limit (--timeout; "
+                      f"further runs skipped)  MISS")
+                continue
             srv = [r["server_ms"] for r in mine if r["server_ms"] is not None]
             pg = [r["page_ms"] for r in mine if r["page_ms"] is not None] or [float("nan")]
             bad = sum(len(r["errors"]) for r in mine)
@@ -366,6 +385,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sim", action="append", default=[], metavar="PROFILE_DIR",
                     help="a tilescope profile directory of the simulated device (its device view is measured; "
                          "two or more are compared); repeatable")
+    ap.add_argument("--warm-timeout", type=float, default=900,
+                    help="seconds to wait for the background analyses before measuring interactions (default %(default)s)")
+    ap.add_argument("--timeout", type=float, default=120, help="seconds one interaction may take (default %(default)s)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir")
     args = ap.parse_args(argv)
     work = args.workdir or tempfile.mkdtemp(prefix="tilescope-explorer-bench-")
@@ -420,7 +442,8 @@ def main(argv=None) -> int:
     server.serve_in_thread()
     session.warm_up()  # as `tilescope explore` does
     try:
-        r = measure_browser(server.url.rstrip("/") + "/", args.moves, session, args.clicks, args.repeats, pairs)
+        r = measure_browser(server.url.rstrip("/") + "/", args.moves, session, args.clicks, args.repeats, pairs,
+                            args.warm_timeout, args.timeout)
     finally:
         server.shutdown()
         server.server_close()
@@ -453,8 +476,10 @@ def main(argv=None) -> int:
           f"p95 {pct(r['settled_server'], 95):.1f} ms")
     print(f"zoom/pan as the user gets them (moves within loaded data need no request): p50 "
           f"{pct(user, 50):.1f} ms, p95 {pct(user, 95):.1f} ms")
-    print(f"analyses computed in the background (summary, tables, roofline, the comparison of all sources): "
-          f"all done {r['warm_s']:.1f} s after the session started")
+    print(f"analyses computed in the background (summary, tables, roofline): "
+          + (f"all done {r['warm_s']:.1f} s after the session started" if not r["still_running"] else
+             f"still running {r['warm_s']:.1f} s after the session started (interactions measured meanwhile): "
+             + ", ".join(r["still_running"])))
     inter_ok = report_interactions(session, r["interactions"])
     print(f"machine at the end: {machine()}")
     print(f"server peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB (this process: "

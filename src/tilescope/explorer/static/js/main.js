@@ -40,6 +40,7 @@ class App {
     this.dismissed = new Set();
     this.errors = [];
     this.ac = null;
+    this._routed = [];  // go()s waiting for their view
     this.ready = this.start();
   }
 
@@ -67,7 +68,7 @@ class App {
     if (this._saveTimer) { clearTimeout(this._saveTimer); this._saveTimer = null; this._writeState(); }
     if (location.hash === hash) return this.route();
     location.hash = hash;
-    return new Promise((res) => { this._routed = res; });
+    return new Promise((res) => { this._routed.push(res); });
   }
 
   // ---- the URL holds the view ---------------------------------------------------------------
@@ -154,7 +155,9 @@ class App {
     } catch (e) {
       this.report(e, ac.signal);
     } finally {
-      if (this._routed) { const f = this._routed; this._routed = null; f(); }
+      // go() answers once the view it asked for is drawn: a route left before it finished
+      // (another click came) leaves its callers to the route that replaced it
+      if (ac === this.ac) { const ws = this._routed; this._routed = []; ws.forEach((f) => f()); }
     }
   }
 
