@@ -90,6 +90,16 @@ class _Launch:
     program_id: tuple[int, ...]
 
 
+DEFAULT_MAX_INSTRUCTIONS = 20_000_000
+
+
+def max_instructions() -> int:
+    """The most instructions one kernel's trace may emit: ``TILESCOPE_MAX_INSTRUCTIONS``."""
+    from .._env import count
+
+    return count("TILESCOPE_MAX_INSTRUCTIONS", DEFAULT_MAX_INSTRUCTIONS, minimum=1)
+
+
 class KernelContext:
     """Tracing state of one kernel: its builder, on-chip buffer states, print hooks."""
 
@@ -122,6 +132,7 @@ class KernelContext:
         self.replica_states: set[int] = set()  # ids of replicated buffers given a state (see _loops)
         self.loop_stats: dict = {}  # (file, line) -> [label, iterations, replicated, why not]
         self.template_keys: dict = {}  # builder template id -> shape id (loop replication compares them)
+        self.max_instructions = max_instructions()  # a trace this long stops (a Python loop that never ends)
 
     # ---- where we are -----------------------------------------------------
     def enter(self, frame, label: str) -> None:
@@ -204,6 +215,12 @@ class KernelContext:
 
     def _emit(self, instr) -> int:
         idx = self.b.emit(instr)
+        if idx >= self.max_instructions:
+            raise KernelError(
+                f"kernel {self.kernel!r} traced more than {self.max_instructions:,} instructions, the limit "
+                f"(TILESCOPE_MAX_INSTRUCTIONS, "
+                f"default {DEFAULT_MAX_INSTRUCTIONS:,}): a Python loop that never ends? Each pass of a Python loop "
+                f"emits its instructions again; bound the loop, or raise the limit for a kernel this long")
         f = self.frame
         self.last_emit = (f.f_code.co_filename, f.f_lineno) if f is not None else None
         if idx == self.fail_at:  # re-raise a build-time error where its tile is first used
