@@ -31,3 +31,28 @@ def test_the_window_over_slices_deeper_than_int16(tmp_path):
     tr = _same_time_trace(tmp_path, 40_000, 5.0)
     w = tr.window(max_events=50_000)
     assert w["exact"] and int(w["events"]["depth"].max()) == 39_999
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_metadata_nested_deeper_than_the_json_reader_is_a_warning(tmp_path):
+    event = json.dumps({"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0})
+    depth = 100_000
+    tr = tt.open(_write(tmp_path, "deep.json", '{"traceEvents": [' + event + '], "x": ' + "[" * depth + "]" * depth
+                        + "}"), progress=False)
+    assert [r[0] for r in tr.sql("SELECT name FROM events").fetchall()] == ["a"]
+    assert any("nests deeper than the JSON reader follows" in w for w in tr.warnings), tr.warnings
+
+
+def test_records_without_a_numeric_ts_are_where_the_warning_says(tmp_path):
+    events = [{"ph": "X", "cat": "cpu_op", "name": "no_ts", "pid": 1, "tid": 1, "ts": "abc", "dur": 2.0},
+              {"ph": "X", "cat": "cpu_op", "name": "fine", "pid": 1, "tid": 1, "ts": 3.0, "dur": 2.0}]
+    tr = tt.open(_write(tmp_path, "ts.json", json.dumps({"traceEvents": events})), progress=False)
+    (warning,) = [w for w in tr.warnings if "no numeric 'ts'" in w]
+    assert "kept in the raw table" in warning and "left out of events" in warning
+    assert tr.sql("SELECT name FROM raw WHERE ts_ns IS NULL").fetchall() == [("no_ts",)]
+    assert tr.sql("SELECT name FROM events").fetchall() == [("fine",)]

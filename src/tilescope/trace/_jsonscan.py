@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 
 import numpy as np
 
@@ -373,7 +374,7 @@ class ChromeTraceScanner:
             try:
                 doc = json.loads(bytes(self._skeleton))
                 keys = list(doc)
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, RecursionError):
                 doc = {}
             if isinstance(doc, dict) and "traceEvents" in doc:
                 raise TraceFormatError(
@@ -408,5 +409,9 @@ class ChromeTraceScanner:
             meta = json.loads(text.decode("utf-8", errors="replace"))
         except ValueError as e:
             self.warnings.append(f"{self.name}: trace metadata outside 'traceEvents' is not valid JSON ({e}); ignored")
+            meta = {}
+        except RecursionError:
+            self.warnings.append(f"{self.name}: trace metadata outside 'traceEvents' nests deeper than the JSON "
+                                 f"reader follows ({sys.getrecursionlimit():,} levels); ignored")
             meta = {}
         return meta if isinstance(meta, dict) else {}

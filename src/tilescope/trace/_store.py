@@ -374,7 +374,8 @@ def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool
             if st["no_ts"]:
                 meta["warnings"].append(
                     f"{name}: {st['no_ts']:,} records have no numeric 'ts' (missing or not a number); "
-                    f"they are kept in the tables but left out of every time-based analysis")
+                    f"they are kept in the raw table (SELECT * FROM raw WHERE ts_ns IS NULL) but left out of "
+                    f"events and every analysis")
             if st.get("huge_ts"):
                 meta["warnings"].append(
                     f"{name}: {st['huge_ts']:,} records have a 'ts' too large to be a time (beyond +-9.2e15 us, "
