@@ -101,7 +101,9 @@ def test_numerics_off_skips_values_but_keeps_time(virtual):
 
 def test_numerics_run_on_the_worker_not_the_host(monkeypatch):
     """Each execution's numerics are computed by the device's worker thread: the launching
-    thread only queues them (checked by the thread that runs each queued item, not by timing)."""
+    thread only queues them (checked by the thread that runs each queued item, not by timing).
+    Through the Python handler (``fast_dispatch=False``) they are Python items; repeat calls on
+    the native fast path queue native items."""
     import threading
 
     from tilescope.device import _worker
@@ -109,6 +111,14 @@ def test_numerics_run_on_the_worker_not_the_host(monkeypatch):
     x = torch.randn(2048, 2048, device="sim")
     y = x.exp()  # first call: synchronous
     torch.sim.synchronize()
+    native = _worker.stats()["native_items"]
+    for _ in range(4):
+        y = x.exp()
+    torch.sim.synchronize()
+    assert _worker.stats()["native_items"] >= native + 2
+    torch.testing.assert_close(y.cpu(), x.cpu().exp())
+    old = dev.settings().fast_dispatch
+    dev.configure(fast_dispatch=False)
     ran_on, put = [], _worker.put
 
     def put_tagged(work):
@@ -121,9 +131,12 @@ def test_numerics_run_on_the_worker_not_the_host(monkeypatch):
         put((run, args, kwargs, label))
 
     monkeypatch.setattr(_worker, "put", put_tagged)
-    for _ in range(3):
-        y = x.exp()
-    torch.sim.synchronize()
+    try:
+        for _ in range(3):
+            y = x.exp()
+        torch.sim.synchronize()
+    finally:
+        dev.configure(fast_dispatch=old)
     assert len(ran_on) == 3 and threading.get_ident() not in ran_on and len(set(ran_on)) == 1
     torch.testing.assert_close(y.cpu(), x.cpu().exp())
 

@@ -43,6 +43,11 @@ class Settings:
         worker_threads: intra-op (OpenMP) threads the worker's CPU kernels use; the
             default leaves one CPU core to the host thread, so big numerics do not slow
             dispatch down (``$TILESCOPE_WORKER_THREADS``). Applied when the worker starts.
+        fast_dispatch: repeat calls of a signature the device has run before take the native
+            fast path (no interpreter: outputs, execution, numerics queued in C++), except
+            while a listener or a profiler watches each execution. ``False`` sends every call
+            through the Python handler (``$TILESCOPE_FAST_DISPATCH=0``); values and modeled
+            times are the same either way.
     """
 
     preset: CoreSpec
@@ -51,6 +56,7 @@ class Settings:
     blocking: bool = False
     gil_switch_interval_s: float | None = 0.0005
     worker_threads: int = max(1, (os.cpu_count() or 2) - 1)
+    fast_dispatch: bool = True
 
     def __post_init__(self) -> None:
         if self.clock not in _CLOCKS:
@@ -76,6 +82,7 @@ def settings() -> Settings:
             clock=os.environ.get("TILESCOPE_CLOCK", "wall") or "wall",
             numerics=flag("TILESCOPE_NUMERICS", True),
             blocking=flag("TILESCOPE_LAUNCH_BLOCKING", False),
+            fast_dispatch=flag("TILESCOPE_FAST_DISPATCH", True),
             **({"worker_threads": threads} if (threads := count("TILESCOPE_WORKER_THREADS", None, minimum=1)) else {}),
         )
     return _SETTINGS
@@ -83,7 +90,8 @@ def settings() -> Settings:
 
 def configure(*, preset: str | CoreSpec | None = None, clock: str | None = None,
               numerics: bool | None = None, blocking: bool | None = None,
-              gil_switch_interval_s: float | None = ..., worker_threads: int | None = None) -> Settings:
+              gil_switch_interval_s: float | None = ..., worker_threads: int | None = None,
+              fast_dispatch: bool | None = None) -> Settings:
     """Change settings; unspecified ones keep their value. Returns the new settings.
 
     Changing the preset or the clock first waits for pending device work (so no
@@ -104,6 +112,8 @@ def configure(*, preset: str | CoreSpec | None = None, clock: str | None = None,
         changes["gil_switch_interval_s"] = gil_switch_interval_s
     if worker_threads is not None:
         changes["worker_threads"] = worker_threads
+    if fast_dispatch is not None:
+        changes["fast_dispatch"] = bool(fast_dispatch)
     new = dataclasses.replace(old, **changes)
     if new == old:
         return old

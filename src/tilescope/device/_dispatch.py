@@ -17,6 +17,11 @@ A call:
 
 Metadata-only ops (views, ``squeeze_``-like in-place view ops) run PyTorch's CPU
 kernels on the device tensors themselves: no execution, true views.
+
+The device's kernel itself is native (``_csrc/dispatch.cpp``): each handler describes its op
+to it once (:meth:`Handler.describe`) and teaches it every cached signature; later calls of
+that signature run there without entering Python (the same outputs, execution and numerics),
+unless a listener or a profiler watches each execution.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ _NUMBER_KINDS = frozenset(("number", "Optional[number]", "List[number]"))
 # a Python number in a Tensor-typed position is a wrapped number (``x * 2``): a runtime operand
 _TENSOR_KINDS = frozenset(("Tensor", "Optional[Tensor]"))
 _enable_rf = torch._C._autograd._enable_record_function
+_default_dtype = torch.get_default_dtype
 _STATS = {"calls": 0, "first_calls": 0, "sync_calls": 0}
 _DEVICE_TYPE = "privateuseone"
 _PLAIN, _NUMBER, _WRAPPED = 0, 1, 2
@@ -56,8 +62,12 @@ def init(device_type: str) -> None:
 
 
 def stats() -> dict:
-    """Calls handled, first calls of a signature (synchronous) and calls that always wait."""
-    return dict(_STATS)
+    """Calls handled (``fast_calls`` of them by the native fast path), first calls of a
+    signature (synchronous) and calls that always wait."""
+    out = dict(_STATS)
+    out["fast_calls"] = _rt.fast_calls() if _rt is not None else 0
+    out["calls"] += out["fast_calls"]
+    return out
 
 
 def op_label(op) -> str:
@@ -95,7 +105,7 @@ _WRAP_CACHE: dict = {}
 def _wrapped(v):
     """A 0-dim CPU tensor standing for a wrapped Python number (PyTorch's promotion rules
     treat it like the number: floats take the default dtype)."""
-    key = (v.__class__, v)
+    key = (v.__class__, v, _default_dtype())  # (the dtype a float or complex takes)
     t = _WRAP_CACHE.get(key)
     if t is None:
         if v.__class__ is float:
@@ -167,7 +177,7 @@ def scan(args, kwargs, pos_flags, kw_flags) -> _Scan:
     s = _Scan()
     s.device = None
     s.host = None
-    key: list = []
+    key: list = [_default_dtype()]  # it decides a result's dtype (an integer tensor times a Python float)
     n = len(pos_flags)
     s.cpu_args = [_scan_value(a, pos_flags[i] if i < n else 0, key, s) for i, a in enumerate(args)]
     cpu_kwargs = {}
@@ -281,6 +291,29 @@ class Handler:
             found = _find_out_overload(op)
             if found is not None:
                 self.out_fn, self.out_names = found
+        # the native kernel may repeat its cached signatures: those whose numerics are the op's
+        # own CPU kernel, with no generator to draw from
+        self.native = self.kind == "meta" or (
+            self.cacheable and cpu_fn is None and self.gen is None and self.kind in ("functional", "inplace"))
+        if _rt is not None:
+            self.describe()
+
+    def describe(self) -> None:
+        """Tell the native kernel what it may do with this op on its own (see the module doc)."""
+        code = {"meta": 1, "functional": 2, "inplace": 3}[self.kind] if self.native else 0
+        args = self.schema.arguments
+        _rt.fast_describe(self.schema.name, self.schema.overload_name, code, [self.kw_flags[a.name] for a in args],
+                          list(self.write_pos), self.n_returns, self.list_return,
+                          self.out_fn._schema.overload_name if self.out_fn is not None else "")
+
+    def _teach(self, entry) -> None:
+        """Teach the native kernel the signature of the call in progress (if it keyed one)."""
+        if self.kind == "functional":
+            _rt.fast_learn(self.name, entry.outs, entry.lowered is not None,
+                           entry.lowered.modeled_ns if entry.lowered is not None else 0.0)
+        else:
+            _rt.fast_learn(self.name, [], entry.lowered is not None,
+                           entry.lowered.modeled_ns if entry.lowered is not None else 0.0)
 
     # -- the hot path ------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -295,6 +328,8 @@ class Handler:
         entry = self.cache.get(s.key) if self.cacheable else None
         if entry is None:
             return self._first(s, args, kwargs)
+        if self.native:
+            self._teach(entry)
         core = s.device
         kind = self.kind
         if kind == "functional":
@@ -389,7 +424,9 @@ class Handler:
         if self.cacheable:
             if len(self.cache) >= _SIGNATURES_PER_OP:
                 self.cache.clear()  # a workload of ever-new shapes: start over rather than grow
-            self.cache[s.key] = Entry(outs, lowered)
+            entry = self.cache[s.key] = Entry(outs, lowered)
+            if self.native and s.host is None:
+                self._teach(entry)
         return value
 
     def _lower(self, args, kwargs, written):
@@ -516,11 +553,12 @@ def _run_out(handler, args, kwargs, outs):
             kw[name] = o.as_strided(o.shape, o.stride(), o.storage_offset())
         try:
             handler.out_fn(*args, **kw)
-            return
+            if all(kw[n].shape == o.shape and kw[n].stride() == o.stride() for n, o in zip(handler.out_names, outs)):
+                return
         except RuntimeError as e:
             if "resize" not in str(e):
                 raise
-            handler.out_fn = None  # this op's out= form resizes its output internally: compute then copy
+        handler.out_fn = None  # this op's out= form resizes its output internally: compute then copy
     _run_and_copy(handler.fn, args, kwargs, outs)
 
 
@@ -573,6 +611,12 @@ def _find_out_overload(op):
 _HANDLERS: dict = {}
 # device ops with no CPU kernel: the CPU function that computes them
 _CPU_SUBSTITUTES: dict = {}
+
+
+def use_handler(op, handler) -> None:
+    """Handle ``op`` with ``handler`` (a callable taking the op's arguments) instead of a
+    :class:`Handler` (ops with their own semantics reached through the native kernel)."""
+    _HANDLERS[op] = handler
 
 
 def handler_for(op) -> Handler:

@@ -4,8 +4,10 @@ PyTorch needs a few pieces of a backend in C++: the memory allocator that
 ``torch.UntypedStorage(n, device="sim")``, ``copy.deepcopy`` and ``torch.load`` reach,
 a device guard that knows several cores, generators, pinned host memory, and the
 metadata-only kernels (``empty``, ``view``, ``as_strided``, ``set_``). They live in
-``_csrc/runtime.cpp`` (about 300 lines); ``_csrc/profiler.cpp`` is the device's activity
-profiler for Kineto, through which torch.profiler records device executions itself. Both are
+``_csrc/runtime.cpp``; ``_csrc/profiler.cpp`` is the device's activity profiler for Kineto,
+through which torch.profiler records device executions itself; ``_csrc/worker.cpp`` the device
+worker and the modeled clock, ``_csrc/dispatch.cpp`` the device's kernel (a native fast path in
+front of the Python handlers). They are
 built with ``torch.utils.cpp_extension`` the first time the device is registered and cached
 under ``$TILESCOPE_CACHE_DIR`` (default ``~/.cache/tilescope``), keyed by the sources, torch
 and Python versions. A cold build takes about 30 s; a cached load a few milliseconds.
@@ -24,7 +26,9 @@ import torch
 
 __all__ = ["load", "cache_dir"]
 
-_SOURCES = tuple(Path(__file__).with_name("_csrc") / name for name in ("runtime.cpp", "profiler.cpp"))
+_SOURCES = tuple(Path(__file__).with_name("_csrc") / name
+                 for name in ("runtime.cpp", "profiler.cpp", "worker.cpp", "dispatch.cpp"))
+_HEADERS = (Path(__file__).with_name("_csrc") / "sim.h",)
 _MODULE = None
 
 
@@ -34,7 +38,7 @@ def cache_dir() -> Path:
 
 
 def _build_dir() -> tuple[Path, str]:
-    src = b"".join(path.read_bytes() for path in _SOURCES)
+    src = b"".join(path.read_bytes() for path in _SOURCES + _HEADERS)
     tag = hashlib.sha256(src + torch.__version__.encode() + sys.version.encode()).hexdigest()[:12]
     name = f"tilescope_sim_runtime_{tag}"
     return cache_dir() / "native" / name, name

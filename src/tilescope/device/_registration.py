@@ -8,10 +8,11 @@ Steps, in the order PyTorch needs them:
    generators, pinned memory, metadata-only kernels) and tell it the core count and
    each core's HBM size;
 3. generate ``Tensor.sim()`` / ``is_sim`` / ``Module.sim()`` and register ``torch.sim``;
-4. register the Python kernels: one backend fallback for every op, plus direct
-   kernels for ops that would otherwise reach it in pieces (structured ops PyTorch
-   would split into ``empty`` + ``op.out``; ``_foreach_*`` loops; composite kernels
-   such as ``native_layer_norm`` where CPU has its own) and for the ops with their own
+4. register the kernels: the native device kernel (``_csrc/dispatch.cpp``, a fast path in
+   front of the Python handlers of ``_dispatch``) as the backend fallback for every op and
+   directly for ops that would otherwise reach it in pieces (structured ops PyTorch would
+   split into ``empty`` + ``op.out``; ``_foreach_*`` loops; composite kernels such as
+   ``native_layer_norm`` where CPU has its own); Python kernels for the ops with their own
    semantics (copies, ``.item()``, ``resize_``) and the fused built-ins.
 """
 
@@ -73,6 +74,7 @@ def register(name: str | None = None) -> str:
         _apply_limits(rt, s)
         from . import _runtime
 
+        _runtime.attach(rt)
         # torch.profiler records device executions itself, through the device's Kineto profiler
         _runtime.use_device_profiler(rt, flag("TILESCOPE_DEVICE_PROFILER", True))
         # torch.accelerator.synchronize() / stream.synchronize() reach the runtime through the guard
@@ -80,7 +82,7 @@ def register(name: str | None = None) -> str:
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
         torch._register_device_module(name, _module)
         _dispatch.init(name)
-        _register_kernels()
+        _register_kernels(rt)
         if s.gil_switch_interval_s is not None:
             sys.setswitchinterval(s.gil_switch_interval_s)
         _config.on_change(lambda old, new: _on_change(rt, old, new))
@@ -106,7 +108,6 @@ def _on_change(rt, old, new) -> None:
 # ops with their own semantics (see _special)
 _SPECIAL = {
     "_copy_from": _special.copy_from,
-    "copy_": _special.copy_,
     "_copy_from_and_resize": _special.copy_from_and_resize,
     "_local_scalar_dense": _special.local_scalar_dense,
     "resize_": _special.resize_,
@@ -118,15 +119,16 @@ _SPECIAL = {
 _FOREACH_PREFIX = "_foreach_"
 
 
-def _register_kernels() -> None:
+def _register_kernels(rt) -> None:
     lib = torch.library.Library("aten", "IMPL")
     _LIBS.append(lib)
     for name, fn in _SPECIAL.items():
         lib.impl(name, fn, "PrivateUse1")
-    fallback = torch.library.Library("_", "IMPL")
-    _LIBS.append(fallback)
-    fallback.fallback(_dispatch.handle, "PrivateUse1")
-    done = set(_SPECIAL)
+    # ops the native kernel is registered for directly; copy_ is handled by _special.copy_ (through
+    # the kernel, which repeats device-to-device copies on its own)
+    names = ["copy_"]
+    _dispatch.use_handler(torch.ops.aten.copy_.default, _special.CopyHandler())
+    done = set(_SPECIAL) | {"copy_"}
     for qualified in torch._C._dispatch_get_all_op_names():
         if not qualified.startswith("aten::"):
             continue
@@ -144,9 +146,9 @@ def _register_kernels() -> None:
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "PrivateUse1"):
             continue
-        packet, _, overload = name.partition(".")
-        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-        lib.impl(name, _dispatch.handler_for(op), "PrivateUse1")
+        names.append(name)
+    # the native kernel, for these and (as the backend fallback) every op without a kernel
+    rt.fast_register(names, _dispatch.handle)
     from . import _fused, _kernels, _rnn
 
     _fused.register(lib)

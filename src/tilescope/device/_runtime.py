@@ -23,7 +23,6 @@ itself, as it records CUDA kernels (see :func:`use_device_profiler`).
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
@@ -101,15 +100,12 @@ _new_execution = tuple.__new__  # Execution from its fields, without the named t
 
 
 class _State:
-    """Mutable runtime state; one per process."""
+    """Mutable runtime state; one per process. The clocks (each core's end of its last
+    execution, the virtual host clock, the flow ids) live in the native runtime
+    (``_csrc/worker.cpp``), which the dispatch fast path schedules on too."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.flow = itertools.count(1)
-        self.core_end: list[float] = []
-        self.core_busy: list[float] = []
-        self.core_count: list[int] = []
-        self.vhost = 0.0
         self.listeners: tuple = ()  # called for every execution
         self.recorded_listeners: tuple = ()  # those among them also called for the executions torch records
         self.keep_recorded = False  # the device's profiler keeps the records of the executions torch records
@@ -127,12 +123,17 @@ class _State:
         self.clock = s.clock
         self.dispatch_ns = s.preset.host_dispatch_us * 1000.0
         self.runtime_ns = s.preset.runtime_exec_us * 1000.0
-        n = s.preset.cores_per_chip
-        if len(self.core_end) < n:
-            grow = n - len(self.core_end)
-            self.core_end += [0.0] * grow
-            self.core_busy += [0.0] * grow
-            self.core_count += [0] * grow
+        if self.native is not None:
+            self.native.clock_configure(self.virtual, self.dispatch_ns, self.runtime_ns, s.preset.cores_per_chip)
+        self.update_fast_path()
+
+    def update_fast_path(self) -> None:
+        """The native dispatch fast path runs only where Python need not see each execution:
+        no listener, not blocking (see ``_csrc/dispatch.cpp``)."""
+        if self.native is not None:
+            s = self.settings
+            self.native.fast_enable(bool(s.fast_dispatch and not s.blocking and not self.listeners))
+            self.native.fast_numerics(bool(s.numerics))
 
 
 _S = _State()
@@ -141,10 +142,18 @@ _S = _State()
 def _on_settings(old: _config.Settings, new: _config.Settings) -> None:
     if old.preset != new.preset or old.clock != new.clock or old.numerics != new.numerics:
         synchronize()
+    if old.preset != new.preset and _S.native is not None:
+        _S.native.fast_forget()  # the signatures it learned carry the old preset's modeled times
     if old.preset != new.preset or old.clock != new.clock:
         reset_clocks(_state_settings=new)
     else:
         _S.apply(new)
+
+
+def attach(native) -> None:
+    """Keep the runtime's clocks in the native runtime (at registration)."""
+    _S.native = native
+    _S.apply(_S.settings)
 
 
 _config.on_change(_on_settings)
@@ -216,26 +225,31 @@ def reset_clocks(*, _state_settings: _config.Settings | None = None) -> None:
     """Start the modeled clocks afresh (virtual host time 0, every core idle)."""
     with _S.lock:
         _S.apply(_state_settings or _S.settings)
-        _S.vhost = 0.0
-        base = 0.0 if _S.virtual else float(time.perf_counter_ns())
-        _S.core_end = [base] * len(_S.core_end)
+        if _S.native is not None:
+            _S.native.clock_reset(0.0 if _S.virtual else float(time.perf_counter_ns()))
 
 
 def now_ns() -> float:
     """The host's current time in the runtime's clock (virtual or ``perf_counter_ns``)."""
-    return _S.vhost if _S.virtual else float(time.perf_counter_ns())
+    if _S.virtual:
+        return _S.native.clock_vhost() if _S.native is not None else 0.0
+    return float(time.perf_counter_ns())
 
 
 def core_end_ns(core: int | None = None) -> float:
     """Modeled end of the last execution submitted to ``core`` (all cores if None)."""
-    if core is None:
-        return max(_S.core_end)
-    return _S.core_end[core]
+    if _S.native is None:
+        return 0.0
+    return _S.native.clock_core_end(-1 if core is None else core)
 
 
 def counters() -> dict:
     """Executions and modeled busy time per core since the clocks were reset."""
-    return {"executions": list(_S.core_count), "busy_ns": list(_S.core_busy)}
+    if _S.native is None:
+        n = _S.settings.preset.cores_per_chip
+        return {"executions": [0] * n, "busy_ns": [0.0] * n}
+    executions, busy = _S.native.clock_counters()
+    return {"executions": list(executions), "busy_ns": list(busy)}
 
 
 def subscribe(fn, *, recorded: bool = True) -> None:
@@ -249,6 +263,7 @@ def subscribe(fn, *, recorded: bool = True) -> None:
             _S.listeners = _S.listeners + (fn,)
             if recorded:
                 _S.recorded_listeners = _S.recorded_listeners + (fn,)
+            _S.update_fast_path()
 
 
 def keep_recorded(limit: int = 2_000_000) -> int:
@@ -289,6 +304,7 @@ def unsubscribe(fn) -> None:
     with _S.lock:
         _S.listeners = tuple(f for f in _S.listeners if f != fn)
         _S.recorded_listeners = tuple(f for f in _S.recorded_listeners if f != fn)
+        _S.update_fast_path()
 
 
 def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: float,
@@ -301,27 +317,12 @@ def submit(core: int, op: str, kind: str, lowering: str, program, modeled_ns: fl
     between cores).
     """
     s = _S
-    with s.lock:
-        if s.virtual:
-            s.vhost += s.dispatch_ns
-            host = s.vhost
-        else:
-            host = float(time.perf_counter_ns())
-        queued = host + s.runtime_ns
-        start = s.core_end[core]
-        if extra_wait_core is not None and s.core_end[extra_wait_core] > start:
-            start = s.core_end[extra_wait_core]
-        if queued > start:
-            start = queued
-        end = start + modeled_ns
-        s.core_end[core] = end
-        s.core_busy[core] += modeled_ns
-        s.core_count[core] += 1
-        flow = next(s.flow)
-        key = program.hash if program is not None else ""
-        first = key not in s.ran
-        if first:
-            s.ran.add(key)
+    flow, host, queued, start, end = s.native.clock_submit(core, modeled_ns,
+                                                           -1 if extra_wait_core is None else extra_wait_core)
+    key = program.hash if program is not None else ""
+    first = key not in s.ran
+    if first:
+        s.ran.add(key)
     record = s.device_profiler
     if record is not None and _profiler_enabled():  # torch records it (profiler.cpp), with our record if kept
         recorded = (record(flow, op, kind == "memcpy", core, host, start, end, queued, modeled_ns, s.runtime_ns,
@@ -388,9 +389,8 @@ def wait_until(end_ns: float) -> None:
 def _host_waits_until(end_ns: float) -> None:
     """The host's clock reaches ``end_ns``: moved forward (virtual clock) or slept to (wall clock)."""
     if _S.virtual:
-        with _S.lock:
-            if end_ns > _S.vhost:
-                _S.vhost = end_ns
+        if _S.native is not None:
+            _S.native.clock_advance_vhost(end_ns)
         return
     remaining = end_ns - time.perf_counter_ns()
     if remaining > 0:

@@ -61,6 +61,8 @@ def copy_from(src, dst, non_blocking: bool = False):
         core = dst.device.index
         low = _copy_lowered(src, dst, "tilescope::copy")
         wait = src.device.index if src.device.index != core else None
+        if wait is None:  # a copy on one core: the native kernel may repeat it on its own
+            rt.fast_learn("aten::copy_", [], True, low.modeled_ns)
         _runtime.submit(core, "aten::copy_", "memcpy" if wait is not None else "kernel", low.rule, low.program,
                         low.modeled_ns, (_copy_work, (rt.cpu_view(dst), rt.cpu_view(src)), {}, "aten::copy_"),
                         dst.numel() * dst.element_size(), "DtoD", extra_wait_core=wait)
@@ -91,6 +93,22 @@ def copy_from(src, dst, non_blocking: bool = False):
 def copy_(self, src, non_blocking: bool = False):
     """``aten::copy_``: route to :func:`copy_from` (``self`` is the destination)."""
     return copy_from(src, self, non_blocking)
+
+
+class CopyHandler:
+    """``aten::copy_`` through the native kernel: :func:`copy_`, and the kernel told that it is an
+    in-place op returning its destination, whose device-to-device copies on one core it may
+    repeat itself (the numerics: the CPU ``copy_`` on views, as :func:`copy_from` queues)."""
+
+    def __init__(self):
+        op = torch.ops.aten.copy_.default
+        schema = op._schema
+        # flags: tensors (2), non_blocking by value (0)
+        flags = [2 if str(a.type) == "Tensor" else 0 for a in schema.arguments]
+        _rt().fast_describe(schema.name, schema.overload_name, 3, flags, [0], 1, False, "")
+
+    def __call__(self, self_, src, non_blocking=False):
+        return copy_(self_, src, non_blocking)
 
 
 def copy_from_and_resize(src, dst):

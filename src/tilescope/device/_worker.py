@@ -2,9 +2,12 @@
 
 It plays the part of the accelerator's execution stream: dispatch returns as soon as
 a work item is queued, so the host's profiled time never includes the numerics.
-Work items are ``(fn, args, kwargs, label)``; the loop is kept minimal because it shares the
-interpreter lock with the host threads. The worker's own aten calls are hidden from
-the profiler (record functions disabled on its thread).
+The thread and its queue live in the native runtime (``_csrc/worker.cpp``): the items the
+dispatch fast path queues (an aten op's CPU kernel on views of device memory) run there
+without the interpreter lock, so a loop of small ops does not wait for the worker's
+interpreter time; Python items -- ``(fn, args, kwargs, label)``, from :func:`put` -- take the
+lock to run. The worker's own aten calls are hidden from the profiler (record functions
+disabled on its thread).
 
 An error in a work item does not stop the worker; it is raised, naming the
 execution that failed, by the next call that waits for the device
@@ -16,26 +19,24 @@ item is asked to stop through the cancel hooks, e.g. a C++ kernel's): the wait r
 ``KeyboardInterrupt`` and the next wait a ``DeviceExecutionError`` saying the outputs of
 the cancelled executions hold undefined values. An interpreter that exits on Ctrl-C
 cancels the queue instead of finishing it; a second Ctrl-C while it waits for the running
-item ends the process at once (exit status 130).
+item ends the process at once (exit status 130). (The host waits in short slices, so that
+its interpreter takes the Ctrl-C.)
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import queue
 import sys
-import threading
 import time
 
 import torch
 
 from . import _config
 
-__all__ = ["put", "wait", "cancel", "on_cancel", "pending_error", "DeviceExecutionError"]
+__all__ = ["put", "wait", "cancel", "on_cancel", "pending_error", "DeviceExecutionError", "stats"]
 
-_SYNC = "synchronize"  # the label of wait()'s marker: run even while queued work is skipped
-_RESUME = "resume after cancel"
+_SLICE_S = 0.1  # a wait's slice: how soon a Ctrl-C is taken
 _CANCEL_HOOKS: list = []  # called by cancel(): stop the item running now (e.g. a C++ kernel)
 
 
@@ -47,50 +48,18 @@ class WorkCancelled(RuntimeError):
     """Queued device work was cancelled (Ctrl-C): its outputs hold undefined values."""
 
 
-class _Worker:
-    def __init__(self) -> None:
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.errors: list[tuple[str, BaseException]] = []
-        self.skipping = False  # after cancel(): drop items up to its resume marker
-        self.skipped = 0
-        self.thread = threading.Thread(target=self._run, name="tilescope-device-worker", daemon=True)
-        self.thread.start()
+_native = None
+_errors: list[tuple[str, BaseException]] = []  # taken from the native worker, not raised yet
 
-    def _run(self) -> None:
-        torch._C._autograd._enable_record_function(False)
-        _limit_threads()
-        get = self.queue.get
-        errors = self.errors
-        while True:
-            item = get()
-            if item is None:  # interpreter exit
-                return
-            fn, args, kwargs, label = item
-            if self.skipping and label != _SYNC and label != _RESUME:
-                self.skipped += 1
-                continue
-            try:
-                fn(*args, **kwargs)
-            except BaseException as e:  # noqa: BLE001 - reported at the next synchronisation
-                errors.append((label, e))
 
-    def cancel(self) -> None:
-        """Drop the items queued so far (wait() markers still run) and ask the running one to stop."""
-        if not self.skipping:
-            self.skipping = True
-            self.queue.put((self._resume, (), {}, _RESUME))
-        for hook in list(_CANCEL_HOOKS):
-            try:
-                hook()
-            except Exception:  # noqa: BLE001 - a hook must not keep the others from running
-                pass
+def _rt():
+    global _native
+    if _native is None:
+        from ._native import load
 
-    def _resume(self) -> None:
-        n, self.skipped, self.skipping = self.skipped, 0, False
-        if n:
-            self.errors.append(("queued work", WorkCancelled(
-                f"{n} queued execution(s) were cancelled by an interrupt (Ctrl-C): the tensors they would have "
-                f"written hold undefined values; compute them again")))
+        _native = load()
+        _native.worker_on_start(_limit_threads)
+    return _native
 
 
 def _limit_threads(threads: int | None = None) -> None:
@@ -109,51 +78,41 @@ def _limit_threads(threads: int | None = None) -> None:
 def _on_settings(old, new) -> None:
     """``configure(worker_threads=...)``: applied on the worker thread, after the work queued
     before it (a worker not started yet reads the new settings when it starts)."""
-    if new.worker_threads != old.worker_threads and _W is not None:
+    if new.worker_threads != old.worker_threads and _native is not None:
         put((_limit_threads, (new.worker_threads,), {}, "configure(worker_threads)"))
-
-
-_W: _Worker | None = None
-_LOCK = threading.Lock()
-
-
-def _get() -> _Worker:
-    global _W
-    if _W is None:
-        with _LOCK:
-            if _W is None:
-                _W = _Worker()
-    return _W
 
 
 def put(work) -> None:
     """Queue one work item ``(fn, args, kwargs, label)``."""
-    w = _W if _W is not None else _get()
-    w.queue.put(work)
+    (_native or _rt()).worker_put(work)
 
 
 def wait() -> None:
     """Block until every item queued so far has run; raise the first error, if any."""
-    w = _W
-    if w is None:
+    rt = _native
+    if rt is None:
         return
-    if threading.current_thread() is w.thread:
-        return
-    done = threading.Event()
-    w.queue.put((done.set, (), {}, _SYNC))
+    target = rt.worker_submitted()
     try:
-        done.wait()
+        while not rt.worker_wait(target, _SLICE_S):
+            pass
     except KeyboardInterrupt:  # Ctrl-C while waiting for the device: stop what is queued
-        w.cancel()
+        cancel()
         raise
-    if w.errors:
+    if _errors or rt.worker_has_failures():
         raise_pending()
 
 
 def cancel() -> None:
     """Cancel the device work queued so far (the next wait reports it); see the module's doc."""
-    if _W is not None:
-        _W.cancel()
+    if _native is None:
+        return
+    _native.worker_cancel()
+    for hook in list(_CANCEL_HOOKS):
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - a hook must not keep the others from running
+            pass
 
 
 def on_cancel(hook) -> None:
@@ -163,18 +122,37 @@ def on_cancel(hook) -> None:
         _CANCEL_HOOKS.append(hook)
 
 
+def _collect() -> None:
+    if _native is None:
+        return
+    if _native.worker_has_failures():
+        _errors.extend(_native.worker_take_failures())
+    n = _native.worker_take_skipped()
+    if n:
+        _errors.append(("queued work", WorkCancelled(
+            f"{n} queued execution(s) were cancelled by an interrupt (Ctrl-C): the tensors they would have "
+            f"written hold undefined values; compute them again")))
+
+
 def pending_error() -> tuple[str, BaseException] | None:
-    w = _W
-    return w.errors[0] if w is not None and w.errors else None
+    _collect()
+    return _errors[0] if _errors else None
+
+
+def stats() -> dict:
+    """Items the worker ran (native: without the interpreter lock; python), items pending."""
+    if _native is None:
+        return {"native_items": 0, "python_items": 0, "pending": 0, "skipped": 0, "running": False, "thread": 0}
+    return _native.worker_stats()
 
 
 def raise_pending() -> None:
-    w = _W
-    if w is None or not w.errors:
+    _collect()
+    if not _errors:
         return
-    label, err = w.errors[0]
-    more = len(w.errors) - 1
-    w.errors.clear()
+    label, err = _errors[0]
+    more = len(_errors) - 1
+    _errors.clear()
     suffix = f" ({more} later execution(s) also failed)" if more else ""
     raise DeviceExecutionError(
         f"sim device: the execution of {label} failed: {type(err).__name__}: {err}{suffix}. "
@@ -191,28 +169,30 @@ def _exiting_on_interrupt() -> bool:
 
 
 def _drain_at_exit() -> None:
-    """Stop the worker before the interpreter finalizes (a daemon thread left inside a CPU
+    """Stop the worker before the interpreter finalizes (a worker thread left inside a CPU
     kernel at shutdown takes the process down): after the queued work, or at once when the
     exit is an uncaught Ctrl-C (the queue cancelled); a Ctrl-C while it waits cancels too,
     and a further one ends the process (status 130) without waiting for the running item."""
-    w = _W
-    if w is None or not w.thread.is_alive():
+    rt = _native
+    if rt is None:
         return
     if _exiting_on_interrupt():
-        w.cancel()
-    w.queue.put(None)
+        cancel()
+    if not rt.worker_request_stop():
+        return
     try:
-        while w.thread.is_alive():
-            w.thread.join(0.1)
+        while not rt.worker_join(_SLICE_S):
+            pass
     except KeyboardInterrupt:
-        w.cancel()
+        cancel()
+        stopped = False
         try:
             deadline = time.monotonic() + 5.0
-            while w.thread.is_alive() and time.monotonic() < deadline:
-                w.thread.join(0.1)
+            while not (stopped := rt.worker_join(_SLICE_S)) and time.monotonic() < deadline:
+                pass
         except KeyboardInterrupt:
             pass
-        if w.thread.is_alive():  # an item that cannot be stopped: do not finalize under it
+        if not stopped:  # an item that cannot be stopped: do not finalize under it
             sys.stderr.write("tilescope: interrupted while the sim device was still running an execution; "
                              "exiting without waiting for it\n")
             for stream in (sys.stdout, sys.stderr):
@@ -226,13 +206,3 @@ def _drain_at_exit() -> None:
 atexit.register(_drain_at_exit)
 
 _config.on_change(_on_settings)
-
-
-def _after_fork_in_child() -> None:
-    # the worker thread does not survive fork(); a child starts its own on first use
-    global _W, _LOCK
-    _W = None
-    _LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -2,6 +2,8 @@
 // the metadata-only kernels. Everything that computes lives in Python
 // (tilescope.device); this file holds only what PyTorch requires in C++ or what
 // is on the per-op hot path.
+#include "sim.h"
+
 #include <ATen/ATen.h>
 #include <torch/library.h>
 #include <torch/csrc/utils/pybind.h>
@@ -65,7 +67,10 @@ static std::mutex g_cache_mutex;
 static std::unordered_multimap<size_t, void*> g_cache;
 static size_t g_cached_bytes = 0;
 constexpr size_t kCacheLimit = size_t(2) << 30;  // bytes of freed blocks kept at most
-constexpr size_t kCacheMin = size_t(64) << 10;   // smaller blocks go straight back to malloc
+// smaller blocks go straight back to malloc (whose per-thread caches serve them); 16 KB ones
+// churned through malloc cost a loop of small ops more than the op itself (consolidation,
+// frees on another thread than the allocation)
+constexpr size_t kCacheMin = size_t(1) << 10;
 
 static void release_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
@@ -122,8 +127,12 @@ static at::DataPtr allocate_on(size_t nbytes, int device) {
               " does not exist: this process has ", g_device_count.load(), " ", g_backend_name,
               " devices (cores of the preset's chip)");
   auto& st = g_stats[device];
-  const int64_t now = st.allocated.load();
+  int64_t now = st.allocated.load();
   const int64_t limit = st.limit.load();
+  if (now + static_cast<int64_t>(nbytes) > limit) {
+    worker_release_finished();  // memory only finished device work still held
+    now = st.allocated.load();
+  }
   if (now + static_cast<int64_t>(nbytes) > limit) {
     TORCH_CHECK_WITH(OutOfMemoryError, false,
         g_backend_name, " out of memory. Tried to allocate ", human(nbytes), " (device ",
@@ -314,7 +323,7 @@ static int device_index_of(std::optional<c10::Device> device) {
   return t_current_device;
 }
 
-static at::Tensor empty_strided_on(c10::IntArrayRef size, c10::IntArrayRef stride, c10::ScalarType dtype, int device) {
+at::Tensor empty_strided_on(c10::IntArrayRef size, c10::IntArrayRef stride, c10::ScalarType dtype, int device) {
   check_dtype(dtype);
   const int saved = t_current_device;
   t_current_device = device;
@@ -476,8 +485,8 @@ void initialize(const std::string& backend_name, int device_count) {
 
 // A CPU tensor aliasing a sim tensor's memory (same sizes, strides, offset) that
 // keeps the memory alive: what the numerics worker computes on.
-at::Tensor cpu_view(const at::Tensor& t) {
-  const auto& storage = t.storage();
+at::Tensor cpu_view_of(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset,
+                       caffe2::TypeMeta dtype, bool conj, bool neg) {
   const auto& dp = storage.data_ptr();
   c10::DataPtr alias;
   if (dp.get_deleter() == &release_block) {
@@ -489,12 +498,16 @@ at::Tensor cpu_view(const at::Tensor& t) {
     alias = c10::DataPtr(dp.get(), keep, [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, c10::Device(c10::kCPU));
   }
   c10::Storage cpu_storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(alias), nullptr, false);
-  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
   // lazy conjugation / negation (complex views) travel with the view
-  if (t.is_conj()) out._set_conj(true);
-  if (t.is_neg()) out._set_neg(true);
+  if (conj) out._set_conj(true);
+  if (neg) out._set_neg(true);
   return out;
+}
+
+at::Tensor cpu_view(const at::Tensor& t) {
+  return cpu_view_of(t.storage(), t.sizes(), t.strides(), t.storage_offset(), t.dtype(), t.is_conj(), t.is_neg());
 }
 
 at::Tensor empty(std::vector<int64_t> size, std::vector<int64_t> stride, c10::ScalarType dtype, int device) {
@@ -508,6 +521,7 @@ int64_t cached_bytes() {
 
 py::dict memory_stats(int device) {
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "invalid device index ", device);
+  worker_release_finished();  // (what finished device work held is free)
   auto& s = g_stats[device];
   py::dict d;
   d["allocated_bytes"] = s.allocated.load();
@@ -578,4 +592,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("empty_cache", &empty_cache);
   m.def("cached_bytes", &cached_bytes);
   bind_profiler(m);
+  bind_worker(m);
+  bind_dispatch(m);
 }
