@@ -82,3 +82,25 @@ def sim_wall():
     """The sim device on the wall clock (synchronize waits for modeled time) for one test module."""
     with _sim_clock("wall"):
         yield
+
+
+@pytest.fixture
+def sim_fast_dispatch():
+    """The device's native dispatch fast path on, with no listener in the way: a tilescope
+    profiler created earlier in the process keeps its capture subscribed (each execution then
+    goes through Python), so its listeners are set aside for the test and restored after."""
+    import tilescope.device as dev
+    from tilescope.device import _runtime
+
+    dev.register()
+    listeners, recorded = _runtime._S.listeners, _runtime._S.recorded_listeners
+    for fn in listeners:
+        dev.unsubscribe(fn)
+    old = dev.settings().fast_dispatch
+    dev.configure(fast_dispatch=True)
+    try:
+        yield
+    finally:
+        dev.configure(fast_dispatch=old)
+        for fn in listeners:
+            dev.subscribe(fn, recorded=fn in recorded)

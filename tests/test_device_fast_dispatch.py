@@ -12,11 +12,8 @@ dev.register()
 
 
 @pytest.fixture
-def fast_path():
-    old = dev.settings().fast_dispatch
-    dev.configure(fast_dispatch=True)
+def fast_path(sim_fast_dispatch):
     yield
-    dev.configure(fast_dispatch=old)
 
 
 def _fast_calls() -> int:
@@ -90,7 +87,7 @@ def test_a_host_scalar_is_read_at_the_call(fast_path):
     torch.testing.assert_close(torch.stack(outs).cpu(), torch.arange(5.0)[:, None].expand(5, 4))
 
 
-def test_same_modeled_times_and_executions_as_the_python_handler(sim_virtual):
+def test_same_modeled_times_and_executions_as_the_python_handler(sim_virtual, fast_path):
     x = torch.randn(32, 32, device="sim")
 
     def run(fast):
@@ -191,7 +188,7 @@ def test_out_overloads_that_resize_fall_back_to_compute_and_copy(fast_path):
 
 
 @pytest.mark.parametrize("fast", [True, False])
-def test_the_default_dtype_is_part_of_the_signature(fast):
+def test_the_default_dtype_is_part_of_the_signature(fast_path, fast):
     """An integer tensor times a Python float takes the default dtype: a signature learned under
     one default must not give its dtype under another (either path)."""
     old = dev.settings().fast_dispatch

@@ -99,7 +99,7 @@ def test_numerics_off_skips_values_but_keeps_time(virtual):
         dev.configure(numerics=True)
 
 
-def test_numerics_run_on_the_worker_not_the_host(monkeypatch):
+def test_numerics_run_on_the_worker_not_the_host(monkeypatch, sim_fast_dispatch):
     """Each execution's numerics are computed by the device's worker thread: the launching
     thread only queues them (checked by the thread that runs each queued item, not by timing).
     Through the Python handler (``fast_dispatch=False``) they are Python items; repeat calls on
