@@ -88,6 +88,10 @@ def test_a_step_parents_lifecycle_is_its_launches_paged_and_fast(cuda):
     assert len(seen) == len(set(seen)) == lin["total"]
     starts = ix.start[np.asarray(seen)]
     assert (np.diff(starts) >= 0).all()
+    # the step's links found by binary search over start times are those a scan of every link finds
+    for col in ("launch", "op"):
+        scan = np.flatnonzero(ix.inside(ref, getattr(ix, f"lk_{col}")))
+        assert np.array_equal(ix.links_inside(ref, col), scan) and (col == "op" or scan.size == lin["total"])
 
 
 def test_a_kernels_chain_matches_the_engine_and_orders_hops_by_cause(cuda):

@@ -612,6 +612,7 @@ def warm_up(session) -> None:
         if not s.ok:
             continue
         label = s.label_text()
+        s.results.warm("links", lambda job, ix=s.index: ix.prepare_links())  # a step's first click answers at once
         s.warm(("ops", False), lambda t, label=label: {"table": _table(t.op_table(by_shape=False)),
                                                         "modeled": t.modeled, "what": label}, store="ops")
         s.warm("summary-core", lambda t, s=s: summary_core(t, s.allowed), store="summary-core")

@@ -297,7 +297,10 @@ class TimelineIndex:
         by = getattr(self, f"lk_by_{column}")
         if col.size == 0:
             return np.zeros(0, dtype=np.int64)
-        keys = col[by]
+        cache = self.__dict__.setdefault("_link_keys", {})  # the column in its sorted order, made once
+        keys = cache.get(column)
+        if keys is None:
+            keys = cache[column] = np.asarray(col)[by]
         a, b = np.searchsorted(keys, ref, side="left"), np.searchsorted(keys, ref, side="right")
         return np.sort(by[a:b].astype(np.int64))
 
@@ -321,6 +324,33 @@ class TimelineIndex:
         st = self.start[r]
         return (ok & (self.g_lane[g] == self.g_lane[me]) & (self.g_depth[g] > self.g_depth[me])
                 & (st >= s) & ((st < e) | ((st == e) & (self.dur[r] == 0))))
+
+    def prepare_links(self) -> None:
+        """Make the sorted link columns :meth:`links_of` and :meth:`links_inside` search (once;
+        the explorer does it in the background as it opens a trace)."""
+        if self.lk_dev.size:
+            for c in ("dev", "launch", "op"):
+                self.links_of(0, c)
+            for c in ("launch", "op"):
+                self.links_inside(0, c)
+
+    def links_inside(self, ref: int, col: str) -> np.ndarray:
+        """Rows of the links whose ``col`` event (``"launch"`` or ``"op"``) is nested in ``ref``,
+        sorted: those starting within its span, found by binary search over the links ordered
+        by that event's start (made once), then tested with :meth:`inside` -- a step's
+        lifecycle costs what the step holds, not what the trace holds."""
+        cache = self.__dict__.setdefault("_link_order", {})
+        if col not in cache:
+            refs = np.asarray(getattr(self, f"lk_{col}"), dtype=np.int64)
+            st = np.where(refs >= 0, np.asarray(self.start)[np.maximum(refs, 0)], np.iinfo(np.int64).max)
+            order = np.argsort(st, kind="stable")
+            cache[col] = (order, st[order])
+        order, starts = cache[col]
+        s = int(self.start[ref])
+        e = s + int(self.dur[ref])
+        cand = order[np.searchsorted(starts, s, side="left"):np.searchsorted(starts, e, side="right")]
+        refs = np.asarray(getattr(self, f"lk_{col}"))[cand]
+        return np.sort(cand[self.inside(ref, refs)])
 
     # ---- colour keys ----------------------------------------------------------------------
     def _name_id(self, s: str) -> int:

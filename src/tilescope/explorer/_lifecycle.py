@@ -113,7 +113,7 @@ def lifecycle(ix, ref: int, *, executions: dict | None = None, page: int = 0, pe
     else:
         # the links made inside it on its lane: launches nested in it (CUDA), or ops nested in
         # it whose work another lane launched (tilescope's runtime), one row per device event
-        rows = np.flatnonzero(ix.inside(ref, ix.lk_launch) | ix.inside(ref, ix.lk_op))
+        rows = np.union1d(ix.links_inside(ref, "launch"), ix.links_inside(ref, "op"))
         rows = rows[np.lexsort((ix.lk_dev[rows], ix.start[ix.lk_launch[rows]]))]
         for a in ix.ancestors(ref):
             b.add(a, "parent")
