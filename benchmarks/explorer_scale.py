@@ -404,7 +404,7 @@ def main(argv=None) -> int:
 
     import tilescope.trace as tt
     from tilescope.explorer import Session
-    from tilescope.explorer._server import make_server
+    from tilescope.explorer._server import GIL_SWITCH_S, make_server
 
     t = time.perf_counter()
     tr = tt.open(trace)
@@ -440,7 +440,8 @@ def main(argv=None) -> int:
         pairs[sims[0]] = [",".join(sims[1:])]
     server = make_server(session, "127.0.0.1", 0)
     server.serve_in_thread()
-    session.warm_up()  # as `tilescope explore` does
+    sys.setswitchinterval(GIL_SWITCH_S)  # as `tilescope explore` does
+    session.warm_up()
     try:
         r = measure_browser(server.url.rstrip("/") + "/", args.moves, session, args.clicks, args.repeats, pairs,
                             args.warm_timeout, args.timeout)

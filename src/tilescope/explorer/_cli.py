@@ -47,7 +47,7 @@ def _cmd_explore(args) -> int:
             print(f"  {s.id}  cannot open {s.path}\n        {s.error}\n        fix: {s.fix}", file=sys.stderr)
     if not any(s.ok for s in session.sources):
         print("tilescope explore: none of the paths could be opened; the page shows why", file=sys.stderr)
-    from ._server import make_server
+    from ._server import GIL_SWITCH_S, make_server
 
     try:
         server = make_server(session, args.host, args.port, quiet=not args.verbose)
@@ -55,6 +55,7 @@ def _cmd_explore(args) -> int:
         print(f"tilescope explore: {e.strerror or e}", file=sys.stderr)
         return 2
     port = server.server_address[1]
+    sys.setswitchinterval(GIL_SWITCH_S)  # clicks answer while the analyses below compute
     session.warm_up()
     print(f"tilescope explorer ready in {time.perf_counter() - t0:.1f} s: {server.url}")
     if server.token:
