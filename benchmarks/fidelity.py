@@ -532,7 +532,7 @@ def build_mamba(quick: bool) -> dict:
 
 def eval_mamba(built: dict, spec: CoreSpec, quick: bool) -> Group:
     rows, res = [], {}
-    for label, fn, ch, seq, pub in MAMBA:
+    for label, _fn, _ch, _seq, pub in MAMBA:
         program, scale = built[label]
         r = res[label] = simulate(program, spec)
         rows.append(Row(label, pub, r.summary.total_ns * scale / 1e6, "ms"))
