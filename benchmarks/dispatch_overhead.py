@@ -20,6 +20,12 @@ op concurrently, sharing the interpreter lock and the machine's cores with the h
 runs alternate CPU and sim so that load hits both, and the spread over the runs is printed.
 
     .venv/bin/python benchmarks/dispatch_overhead.py [--iters 2000] [--runs 7]
+
+Last figures (the shared 2-core machine, defaults; "mean over the six ops", with numerics):
+10.5-12.1 us added per op (0.70-0.81x the target) at a load average of about 9, 23.9 us (1.60x)
+at about 14 -- the worker's numerics share the loaded cores with the host; the host thread's
+own CPU time per op stays within about 2 us of CPU's. The Python handler alone
+(``TILESCOPE_FAST_DISPATCH=0``): 186 us (load 9) and 308 us (load 14).
 """
 
 from __future__ import annotations
