@@ -319,3 +319,14 @@ def test_a_group_reads_a_transposed_input_by_its_strides(shape, fn):
     np.testing.assert_allclose(_only(run_numerics(prog, feeds)).reshape(fn(x).shape), fn(x).numpy(),
                                rtol=1e-5, atol=1e-6)
     assert any(prog.provenance[k].label == "load (strided)" for k in prog.instr_prov)
+
+
+@pytest.mark.parametrize("d", [64, 700, 20000])
+def test_an_expanded_per_row_value_stays_in_the_group(d):
+    """``r.expand(x.shape)`` (as autograd writes norm backwards) is a stride-0 view of the per-row
+    value on chip: the group keeps it instead of leaving the expand out."""
+    x = torch.randn(300, d, generator=torch.Generator().manual_seed(0))
+    fn = lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6).expand(x.shape) + 1.0  # noqa: E731
+    segs, _, _, out = fuse(fn, x)
+    assert [s.kind for s in segs] == ["rowgroup"]
+    np.testing.assert_allclose(_only(out), fn(x).numpy(), rtol=1e-5, atol=1e-5)

@@ -456,8 +456,13 @@ class _RowGroup:
         if name in VIEWS:
             src = self._get(env, node.args[0], blk)
             same = src.kind == kind or {src.kind, kind} <= {"rowvec", "scalar"} and blk.p * blk.k == 1
+            if src.kind != "const" and not same and name == "expand" and kind == "row" \
+                    and src.kind in ("rowvec", "colvec", "scalar"):
+                return _Val("row", src.dtype, _as_operand(src, "row", blk))  # a stride-0 view of it
             if src.kind != "const" and not same:
-                raise _Unfusable("a view that changes the row layout")
+                err = _Unfusable(f"a view that changes the row layout (a {src.kind} value viewed as a {kind} one)")
+                err.node = node  # the view is left out (free on the device), not the group's first op
+                raise err
             return src
         if name in CONSTANTS:
             where = CONSTANTS[name]
