@@ -185,22 +185,29 @@ def _drain_at_exit() -> None:
             pass
     except KeyboardInterrupt:
         cancel()
-        stopped = False
-        try:
-            deadline = time.monotonic() + 5.0
-            while not (stopped := rt.worker_join(_SLICE_S)) and time.monotonic() < deadline:
-                pass
-        except KeyboardInterrupt:
+        _stop_after_interrupt(rt)
+
+
+def _stop_after_interrupt(rt) -> None:
+    """After a Ctrl-C at exit: give the running item 5 s to stop, else (or on a further
+    Ctrl-C) end the process without finalizing under it."""
+    stopped = False
+    try:
+        deadline = time.monotonic() + 5.0
+        while not (stopped := rt.worker_join(_SLICE_S)) and time.monotonic() < deadline:
             pass
-        if not stopped:  # an item that cannot be stopped: do not finalize under it
-            sys.stderr.write("tilescope: interrupted while the sim device was still running an execution; "
-                             "exiting without waiting for it\n")
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
-            os._exit(130)
+    except KeyboardInterrupt:
+        pass
+    if stopped:
+        return
+    sys.stderr.write("tilescope: interrupted while the sim device was still running an execution; "
+                     "exiting without waiting for it\n")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(130)
 
 
 atexit.register(_drain_at_exit)
