@@ -526,6 +526,8 @@ def test_perfetto_keys(page):
     assert "cutlass" in page.locator("[data-testid=details] h3").inner_text()
     page.keyboard.press("Shift+Enter")
     page.wait_for_function(f"() => window.tilescope.app.view.match.index === {first['index']}")
+    # the panel shows that event (its details arrive after the match): m marks what is selected
+    page.wait_for_function("() => { const v = window.tilescope.app.view; return v.ev && v.ev.ref === v.match.ref; }")
     page.locator("[data-testid=timeline]").focus()
     page.keyboard.press("m")  # mark the selected event's span
     ev = page.evaluate("window.tilescope.app.view.ev")
