@@ -51,6 +51,23 @@ def available() -> bool:
     return _kscan is not None and choice != "python"
 
 
+MAX_ELEMENT_BYTES = 64 << 20  # one array element held whole while it is incomplete (memory stays bounded)
+_WS = b" \t\r\n"
+
+
+def _between_elements(rest: bytes) -> bytes:
+    """What is left after the complete elements, without the whitespace before the next one
+    (a run of it would be held, and scanned again, block after block).
+
+    >>> _between_elements(b"   ,    {'ph'")
+    b",{'ph'"
+    """
+    rest = rest.lstrip(_WS)
+    if rest[:1] == b",":
+        rest = b"," + rest[1:].lstrip(_WS)
+    return rest
+
+
 class NativeEvents:
     """Receives the bytes inside ``traceEvents`` (from the scanner) and passes each batch of
     parsed events to ``on_batch(result)``; keeps the incomplete last element for the next call."""
@@ -81,7 +98,12 @@ class NativeEvents:
         if r["ended"] >= 0:
             self.leftover = b""
             return r["ended"] - held
-        self.leftover = buf[r["consumed"]:]
+        self.leftover = _between_elements(buf[r["consumed"]:])
+        if len(self.leftover) > MAX_ELEMENT_BYTES:
+            raise TraceFormatError(
+                f"{self.name}: byte offset {offset - held + r['consumed']:,}: one element of 'traceEvents' runs past "
+                f"{MAX_ELEMENT_BYTES >> 20} MiB (a trace event is a few hundred bytes): not a trace this reader "
+                f"follows; is the file damaged?")
         return -1
 
     def finish(self) -> bool:
