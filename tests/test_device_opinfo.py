@@ -21,6 +21,7 @@ SUBSET = [
     # movement, indexing, data-dependent shapes, random, complex
     "cat", "stack", "transpose", "permute", "reshape", "index_select", "gather", "topk", "sort", "cumsum",
     "nonzero", "unique", "nn.functional.embedding", "nn.functional.dropout", "fft.fft", "as_strided",
+    "tensor_split",
 ]
 
 
