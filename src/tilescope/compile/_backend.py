@@ -86,11 +86,23 @@ def _graph_key(gm: fx.GraphModule, sig: tuple, spec) -> str:
 
     h = hashlib.sha256()
     h.update(_code_fingerprint().encode())
-    h.update(gm.code.encode())
+    h.update(_graph_text(gm).encode())
     h.update(repr([(tuple(s[0]), str(s[1])) if isinstance(s, tuple) else s for s in sig]).encode())
     h.update(spec.fingerprint.encode())
     h.update(__version__.encode())
     return h.hexdigest()[:24]
+
+
+def _graph_text(gm: fx.GraphModule) -> str:
+    """The graph's nodes with every value's shape, strides and dtype (what its Programs depend
+    on), without generating its Python code (a lazy graph module's recompile: most of a cached
+    compile's time)."""
+    lines = []
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        lay = (tuple(v.shape), tuple(v.stride()), v.dtype) if isinstance(v, torch.Tensor) else None
+        lines.append(f"{n.op} {n.name} {n.target} {n.args} {n.kwargs} {lay}")
+    return "\n".join(lines)
 
 
 def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str, *, propagate: bool = True) -> list[Step]:
