@@ -330,3 +330,22 @@ def test_an_expanded_per_row_value_stays_in_the_group(d):
     segs, _, _, out = fuse(fn, x)
     assert [s.kind for s in segs] == ["rowgroup"]
     np.testing.assert_allclose(_only(out), fn(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_transposed_input_read_in_short_runs_spreads_its_transfers_over_the_queues():
+    """ViT's head merge ([b, h, n, hd] -> [b, n, h, hd]) read by strides makes runs of only h rows,
+    one transfer each: spread over the DMA queues they issue side by side, so the group costs far
+    less than its transfers issued one after another on one queue."""
+    from tilescope.spec import preset
+
+    x = torch.randn(4, 3, 197, 64, generator=torch.Generator().manual_seed(0))
+    fn = lambda t: t.transpose(1, 2) * 2.0  # noqa: E731
+    segments = [s for s in plan_graph(trace_aten(fn, x)) if s.kind == "rowgroup"]
+    prog, _ = emit_segments(segments, "test", "trn1")
+    dma = preset("trn1").dma
+    strided = [i for i, k in enumerate(prog.instr_prov) if prog.provenance[k].label == "load (strided)"]
+    assert len(strided) > dma.queues
+    queues = {prog.instructions[i].queue for i in strided}
+    assert len(queues) == dma.queues
+    serial_ns = len(strided) * dma.fixed_ns
+    assert simulate(prog).summary.total_ns < serial_ns / 4

@@ -405,9 +405,13 @@ class _RowGroup:
             self._make_room(self._env, env_need, blk)
         t = self.b.sbuf(blk.shape(kind), dt, site=site)
         if kind in ("periodic", "strided"):
+            pieces = list(_row_pieces(t, self.hbm[node], blk, self.d, self.layouts[node]))
+            # the pieces fill different partitions of one tile: spread over the DMA queues, as a
+            # kernel does, they issue in parallel instead of one after another on one queue
+            queues = self.b.spec.dma.queues if len(pieces) > 1 else 0
             with self.b.provenance(label=f"load ({kind})", fx_node=node.name):
-                for dst, src in _row_pieces(t, self.hbm[node], blk, self.d, self.layouts[node]):
-                    self.b.dma_copy(dst, src)
+                for i, (dst, src) in enumerate(pieces):
+                    self.b.dma_copy(dst, src, queue=i % queues if queues else None)
             return _Val("row", dt, t)
         label = "load" if kind in ("row", "rowvec") else "load (broadcast)"
         with self.b.provenance(label=label, fx_node=node.name):
