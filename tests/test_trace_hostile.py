@@ -77,7 +77,10 @@ def _peak_rss_of(code: str) -> tuple[int, str]:
     import sys
 
     src = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "src")
-    probe = code + "\nimport resource; print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    # VmHWM is this process image's own peak; ru_maxrss is not: Linux carries the parent's RSS at
+    # fork over exec into it, so under a large pytest process it reads the parent's size
+    probe = code + ("\nimport re; print('peak', int(re.search(r'VmHWM:\\s+(\\d+) kB', "
+                    "open('/proc/self/status').read()).group(1)) * 1024)")
     env = {k: v for k, v in os.environ.items() if k != "TILESCOPE_TRACE_INGEST"}  # the native reader, when built
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True, text=True, timeout=600,
                          env={**env, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")})
