@@ -71,6 +71,16 @@ def device_recorder(request, sim_virtual):
 
 
 @pytest.fixture(scope="module")
+def module_cache_dir(tmp_path_factory):
+    """A cache directory of the module's own (TILESCOPE_CACHE_DIR), so cached trace indexes and
+    Programs from other tests or earlier runs are never what a test reads."""
+    with pytest.MonkeyPatch.context() as mp:
+        d = tmp_path_factory.mktemp("cache")
+        mp.setenv("TILESCOPE_CACHE_DIR", str(d))
+        yield d
+
+
+@pytest.fixture(scope="module")
 def sim_virtual():
     """The sim device on the virtual clock (deterministic modeled times) for one test module."""
     with _sim_clock("virtual"):

@@ -20,15 +20,7 @@ from tilescope.trace._launches import LAUNCH_NAMES_HTA
 KINETO = os.path.join(os.path.dirname(__file__), "data", "kineto")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    old = os.environ.get("TILESCOPE_CACHE_DIR")
-    os.environ["TILESCOPE_CACHE_DIR"] = str(tmp_path_factory.mktemp("trace-cache"))
-    yield
-    if old is None:
-        os.environ.pop("TILESCOPE_CACHE_DIR", None)
-    else:
-        os.environ["TILESCOPE_CACHE_DIR"] = old
+pytestmark = pytest.mark.usefixtures("module_cache_dir")
 
 
 @pytest.fixture(scope="module")
