@@ -153,6 +153,25 @@ def test_typed_args_columns(engine, tmp_path, monkeypatch):
     assert got == [want for _a, want in cases]
 
 
+@pytest.mark.parametrize("event, want", [
+    # the first of duplicate keys counts, for the event's own fields as for its args
+    ('{"ph": "X", "name": "first", "name": "second", "pid": 1, "tid": 1, "ts": 1, "ts": 5, "dur": 2, "dur": 3,'
+     ' "args": {"External id": 7, "External id": 9}}', ("first", 1000, 2000, 7)),
+    # NaN and Infinity, as Python's json writes them: a record without a time, its args kept as text
+    ('{"ph": "X", "name": "nan", "pid": 1, "tid": 1, "ts": NaN, "dur": Infinity, "args": {"v": -Infinity}}',
+     ("nan", None, None, None)),
+    # nesting of any depth inside an event (the C parser validates without recursion)
+    ('{"ph": "X", "name": "deep", "pid": 1, "tid": 1, "ts": 3, "dur": 2, "args": {"x": ' + "[" * 100_000
+     + "]" * 100_000 + ', "External id": 5}}', ("deep", 3000, 2000, 5)),
+])
+def test_edge_cases_read_identically(event, want, tmp_path, monkeypatch):
+    p = tmp_path / "t.json"
+    p.write_text('{"traceEvents": [{"ph": "i", "name": "fine", "pid": 1, "tid": 1, "ts": 9}, ' + event + "]}")
+    t = _same(str(p), tmp_path, monkeypatch)
+    assert t.sql("SELECT name, ts_ns, dur_ns, external_id FROM raw ORDER BY eid").fetchall()[1] == want
+    assert not any("not valid JSON" in w for w in t.warnings), t.warnings
+
+
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 63, 2 ** 63), st.text(max_size=12),
                      st.floats(allow_nan=False, allow_infinity=False, width=32))
 _json = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),

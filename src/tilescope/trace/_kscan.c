@@ -12,7 +12,8 @@
  *   ph cat name pid tid  VARCHAR   a JSON string's value; a number's text; an object/array
  *                                  minified; JSON null -> NULL
  *   ts_ns dur_ns         BIGINT    microseconds -> integer nanoseconds, exactly from the decimal
- *                                  text (rounded as floor(x * 1000 + 0.5))
+ *                                  text (rounded as floor(x * 1000 + 0.5)); NaN and
+ *                                  Infinity (Python's json writes them) -> NULL
  *   id bp s              VARCHAR
  *   args                 JSON      the value minified (strings verbatim)
  *   correlation external_id stream device flow_id
@@ -21,7 +22,8 @@
  *                                  anything else (fractions, exponents, booleans) -> NULL
  *   program_hash         VARCHAR   args.program_hash when it is a string
  * (the typed args columns as tilescope.trace._schema.ARG_COLUMNS defines them; the first of
- * duplicate keys counts, and a key is matched as written, without unescaping it)
+ * duplicate keys counts, for the event's fields and its args alike, as in the DuckDB path, and
+ * a key is matched as written, without unescaping it). Nesting has no depth limit.
  * A record without 'ph' gets 'X' if it has a duration, else 'i' if it has a time.
  */
 #define PY_SSIZE_T_CLEAN
@@ -35,7 +37,6 @@ enum { F_PH, F_CAT, F_NAME, F_PID, F_TID, F_TS, F_DUR, F_ID, F_BP, F_S, F_ARGS,
        A_CORR, A_EXT, A_STREAM, A_DEVICE, A_FLOW, A_HASH, NF };
 static const int IS_INT[NF] = {0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0};
 enum { K_ABSENT, K_STRING, K_NUMBER, K_TRUE, K_FALSE, K_NULL, K_NESTED };
-#define MAX_DEPTH 256
 
 typedef struct { char *p; size_t len, cap; } Buf;
 
@@ -122,13 +123,25 @@ static int parse_string(const char **pp, const char *e, int *esc) {
     return -1;
 }
 
+/* The non-finite tokens Python's json module writes and reads (allow_nan), as DuckDB's reader
+   accepts them too: kept as numbers, so an args value keeps its text and a time is NULL. */
+static const char *const NONFINITE[] = {"NaN", "Infinity", "-Infinity"};
+
+static int parse_nonfinite(const char **pp, const char *e) {
+    for (size_t i = 0; i < sizeof NONFINITE / sizeof *NONFINITE; i++) {
+        size_t n = strlen(NONFINITE[i]);
+        if ((size_t)(e - *pp) >= n && !memcmp(*pp, NONFINITE[i], n)) { *pp += n; return 0; }
+    }
+    return -1;
+}
+
 static int parse_number(const char **pp, const char *e) {
     const char *p = *pp;
     if (p < e && *p == '-') p++;
     if (p >= e) return -1;
     if (*p == '0') p++;
     else if (*p >= '1' && *p <= '9') { while (p < e && *p >= '0' && *p <= '9') p++; }
-    else return -1;
+    else return parse_nonfinite(pp, e);
     if (p < e && *p == '.') {
         p++;
         if (p >= e || *p < '0' || *p > '9') return -1;
@@ -144,44 +157,15 @@ static int parse_number(const char **pp, const char *e) {
     return 0;
 }
 
-static int parse_value(const char **pp, const char *e, int depth, Span *out);
-
-static int parse_container(const char **pp, const char *e, int depth) {
+/* A scalar at *pp (string, literal or number): its kind, or -1. */
+static int parse_scalar(const char **pp, const char *e, int *esc) {
     const char *p = *pp;
-    char close = *p == '{' ? '}' : ']';
-    int obj = *p == '{';
-    if (depth > MAX_DEPTH) return -1;
-    p = skip_ws(p + 1, e);
-    if (p < e && *p == close) { *pp = p + 1; return 0; }
-    for (;;) {
-        if (obj) {
-            int esc;
-            if (p >= e || *p != '"' || parse_string(&p, e, &esc)) return -1;
-            p = skip_ws(p, e);
-            if (p >= e || *p != ':') return -1;
-            p = skip_ws(p + 1, e);
-        }
-        if (parse_value(&p, e, depth + 1, NULL)) return -1;
-        p = skip_ws(p, e);
-        if (p >= e) return -1;
-        if (*p == ',') { p = skip_ws(p + 1, e); continue; }
-        if (*p == close) { *pp = p + 1; return 0; }
-        return -1;
-    }
-}
-
-static int parse_value(const char **pp, const char *e, int depth, Span *out) {
-    const char *p = *pp, *s = p;
-    int kind, esc = 0;
-    if (p >= e) return -1;
+    int kind;
+    *esc = 0;
     switch (*p) {
     case '"':
-        if (parse_string(&p, e, &esc)) return -1;
+        if (parse_string(&p, e, esc)) return -1;
         kind = K_STRING;
-        break;
-    case '{': case '[':
-        if (parse_container(&p, e, depth)) return -1;
-        kind = K_NESTED;
         break;
     case 't':
         if (e - p < 4 || memcmp(p, "true", 4)) return -1;
@@ -195,6 +179,65 @@ static int parse_value(const char **pp, const char *e, int depth, Span *out) {
     default:
         if (parse_number(&p, e)) return -1;
         kind = K_NUMBER;
+    }
+    *pp = p;
+    return kind;
+}
+
+/* An object or array at *pp, validated without recursion, so any depth is read (as by the
+   DuckDB path) with a constant C stack: one byte per open level says object or array. */
+static int parse_container(const char **pp, const char *e) {
+    unsigned char local[256], *open = local, *grown = NULL;
+    size_t depth = 0, cap = sizeof local;
+    const char *p = *pp;
+    int rc = -1, esc;
+    for (;;) {
+        /* a value starts at p */
+        if (p >= e) goto out;
+        if (*p == '{' || *p == '[') {
+            if (depth == cap) {
+                unsigned char *bigger = malloc(cap * 2);
+                if (!bigger) goto out;
+                memcpy(bigger, open, cap);
+                free(grown);
+                open = grown = bigger;
+                cap *= 2;
+            }
+            open[depth++] = *p == '{';
+            p = skip_ws(p + 1, e);
+            if (p < e && *p == (open[depth - 1] ? '}' : ']')) { p++; depth--; goto after_value; }
+            goto member;
+        }
+        if (parse_scalar(&p, e, &esc) < 0) goto out;
+    after_value:
+        if (depth == 0) { *pp = p; rc = 0; goto out; }
+        p = skip_ws(p, e);
+        if (p >= e) goto out;
+        if (*p == (open[depth - 1] ? '}' : ']')) { p++; depth--; goto after_value; }
+        if (*p != ',') goto out;
+        p = skip_ws(p + 1, e);
+    member:
+        if (open[depth - 1]) {  /* "key": */
+            if (p >= e || *p != '"' || parse_string(&p, e, &esc)) goto out;
+            p = skip_ws(p, e);
+            if (p >= e || *p != ':') goto out;
+            p = skip_ws(p + 1, e);
+        }
+    }
+out:
+    free(grown);
+    return rc;
+}
+
+static int parse_value(const char **pp, const char *e, Span *out) {
+    const char *p = *pp, *s = p;
+    int kind, esc = 0;
+    if (p >= e) return -1;
+    if (*p == '{' || *p == '[') {
+        if (parse_container(&p, e)) return -1;
+        kind = K_NESTED;
+    } else if ((kind = parse_scalar(&p, e, &esc)) < 0) {
+        return -1;
     }
     if (out) {
         out->kind = kind;
@@ -244,7 +287,9 @@ static int parse_event(const char *p, const char *e, Span *f, const char **end) 
         p = skip_ws(p, e);
         if (p >= e || *p != ':') return -1;
         p = skip_ws(p + 1, e);
-        if (parse_value(&p, e, 1, which >= 0 ? &f[which] : NULL)) return -1;
+        Span v;
+        if (parse_value(&p, e, which >= 0 ? &v : NULL)) return -1;
+        if (which >= 0 && f[which].kind == K_ABSENT) f[which] = v;  /* the first of duplicates */
         p = skip_ws(p, e);
         if (p >= e) return -1;
         if (*p == ',') { p = skip_ws(p + 1, e); continue; }
@@ -284,7 +329,7 @@ static void args_members(Span *f) {
         p = skip_ws(p, e);
         p = skip_ws(p + 1, e);  /* the ':' */
         Span v;
-        if (parse_value(&p, e, 1, &v)) return;
+        if (parse_value(&p, e, &v)) return;
         if (which >= 0 && f[which].kind == K_ABSENT) f[which] = v;  /* the first of duplicates */
         p = skip_ws(p, e);
         if (p < e && *p == ',') p = skip_ws(p + 1, e);
@@ -380,6 +425,7 @@ static int us_to_ns(const char *s, size_t n, int64_t *out) {
     const char *p = s, *e = s + n;
     int neg = 0;
     if (p < e && *p == '-') { neg = 1; p++; }
+    if (p >= e || *p < '0' || *p > '9') return -1;  /* NaN, Infinity: no time */
     if (memchr(s, 'e', n) || memchr(s, 'E', n)) {
         char tmp[64];
         if (n >= sizeof tmp) return -1;
