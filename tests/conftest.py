@@ -97,8 +97,8 @@ def sim_wall():
 @pytest.fixture
 def sim_fast_dispatch():
     """The device's native dispatch fast path on, with no listener in the way: a tilescope
-    profiler created earlier in the process keeps its capture subscribed (each execution then
-    goes through Python), so its listeners are set aside for the test and restored after."""
+    profiler another test left open keeps its capture subscribed (each execution then goes
+    through Python), so its listeners are set aside for the test and restored after."""
     import tilescope.device as dev
     from tilescope.device import _runtime
 

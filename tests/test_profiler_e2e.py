@@ -141,7 +141,7 @@ def _training_step_profile(tmp_path, parse_first: bool, recorder: str = "markers
     from tilescope.profiler._capture import capture
     from tilescope.profiler._correlate import correlate
 
-    Profiler(ProfileConfig(output_dir=tmp_path))  # listens to the device
+    exporter = Profiler(ProfileConfig(output_dir=tmp_path))  # listens to the device while open  # noqa: F841
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).to("sim")
     x = torch.randn(32, 64, device="sim")
@@ -302,7 +302,7 @@ def test_executions_torch_records_reach_the_capture_through_the_device_profiler(
     from tilescope.device import _runtime
     from tilescope.profiler._capture import capture
 
-    Profiler(ProfileConfig(output_dir="unused"))  # installs the capture
+    exporter = Profiler(ProfileConfig(output_dir="unused"))  # installs the capture while open  # noqa: F841
     x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
     every, unrecorded = [], []
     _runtime.subscribe(every.append)
@@ -339,7 +339,7 @@ def _recorded_profile():
     after a tilescope Profiler exists (its capture keeps the execution records)."""
     from tilescope.profiler._capture import capture
 
-    Profiler(ProfileConfig(output_dir="unused"))  # exists; its export is not used here
+    exporter = Profiler(ProfileConfig(output_dir="unused"))  # open through the session; its export is not used  # noqa: F841
     x, w = torch.randn(256, 1024, device="sim"), torch.randn(1024, device="sim")
     naive_rmsnorm(x, w)
     torch.sim.synchronize()
@@ -429,7 +429,7 @@ def test_each_cycle_of_a_repeating_schedule_gets_its_own_executions(sim, tmp_pat
     torch.sim.synchronize()
     for acc_events in (False, True):
         found = []
-        Profiler(ProfileConfig(output_dir=str(tmp_path)))  # the capture keeps the records
+        exporter = Profiler(ProfileConfig(output_dir=str(tmp_path)))  # the capture keeps the records  # noqa: F841
         with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
                                     schedule=torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=2),
                                     acc_events=acc_events,
@@ -453,7 +453,7 @@ def test_a_trace_exported_after_a_later_session_gets_its_own_executions(sim):
     from tilescope.profiler._capture import capture
     from tilescope.profiler._correlate import correlate
 
-    Profiler(ProfileConfig(output_dir="unused"))
+    exporter = Profiler(ProfileConfig(output_dir="unused"))  # noqa: F841  (open: the capture listens)
     x = torch.randn(64, 64, device="sim")
     profs = []
     for op in (torch.add, torch.mul):
@@ -514,7 +514,7 @@ def test_a_missing_launching_range_is_not_taken_for_the_range_around_it(sim, mon
     from tilescope.profiler._capture import capture
     from tilescope.profiler._correlate import correlate
 
-    Profiler(ProfileConfig(output_dir="unused"))
+    exporter = Profiler(ProfileConfig(output_dir="unused"))  # noqa: F841  (open: the capture listens)
     x = torch.randn(64, 64, device="sim")
 
     def profile():

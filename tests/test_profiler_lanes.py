@@ -29,7 +29,7 @@ def lanes():
 def profiled(sim):
     """A profile with what the lanes write differently: input shapes, a user range, a
     second thread, copies and kernels; its executions placed as the export places them."""
-    Profiler(ProfileConfig())  # listens to the device
+    exporter = Profiler(ProfileConfig())  # listens to the device while open  # noqa: F841
     x = torch.randn(256, 512, device="sim", requires_grad=True)
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
                                 record_shapes=True) as prof:
@@ -248,7 +248,7 @@ def test_the_framework_pass_finds_the_launching_ops_as_the_correlation_would(sim
     torch's events: the same events the correlation's own scan finds, and the same parents."""
     from tilescope.profiler._correlate import _ranges_by_id
 
-    Profiler(ProfileConfig())
+    exporter = Profiler(ProfileConfig())  # noqa: F841  (open: the capture listens)
     x = torch.randn(64, 128, device="sim")
     with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
         (x * x).mean(-1)

@@ -81,7 +81,10 @@ def _start(cfg: ProfileConfig, device: str = "sim"):
         if _active is None:
             return
         _active = None
-        prof.stop()  # synchronises the device, then exports
+        try:
+            prof.stop()  # synchronises the device, then exports
+        finally:
+            exporter.close()
         if exporter.path is not None:
             print(f"tilescope: profile written to {exporter.path}", file=sys.stderr)
 
@@ -115,4 +118,5 @@ def run_script(path: str, argv: list[str], cfg: ProfileConfig, device: str = "si
                     raise
     finally:
         sys.argv = old_argv
+        exporter.close()
     return exporter

@@ -13,6 +13,11 @@ Otherwise -- a CPU-only session, or torch without Kineto -- the runtime calls
 op that launched it, and the capture records a zero-length marker there (so the marker nests
 under that op in torch's event tree), which the export replaces by device time on its parent
 op (see ``_correlate``). The listener also sees every unprofiled execution.
+
+The listener is subscribed only while a tilescope :class:`~tilescope.profiler.Profiler` is open
+(:meth:`Capture.acquire` / :meth:`Capture.release`, counted, so nested and overlapping profilers
+share it): a subscribed listener sends every device call through Python, off the native
+dispatch fast path.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ class Capture:
         self._last_unprofiled_flow = 0  # its flow id (a launch this listener did not see came in between if not +1)
         self.markers = 0  # markers recorded since the last export (none: the export skips looking for them)
         self._unprofiled_gaps: deque = deque(maxlen=_GAPS)  # µs, the recent ones
+        self._holders = 0  # open profilers (acquire / release)
+        self._hold_lock = threading.Lock()
 
     def install(self) -> None:
         """Register the device and listen to its runtime (idempotent)."""
@@ -89,6 +96,28 @@ class Capture:
         device.unsubscribe(self.on_execution)
         _runtime.keep_recorded(0)
         self._installed = False
+
+    def acquire(self) -> None:
+        """An open profiler needs the listener: installed while at least one holds it."""
+        with self._hold_lock:
+            self._holders += 1
+            if self._holders == 1:
+                self.install()
+
+    def release(self) -> None:
+        """A profiler closed: the last one out uninstalls the listener (the fast path is back).
+        A release without an acquire is ignored."""
+        with self._hold_lock:
+            if self._holders == 0:
+                return
+            self._holders -= 1
+            if self._holders == 0 and self._installed:
+                self.uninstall()
+
+    @property
+    def holders(self) -> int:
+        """Profilers open now."""
+        return self._holders
 
     def on_execution(self, rec) -> None:
         if not torch.autograd.profiler._is_profiler_enabled:

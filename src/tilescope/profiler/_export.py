@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -55,6 +56,11 @@ class Profiler:
     """Writes one profile directory per finished trace; pass ``export_trace`` as ``on_trace_ready``.
 
     ``path`` is the directory written last (``paths`` every one).
+
+    While it is open it keeps the capture's listener subscribed (see ``_capture``), which takes
+    every device call off the native dispatch fast path. It closes (:meth:`close`) when the
+    torch profile it exports stops, when a ``with Profiler(cfg) as exporter:`` block ends, or
+    when it is garbage; the last profiler to close gives the fast path back.
     """
 
     def __init__(self, config: ProfileConfig | None = None):
@@ -62,11 +68,58 @@ class Profiler:
         self.paths: list[Path] = []
         self._sampler = _shared_sampler() if (self.config.has(ProfileMode.HOST_CPU)
                                                or self.config.has(ProfileMode.HOST_MEMORY)) else None
+        self._hold = None  # releases this profiler's hold on the capture (once)
+        self._watched: set[int] = set()  # ids of the torch profiles whose start/stop open/close it
         if self._device_in_use():
-            capture.install()
             _check_cores(self.config)
+            self._open()
             if self.config.has(ProfileMode.DEVICE):
                 start_writer()  # its batches write each profile's executables and instruction traces
+
+    def _open(self) -> None:
+        if self._hold is None or not self._hold.alive:
+            capture.acquire()
+            self._hold = weakref.finalize(self, capture.release)
+
+    def close(self) -> None:
+        """Stop listening to the device (idempotent): torch profiles exported earlier keep their
+        directories; an export after this still works from what torch recorded."""
+        if self._hold is not None:
+            self._hold()
+
+    @property
+    def closed(self) -> bool:
+        return self._hold is None or not self._hold.alive
+
+    def __enter__(self) -> "Profiler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _watch(self, prof) -> None:
+        """Close when ``prof`` (the torch profile being exported) stops; open again if it starts
+        again. Its first export is the first time this profiler sees it: a profile exported from
+        its ``stop`` (no schedule) is closed after that export (see :meth:`export_trace`)."""
+        if id(prof) in self._watched or not hasattr(prof, "stop") or not hasattr(prof, "start"):
+            return
+        self._watched.add(id(prof))
+        me = weakref.ref(self)
+        stop, start = prof.stop, prof.start
+
+        def stop_then_close():
+            try:
+                stop()
+            finally:
+                if (p := me()) is not None:
+                    p.close()
+
+        def start_and_open():
+            if (p := me()) is not None and p._device_in_use():
+                p._open()
+            start()
+
+        prof.stop, prof.start = stop_then_close, start_and_open
 
     @staticmethod
     def _device_in_use() -> bool:
@@ -79,8 +132,14 @@ class Profiler:
 
     def export_trace(self, prof) -> Path:
         """The ``on_trace_ready`` callback."""
-        with _collector_paused():
-            return self._export(prof)
+        try:
+            with _collector_paused():
+                return self._export(prof)
+        finally:
+            if _stopping(prof):
+                self.close()  # the profile stopped: the listener is no longer needed
+            else:
+                self._watch(prof)
 
     def _export(self, prof) -> Path:
         cfg = self.config
@@ -163,6 +222,19 @@ class Profiler:
         for f in findings:
             print(f"tilescope doctor: [{f.severity}] {f.code}: {f.message} (fix: {f.fix})", file=sys.stderr)
         return w.path
+
+
+def _stopping(prof) -> bool:
+    """Whether torch's ``prof`` is exporting from inside its own ``stop`` (its last export; a
+    ``step`` that ends an active window exports too, and the profile goes on): its class's
+    ``stop`` is on the call stack with ``prof`` as ``self``."""
+    code = getattr(getattr(type(prof), "stop", None), "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code and frame.f_locals.get("self") is prof:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _check_cores(cfg: ProfileConfig) -> None:

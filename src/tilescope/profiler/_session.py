@@ -52,6 +52,7 @@ def profile(output_dir="profile_out", *, device: str | None = None, config: Prof
                 if synchronize:
                     _synchronize(device)
     finally:  # also when the block raised: the profile of what ran was written
+        exporter.close()  # the device's fast dispatch path is back (unless another profiler is open)
         if prof is not None:
             prof.profile_dir = exporter.path
 
