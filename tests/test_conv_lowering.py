@@ -263,15 +263,74 @@ def test_few_contraction_rows_put_each_image_in_its_own_partition_quarter(monkey
 
 
 def test_patch_embedding_grad_weight_against_the_bound():
-    # ViT-tiny's 16x16 patches (256 taps, more than the partitions) in two bands of kernel rows;
-    # DMA-bound: dy is read per band in short runs (its columns split over column blocks)
+    # ViT-tiny's 16x16 patches (256 taps, more than the partitions): the patch matmul (one patch per
+    # partition) beats the kernel-row bands (each reads dy in short runs); DMA-bound either way
+    from tilescope.lower import _conv as conv
+    from tilescope.sim import simulate
+
     call, flops, nbytes = _conv(4, 3, 192, 224, 16, 16, 0, which="gw")
     low = lower(call, SPEC)
     bound = bound_ns(flops, nbytes, "float32")
-    assert low.rule == "conv_backward" and "bands" in low.program.meta["forms"]
-    assert bound <= low.modeled_ns <= 8 * bound, (low.modeled_ns, bound)
-    # the same dy with its channels innermost (as a ViT's tokens leave it): read an element per
-    # descriptor by every band, so the generic lowering (labelled) takes it
+    bands = conv._backward_program(call, SPEC, "blocks")
+    assert "bands" in bands.meta["forms"] and bound <= simulate(bands).summary.total_ns <= 8 * bound
+    assert low.rule == "conv_backward" and "patch-matmul" in low.program.meta["forms"]
+    assert bound <= low.modeled_ns <= simulate(bands).summary.total_ns, (low.modeled_ns, bound)
+    # the same dy with its channels innermost (as a ViT's tokens leave it): the patch matmul reads
+    # it as [patches, co] rows (the banded form would read an element per descriptor)
     y = call.args[0]
     cl = TensorMeta(y.shape, (y.shape[1] * y.shape[2] * y.shape[3], 1, y.shape[3] * y.shape[1], y.shape[1]), y.dtype)
-    assert lower(Call(call.op, (cl,) + call.args[1:], call.kwargs, call.outputs), SPEC).rule == "generic"
+    low = lower(Call(call.op, (cl,) + call.args[1:], call.kwargs, call.outputs), SPEC)
+    assert low.rule == "conv_backward" and "patch-matmul" in low.program.meta["forms"]
+    assert bound <= low.modeled_ns <= 5 * bound, (low.modeled_ns, bound)
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # (n, h, w, c) memory, NCHW shape
+
+
+# (N, Cin, H, W, Cout, kernel, bias, dy channels innermost, dtype): stride == kernel, no padding
+PATCH = [
+    (2, 3, 24, 20, 20, 4, True, False, torch.float32),     # rows of 5 patches, 2 images in a block
+    (3, 2, 18, 12, 130, 3, False, True, torch.float32),    # > 128 output channels, channels-last dy
+    (1, 3, 4, 520, 8, 2, True, False, torch.float32),      # a row of 260 patches: split over blocks
+    (2, 5, 16, 16, 24, 8, False, True, torch.float32),     # K = 320: three chunks of the contraction
+    (2, 3, 16, 16, 16, 4, True, True, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("case", PATCH, ids=[str(c[:8]) for c in PATCH])
+def test_patch_matmul_form_values(case):
+    # stride == kernel: the convolution is a matmul over the patches; the form is built directly
+    # (the rule keeps it only where the simulator times it shorter than the sliding forms)
+    from test_lowering import as_torch, buffer_of
+    from tilescope.lower import _conv as conv
+    from tilescope.lower import meta_of
+    from tilescope.sim import run_numerics
+
+    N, Cin, H, W, Cout, k, has_bias, cl, dt = case
+    x, w = rnd(N, Cin, H, W, dtype=dt), rnd(Cout, Cin, k, k, dtype=dt)
+    bias = rnd(Cout, dtype=dt) if has_bias else None
+    y = F.conv2d(x.float(), w.float(), None if bias is None else bias.float(), stride=k).to(dt)
+    tol = 1e-4 if dt == torch.float32 else 3e-2
+    args = ([k, k], [0, 0], [1, 1], False, [0, 0], 1)
+    fwd = Call("aten::convolution_overrideable", (meta_of(x), meta_of(w), None if bias is None else meta_of(bias))
+               + args, (), (meta_of(y),))
+    g, x2, w2 = conv.conv_geometry(meta_of(x), meta_of(w), [k, k], [0, 0], [1, 1], 1)
+    prog = conv._forward_program(fwd, SPEC, "patch", g, meta_of(x), x2, meta_of(w), w2, meta_of(y), meta_of(y),
+                                 None if bias is None else meta_of(bias), str(dt).replace("torch.", ""))
+    assert prog.meta["mapping"] == "patch-matmul"
+    feeds = {"in_input": x, "in_weight": w} | ({"in_bias": bias} if has_bias else {})
+    got = run_numerics(prog, {n: buffer_of(v) for n, v in feeds.items()}, {})
+    torch.testing.assert_close(as_torch(got["out"], y).float(), y.float(), rtol=tol, atol=tol)
+
+    dy = rnd(*y.shape, dtype=dt)
+    dy = _channels_last(dy) if cl else dy
+    _, gw, _ = torch.ops.aten.convolution_backward(dy.float(), x.float(), w.float(), [Cout], [k, k], [0, 0], [1, 1],
+                                                   False, [0, 0], 1, [False, True, False])
+    bwd = Call("aten::convolution_backward_overrideable", (meta_of(dy), meta_of(x), meta_of(w)) + args
+               + ((False, True, False),), (), (meta_of(w),))
+    prog = conv._backward_program(bwd, SPEC, "patch")
+    assert "grad_weight=patch-matmul" in prog.meta["forms"]
+    got = run_numerics(prog, {"in_grad_output": buffer_of(dy), "in_input": buffer_of(x), "in_weight": buffer_of(w)},
+                       {})
+    torch.testing.assert_close(as_torch(got["grad_weight"], w).float(), gw, rtol=tol * 5, atol=tol * 5)

@@ -42,6 +42,7 @@ MODULES = [
     "tilescope.lower._layout",
     "tilescope.lower._ops",
     "tilescope.lower._conv",
+    "tilescope.lower._conv_patch",
     "tilescope.lower._norm",
     "tilescope.lower._pool",
     "tilescope.lower.kernels",

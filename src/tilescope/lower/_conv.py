@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
+from ._conv_patch import patch_applies, patch_forward, patch_grad_weight
 from ._layout import hbm_input, hbm_output
 from ._rules import Rule, add_rules
 
@@ -975,6 +976,8 @@ def _grad_weight_rows(b, spec, g: ConvGeom, X: View, xs, DY: View, dys, GW: View
     as every band is then an ordinary convolution over the same output rows)."""
     from ._conv_wgrad import grad_weight_program
 
+    if form == "patch":
+        return patch_grad_weight(b, spec, g, X, xs, DY, dys, GW, gws, dtype, out_dtype)
     P = spec.partitions
     if g.taps <= P or transposed or g.ph or g.groups != 1 or g.kw > P:
         return grad_weight_program(b, spec, g, X, xs, DY, dys, GW, gws, dtype, out_dtype, form)
@@ -1024,6 +1027,11 @@ def lower_conv(call: Call, spec):
     dtype = _pe_dtype(x2, w2)
     if dtype is None:
         return None
+    forms = ("sliding", "patch") if patch_applies(g) else ("sliding",)
+    return _shortest(_forward_program(call, spec, form, g, x, x2, w, w2, out, out2, bias, dtype) for form in forms)
+
+
+def _forward_program(call: Call, spec, form: str, g: ConvGeom, x, x2, w, w2, out, out2, bias, dtype: str):
     b = TileBuilder(call.op, spec)
     with b.provenance(op=call.op):
         X = hbm_input(b, "in_input", x)
@@ -1031,13 +1039,33 @@ def lower_conv(call: Call, spec):
         Y = hbm_output(b, "out", out)
         Bv = hbm_input(b, "in_bias", bias) if bias is not None else None
         X, Wv, Y = (_view_2d(v, m) for v, m in ((X, x), (Wv, w), (Y, out)))
+        bias_stride = bias.stride[0] if bias is not None else 0
         try:
-            fwd = _Forward(b, spec, g, X, x2.stride, Y, out2.stride, _ForwardWeights, Wv, w2.stride,
-                           Bv, bias.stride[0] if bias is not None else 0, dtype, out2.device_dtype)
-            mapping = fwd.emit()
+            if form == "patch":
+                mapping = patch_forward(b, spec, g, X, x2.stride, Wv, w2.stride, Y, out2.stride, Bv, bias_stride,
+                                        dtype, out2.device_dtype)
+            else:
+                fwd = _Forward(b, spec, g, X, x2.stride, Y, out2.stride, _ForwardWeights, Wv, w2.stride,
+                               Bv, bias_stride, dtype, out2.device_dtype)
+                mapping = fwd.emit()
         except _Decline:
             return None
     return _build(b, {"lowering": "conv", "mapping": mapping})
+
+
+def _shortest(programs):
+    """The Program the simulator times shortest among ``programs`` (None ones skipped): where
+    several forms apply, each is built and priced by what it does, and the quickest is kept."""
+    from ..sim import simulate
+
+    best = None
+    for prog in programs:
+        if prog is None:
+            continue
+        t = simulate(prog).summary.total_ns
+        if best is None or t < best[0]:
+            best = (t, prog)
+    return None if best is None else best[1]
 
 
 def _build(b: TileBuilder, meta: dict):
@@ -1111,25 +1139,18 @@ def _lower_conv_transpose(call: Call, spec):
 def lower_conv_backward(call: Call, spec):
     """``convolution_backward_overrideable``: grad_input, grad_weight and grad_bias as asked.
 
-    grad_weight has two forms (pixel blocks on the partitions, or pixels transposed onto
-    them); where both apply, both Programs are built and the one the simulator times shorter
-    is kept."""
-    from ..sim import simulate
+    grad_weight has up to three forms (pixel blocks on the partitions, pixels transposed onto
+    them, or -- stride == kernel -- a matmul over the patches); where several apply, each
+    Program is built and the one the simulator times shortest is kept."""
     from ._conv_wgrad import transposed_form_feasible
 
-    best = None
-    for form in ("blocks", "transposed"):
-        if form == "transposed":
-            parsed = _backward_geometry(call)
-            if parsed is None or not parsed[1] or not transposed_form_feasible(spec, parsed[0], parsed[2]):
-                break
-        prog = _backward_program(call, spec, form)
-        if prog is None:
-            continue
-        t = simulate(prog, spec).summary.total_ns
-        if best is None or t < best[0]:
-            best = (t, prog)
-    return None if best is None else best[1]
+    parsed = _backward_geometry(call)
+    forms = ["blocks"]
+    if parsed is not None and parsed[1] and transposed_form_feasible(spec, parsed[0], parsed[2]):
+        forms.append("transposed")
+    if parsed is not None and parsed[1] and patch_applies(parsed[0]) and not call.named().get("transposed", False):
+        forms.append("patch")
+    return _shortest(_backward_program(call, spec, form) for form in forms)
 
 
 def _backward_geometry(call: Call):
