@@ -40,6 +40,7 @@ top-left aligned, as torch's ``is_causal``; fully masked blocks are skipped.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from math import prod
 
@@ -181,9 +182,21 @@ def _dma_rows(b: TileBuilder, tile: View, hbm: View, base: int, rs: int, rows: i
         pairs.append((tile[:rem, full, :cols], _mat(hbm, base + full * 128 * rs, rem, rs, cols, cs)))
     for t, h in pairs:
         if store:
-            b.dma_copy(h, t)
+            _dma(b, h, t)
         else:
-            b.dma_copy(t, h)
+            _dma(b, t, h)
+
+
+_RINGS: "weakref.WeakKeyDictionary[TileBuilder, list[int]]" = weakref.WeakKeyDictionary()
+
+
+def _dma(b: TileBuilder, dst, src) -> None:
+    """One transfer on the next DMA queue, round-robin per Program: each queue issues its transfers
+    one after another at a fixed cost (~1.3 us) [dma guide], so a kernel spreads its loads and stores
+    over the queues instead of leaving every transfer of one tensor on one queue."""
+    ring = _RINGS.setdefault(b, [0])
+    ring[0] = (ring[0] + 1) % b.spec.dma.queues
+    b.dma_copy(dst, src, queue=ring[0])
 
 
 def _chunks(n: int, size: int):
@@ -340,7 +353,7 @@ class _KV:
         ones = self.b.sbuf((self.ones, 512), self.pe_dt, site="attn.c.ones_dma", bufs=1)
         self.b.memset(ones, 1.0, engine="pool")
         for c0, cw in _chunks(n, 512):  # DMA may write any partition
-            self.b.dma_copy(tile[e:e + self.ones, c0:c0 + cw], ones[:, :cw])
+            _dma(self.b, tile[e:e + self.ones, c0:c0 + cw], ones[:, :cw])
 
     def _load_v(self, s0: int, n: int, site: str, bufs: int = 3) -> View:
         b, form = self.b, self.form
@@ -448,22 +461,22 @@ class _Mask:
         b, S = self.b, self.form.S
         src_dt = self.form.mask.device_dtype
         raw = b.sbuf((1, S), src_dt, site="attn.m.raw", bufs=2)
-        b.dma_copy(raw, _mat(self.M, off, 1, 0, S, ms))
+        _dma(b, raw, _mat(self.M, off, 1, 0, S, ms))
         x = b.sbuf((1, S), "float32", site="attn.m.x", bufs=2)
         self._clamped(x, raw)
         hi, lo = self._hilo(x, 1, S, "attn.m.row")
         hl = b.sbuf((2, S), self.pe_dt, site="attn.m.hl", bufs=2)
-        b.dma_copy(hl[0:1, :], hi)
-        b.dma_copy(hl[1:2, :], lo)
+        _dma(b, hl[0:1, :], hi)
+        _dma(b, hl[1:2, :], lo)
         nS = -(-S // 128)
         rawc = b.sbuf((128, nS), src_dt, site="attn.m.rawc", bufs=2)
         full = S // 128
         if full:
-            b.dma_copy(rawc[:, :full], View(self.M.buffer, _ap(self.M, off, ((ms, 128), (128 * ms, full))),
+            _dma(b, rawc[:, :full], View(self.M.buffer, _ap(self.M, off, ((ms, 128), (128 * ms, full))),
                                             (128, full)))
         if S % 128:
             t = S % 128
-            b.dma_copy(rawc[:t, full:full + 1], _mat(self.M, off + full * 128 * ms, t, ms, 1, 1))
+            _dma(b, rawc[:t, full:full + 1], _mat(self.M, off + full * 128 * ms, t, ms, 1, 1))
         col = b.sbuf((128, nS), "float32", site="attn.m.col", bufs=2)
         if self.form.mask.dtype == "bool":
             b.tensor_scalar(col, rawc, "subtract", 1.0, "multiply", BIG, engine="pool")
@@ -477,7 +490,7 @@ class _Mask:
         mb, mh, ml, ms = self.strides
         b = self.b
         raw = b.sbuf((128, kw), self.form.mask.device_dtype, site=site + ".raw")
-        b.dma_copy(raw[:lt, :], _mat(self.M, bi * mb + h * mh + q0 * ml + s0 * ms, lt, ml, kw, ms))
+        _dma(b, raw[:lt, :], _mat(self.M, bi * mb + h * mh + q0 * ml + s0 * ms, lt, ml, kw, ms))
         x = b.sbuf((128, kw), "float32", site=site + ".x")
         self._clamped(x[:lt, :], raw[:lt, :])
         return self._hilo(x[:lt, :], lt, kw, site)
@@ -803,11 +816,11 @@ class _Forward:
         base = (bi * f.H + h) * f.L + qb0
         full = [i for i, (_, lt) in enumerate(qtiles) if lt == 128]
         if full:  # one store for the full tiles: element (p, i) is query qb0 + 128 i + p
-            b.dma_copy(View(self.LSE.buffer, _ap(self.LSE, base, ((1, 128), (128, len(full)))), (128, len(full))),
+            _dma(b, View(self.LSE.buffer, _ap(self.LSE, base, ((1, 128), (128, len(full)))), (128, len(full))),
                        lse[:, :len(full)])
         for i, (t0, lt) in enumerate(qtiles):
             if lt < 128:
-                b.dma_copy(_mat(self.LSE, base + t0, lt, 1, 1, 1), lse[:lt, i:i + 1])
+                _dma(b, _mat(self.LSE, base + t0, lt, 1, 1, 1), lse[:lt, i:i + 1])
 
     def _full_block(self, blk, i, q0, lt, j, s0, kw):
         cache = blk.full_cache
@@ -991,10 +1004,10 @@ class _Backward:
         hd.lraw = b.sbuf((128, nL), "float32", site="attn.b.lraw", bufs=2)
         base, full = (bi * f.H + h) * L, L // 128
         if full:  # one transfer: element (p, i) is query 128 i + p
-            b.dma_copy(hd.lraw[:, :full], View(ins["logsumexp"].buffer, _ap(ins["logsumexp"], base,
+            _dma(b, hd.lraw[:, :full], View(ins["logsumexp"].buffer, _ap(ins["logsumexp"], base,
                                                                               ((1, 128), (128, full))), (128, full)))
         if L % 128:
-            b.dma_copy(hd.lraw[:L % 128, full:full + 1], _mat(ins["logsumexp"], base + full * 128, L % 128, 1, 1, 1))
+            _dma(b, hd.lraw[:L % 128, full:full + 1], _mat(ins["logsumexp"], base + full * 128, L % 128, 1, 1, 1))
 
     def _head_prep(self, hd: _Head) -> None:
         """Q^T and dO^T (TensorE transposes of the loaded rows), -lse and -D = -rowsum(dO * O)."""
@@ -1090,7 +1103,7 @@ class _Backward:
             if gm_meta.device_dtype != pdt:
                 src = b.sbuf((128, _KB), gm_meta.device_dtype, site="attn.b.gm")
                 b.tensor_copy(src[:lt, :span], ds[:lt, :span], engine="pool")
-            b.dma_copy(_mat(gm, hd.bi * st[0] + hd.h * st[1] + q0 * st[2] + s0 * st[3], lt, st[2], span, st[3]),
+            _dma(b, _mat(gm, hd.bi * st[0] + hd.h * st[1] + q0 * st[2] + s0 * st[3], lt, st[2], span, st[3]),
                        src[:lt, :span])
         return i, q0, lt, span, pv, ds
 
@@ -1163,7 +1176,7 @@ class _Backward:
         self.b.memset(zero, 0.0, engine="pool")
         st = meta.stride
         for c0, cw in _chunks(n, _KB):
-            self.b.dma_copy(_mat(gm, hd.bi * st[0] + hd.h * st[1] + q0 * st[2] + (s0 + c0) * st[3], lt, st[2], cw,
+            _dma(self.b, _mat(gm, hd.bi * st[0] + hd.h * st[1] + q0 * st[2] + (s0 + c0) * st[3], lt, st[2], cw,
                                  st[3]), zero[:lt, :cw])
 
     def _finish_kv(self, tile: _KTile) -> None:
