@@ -145,6 +145,28 @@ def test_vector_and_scalar_do_not_share_sbuf_but_share_psum():
     assert start[1] >= end[0]
 
 
+def test_neuroncore_v3_lifts_both_port_restrictions():
+    """[arch2]: on v3 VectorE and GpSimd reach SBUF, and VectorE and ScalarE reach PSUM, in parallel."""
+    from tilescope.spec import preset
+
+    assert preset("trn1").shared_ports == ("sbuf", "psum") and preset("trn2").shared_ports == ()
+    for name in ("trn1", "trn2"):
+        b = TileBuilder("ports_v3", spec=name)
+        p1 = b.psum((128, 512), site="p1")
+        p2 = b.psum((128, 512), site="p2")
+        s1 = b.sbuf((128, 512), "float32", site="a")
+        s2 = b.sbuf((128, 512), "float32", site="b")
+        s3 = b.sbuf((128, 512), "float32", site="c")
+        b.tensor_copy(s1, p1, engine="dve")
+        b.activation(s2, p2, "copy")
+        b.tensor_scalar(s3, s3, "add", 1.0, engine="pool")
+        start, end = _starts(simulate(b.build()))
+        if name == "trn1":
+            assert start[1] >= end[0] and start[2] >= end[0]
+        else:
+            assert start[0] == start[1] == start[2] == 0
+
+
 def _pipeline(bufs):
     b = TileBuilder(f"pipe{bufs}", bufs=bufs)
     x = b.input("x", (512, 2048), "float32")

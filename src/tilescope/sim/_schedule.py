@@ -17,7 +17,8 @@ Model (each rule is one line of the loop below):
 * An instruction that depends on the one just before it on the same engine pays the
   engine's dependent-instruction overhead (its pipeline drains first) [arch].
 * Shared ports [arch]: VectorE and GpSimd cannot access SBUF at the same time;
-  VectorE and ScalarE cannot access PSUM at the same time.
+  VectorE and ScalarE cannot access PSUM at the same time (NeuronCore-v2; the preset's
+  ``shared_ports`` names them, and v3 lifts both [arch2]).
 
 The costs are computed here with numpy, once per instruction signature; the loop that
 claims engines, queues and ports in program order is :func:`_loop_reference`, which the C
@@ -78,8 +79,8 @@ def _signature_costs(rep, memories, spec: CoreSpec) -> tuple:
     if isinstance(rep, (Matmul, Transpose)):
         ls = spec.tensor.ns(load_stationary_cycles(rep))
         return (0, dur, ls, 0.0, nbytes, fl, False, False, 0, 0, True, 0, 0, 0.0)
-    sbuf_port = engine in ("dve", "pool") and "sbuf" in memories
-    psum_port = engine in ("dve", "act") and "psum" in memories
+    sbuf_port = "sbuf" in spec.shared_ports and engine in ("dve", "pool") and "sbuf" in memories
+    psum_port = "psum" in spec.shared_ports and engine in ("dve", "act") and "psum" in memories
     return (_ENGINE_LANES[engine], dur, 0.0, 0.0, nbytes, fl, sbuf_port, psum_port, 0, 0, False, 0, 0,
             espec.ns(espec.dependent_cycles))
 

@@ -140,6 +140,10 @@ class CoreSpec:
     hbm_bytes_per_ns: float  # HBM bandwidth available to one core
     hbm_bytes: int  # HBM capacity available to one core
     cores_per_chip: int
+    # on-chip memories whose port two engines share, so their accesses serialize [arch]:
+    # "sbuf" (VectorE and GpSimd), "psum" (VectorE and ScalarE). NeuronCore-v2 shares both;
+    # NeuronCore-v3 lifts both restrictions [arch2]
+    shared_ports: tuple[str, ...] = ("sbuf", "psum")
     # assumed figures: no public source gives them; see the preset for the reasoning
     runtime_exec_us: float = 15.0
     host_dispatch_us: float = 10.0

@@ -45,6 +45,10 @@ TRN2 = CoreSpec(
     hbm_bytes_per_ns=2900.0 / 8,  # [arch2] ~2.9 TB/s per chip of 8 cores
     hbm_bytes=96 * _GIB // 8,  # [arch2] 96 GiB per chip of 8 cores
     cores_per_chip=8,  # [arch2]
+    # [arch2] "VectorE and GpSimdE can access SBUF in parallel", "VectorE and ScalarE can access
+    # PSUM in parallel ... as long as their accesses do not collide on the same PSUM bank" (bank
+    # collisions are not modeled)
+    shared_ports=(),
     runtime_exec_us=TRN1.runtime_exec_us,  # assumed, as on trn1
     host_dispatch_us=TRN1.host_dispatch_us,  # assumed, as on trn1
     sources=("arch2", "isa"),
