@@ -197,6 +197,35 @@ def test_forward_masks(kind):
     run_forward(q, k, v, mask=mask)
 
 
+def test_short_sequences_share_blocks_across_heads(monkeypatch):
+    """ViT-like heads (197 tokens): two heads per 512-query block, so the block's statistics, transposes
+    and exps are paid once for both; values still match CPU, and one block per head costs more."""
+    import tilescope.lower._attention as attention
+
+    q, k, v = rnd(2, 3, 197, 64), rnd(2, 3, 197, 64), rnd(2, 3, 197, 64)
+    metas = (meta_of(q), meta_of(k), meta_of(v), None)
+    shared = attention_forward(*metas, causal=False, scale=None, dropout_p=0.0, spec="trn1")
+    _, t_shared = run_forward(q, k, v)
+    mask = torch.ones(2, 1, 1, 197, dtype=torch.bool)
+    mask[1, ..., 150:] = False  # a padding row per batch item: heads of different items never share a block
+    run_forward(q, k, v, mask=mask)
+    monkeypatch.setattr(attention._Forward, "_heads_per_block", lambda self: 1)
+    alone = attention_forward(*metas, causal=False, scale=None, dropout_p=0.0, spec="trn1")
+    assert shared.summary_counts()["activation"] < alone.summary_counts()["activation"]
+    assert t_shared < simulate(alone, preset("trn1")).summary.total_ns
+
+
+def test_forward_dropout_in_shared_blocks():
+    S, p = 64, 0.5
+    q, k = rnd(1, 3, 96, 16), rnd(1, 3, S, 16)
+    v = torch.eye(S).expand(1, 3, S, S).contiguous()
+    out, _ = run_forward(q, k, v, dropout_p=p)
+    probs = torch.softmax(_scores(q, k, None, False, 0.25), -1)
+    kept = out != 0
+    assert 0.35 < kept.float().mean() < 0.65
+    torch.testing.assert_close(out[kept], probs[kept] / (1 - p), rtol=1e-4, atol=1e-6)
+
+
 def test_forward_fully_masked_rows_give_zero_and_minus_inf_lse():
     q, k, v = rnd(1, 2, 40, 16), rnd(1, 2, 50, 16), rnd(1, 2, 50, 16)
     mask = torch.ones(1, 1, 40, 50, dtype=torch.bool)

@@ -575,9 +575,7 @@ class _Forward:
         next block's row maxima (pass 1, VectorE) are interleaved with this block's probabilities
         (pass 2, ScalarE), so the PSUM port the two engines share is never idle between blocks.
         """
-        f = self.form
-        items = [_Block(bi, h, qb0, min(self.qb * 128, f.L - qb0))
-                 for bi in range(f.B) for h in _head_order(f, bi) for qb0 in range(0, f.L, self.qb * 128)]
+        items = self._blocks()
         self._kv, self._key, self._slots = None, None, None
         self._dma(items[0])
         self._transposes(items[0])
@@ -597,32 +595,87 @@ class _Forward:
                 pass
             self._epilogue(blk)
 
+    def _kv_need(self) -> int:
+        """SBUF bytes per partition of one resident key/value head."""
+        f = self.form
+        vcols = f.Ev + (1 if self.ones_column else 0)
+        isz = 4 if self.pe_dt == "float32" else 2
+        return (f.S * len(_chunks(f.E, 128)) + -(-f.S // 128) * vcols) * isz
+
+    def _heads_per_block(self) -> int:
+        """Query heads sharing one block: a short sequence fills a block (512 queries, one PSUM bank
+        of scores) with several heads, so each instruction of the block's statistics, transposes and
+        exps serves them all instead of paying its fixed cost once per head. Their key/value heads
+        stay resident (three blocks' worth: finishing, current, prefetched)."""
+        f = self.form
+        full_mask = self.masks is not None and self.masks.kind != "row"
+        if self.causal or full_mask:
+            return 1
+        per = min(self.qb // -(-f.L // 128), 512 // f.L)
+        while per > 1 and 3 * per * self._kv_need() > _RESIDENT_BYTES:
+            per -= 1
+        return max(per, 1)
+
+    def _blocks(self) -> list["_Block"]:
+        """The forward's blocks in issue order: up to 512 queries of one head, or several whole
+        heads of a short sequence (heads sharing a row mask's row)."""
+        f = self.form
+        per = self._heads_per_block()
+        heads = [(bi, h) for bi in range(f.B) for h in _head_order(f, bi)]
+        if per == 1:
+            return [_Block([(bi, h, qb0, min(self.qb * 128, f.L - qb0))])
+                    for bi, h in heads for qb0 in range(0, f.L, self.qb * 128)]
+        ms = self.form.mask_strides
+        row_of = (lambda bi, h: bi * ms[0] + h * ms[1]) if ms is not None else (lambda bi, h: 0)
+        items, segs = [], []
+        for bi, h in heads:
+            if segs and (len(segs) == per or row_of(bi, h) != row_of(*segs[0][:2])):
+                items.append(_Block(segs))
+                segs = []
+            segs.append((bi, h, 0, f.L))
+        items.append(_Block(segs))
+        return items
+
     def _dma(self, blk: "_Block") -> None:
-        """Issue a block's loads: its query rows, and its key/value head when that changes."""
+        """Issue a block's loads: its query rows, and each key/value head when that changes."""
         f, b = self.form, self.b
-        if f.kv_key(blk.bi, blk.h) != self._key:
-            self._key = f.kv_key(blk.bi, blk.h)
-            ones = 2 if self.aug else 0
-            if self._slots is None:
-                probe = _KV(b, f, self.K, self.V, 0, 0, self.pe_dt, self.ones_column, ones=ones, resident=False)
-                homes = 3 if 3 * probe.need <= _RESIDENT_BYTES else 2
-                self._resident = homes * probe.need <= _RESIDENT_BYTES
-                self._slots = _KVSlots(b, f, self.pe_dt, ones, self.ones_column, homes)
-            self._kv = _KV(b, f, self.K, self.V, self._key[0], self._key[1], self.pe_dt, self.ones_column,
-                           ones=ones, slots=self._slots, resident=self._resident)
-        blk.kv = self._kv
         E = f.E
-        blk.qtiles = _chunks(blk.nq, 128)
-        q_off = blk.bi * f.q.stride[0] + blk.h * f.q.stride[1]
+        ones = 2 if self.aug else 0
+        if self._slots is None:
+            need = self._kv_need()
+            per = len(blk.segs)
+            homes = 3 * per if 3 * per * need <= _RESIDENT_BYTES else 2
+            self._resident = homes * need <= _RESIDENT_BYTES
+            self._slots = _KVSlots(b, f, self.pe_dt, ones, self.ones_column, homes)
         # query rows [lt, E | r_hi | r_lo] per tile; pass 1 uses their transpose without the r columns
         blk.qrows = b.sbuf((128, self.qb, E + 2), self.pe_dt, site="attn.qrows", bufs=4)
         # -max as hi + lo: beside the query rows when it rides in their contraction, else its own tile
         blk.rc = blk.qrows[:, :, E:E + 2] if self.aug else b.sbuf((128, self.qb, 2), self.aux_dt, site="attn.rc",
                                                                     bufs=4)
-        _dma_rows(b, blk.qrows, self.Q, q_off + blk.qb0 * f.q.stride[2], f.q.stride[2], blk.nq, E)
+        blk.kvs, blk.seg_of, blk.qtiles, blk.first_tile = [], [], [], []
+        col = 0
+        for si, (bi, h, qb0, nq) in enumerate(blk.segs):
+            if f.kv_key(bi, h) != self._key:
+                self._key = f.kv_key(bi, h)
+                self._kv = _KV(b, f, self.K, self.V, self._key[0], self._key[1], self.pe_dt, self.ones_column,
+                               ones=ones, slots=self._slots, resident=self._resident)
+            blk.kvs.append(self._kv)
+            ts = len(blk.qtiles)
+            blk.first_tile.append(ts)
+            # the block's query columns: each head's tiles follow the previous head's, packed
+            for _, lt in _chunks(nq, 128):
+                blk.qtiles.append((col, lt))
+                blk.seg_of.append(si)
+                col += lt
+            q_off = bi * f.q.stride[0] + h * f.q.stride[1]
+            _dma_rows(b, blk.qrows[:, ts:len(blk.qtiles), :], self.Q, q_off + qb0 * f.q.stride[2], f.q.stride[2],
+                      nq, E)
+        blk.kv = blk.kvs[0]
+        blk.ncols = col
 
     def _transposes(self, blk: "_Block") -> None:
-        blk.kv.finish()
+        for kv in blk.kvs:
+            kv.finish()
         blk.qt = [self.b.sbuf((128, 512), self.pe_dt, site=f"attn.qt{e}") for e in range(len(blk.kv.echunks))]
         self._transpose_rows(blk.qrows, blk.qtiles, self.form.E, blk.qt, engine="dve")  # pass 1 is VectorE's
         masks = self.masks
@@ -656,6 +709,7 @@ class _Forward:
             t0, lt = qtiles[i]
             q0 = blk.qb0 + t0
             s0, kw = _chunks(his[i], _KB)[j]
+            kv = blk.kvs[blk.seg_of[i]]
             if kv.resident:
                 kts = kv.kt(s0, kw)
             else:
@@ -725,9 +779,9 @@ class _Forward:
             if self.p:
                 pv = b.sbuf((128, 512), self.pe_dt, site="attn.ptd")
                 b.dropout(pv[:sw, :ncols], pt[:sw, :ncols], self.p)
-            vr = kv.v_rows(s0, sw)
             for i, t0, lt in live:
                 cols = slice(t0 - lo_col, t0 - lo_col + lt)
+                vr = blk.kvs[blk.seg_of[i]].v_rows(s0, sw)
                 b.matmul(blk.acc(i)[:lt, :], pv[:sw, cols], vr, accumulate=s0 > 0)
                 if blk.lacc is not None:
                     b.matmul(blk.lacc[:lt, i:i + 1], pt[:sw, cols], c.ones_col[:sw, :], accumulate=s0 > 0)
@@ -742,15 +796,18 @@ class _Forward:
         f, b, c = self.form, self.b, self.c
         kv, qb0, qtiles, rows = blk.kv, blk.qb0, blk.qtiles, blk.rows
         s0, sw = chunk
-        nq = blk.nq
+        nq = blk.ncols
         lo_col = max(qb0, s0) - qb0 if self.causal else 0  # a multiple of 128: whole query tiles
         ncols = nq - lo_col
         pt_ps = b.psum((128, 512), "float32", site="attn.ps.s2", bufs=2)
-        kts = kv.kt(s0, sw, ones=self.aug)
         last = len(kv.echunks) - 1
-        for e, (e0, ec) in enumerate(kv.echunks):
-            rows_e = ec + (2 if self.aug and e == last else 0)
-            b.matmul(pt_ps[:sw, :ncols], kts[e], blk.qt2[e][:rows_e, lo_col:nq], accumulate=e > 0)
+        for si, skv in enumerate(blk.kvs):  # each head's columns against its keys
+            c0 = max(lo_col, qtiles[blk.first_tile[si]][0])
+            c1 = blk.qtiles[blk.first_tile[si + 1]][0] if si + 1 < len(blk.kvs) else nq
+            kts = skv.kt(s0, sw, ones=self.aug)
+            for e, (e0, ec) in enumerate(skv.echunks):
+                rows_e = ec + (2 if self.aug and e == last else 0)
+                b.matmul(pt_ps[:sw, c0 - lo_col:c1 - lo_col], kts[e], blk.qt2[e][:rows_e, c0:c1], accumulate=e > 0)
         if blk.stab is not None:
             b.matmul(pt_ps[:sw, :ncols], c.ones[:2, :sw], blk.stab[0][:2, lo_col:nq], accumulate=True)
         live = [(i, t0, lt) for i, (t0, lt) in enumerate(qtiles) if t0 >= lo_col]
@@ -782,8 +839,7 @@ class _Forward:
         """
         f, b = self.form, self.b
         E, Ev = f.E, f.Ev
-        bi, h, qb0, qtiles, rc, accs, per_bank, lacc = (blk.bi, blk.h, blk.qb0, blk.qtiles, blk.rc, blk.accs,
-                                                        blk.per_bank, blk.lacc)
+        qtiles, rc, accs, per_bank, lacc = blk.qtiles, blk.rc, blk.accs, blk.per_bank, blk.lacc
         nt = len(qtiles)
         l_sb = b.sbuf((128, self.qb), "float32", site="attn.l")
         if lacc is not None:
@@ -806,21 +862,27 @@ class _Forward:
         for i, (t0, lt) in enumerate(qtiles):
             acc = accs[i // per_bank][:, i % per_bank, :]
             b.tensor_scalar(o[:lt, i, :], acc[:lt, :Ev], "multiply", inv[:lt, i:i + 1], engine="act")
-        _dma_rows(b, o, self.O, bi * ost[0] + h * ost[1] + qb0 * ost[2], ost[2], blk.nq, Ev, ost[3], store=True)
+        for si, (bi, h, qb0, nq) in enumerate(blk.segs):
+            ts = blk.first_tile[si]
+            _dma_rows(b, o[:, ts:, :], self.O, bi * ost[0] + h * ost[1] + qb0 * ost[2], ost[2], nq, Ev, ost[3],
+                      store=True)
         ln = b.sbuf((128, self.qb), "float32", site="attn.ln")
         b.activation(ln[:, :nt], safe[:, :nt], "log")
         lse = b.sbuf((128, self.qb), "float32", site="attn.lse")
         b.tensor_scalar(lse[:, :nt], r[:, :nt], "multiply", -self.scale, engine="act")
         b.tensor_tensor(lse[:, :nt], lse[:, :nt], ln[:, :nt], "add", engine="pool")
         b.select(lse[:, :nt], live[:, :nt], lse[:, :nt], float("-inf"), engine="pool")
-        base = (bi * f.H + h) * f.L + qb0
-        full = [i for i, (_, lt) in enumerate(qtiles) if lt == 128]
-        if full:  # one store for the full tiles: element (p, i) is query qb0 + 128 i + p
-            _dma(b, View(self.LSE.buffer, _ap(self.LSE, base, ((1, 128), (128, len(full)))), (128, len(full))),
-                       lse[:, :len(full)])
-        for i, (t0, lt) in enumerate(qtiles):
-            if lt < 128:
-                _dma(b, _mat(self.LSE, base + t0, lt, 1, 1, 1), lse[:lt, i:i + 1])
+        for si, (bi, h, qb0, nq) in enumerate(blk.segs):
+            base = (bi * f.H + h) * f.L + qb0
+            ts = blk.first_tile[si]
+            tiles = _chunks(nq, 128)
+            full = [k for k, (_, lt) in enumerate(tiles) if lt == 128]
+            if full:  # one store for the full tiles: element (p, k) is query qb0 + 128 k + p
+                _dma(b, View(self.LSE.buffer, _ap(self.LSE, base, ((1, 128), (128, len(full)))), (128, len(full))),
+                     lse[:, ts:ts + len(full)])
+            for k, (t0, lt) in enumerate(tiles):
+                if lt < 128:
+                    _dma(b, _mat(self.LSE, base + t0, lt, 1, 1, 1), lse[:lt, ts + k:ts + k + 1])
 
     def _full_block(self, blk, i, q0, lt, j, s0, kw):
         cache = blk.full_cache
@@ -833,10 +895,13 @@ class _Forward:
 
 
 class _Block:
-    """One forward query block (up to 512 queries of one head) and the tiles made for it."""
+    """One forward query block and the tiles made for it: ``segs`` ``[(bi, h, qb0, nq)]``, up to
+    512 queries of one head, or several whole heads of a short sequence (``bi``, ``h``, ``qb0``,
+    ``nq``: the first)."""
 
-    def __init__(self, bi: int, h: int, qb0: int, nq: int):
-        self.bi, self.h, self.qb0, self.nq = bi, h, qb0, nq
+    def __init__(self, segs):
+        self.segs = segs
+        self.bi, self.h, self.qb0, self.nq = segs[0]
 
     def acc(self, i: int) -> View:
         return self.accs[i // self.per_bank][:, i % self.per_bank, :]
