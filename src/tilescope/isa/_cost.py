@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..dtypes import itemsize as _itemsize
 from ..spec import CoreSpec
 from ._ap import AP
 from ._instructions import (
@@ -165,7 +166,8 @@ def matmul_cycles(instr: Matmul | Transpose, spec: CoreSpec) -> float:
         n_moving = instr.src.partitions
         dtypes = (instr.src.dtype,)
     cycles = max(min(64, n_stationary), n_moving)
-    if "float32" in dtypes:
+    # ASSUMED: a transpose of any 4-byte dtype (int32 as well as fp32) takes fp32's four passes
+    if "float32" in dtypes or isinstance(instr, Transpose) and _itemsize(instr.src.dtype) == 4:
         cycles *= spec.pe_fp32_slowdown
     return float(cycles)
 

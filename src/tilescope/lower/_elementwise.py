@@ -12,12 +12,11 @@ hardware's engines do; integer and bool tensors go through the same instructions
 
 from __future__ import annotations
 
-from math import prod
-
 from ..isa import AP, RuntimeScalar
 from ..program import TileBuilder, View
 from ._call import Call, ScalarArg, TensorMeta
-from ._layout import coalesce, compact_load, hbm_input, hbm_output, spread
+from ._layout import coalesce, hbm_input, hbm_output, load_operand, plan_ns, spread
+from ._transposed import queues, row_ap, subtiles, transpose_in, transposed_ns, transposed_plan, transposed_tiles
 from ._rules import Rule, add_rules
 
 __all__ = ["OPS", "TileOps", "EngineLoad", "balanced_copy", "partition_scalar", "lower_elementwise", "lower_foreach",
@@ -646,45 +645,47 @@ def lower_foreach(call: Call, spec):
 
 
 def _load_operand(b, plan, tile, view, st, m, tshape, name):
-    """One operand's tile. An operand broadcast along a free dim of the tile (a per-row
-    statistic, a row under several rows, a scalar) is loaded compactly -- each value once per
-    partition -- and widened on chip by stride-0 free dims (:func:`compact_load`), instead of a
-    DMA that reads the same element once per output element."""
-    full = plan.operand_ap(view, st, tile)  # dims (partition dim(s), free dims)
-    if not any(s == 0 and c > 1 for s, c in full.ap.dims[plan.part_dims:]):  # nothing broadcast along the free dims
-        t = b.sbuf(tshape, m.device_dtype, site=f"ew.in_{name}")
-        b.dma_copy(t, full)
-        return t
-    load, widen = compact_load(full.ap.dims, plan.part_dims)
-    p, w = tile.partitions, prod(c for _, c in load[plan.part_dims:])
-    t = b.sbuf((p, w), m.device_dtype, site=f"ew.in_{name}")
-    b.dma_copy(t, View(full.buffer, AP(full.ap.buffer, full.ap.dtype, full.ap.offset, load), (p, w)))
-    return View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset, widen), tshape)
+    """One operand's tile (:func:`~tilescope.lower._layout.load_operand`: a broadcast value -- a
+    per-row statistic, a row under several rows, a scalar -- loaded once per partition and
+    widened on chip, instead of a DMA that reads it once per output element)."""
+    return load_operand(b, plan.operand_ap(view, st, tile), plan.part_dims, tshape, m.device_dtype, f"ew.in_{name}")
 
 
-def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: TensorMeta, prefix: str) -> bool:
-    """Emit one elementwise op into ``b``; False when the row declines."""
-    if out.numel == 0:
-        return False
+def _operands(named: dict, tensor_names, out: TensorMeta):
+    """The row's tensor operands ``[(name, meta)]``, or None when the op is not elementwise over
+    them: complex values, or an operand that is not a broadcast of the output."""
     tensors = [(n, named[n]) for n in tensor_names if isinstance(named.get(n), TensorMeta)]
     if out.is_complex or any(m.is_complex for _, m in tensors):
-        return False  # complex arithmetic is not elementwise over pairs of reals
+        return None  # complex arithmetic is not elementwise over pairs of reals
     shape = out.shape
     for _, m in tensors:
         if len(m.shape) > len(shape) or any(
             n != 1 and n != shape[len(shape) - len(m.shape) + i] for i, n in enumerate(m.shape)
         ):
-            return False  # not a broadcast of the output (the op does more than elementwise)
+            return None  # not a broadcast of the output (the op does more than elementwise)
+    return tensors
+
+
+def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: TensorMeta, prefix: str) -> bool:
+    """Emit one elementwise op into ``b``; False when the row declines."""
+    tensors = _operands(named, tensor_names, out) if out.numel else None
+    if tensors is None:
+        return False
+    shape = out.shape
     strides = [tuple(out.stride)] + [broadcast_strides(m, shape) for _, m in tensors]
     cshape, cstrides = coalesce(tuple(shape) or (1,), [s or (0,) for s in strides] if not shape else strides)
     max_free = _MAX_FREE if len(tensors) <= 2 else _MAX_FREE // 2
-    layout = spread(cshape, cstrides, [out.device_dtype] + [m.device_dtype for _, m in tensors], spec,
-                    max_free=max_free)
-    cstrides = layout.strides
-    plan = layout.plan(max_free=max_free, partitions=spec.partitions)
+    dtypes = [out.device_dtype] + [m.device_dtype for _, m in tensors]
+    layout = spread(cshape, cstrides, dtypes, spec, max_free=max_free)
     views = {n: hbm_input(b, f"{prefix}in_{n}", m) for n, m in tensors}
     out_view = hbm_output(b, f"{prefix}out", out)
     load = EngineLoad(b)
+    tplan = transposed_plan(cshape, cstrides, dtypes, spec)
+    if tplan is not None and transposed_ns(tplan, cstrides, dtypes, spec) < plan_ns(layout, dtypes, spec,
+                                                                                       max_free=max_free):
+        return _emit_transposed(b, tplan, cstrides, named, tensors, views, out, out_view, emit, load)
+    cstrides = layout.strides
+    plan = layout.plan(max_free=max_free, partitions=spec.partitions)
     for tile in plan.tiles:
         tshape = (tile.partitions, tile.free)
         args = {}
@@ -700,6 +701,37 @@ def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: Tensor
         if result is False:
             return False
         b.dma_copy(plan.operand_ap(out_view, cstrides[0], tile), result if isinstance(result, View) else o)
+    return True
+
+
+def _emit_transposed(b, plan, strides, named, tensors, views, out, out_view, emit, load) -> bool:
+    """:func:`_emit_one` over a :class:`~tilescope.lower._transposed.TransposedPlan`: the
+    transposed operands come through TensorE into PSUM, the others are loaded in the output's
+    layout, the row computes each output tile."""
+    scalars = {k: RuntimeScalar(v.name) if isinstance(v, ScalarArg) else v for k, v in named.items()}
+    queue = queues(b.spec)
+    for tile in transposed_tiles(plan):
+        from_pe = {i: transpose_in(b, views[n], strides[i], m.device_dtype, plan, tile, f"ew.T{n}", queue)
+                   for i, (n, m) in enumerate(tensors, 1) if i in plan.transposed}
+        for s, (q0, rq) in enumerate(subtiles(tile, plan.partitions)):
+            tshape = (rq, tile.cw)
+            parts = 2 if tile.k > 1 else 1
+            args = dict(scalars)
+            for i, (n, m) in enumerate(tensors, 1):
+                if i in from_pe:
+                    args[n] = from_pe[i][s]
+                else:
+                    full = row_ap(views[n], strides[i], plan, tile, q0, rq)
+                    args[n] = load_operand(b, full, parts, tshape, m.device_dtype, f"ew.in_{n}", next(queue))
+            o = b.sbuf(tshape, out.device_dtype, site="ew.out")
+            try:
+                result = emit(TileOps(b, o, tshape, load=load), args)
+            except _Decline:
+                return False
+            if result is False:
+                return False
+            b.dma_copy(row_ap(out_view, strides[0], plan, tile, q0, rq), result if isinstance(result, View) else o,
+                       queue=next(queue))
     return True
 
 

@@ -30,7 +30,7 @@ from ..program import TileBuilder, View
 from ._call import TensorMeta
 
 __all__ = ["hbm_input", "hbm_output", "strided_view", "coalesce", "TilePlan", "Tile", "device_dtype", "spread",
-           "compact_load", "plan_ns", "Layout"]
+           "compact_load", "load_operand", "plan_ns", "Layout"]
 
 
 def device_dtype(torch_dtype) -> str:
@@ -223,6 +223,21 @@ def compact_load(dims: tuple[tuple[int, int], ...], part_dims: int = 1) -> tuple
         else:
             widen.append((0, c))
     return head + (tuple(kept) or ((1, 1),)), ((inner, p),) + tuple(reversed(widen))
+
+
+def load_operand(b: TileBuilder, full: View, part_dims: int, tshape, dtype: str, site: str,
+                 queue: int | None = None) -> View:
+    """An operand in the output's layout, a broadcast value loaded once per partition and widened
+    on chip (:func:`~tilescope.lower._layout.compact_load`)."""
+    if not any(s == 0 and c > 1 for s, c in full.ap.dims[part_dims:]):
+        t = b.sbuf(tshape, dtype, site=site)
+        b.dma_copy(t, full, queue=queue)
+        return t
+    load, widen = compact_load(full.ap.dims, part_dims)
+    p, w = tshape[0], prod(c for _, c in load[part_dims:])
+    t = b.sbuf((p, w), dtype, site=site)
+    b.dma_copy(t, View(full.buffer, AP(full.ap.buffer, full.ap.dtype, full.ap.offset, load), (p, w)), queue=queue)
+    return View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset, widen), tshape)
 
 
 class Layout(NamedTuple):

@@ -3,8 +3,11 @@
 A same-dtype copy is DMA from HBM to HBM, one transfer per tile of the destination;
 the source's strides (a transpose, a broadcast, a slice) are the transfer's access
 pattern, so a layout change costs what its memory access pattern costs (each contiguous
-run is a DMA descriptor with its own cost: a transposing copy pays one per element). A copy that changes
-dtype goes through SBUF: load, ``tensor_copy`` (the engines convert), store.
+run is a DMA descriptor with its own cost). A copy whose source is transposed against its
+destination (a ``.contiguous()`` of a permuted view) would pay one descriptor per element that
+way: it goes through SBUF and TensorE instead (``_transposed``) when the cost table says that
+is faster. A copy that changes dtype goes through SBUF: load, ``tensor_copy`` (the engines
+convert), store.
 Host-device copies (``memcpy HtoD`` / ``DtoH``) are modeled as DMA of the tensor's bytes.
 """
 
@@ -14,7 +17,8 @@ from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
 from ._elementwise import broadcast_strides
-from ._layout import TilePlan, coalesce, hbm_input, hbm_output, spread
+from ._layout import TilePlan, coalesce, hbm_input, hbm_output, plan_ns, spread
+from ._transposed import queues, row_ap, subtiles, transpose_in, transposed_ns, transposed_plan, transposed_tiles
 from ._rules import Rule, add_rules
 
 __all__ = ["lower_copy", "lower_cat", "lower_pad"]
@@ -26,14 +30,19 @@ def _copy_into(b: TileBuilder, spec, src: TensorMeta, src_view: View, dst: Tenso
                shape, src_strides, dst_strides, site: str) -> None:
     """Copy ``src`` (broadcast over ``shape``) into ``dst``; both given as views with their strides."""
     cshape, (cd, cs) = coalesce(tuple(shape) or (1,), [tuple(dst_strides) or (0,), tuple(src_strides) or (0,)])
-    if _is_transpose(cshape, cs, cd) and src.device_dtype in _PE_DTYPES and dst.device_dtype in _PE_DTYPES:
-        _transpose_copy(b, spec, src, src_view, dst, dst_view, cshape, cs, cd, site)
-        return
     convert = src.device_dtype != dst.device_dtype
+    dtypes = [dst.device_dtype, src.device_dtype]
+    layout = spread(cshape, [cd, cs], dtypes, spec, max_free=_MAX_FREE) if convert else None
+    tplan = transposed_plan(cshape, [cd, cs], dtypes, spec)
+    if tplan is not None:
+        other = plan_ns(layout, dtypes, spec, max_free=_MAX_FREE) if convert else _hbm_to_hbm_ns(
+            cshape, cs, cd, src.device_dtype, spec)
+        if transposed_ns(tplan, [cd, cs], dtypes, spec) < other:
+            _transposed_copy(b, tplan, src_view, cs, dst, dst_view, cd, site)
+            return
     if not convert:
         _hbm_to_hbm(b, src_view, dst_view, cshape, cs, cd)
         return
-    layout = spread(cshape, [cd, cs], [dst.device_dtype, src.device_dtype], spec, max_free=_MAX_FREE)
     cd, cs = layout.strides
     plan = layout.plan(max_free=_MAX_FREE, partitions=spec.partitions)
     for tile in plan.tiles:
@@ -46,6 +55,21 @@ def _copy_into(b: TileBuilder, spec, src: TensorMeta, src_view: View, dst: Tenso
         b.dma_copy(d_ap, o)
 
 
+def _transposed_copy(b: TileBuilder, plan, src_view: View, cs, dst: TensorMeta, dst_view: View, cd, site: str) -> None:
+    """A copy whose source is transposed against its destination: the source's contiguous runs
+    into SBUF, TensorE transposes into PSUM (see ``_transposed``), the engines' copy out of PSUM
+    (converting the dtype), DMA of the destination's rows."""
+    from ._elementwise import EngineLoad, balanced_copy
+
+    load, queue = EngineLoad(b), queues(b.spec)
+    for tile in transposed_tiles(plan):
+        ps = transpose_in(b, src_view, cs, src_view.dtype, plan, tile, f"{site}.T", queue)
+        for p, (q0, rq) in zip(ps, subtiles(tile, plan.partitions)):
+            o = b.sbuf((rq, tile.cw), dst.device_dtype, site=f"{site}.T.out")
+            balanced_copy(b, load, o, p)
+            b.dma_copy(row_ap(dst_view, cd, plan, tile, q0, rq), o, queue=next(queue))
+
+
 # elements per HBM-to-HBM transfer, at least (the whole copy when smaller): each transfer pays
 # the DMA's fixed cost once and spreads over every DMA engine, so a copy is a few large
 # transfers whatever its layout -- not one per [rows, cols] tile of its last two dims (a
@@ -53,58 +77,38 @@ def _copy_into(b: TileBuilder, spec, src: TensorMeta, src_view: View, dst: Tenso
 _DMA_ELEMS = 1 << 20
 
 
-def _hbm_to_hbm(b: TileBuilder, src_view: View, dst_view: View, shape, cs, cd) -> None:
-    """A same-dtype copy as DMA from HBM to HBM: each transfer the innermost dims holding at
-    least ``_DMA_ELEMS`` elements, through both operands' strides; the outer dims looped."""
+def _hbm_transfers(shape, cs, cd):
+    """``(outer index, inner shape, split)`` of the transfers of :func:`_hbm_to_hbm`."""
     from itertools import product
 
     split, elems = len(shape), 1
     while split > 0 and elems < _DMA_ELEMS:
         split -= 1
         elems *= shape[split]
-    inner = tuple(shape[split:])
-    for outer in product(*(range(n) for n in shape[:split])):
+    return list(product(*(range(n) for n in shape[:split]))), tuple(shape[split:]), split
+
+
+def _hbm_to_hbm_ns(shape, cs, cd, dtype: str, spec) -> float:
+    """Modeled time of :func:`_hbm_to_hbm`'s transfers from the cost table (each DRAM-to-DRAM
+    transfer spread over every DMA engine; its issue cost spread over the queues)."""
+    from ..isa import DmaCopy, dma_cost
+
+    outer, inner, split = _hbm_transfers(shape, cs, cd)
+    c = dma_cost(DmaCopy(AP("d", dtype, 0, tuple(zip(cd[split:], inner))), AP("s", dtype, 0, tuple(zip(cs[split:], inner)))),
+                 spec, "hbm", "hbm")
+    return len(outer) * (c.engine_ns(spec) + c.fixed_ns / spec.dma.queues)
+
+
+def _hbm_to_hbm(b: TileBuilder, src_view: View, dst_view: View, shape, cs, cd) -> None:
+    """A same-dtype copy as DMA from HBM to HBM: each transfer the innermost dims holding at
+    least ``_DMA_ELEMS`` elements, through both operands' strides; the outer dims looped."""
+    outers, inner, split = _hbm_transfers(shape, cs, cd)
+    for outer in outers:
         s0 = src_view.ap.offset + sum(i * st for i, st in zip(outer, cs[:split]))
         d0 = dst_view.ap.offset + sum(i * st for i, st in zip(outer, cd[:split]))
         s_ap = AP(src_view.ap.buffer, src_view.ap.dtype, s0, tuple(zip(cs[split:], inner)))
         d_ap = AP(dst_view.ap.buffer, dst_view.ap.dtype, d0, tuple(zip(cd[split:], inner)))
         b.dma_copy(View(dst_view.buffer, d_ap, inner), View(src_view.buffer, s_ap, inner))
-
-
-_PE_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def _is_transpose(shape, cs, cd) -> bool:
-    """A layout change whose destination rows are source columns: (..., R, C) with the source
-    contiguous along R and the destination along C."""
-    return (len(shape) >= 2 and cd[-1] == 1 and cs[-1] != 1 and cs[-2] == 1 and shape[-1] > 1 and shape[-2] > 1
-            and all(s != 0 for s in cs))
-
-
-def _transpose_copy(b, spec, src, src_view, dst, dst_view, shape, cs, cd, site) -> None:
-    """Transposes on TensorE, 128 x 128 blocks: DMA reads each block with the source's contiguous
-    dim as the free axis, TensorE transposes it into PSUM, the copy out casts to the destination
-    dtype, DMA writes destination rows -- instead of a DMA moving one element per chunk."""
-    from itertools import product
-
-    R, C = shape[-2], shape[-1]
-    P = spec.partitions
-    for outer in product(*(range(n) for n in shape[:-2])):
-        s0 = src_view.ap.offset + sum(i * st for i, st in zip(outer, cs[:-2]))
-        d0 = dst_view.ap.offset + sum(i * st for i, st in zip(outer, cd[:-2]))
-        for r0 in range(0, R, P):
-            rs = min(P, R - r0)
-            for c0 in range(0, C, P):
-                c_n = min(P, C - c0)
-                t = b.sbuf((c_n, rs), src.device_dtype, site=f"{site}.T.in")
-                a = AP(src_view.ap.buffer, src_view.ap.dtype, s0 + r0 * cs[-2] + c0 * cs[-1], ((cs[-1], c_n), (cs[-2], rs)))
-                b.dma_copy(t, View(src_view.buffer, a, (c_n, rs)))
-                ps = b.psum((rs, c_n), "float32", site=f"{site}.T.ps")
-                b.transpose(ps, t)
-                o = b.sbuf((rs, c_n), dst.device_dtype, site=f"{site}.T.out")
-                b.tensor_copy(o, ps)
-                d = AP(dst_view.ap.buffer, dst_view.ap.dtype, d0 + r0 * cd[-2] + c0 * cd[-1], ((cd[-2], rs), (cd[-1], c_n)))
-                b.dma_copy(View(dst_view.buffer, d, (rs, c_n)), o)
 
 
 def lower_copy(call: Call, spec):
