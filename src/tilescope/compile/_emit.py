@@ -20,7 +20,7 @@ epilogue's tiles (:mod:`._matmul`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import gcd, prod
+from math import prod
 
 import torch
 import torch.fx as fx
@@ -37,7 +37,6 @@ from ._plan import Segment, _tensor_args, node_dtype, node_shape, operand_class,
 
 __all__ = ["emit_segments", "EmitStats"]
 
-P = 128
 TILE_FREE = _EW_MAX_FREE  # elements per partition of a tile of packed narrow rows, as eager tiles
 MIN_CHUNK = 512  # narrowest column chunk: one PSUM bank of fp32, one bn_stats group
 
@@ -71,27 +70,31 @@ class _Val:
 @dataclass(frozen=True)
 class _Block:
     """One tile of a row group: ``p`` partitions x ``k`` consecutive rows from row ``r0``, columns
-    ``c0 .. c0 + cw``."""
+    ``c0 .. c0 + cw``, on a device of ``lanes`` partitions (broadcast values fill them all)."""
 
     r0: int
     p: int
     k: int
     c0: int
     cw: int
+    lanes: int
 
     def shape(self, kind: str) -> tuple[int, int]:
         return {"row": (self.p, self.k * self.cw), "periodic": (self.p, self.k * self.cw),
                 "strided": (self.p, self.k * self.cw), "rowvec": (self.p, self.k),
-                "colvec": (P, self.cw), "scalar": (P, 1)}[kind]
+                "colvec": (self.lanes, self.cw), "scalar": (self.lanes, 1)}[kind]
 
 
-def _row_blocks(rows: int, k_max: int):
-    """``(r0, p, k)`` covering ``rows``: ``p`` partitions of ``k`` consecutive rows (as TilePlan)."""
+def _row_blocks(rows: int, k_max: int, lanes: int, fits=None):
+    """``(r0, p, k)`` covering ``rows``: ``p <= lanes`` partitions of ``k`` consecutive rows (as
+    TilePlan); ``fits(k)``: the row counts a partition may hold (1 always does)."""
     r = 0
     while r < rows:
         left = rows - r
-        k = min(k_max, -(-left // P))
-        p = min(P, left // k)
+        k = min(k_max, -(-left // lanes))
+        while fits is not None and k > 1 and not fits(k):
+            k -= 1
+        p = min(lanes, left // k)
         yield r, p, k
         r += p * k
 
@@ -103,16 +106,16 @@ def _matmul_operands(node: fx.Node) -> tuple:
 
 def _region(handle: View, kind: str, blk: _Block, d: int) -> View:
     """The HBM region of a value of ``kind`` (stored as [rows, d], [rows, 1], [1, d] or [1, 1]) that
-    tile ``blk`` reads or writes; broadcast values are read into all P partitions."""
+    tile ``blk`` reads or writes; broadcast values are read into all the device's partitions."""
     ap = handle.ap
     if kind == "row":
         dims, off, shape = ((blk.k * d, blk.p), (d, blk.k), (1, blk.cw)), blk.r0 * d + blk.c0, (blk.p, blk.k, blk.cw)
     elif kind == "rowvec":
         dims, off, shape = ((blk.k, blk.p), (1, blk.k)), blk.r0, (blk.p, blk.k)
     elif kind == "colvec":
-        dims, off, shape = ((0, P), (1, blk.cw)), blk.c0, (P, blk.cw)
+        dims, off, shape = ((0, blk.lanes), (1, blk.cw)), blk.c0, (blk.lanes, blk.cw)
     else:
-        dims, off, shape = ((0, P), (1, 1)), 0, (P, 1)
+        dims, off, shape = ((0, blk.lanes), (1, 1)), 0, (blk.lanes, 1)
     dims = dims[:1] + tuple(dm for dm in dims[1:] if dm[1] != 1) or dims[:1] + ((1, 1),)
     return View(handle.buffer, AP(ap.buffer, ap.dtype, ap.offset + off, dims), shape)
 
@@ -149,12 +152,55 @@ def layout_span(dims, d: int) -> int:
     return 1 + sum((n - 1) * st for n, st in dims) + d - 1
 
 
+def _digits(x: int, sizes) -> list[int]:
+    """``x`` in the mixed radix ``sizes`` (outer first)."""
+    out = []
+    for n in reversed(sizes):
+        x, dgt = divmod(x, n)
+        out.append(dgt)
+    return out[::-1]
+
+
+def split_rows(dims, k: int):
+    """How partitions of ``k`` consecutive rows lie in a layout ``dims`` (:func:`row_layout`):
+    ``(partition levels, levels within a partition)``, each ``[(size, stride)]`` outer first,
+    when ``k`` is whole inner dims times a divisor of the next one (3 heads of a token; its
+    [qkv, heads] block of 9); None when a partition's rows would cross a dim's end.
+
+    >>> split_rows([(4, 37824), (197, 64), (3, 12608)], 3)
+    ([(4, 37824), (197, 64)], [(12608, 3)])
+    >>> split_rows([(197, 64), (3, 151296), (3, 12608)], 9)
+    ([(197, 64)], [(151296, 3), (12608, 3)])
+    >>> split_rows([(2, 151296), (12, 12608)], 4)
+    ([(2, 151296), (3, 50432)], [(12608, 4)])
+    >>> split_rows([(197, 64), (3, 12608)], 2) is None
+    True
+    """
+    inner, lvl = 1, len(dims) - 1
+    while lvl >= 0 and k % (inner * dims[lvl][0]) == 0:
+        inner *= dims[lvl][0]
+        lvl -= 1
+    j = k // inner
+    if (lvl < 0 and j != 1) or (lvl >= 0 and dims[lvl][0] % j):
+        return None
+    within = [(st, n) for n, st in dims[lvl + 1:]]
+    if lvl < 0:
+        return [], within
+    n, st = dims[lvl]
+    return list(dims[:lvl]) + [(n // j, j * st)], [(st, j)] * (j > 1) + within
+
+
 def _row_pieces(tile: View, handle: View, blk: _Block, d: int, dims):
     """(tile part, HBM region) pairs that fill ``tile`` (``blk``'s rows) from an operand laid out
-    as ``dims`` (:func:`row_layout`): one transfer per run of partitions whose rows follow each
-    other by the innermost stride, a run cut where the innermost dim starts again."""
+    as ``dims`` (:func:`row_layout`).
+
+    Where a partition's ``k`` rows are whole inner dims (:func:`split_rows`), partitions are
+    numbered in the mixed radix of the dims left: one transfer covers as many partitions as one
+    box of that radix holds -- the heads of 128 tokens of ViT's head merge in one multi-dim
+    access pattern. A partition whose rows cross a dim's end is read run by run."""
     ap, k, cw = handle.ap, blk.k, blk.cw
     inner_n, inner_st = dims[-1]
+    split = split_rows(dims, k)
 
     def offset(r: int) -> int:
         off = 0
@@ -163,26 +209,31 @@ def _row_pieces(tile: View, handle: View, blk: _Block, d: int, dims):
             off += i * st
         return off
 
-    def region(r: int, parts: int, n: int) -> View:
-        dm = ((n * inner_st, parts), (inner_st, n), (1, cw))
+    def region(r: int, dm, within, parts: int, n: int) -> View:
+        dm = tuple(dm) + tuple(within) + ((1, cw),)
         dm = dm[:1] + tuple(x for x in dm[1:] if x[1] != 1) or dm[:1] + ((1, 1),)
         return View(handle.buffer, AP(ap.buffer, ap.dtype, ap.offset + offset(r) + blk.c0, dm), (parts, n, cw))
 
     i = 0
     while i < blk.p:
         r = blk.r0 + i * k
-        pos = r % inner_n
-        if pos + k <= inner_n:
-            m = 1
-            while i + m < blk.p and pos + (m + 1) * k <= inner_n:
-                m += 1
-            yield tile[i:i + m], region(r, m, k)
-            i += m
+        if split is not None and r % k == 0:
+            levels, within = split
+            sizes, steps = [n for n, _ in levels] or [1], [st for _, st in levels] or [0]
+            left, dg = blk.p - i, _digits(r // k, sizes)
+            lvl, span = len(sizes) - 1, 1
+            while lvl > 0 and dg[lvl] == 0 and left >= span * sizes[lvl]:  # whole boxes of the inner levels
+                span *= sizes[lvl]
+                lvl -= 1
+            c = min(left // span, sizes[lvl] - dg[lvl])
+            dm = [(steps[lvl], c)] + [(steps[j], sizes[j]) for j in range(lvl + 1, len(sizes))]
+            yield tile[i:i + c * span], region(r, dm, within, c * span, k)
+            i += c * span
             continue
-        j = 0  # the innermost dim starts again among this partition's rows (a last, shorter tile)
+        j = 0  # this partition's rows cross a dim's end: read run by run
         while j < k:
             n = min(k - j, inner_n - (r + j) % inner_n)
-            yield tile[i:i + 1, j * cw:(j + n) * cw], region(r + j, 1, n)
+            yield tile[i:i + 1, j * cw:(j + n) * cw], region(r + j, [(n * inner_st, 1)], [(inner_st, n)], 1, n)
             j += n
         i += 1
 
@@ -204,7 +255,7 @@ def _as_operand(v: _Val, out_kind: str, blk: _Block):
     elif out_kind == "rowvec" and v.kind == "scalar":
         shape, dims = (p, k), ((ps, p), (0, k))
     elif out_kind == "colvec" and v.kind == "scalar":
-        shape, dims = (P, cw), ((ps, P), (0, cw))
+        shape, dims = (blk.lanes, cw), ((ps, blk.lanes), (0, cw))
     else:
         dims = None
     if dims is None:
@@ -261,6 +312,7 @@ class _RowGroup:
         self.budget = budget
         self.stats = stats
         self.rows, self.d = seg.space
+        self.lanes = b.spec.partitions  # the device preset's partitions
         self.nodes = list(seg.nodes)
         self.products: dict = {}  # matmul node -> its product in PSUM, per output block
         self.load = EngineLoad(b)
@@ -280,6 +332,7 @@ class _RowGroup:
         self.once: dict = {}  # values loaded or computed once for the whole group
         self.colvec_full: dict = {}  # matmul epilogues: colvec inputs held whole, sliced per block
         self._live_row_bytes = 0
+        self._next_queue = 0  # the DMA queue of the next piece of a strided or periodic load
 
     # ---- classification and tiling ----------------------------------------------------------
     def _classify(self, node) -> str:
@@ -334,11 +387,13 @@ class _RowGroup:
             return 1, min(cw, d)
         if d >= MIN_CHUNK:
             return 1, d
-        k = min(max(1, TILE_FREE // d), max(1, self.budget // (d * per_elem)), max(1, -(-self.rows // P)))
-        if self.layouts:  # a divisor of every innermost run: no partition's rows cross a run's end
-            g = gcd(*(dims[-1][0] for dims in self.layouts.values()))
-            k = max(j for j in range(1, k + 1) if g % j == 0)
+        k = min(max(1, TILE_FREE // d), max(1, self.budget // (d * per_elem)), max(1, -(-self.rows // self.lanes)))
+        if self.layouts:  # whole inner dims of every strided input: no partition's rows cross a dim's end
+            k = max(j for j in range(1, k + 1) if self._fits(j))
         return k, d
+
+    def _fits(self, k: int) -> bool:
+        return all(split_rows(dims, k) is not None for dims in self.layouts.values())
 
     # ---- memory: spills of row values --------------------------------------------------------
     def _row_live(self, env) -> int:
@@ -406,12 +461,14 @@ class _RowGroup:
         t = self.b.sbuf(blk.shape(kind), dt, site=site)
         if kind in ("periodic", "strided"):
             pieces = list(_row_pieces(t, self.hbm[node], blk, self.d, self.layouts[node]))
-            # the pieces fill different partitions of one tile: spread over the DMA queues, as a
-            # kernel does, they issue in parallel instead of one after another on one queue
+            # the pieces fill different partitions of one tile: dealt round-robin over the DMA
+            # queues (across tiles too), as a kernel does, they issue in parallel instead of one
+            # after another on one queue
             queues = self.b.spec.dma.queues if len(pieces) > 1 else 0
             with self.b.provenance(label=f"load ({kind})", fx_node=node.name):
-                for i, (dst, src) in enumerate(pieces):
-                    self.b.dma_copy(dst, src, queue=i % queues if queues else None)
+                for dst, src in pieces:
+                    self.b.dma_copy(dst, src, queue=self._next_queue % queues if queues else None)
+                    self._next_queue += 1 if queues else 0
             return _Val("row", dt, t)
         label = "load" if kind in ("row", "rowvec") else "load (broadcast)"
         with self.b.provenance(label=label, fx_node=node.name):
@@ -583,15 +640,15 @@ class _RowGroup:
         return left
 
     def _emit_whole_rows(self, k_max: int) -> None:
-        first = _Block(0, P, 1, 0, self.d)
+        first = _Block(0, self.lanes, 1, 0, self.d, self.lanes)
         self._env = {}
         nodes = self._hoist(self.nodes, first)
         for o in self.outputs:
             if o in self.once:
                 self._store(self.once, o, first)
         self._set_order(nodes)
-        for r0, p, k in _row_blocks(self.rows, k_max):
-            blk = _Block(r0, p, k, 0, self.d)
+        for r0, p, k in _row_blocks(self.rows, k_max, self.lanes, self._fits if self.layouts else None):
+            blk = _Block(r0, p, k, 0, self.d, self.lanes)
             self.emit_block(blk, nodes)
 
     def emit_block(self, blk: _Block, nodes=None) -> None:
@@ -685,10 +742,10 @@ class _RowGroup:
             need |= set(reductions)
             per_pass.append([n for n in self.nodes if n in need and (
                 is_reduction(packet_name(n.target)) or self.cls[n] in ("row", "colvec"))])
-        for r0, p, _ in _row_blocks(self.rows, 1):
+        for r0, p, _ in _row_blocks(self.rows, 1, self.lanes):
             persist: dict = {}
             for s in range(last_ready + 1):
-                first = _Block(r0, p, 1, 0, chunks[0][1])
+                first = _Block(r0, p, 1, 0, chunks[0][1], self.lanes)
                 self._set_order([])
                 for n in self.nodes:  # per-row values whose inputs are complete now
                     if self.cls[n] in ("rowvec", "scalar") and not is_reduction(packet_name(n.target)) \
@@ -704,7 +761,7 @@ class _RowGroup:
                 self._set_order(nodes)
                 accs: dict = {}
                 for c0, w in chunks:
-                    blk = _Block(r0, p, 1, c0, w)
+                    blk = _Block(r0, p, 1, c0, w, self.lanes)
                     env = self._env = dict(persist)
                     for pos, node in enumerate(nodes):
                         self.pos = pos

@@ -13,7 +13,7 @@ import torch.fx as fx
 
 from ..dtypes import itemsize
 from ..lower._gemm import Gemm
-from ._emit import P, EmitStats, _Block, _dt, _region, _RowGroup, _Unfusable, _Val
+from ._emit import EmitStats, _Block, _dt, _region, _RowGroup, _Unfusable, _Val
 from ._ops import packet_name
 from ._plan import Segment, node_dtype, node_shape
 
@@ -63,9 +63,10 @@ def emit_matmul(b, seg: Segment, hbm: dict, stats: EmitStats, budget: int, gemm_
     group = _RowGroup(b, seg, hbm, budget, stats)
     for inp in group.inputs:  # column-broadcast operands (a bias): loaded whole once when small
         if group.cls[inp] == "colvec" and n * itemsize(_dt(node_dtype(inp))) <= budget // 4:
-            t = b.sbuf((P, n), _dt(node_dtype(inp)), site=f"in:{inp.name}", bufs=1)
+            lanes = group.lanes
+            t = b.sbuf((lanes, n), _dt(node_dtype(inp)), site=f"in:{inp.name}", bufs=1)
             with b.provenance(label="load (broadcast)", fx_node=inp.name):
-                b.dma_copy(t, _region(hbm[inp], "colvec", _Block(0, P, 1, 0, n), n))
+                b.dma_copy(t, _region(hbm[inp], "colvec", _Block(0, lanes, 1, 0, n, lanes), n))
             group.colvec_full[inp] = t
     gemm = Gemm(b, budget=gemm_budget, load=group.load)
     # element strides of A [m, k] and B [k, n] as stored: row-major, or the transpose of a
@@ -76,7 +77,7 @@ def emit_matmul(b, seg: Segment, hbm: dict, stats: EmitStats, budget: int, gemm_
     for bi in range(batch):
         def block(acc, m0, ms, n0, ns, bi=bi):
             group.products = {mm: _Val("row", "float32", acc)}
-            group.emit_block(_Block(bi * m + m0, ms, 1, n0, ns))
+            group.emit_block(_Block(bi * m + m0, ms, 1, n0, ns, group.lanes))
 
         with b.provenance(op=op, fx_node=mm.name):
             gemm.emit(hbm[a], bi * m * k, a_rs, a_cs, hbm[bmat], bi * k * n, b_rs, b_cs, m, k, n, dt, dt, block)
