@@ -80,6 +80,61 @@ class BufState:
         self.acc_open: set = set()  # PSUM regions a matmul accumulation group is open on
 
 
+class BufStates(dict):
+    """Buffer name -> :class:`BufState`; the states of buffers written by loop replication
+    are kept as records (``pending``, by buffer id) and made when first asked for: an outer
+    loop's replicas give thousands, of which a kernel touches few again."""
+
+    def __init__(self, builder):
+        super().__init__()
+        self.b = builder
+        self.pending: dict[int, tuple] = {}  # buffer id -> record (see record)
+
+    @staticmethod
+    def record(st: BufState, writer: int) -> tuple:
+        """What a state copied to a replica holds (the replica's own ``writer``)."""
+        return (st.size, st.nbytes, st.temp, st.fill, st.fill_prov, st.writes, st.read, writer, frozenset(st.acc_open))
+
+    def of_id(self, i: int):
+        """The state (or pending record) of buffer id ``i``: a BufState, a record tuple, or None."""
+        rec = self.pending.get(i)
+        return rec if rec is not None else dict.get(self, self.b.buffer_name(i))
+
+    def get(self, name, default=None):
+        st = dict.get(self, name)
+        if st is None:
+            if self.pending and "~r" in name:
+                st = self._made(name)
+            if st is None:
+                return default
+        return st
+
+    def __getitem__(self, name):
+        st = self.get(name)
+        if st is None:
+            raise KeyError(name)
+        return st
+
+    def __contains__(self, name) -> bool:
+        return self.get(name) is not None
+
+    def _made(self, name: str):
+        tail = name[name.rindex("~r") + 2:]
+        if not tail.isdigit():
+            return None
+        i = int(tail)
+        rec = self.pending.get(i)
+        if rec is None or self.b.buffer_name(i) != name:
+            return None
+        del self.pending[i]
+        size, nbytes, temp, fill, fill_prov, writes, read, writer, acc_open = rec
+        st = BufState(name, size, nbytes, temp)
+        st.fill, st.fill_prov, st.writes, st.read, st.writer = fill, fill_prov, writes, read, writer
+        st.acc_open = set(acc_open)
+        dict.__setitem__(self, name, st)
+        return st
+
+
 def _covers(ap: AP, st: BufState) -> bool:
     return ap.offset == 0 and ap.size == st.size and ap.contiguous_bytes() == st.nbytes
 
@@ -108,7 +163,7 @@ class KernelContext:
         self.b = builder
         self.kernel = kernel
         self.launch = _Launch(grid, (0,) * len(grid))
-        self.states: dict[str, BufState] = {}
+        self.states = BufStates(builder)
         self.hooks: dict[int, list] = {}
         self.depth = 0
         self.frame = None

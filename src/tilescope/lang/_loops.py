@@ -51,7 +51,7 @@ import numpy as np
 from ..isa import AP
 from ..isa._instructions import field_access
 from ..program._columns import operands_of as _operands
-from ._context import BufState, maybe_current
+from ._context import BufStates, maybe_current
 from ._index import Check, IndexExpr, MGrid, Predicate
 from ._sym import Sym
 from ._values import Tensor, Tile
@@ -326,6 +326,8 @@ class Loop:
         first try (t=1) that fails runs iteration 2 for a second (t=2)."""
         it0, it1, it2 = (None,) + tuple(self.iters[:2]) if t == 1 else tuple(self.iters[:3])
         plan = None
+        if t == 1 and self.tainted is None and not _cheap_match(self.ctx, it1, it2):
+            return 2  # (iteration 0 is special: a first try that cannot pass, without its costly tests)
         differ = _locals_differ(self, it1, it2) if it1.locals_raw is not None and it2.locals_raw is not None else None
         if self.tainted is not None or it1.locals_raw is None or it2.locals_raw is None:
             self.why_not = self.tainted or "not sampled"
@@ -365,7 +367,7 @@ class Loop:
         end = t + 1 + (int(bad[0]) if len(bad) else len(xs))
         self.concrete = True
         off = _replica_offsets(plan, end - t - 1)
-        bad = self.ctx.b.first_bad_replica(plan.tmpl, plan.buf, off)
+        bad = self.ctx.b.first_bad_replica(plan.tmpl, plan.buf, off, fixed=plan.delta == 0)
         if bad is not None:  # (that iteration runs: a retarget there takes another route)
             end, off = t + 1 + bad, off[:bad]
         if end == t + 1:
@@ -401,6 +403,27 @@ def _first_fills(ctx, it: _Iteration) -> tuple:
         if idx < it.instr1 and buf < it.buf0:
             out.append(idx)
     return tuple(sorted(out))
+
+
+def _cheap_match(ctx, it1: _Iteration, it2: _Iteration) -> bool:
+    """Could ``it2`` be ``it1`` shifted, by what is cheapest to compare: the counts of
+    instructions and buffers, the guards and the instructions' templates and provenance?
+    (False only where :func:`_plan` or the guard test would fail.)"""
+    m = it2.instr1 - it2.instr0
+    if m == 0 or it1.instr1 - it1.instr0 - len(it1.skip) != m or it1.buf1 - it1.buf0 != it2.buf1 - it2.buf0:
+        return False
+    if not _same_guards(it1.guards, it2.guards):
+        return False
+    if it1.skip:
+        return True
+    t1, p1, _, _ = ctx.b.rows(it1.instr0, it1.instr1)
+    t2, p2, _, _ = ctx.b.rows(it2.instr0, it2.instr1)
+    if not _same(p1, p2):
+        return False
+    if _same(t1, t2):
+        return True
+    tk = _template_keys(ctx)
+    return _same(tk[t1], tk[t2])
 
 
 def _same_guards(a: list, b: list) -> bool:
@@ -672,26 +695,34 @@ def _patch_states(ctx, plan: _Plan, it2: _Iteration, last: int) -> None:
         if st is not None and st.writer >= it2.instr0:
             st.writer += shift
     # the template's buffers with a state: those it made by tracing (named) and the replicas
-    # that were given one (the last iterations of its own inner loops)
-    names, stated = b._names, ctx.replica_states
+    # that were given one (the last iterations of its own inner loops); the replicas' states
+    # are records, made into states when something asks for them (BufStates)
+    names, stated, states = b._names, ctx.replica_states, ctx.states
+    c2, nb = plan.c2, plan.nb
     have = []
-    for q in range(plan.nb):
-        i = plan.c2 + q
-        if names[i] is not None or i in stated:
-            st = ctx.states.get(b.buffer_name(i))
+    for q, name in enumerate(names[c2:c2 + nb]):
+        if name is not None:
+            st = dict.get(states, name)
             if st is not None:
                 have.append((q, st))
+        elif c2 + q in stated:
+            st = states.of_id(c2 + q)
+            if st is not None:
+                have.append((q, st))
+    record, pending, t, n_instr, start = BufStates.record, states.pending, plan.t, plan.n_instr, it2.instr0
     for k in (last - 1, last):
-        if k <= plan.t:
+        if k <= t:
             continue
+        base = plan.buffer_id(k, 0)
         for q, st in have:
-            i = plan.buffer_id(k, q)
+            i = base + q
             stated.add(i)
-            new = BufState(b.buffer_name(i), st.size, st.nbytes, st.temp)
-            new.fill, new.fill_prov, new.writes, new.read = st.fill, st.fill_prov, st.writes, st.read
-            new.writer = moved(st.writer, k)
-            new.acc_open = set(st.acc_open)
-            ctx.states[new.name] = new
+            if st.__class__ is tuple:
+                w = st[7]
+                pending[i] = st if w < start else st[:7] + (w + (k - t) * n_instr,) + st[8:]
+            else:
+                w = st.writer
+                pending[i] = record(st, w + (k - t) * n_instr if w >= start else w)
 
 
 # ---- the kernel's local variables after the written iterations ----------------------------------
@@ -725,6 +756,8 @@ def _patch_locals(loop: Loop, plan: _Plan, it1: _Iteration, it2: _Iteration, las
         return name
 
     def shift(v2, v1, depth=0):
+        if v2 is v1:  # (left as it was by iteration t: the same after every later one -- _locals_differ)
+            return v2
         c = v2.__class__
         if c is Sym:
             return int_(v2, v1)

@@ -68,6 +68,10 @@ def _int(x) -> bool:
     return x.__class__ is int or (isinstance(x, int) and not isinstance(x, bool))
 
 
+_OUTCOME = {"<": (0).__gt__, "<=": (0).__ge__, "==": (0).__eq__, "!=": (0).__ne__, ">": (0).__lt__,
+            ">=": (0).__le__}  # op -> (difference -> outcome of ``difference op 0``)
+
+
 class Sym:
     """An integer that depends affinely on loop indices (see the module docs).
 
@@ -127,7 +131,12 @@ class Sym:
         return NotImplemented
 
     # ---- affine arithmetic -----------------------------------------------------------
+    # (each operation has a fast path for a plain int operand, the common case: the same
+    # coefficients, so the same stamp while the Sym is live)
     def __add__(self, other):
+        if other.__class__ is int:
+            coefs = self._live()
+            return Sym(self.value + other, coefs, self.stamp) if coefs else self.value + other
         o = self._other(other)
         if o is NotImplemented:
             return o
@@ -138,6 +147,9 @@ class Sym:
     __radd__ = __add__
 
     def __sub__(self, other):
+        if other.__class__ is int:
+            coefs = self._live()
+            return Sym(self.value - other, coefs, self.stamp) if coefs else self.value - other
         o = self._other(other)
         if o is NotImplemented:
             return o
@@ -154,6 +166,11 @@ class Sym:
         return Sym._make(o[0] - self.value, Sym._merge(o[1], self._live(), -1))
 
     def __mul__(self, other):
+        if other.__class__ is int:
+            coefs = self._live()
+            if coefs and other:
+                return Sym(self.value * other, {lp: c * other for lp, c in coefs.items()}, self.stamp)
+            return self.value * other
         o = self._other(other)
         if o is NotImplemented:
             return o
@@ -221,6 +238,13 @@ class Sym:
 
     # ---- comparisons: guards ---------------------------------------------------------
     def _compare(self, other, op: str):
+        if other.__class__ is int:
+            diff = self.value - other
+            outcome = _OUTCOME[op](diff)
+            coefs = self._live()
+            if coefs:
+                _record_guard()(coefs, diff, op, outcome)
+            return outcome
         o = self._other(other)
         if o is NotImplemented:
             return o

@@ -536,17 +536,26 @@ class TileBuilder:
         replication); their offset-dependent limits are checked first, by :meth:`first_bad_replica`."""
         self._rows.extend(tmpl, prov, buf, off)
 
-    def first_bad_replica(self, tmpl, buf, off) -> int | None:
+    def first_bad_replica(self, tmpl, buf, off, fixed=None) -> int | None:
         """Replicas of rows of templates ``tmpl`` [m] over buffers ``buf`` [m, width] at
         offsets ``off`` [count, m, width] (a replica's buffers have the same records as
         ``buf``'s): the first replica with a row that breaks a limit its offsets decide
         (bounds, start partitions, PSUM banks -- the rest is the templates', already
         checked), or None. The loop then traces that iteration as it runs, as without
-        replication (a tile language retarget that fails its check takes another route)."""
+        replication (a tile language retarget that fails its check takes another route).
+        ``fixed`` [m, width] (optional): operands whose offsets are the template's in every
+        replica, so already checked."""
         if not self.check or len(off) == 0:
             return None
-        bad = self._violations(np.asarray(tmpl), np.asarray(buf, dtype=np.int64), off)
-        hit = np.flatnonzero(np.logical_or.reduce(bad, axis=1))
+        B = np.asarray(buf, dtype=np.int64)
+        sel = B >= 0 if fixed is None else (B >= 0) & ~np.asarray(fixed)
+        flat = np.flatnonzero(sel)  # the operands to check, over rows x slots
+        if not len(flat):
+            return None
+        width = B.shape[1]
+        bad = self._violations(np.asarray(tmpl)[flat // width], flat % width, B.ravel()[flat],
+                               np.asarray(off).reshape(len(off), -1)[:, flat])
+        hit = np.flatnonzero(bad)
         return int(hit[0]) if len(hit) else None
 
     def _limit_table(self):
@@ -611,23 +620,22 @@ class TileBuilder:
             have = self._karr = (n, *parts)
         return have[1:]
 
-    def _violations(self, tm, B, O) -> np.ndarray:
-        """Per replica and row [count, m]: do the row's operands (templates ``tm`` [m], buffers
-        ``B`` [m, width], offsets ``O`` [count, m, width]) leave their buffer, start at a
+    def _violations(self, tm, slot, B, O) -> np.ndarray:
+        """Per replica [count]: does an operand (of template ``tm``, at operand slot ``slot``,
+        over buffer ``B``, each [n]; offsets ``O`` [count, n]) leave its buffer, start at a
         partition an engine cannot, or put a TensorE result across PSUM banks? (What the
         templates and buffer records decide is kept per (templates, records): loops replicate
         the same bodies again and again.)"""
-        valid = B >= 0
-        K = self.kind_array()[np.where(valid, B, 0)]  # each operand's buffer record
+        K = self.kind_array()[B]  # each operand's buffer record
         size, row_el, onchip, psum, limits = self._kind_arrays()
-        rows = self._limit_table()[:, tm]
+        rows = self._limit_table()[:, tm, slot]
         cache = self.__dict__.setdefault("_limit_rows", {})
-        key = (rows.tobytes(), limits[K].tobytes(), valid.tobytes())
+        key = (rows.tobytes(), limits[K].tobytes())
         c = cache.get(key)
         if c is None:
             lo, hi, parts, engine_op, pe_dst, flo, fhi, isz = rows
             size, row_el, onchip, psum = size[K], row_el[K], onchip[K], psum[K]
-            engine, pe = valid & (engine_op > 0) & onchip, valid & (pe_dst > 0) & psum
+            engine, pe = (engine_op > 0) & onchip, (pe_dst > 0) & psum
             c = cache[key] = (-lo, size - hi, row_el, parts > 64, parts > 32, engine, pe, flo, fhi, isz,
                               bool(np.count_nonzero(engine)), bool(np.count_nonzero(pe)))
         low, top, row_el, p64, p32, engine, pe, flo, fhi, isz, any_engine, any_pe = c
@@ -641,8 +649,7 @@ class TileBuilder:
             w = O % row_el
             bank = self.spec.psum_bank_bytes
             bad |= pe & ((w + flo) * isz // bank != ((w + fhi + 1) * isz - 1) // bank)
-        bad &= valid
-        return np.logical_or.reduce(bad, axis=2)
+        return np.logical_or.reduce(bad, axis=1)
 
     def replace(self, index: int, instr: Instruction) -> None:
         """Swap the instruction at ``index`` for ``instr`` (checked like a new one).
