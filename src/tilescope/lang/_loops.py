@@ -684,32 +684,15 @@ def _emit_replicas(ctx, plan: _Plan, it2: _Iteration, count: int, off: np.ndarra
 
 def _patch_states(ctx, plan: _Plan, it2: _Iteration, last: int) -> None:
     """The tracer's state of the buffers after iteration ``last``: iteration t's, shifted."""
-    b = ctx.b
     shift = (last - plan.t) * plan.n_instr
-
-    def moved(writer: int, k: int) -> int:
-        return writer + (k - plan.t) * plan.n_instr if writer >= it2.instr0 else writer
-
     for name in plan.touched_old:
         st = ctx.states.get(name)
         if st is not None and st.writer >= it2.instr0:
             st.writer += shift
-    # the template's buffers with a state: those it made by tracing (named) and the replicas
-    # that were given one (the last iterations of its own inner loops); the replicas' states
-    # are records, made into states when something asks for them (BufStates)
-    names, stated, states = b._names, ctx.replica_states, ctx.states
-    c2, nb = plan.c2, plan.nb
-    have = []
-    for q, name in enumerate(names[c2:c2 + nb]):
-        if name is not None:
-            st = dict.get(states, name)
-            if st is not None:
-                have.append((q, st))
-        elif c2 + q in stated:
-            st = states.of_id(c2 + q)
-            if st is not None:
-                have.append((q, st))
-    record, pending, t, n_instr, start = BufStates.record, states.pending, plan.t, plan.n_instr, it2.instr0
+    # the replicas' states are records, made into states when something asks for them (BufStates)
+    have = _template_states(ctx, plan)
+    stated = ctx.replica_states
+    record, pending, t, n_instr, start = BufStates.record, ctx.states.pending, plan.t, plan.n_instr, it2.instr0
     for k in (last - 1, last):
         if k <= t:
             continue
@@ -723,6 +706,24 @@ def _patch_states(ctx, plan: _Plan, it2: _Iteration, last: int) -> None:
             else:
                 w = st.writer
                 pending[i] = record(st, w + (k - t) * n_instr if w >= start else w)
+
+
+def _template_states(ctx, plan: _Plan) -> list:
+    """(q, state or record) of the template's buffers with a state: those it made by tracing
+    (named) and the replicas that were given one (the last iterations of its own inner loops)."""
+    names, stated, states = ctx.b._names, ctx.replica_states, ctx.states
+    c2 = plan.c2
+    have = []
+    for q, name in enumerate(names[c2:c2 + plan.nb]):
+        if name is not None:
+            st = dict.get(states, name)
+        elif c2 + q in stated:
+            st = states.of_id(c2 + q)
+        else:
+            continue
+        if st is not None:
+            have.append((q, st))
+    return have
 
 
 # ---- the kernel's local variables after the written iterations ----------------------------------
