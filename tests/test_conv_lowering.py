@@ -284,8 +284,14 @@ def test_patch_embedding_grad_weight_against_the_bound():
     assert bound <= low.modeled_ns <= 5 * bound, (low.modeled_ns, bound)
 
 
-def _channels_last(t: torch.Tensor) -> torch.Tensor:
-    return t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # (n, h, w, c) memory, NCHW shape
+def _channels_last(t: torch.Tensor, token: bool = False) -> torch.Tensor:
+    """``t`` in (n, h, w, c) memory, NCHW shape; ``token``: as a ViT's patch tokens after its class
+    token, ``tokens[:, 1:]`` of (n, 1 + h*w, c) (images further apart than their pixels)."""
+    n, c, h, w = t.shape
+    if token:
+        tokens = torch.cat([torch.zeros(n, 1, c, dtype=t.dtype), t.flatten(2).transpose(1, 2)], 1)
+        return tokens[:, 1:].transpose(1, 2).unflatten(2, (h, w))
+    return t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
 # (N, Cin, H, W, Cout, kernel, bias, dy channels innermost, dtype): stride == kernel, no padding
@@ -294,6 +300,7 @@ PATCH = [
     (3, 2, 18, 12, 130, 3, False, True, torch.float32),    # > 128 output channels, channels-last dy
     (1, 3, 4, 520, 8, 2, True, False, torch.float32),      # a row of 260 patches: split over blocks
     (2, 5, 16, 16, 24, 8, False, True, torch.float32),     # K = 320: three chunks of the contraction
+    (3, 3, 12, 12, 16, 3, False, "token", torch.float32),  # dy: a ViT's patch tokens after its class token
     (2, 3, 16, 16, 16, 4, True, True, torch.bfloat16),
 ]
 
@@ -324,13 +331,15 @@ def test_patch_matmul_form_values(case):
     torch.testing.assert_close(as_torch(got["out"], y).float(), y.float(), rtol=tol, atol=tol)
 
     dy = rnd(*y.shape, dtype=dt)
-    dy = _channels_last(dy) if cl else dy
-    _, gw, _ = torch.ops.aten.convolution_backward(dy.float(), x.float(), w.float(), [Cout], [k, k], [0, 0], [1, 1],
-                                                   False, [0, 0], 1, [False, True, False])
+    dy = _channels_last(dy, cl == "token") if cl else dy
+    _, gw, gb = torch.ops.aten.convolution_backward(dy.float(), x.float(), w.float(), [Cout], [k, k], [0, 0],
+                                                    [1, 1], False, [0, 0], 1, [False, True, True])
     bwd = Call("aten::convolution_backward_overrideable", (meta_of(dy), meta_of(x), meta_of(w)) + args
-               + ((False, True, False),), (), (meta_of(w),))
+               + ((False, True, True),), (), (meta_of(w), meta_of(gb.to(dt))))
     prog = conv._backward_program(bwd, SPEC, "patch")
     assert "grad_weight=patch-matmul" in prog.meta["forms"]
     got = run_numerics(prog, {"in_grad_output": buffer_of(dy), "in_input": buffer_of(x), "in_weight": buffer_of(w)},
                        {})
     torch.testing.assert_close(as_torch(got["grad_weight"], w).float(), gw, rtol=tol * 5, atol=tol * 5)
+    # grad_bias: a channels-last dy is summed over its pixel rows on TensorE
+    torch.testing.assert_close(as_torch(got["grad_bias"], gb.to(dt)).float(), gb, rtol=tol * 5, atol=tol * 5)

@@ -559,6 +559,11 @@ def grad_bias_program(b: TileBuilder, spec, g: ConvGeom, DY: View, dys, GB: View
     P = spec.partitions
     C = g.groups * g.cout
     px = g.oh * g.ow
+    if C > 1 and px > 1 and dys[1] == 1 and dys[3] == C and (g.oh == 1 or dys[2] == g.ow * C):
+        # whole images of pixels in one run each (or all of them, when the images follow each other)
+        images = [(0, g.n * px)] if g.n == 1 or dys[0] == px * C else [(n * dys[0], px) for n in range(g.n)]
+        _grad_bias_channels_last(b, spec, images, C, DY, dys, GB, gbs, out_dtype)
+        return
     contiguous = g.oh == 1 or dys[2] == g.ow * dys[3]
     free_max = 8192
     for c0 in range(0, C, P):
@@ -581,3 +586,28 @@ def grad_bias_program(b: TileBuilder, spec, g: ConvGeom, DY: View, dys, GB: View
         total = b.sbuf((cs, 1), out_dtype, site="conv.gb.sum")
         b.tensor_reduce(total, parts, "add")
         b.dma_copy(_hbm(GB, c0 * gbs, ((gbs, cs), (1, 1))), total)
+
+
+def _grad_bias_channels_last(b: TileBuilder, spec, images, C: int, DY: View, dys, GB: View, gbs: int,
+                             out_dtype: str) -> None:
+    """``grad_bias`` of a ``dy`` whose channels are innermost (``(n, h, w, c)`` memory, as a ViT's
+    tokens leave a patch embedding's): blocks of 128 pixels of each run in ``images`` (first
+    element, pixels) read as ``[pixels, c]`` rows, summed over the partitions on TensorE
+    (``ones.T @ rows``, accumulated in PSUM)."""
+    P, fmax = spec.partitions, 512
+    ones = b.sbuf((P, 1), DY.dtype, site="conv.gb.ones", bufs=1)
+    b.memset(ones, 1.0)
+    accs = [(c0, min(fmax, C - c0)) for c0 in range(0, C, fmax)]
+    ps = {c0: b.psum((1, cs), "float32", site=f"conv.gb.acc{i % 4}", bufs=1) for i, (c0, cs) in enumerate(accs)}
+    blocks = [(off + p0 * dys[3], min(P, px - p0)) for off, px in images for p0 in range(0, px, P)]
+    queues = _Queues(spec)
+    for i, (off, pn) in enumerate(blocks):
+        t = b.sbuf((P, C), DY.dtype, site="conv.gb.rows", bufs=3)
+        b.dma_copy(_on_chip(t, 0, pn, 0, ((1, C),)), _hbm(DY, off, ((dys[3], pn), (1, C))), queue=queues.next())
+        for c0, cs in accs:
+            b.matmul(ps[c0], _on_chip(ones, 0, pn, 0, ((1, 1),)), _on_chip(t, 0, pn, c0, ((1, cs),)),
+                     accumulate=i > 0)
+    for c0, cs in accs:
+        out = b.sbuf((1, cs), out_dtype, site="conv.gb.out", bufs=2)
+        b.activation(out, ps[c0], "copy")
+        b.dma_copy(_hbm(GB, c0 * gbs, ((0, 1), (gbs, cs))), out)
