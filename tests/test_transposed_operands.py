@@ -42,8 +42,11 @@ PERMS = {
     # pixels x channels one contiguous block: each partition reads several pixels as one run
     "NHWC as NCHW, runs of 4 pixels": ((2, 16, 32, 40), (0, 3, 1, 2)),
     "last two dims, 160 rows in runs of 2": ((2, 512, 160), (0, 2, 1)),
+    # a pixel's 40 channels are the output's rows: each output partition writes 4 pixels as one run
+    "NCHW as NHWC, 4 pixels a partition": ((2, 40, 16, 32), (0, 2, 3, 1)),
 }
-RUNS = {"NHWC as NCHW, runs of 4 pixels": 4, "last two dims, 160 rows in runs of 2": 2}
+RUNS = {"NHWC as NCHW, runs of 4 pixels": (4, 1), "last two dims, 160 rows in runs of 2": (2, 1),
+        "NCHW as NHWC, 4 pixels a partition": (1, 4)}  # (m, mo)
 
 
 @pytest.mark.parametrize("name", list(PERMS))
@@ -55,7 +58,8 @@ def test_binary_op_with_a_permuted_operand_matches_cpu(name):
     assert transposes(low) > 0, name
     if name in RUNS:
         shape, st = coalesce(tuple(xt.shape), [tuple(y.stride()), tuple(xt.stride())])
-        assert transposed_plan(shape, st, ["float32"] * 2, SPEC).m == RUNS[name]
+        plan = transposed_plan(shape, st, ["float32"] * 2, SPEC)
+        assert (plan.m, plan.mo) == RUNS[name], plan
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int32, torch.uint8, torch.bool, torch.int64])
@@ -130,6 +134,9 @@ TIMED = {
     "contiguous() of [B,S,H,D] as [B,H,D,S]": (
         "tilescope::copy", lambda dt: (_t((8, 512, 12, 64), (0, 2, 3, 1), dt),),
         lambda dt: torch.empty(8, 12, 64, 512, dtype=dt), 1.9),
+    "mul over NCHW storage read as NHWC": (
+        "aten::mul.Tensor", lambda dt: (_t((16, 64, 56, 56), (0, 2, 3, 1), dt), torch.empty(16, 56, 56, 64, dtype=dt)),
+        lambda dt: torch.empty(16, 56, 56, 64, dtype=dt), 2.0),
     "relu over NHWC storage read as NCHW": (
         "aten::relu", lambda dt: (_t((16, 56, 56, 64), (0, 3, 1, 2), dt),),
         lambda dt: torch.empty(16, 64, 56, 56, dtype=dt), 1.7),

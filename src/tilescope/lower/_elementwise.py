@@ -16,7 +16,7 @@ from ..isa import AP, RuntimeScalar
 from ..program import TileBuilder, View
 from ._call import Call, ScalarArg, TensorMeta
 from ._layout import coalesce, hbm_input, hbm_output, load_operand, plan_ns, spread
-from ._transposed import queues, row_ap, subtiles, transpose_in, transposed_ns, transposed_plan, transposed_tiles
+from ._transposed import out_shape, queues, row_ap, subtiles, transpose_in, transposed_ns, transposed_plan, transposed_tiles
 from ._rules import Rule, add_rules
 
 __all__ = ["OPS", "TileOps", "EngineLoad", "balanced_copy", "partition_scalar", "lower_elementwise", "lower_foreach",
@@ -713,8 +713,8 @@ def _emit_transposed(b, plan, strides, named, tensors, views, out, out_view, emi
     for tile in transposed_tiles(plan):
         from_pe = {i: transpose_in(b, views[n], strides[i], m.device_dtype, plan, tile, f"ew.T{n}", queue)
                    for i, (n, m) in enumerate(tensors, 1) if i in plan.transposed}
-        for s, (q0, rq) in enumerate(subtiles(tile, plan.partitions)):
-            tshape = (rq, tile.cw)
+        for s, (q0, rq) in enumerate(subtiles(plan, tile)):
+            tshape = out_shape(plan, tile, rq)
             parts = 2 if tile.k > 1 else 1
             args = dict(scalars)
             for i, (n, m) in enumerate(tensors, 1):

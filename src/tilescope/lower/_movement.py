@@ -18,7 +18,7 @@ from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
 from ._elementwise import broadcast_strides
 from ._layout import TilePlan, coalesce, hbm_input, hbm_output, plan_ns, spread
-from ._transposed import queues, row_ap, subtiles, transpose_in, transposed_ns, transposed_plan, transposed_tiles
+from ._transposed import out_shape, queues, row_ap, subtiles, transpose_in, transposed_ns, transposed_plan, transposed_tiles
 from ._rules import Rule, add_rules
 
 __all__ = ["lower_copy", "lower_cat", "lower_pad"]
@@ -64,8 +64,8 @@ def _transposed_copy(b: TileBuilder, plan, src_view: View, cs, dst: TensorMeta, 
     load, queue = EngineLoad(b), queues(b.spec)
     for tile in transposed_tiles(plan):
         ps = transpose_in(b, src_view, cs, src_view.dtype, plan, tile, f"{site}.T", queue)
-        for p, (q0, rq) in zip(ps, subtiles(tile, plan.partitions)):
-            o = b.sbuf((rq, tile.cw), dst.device_dtype, site=f"{site}.T.out")
+        for p, (q0, rq) in zip(ps, subtiles(plan, tile)):
+            o = b.sbuf(out_shape(plan, tile, rq), dst.device_dtype, site=f"{site}.T.out")
             balanced_copy(b, load, o, p)
             b.dma_copy(row_ap(dst_view, cd, plan, tile, q0, rq), o, queue=next(queue))
 

@@ -35,8 +35,8 @@ from ..isa import AP, DmaCopy, TensorTensor, Transpose, dma_cost, engine_ns, loa
 from ..program import TileBuilder, View
 from ._layout import compact_load
 
-__all__ = ["TransposedPlan", "transposed_plan", "transposed_ns", "transposed_tiles", "subtiles", "row_ap",
-           "transpose_in", "queues"]
+__all__ = ["TransposedPlan", "transposed_plan", "transposed_ns", "transposed_tiles", "subtiles", "out_shape",
+           "row_ap", "transpose_in", "queues"]
 
 _RUN_BYTES = 2048  # [dmabw] >= 2 KiB per partition to approach the DMA peak: the run an operand is read in
 
@@ -51,7 +51,10 @@ class TransposedPlan:
     partitions when ``r`` is shorter than them; ``span``: elements of ``r`` read in one run;
     ``width``: elements of ``c`` per tile (one PSUM bank of the widest transposed dtype);
     ``m``: consecutive indices of ``c`` each partition reads when ``c`` and ``r`` are one
-    contiguous block (NHWC's pixels x channels): runs of ``m`` rows instead of one."""
+    contiguous block (NHWC's pixels x channels): runs of ``m`` rows instead of one; ``mo``:
+    consecutive indices of ``r`` each partition of an output tile holds when the output's ``r``
+    and ``c`` are one contiguous block and ``c`` is short (NCHW read as NHWC: 64 channels a
+    pixel): the output's runs are ``mo`` rows long."""
 
     shape: tuple[int, ...]
     r: int
@@ -63,6 +66,7 @@ class TransposedPlan:
     width: int
     partitions: int
     m: int = 1
+    mo: int = 1
 
     @property
     def outer(self) -> tuple[int, ...]:
@@ -101,7 +105,7 @@ def transposed_plan(shape, strides, dtypes, spec) -> TransposedPlan | None:
     plan = TransposedPlan(tuple(shape), r, c, tuple(transposed), g if fold > 1 else None, fold, span,
                           min(shape[c], bank), P)
     if span != shape[r] or any(strides[i][c] != shape[r] for i in transposed):
-        return plan
+        return _output_runs(plan, strides, dtypes, spec)
     # c and r one contiguous block: each partition may read m rows as one run; fewer partitions
     # then carry a chunk, so the cost table picks m
     best = (transposed_ns(plan, strides, dtypes, spec), plan)
@@ -109,6 +113,22 @@ def transposed_plan(shape, strides, dtypes, spec) -> TransposedPlan | None:
         if shape[c] % m or m * shape[r] * widest > _RUN_BYTES or m > bank:
             continue
         cand = replace(plan, m=m, width=min(shape[c], bank // m * m))
+        best = min(best, (transposed_ns(cand, strides, dtypes, spec), cand), key=lambda x: x[0])
+    return _output_runs(best[1], strides, dtypes, spec)
+
+
+def _output_runs(plan: TransposedPlan, strides, dtypes, spec) -> TransposedPlan:
+    """``plan`` with the ``mo`` the cost table prefers, where the output's ``r`` x ``c`` is one
+    contiguous block and a whole ``c`` fits a PSUM bank ``mo`` times."""
+    R, C = plan.shape[plan.r], plan.shape[plan.c]
+    if plan.fold > 1 or plan.m > 1 or plan.width != C or strides[0][plan.r] != C:
+        return plan
+    widest = max(itemsize(dtypes[i]) for i in plan.transposed)
+    best = (transposed_ns(plan, strides, dtypes, spec), plan)
+    for mo in (2, 4, 8, 16, 32):
+        if R % mo or plan.span % mo or mo * C * widest > spec.psum_bank_bytes:
+            continue
+        cand = replace(plan, mo=mo)
         best = min(best, (transposed_ns(cand, strides, dtypes, spec), cand), key=lambda x: x[0])
     return best[1]
 
@@ -149,18 +169,27 @@ def _offset(st, plan: TransposedPlan, tile: _Tile) -> int:
     return sum(i * st[d] for d, i in tile.outer.items()) + tile.r0 * st[plan.r] + tile.c0 * st[plan.c]
 
 
-def _row_dims(st, plan: TransposedPlan, tile: _Tile, q0: int, rq: int) -> tuple[int, tuple]:
-    """``(offset, partition dims)`` of rows ``[q0, q0 + rq)`` of a tile (the folded dim, then ``r``)."""
+def _row_dims(st, plan: TransposedPlan, tile: _Tile, q0: int, rq: int) -> tuple[int, tuple, tuple]:
+    """``(offset, partition dims, leading free dims)`` of rows ``[q0, q0 + rq)`` of a tile (the
+    folded dim, then ``r``; ``mo`` consecutive rows a partition)."""
     if tile.k > 1:
-        return 0, ((st[plan.g], tile.k), (st[plan.r], tile.rn))
-    return q0 * st[plan.r], ((st[plan.r], rq),)
+        return 0, ((st[plan.g], tile.k), (st[plan.r], tile.rn)), ()
+    mo = plan.mo
+    return q0 * st[plan.r], ((st[plan.r] * mo, rq // mo),), (((st[plan.r], mo),) if mo > 1 else ())
 
 
-def subtiles(tile: _Tile, partitions: int):
-    """``(q0, rq)``: the output tiles of a load, at most ``partitions`` rows each."""
+def subtiles(plan: TransposedPlan, tile: _Tile):
+    """``(q0, rq)``: the output tiles of a load, ``rq`` rows each on at most the partition count
+    (``mo`` rows a partition)."""
     if tile.k > 1:
         return [(0, tile.rows)]
-    return [(q0, min(partitions, tile.rn - q0)) for q0 in range(0, tile.rn, partitions)]
+    step = plan.partitions * plan.mo
+    return [(q0, min(step, tile.rn - q0)) for q0 in range(0, tile.rn, step)]
+
+
+def out_shape(plan: TransposedPlan, tile: _Tile, rq: int) -> tuple[int, int]:
+    """The SBUF / PSUM shape of an output tile of ``rq`` rows."""
+    return rq // plan.mo, plan.mo * tile.cw
 
 
 def _chunks(tile: _Tile, partitions: int, m: int):
@@ -182,21 +211,22 @@ def _load_dims(st, plan: TransposedPlan, tile: _Tile, cj: int) -> tuple:
     return ((st[plan.c] * m, cj // m),) + free + ((1, m * tile.rn),)
 
 
-def _block(plan: TransposedPlan, tile: _Tile, pc: int, u: int, q0: int, rq: int) -> tuple[int, tuple]:
-    """``(offset, dims)`` in a chunk's SBUF tile of the rows ``[q0, q0 + rq)`` of its ``u``-th
-    index of each partition's ``m``: what one transpose reads."""
-    m, rn = plan.m, tile.rn
+def _block(plan: TransposedPlan, tile: _Tile, pc: int, u: int, v: int, q0: int, rq: int) -> tuple[int, tuple]:
+    """``(offset, dims)`` in a chunk's SBUF tile of what one transpose reads: the ``u``-th index
+    of each partition's ``m``, rows ``q0 + v``, ``q0 + v + mo``, ... (``v`` < ``mo``) up to ``q0 + rq``."""
+    m, rn, mo = plan.m, tile.rn, plan.mo
     fold = ((m * rn, tile.k),) if tile.k > 1 else ()
-    return u * rn + q0, ((tile.k * m * rn, pc),) + fold + ((1, rq if tile.k == 1 else rn),)
+    last = (mo, rq // mo) if tile.k == 1 else (1, rn)
+    return u * rn + q0 + v, ((tile.k * m * rn, pc),) + fold + (last,)
 
 
 def row_ap(view: View, st, plan: TransposedPlan, tile: _Tile, q0: int, rq: int) -> View:
     """An operand read (or the output written) in the output's layout: rows ``[q0, q0 + rq)`` on
     the partitions, the tile's ``c`` chunk along the free dim."""
-    off, head = _row_dims(st, plan, tile, q0, rq)
+    off, head, lead = _row_dims(st, plan, tile, q0, rq)
     ap = AP(view.ap.buffer, view.ap.dtype, view.ap.offset + _offset(st, plan, tile) + off,
-            head + ((st[plan.c], tile.cw),))
-    return View(view.buffer, ap, (rq, tile.cw))
+            head + lead + ((st[plan.c], tile.cw),))
+    return View(view.buffer, ap, out_shape(plan, tile, rq))
 
 
 def queues(spec):
@@ -211,18 +241,20 @@ def transpose_in(b: TileBuilder, view: View, st, dtype: str, plan: TransposedPla
     tile: each ``c`` chunk read as contiguous runs of ``r`` (one DMA, on the next of ``queue``),
     each 128-row block of it transposed on TensorE into its columns of the PSUM tile."""
     P = plan.partitions
-    subs = subtiles(tile, P)
-    ps = [b.psum((rq, tile.cw), dtype, site=f"{site}.ps{n}") for n, (_, rq) in enumerate(subs)]
-    m = plan.m
+    subs = subtiles(plan, tile)
+    ps = [b.psum(out_shape(plan, tile, rq), dtype, site=f"{site}.ps{n}") for n, (_, rq) in enumerate(subs)]
+    m, mo, cw = plan.m, plan.mo, tile.cw
     for j0, cj in _chunks(tile, P, m):
         pc = cj // m
         t = b.sbuf((pc, tile.rows * m), dtype, site=f"{site}.runs")
         b.dma_copy(t, _transposed_load_ap(view, st, plan, tile, j0, cj), queue=next(queue))
-        for u in range(m):
+        for u, v in product(range(m), range(mo)):
             for p, (q0, rq) in zip(ps, subs):
-                off, dims = _block(plan, tile, pc, u, q0, rq)
-                src = View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset + off, dims), (pc, rq))
-                dst = View(p.buffer, AP(p.ap.buffer, p.ap.dtype, p.ap.offset + j0 + u, ((tile.cw, rq), (m, pc))), (rq, pc))
+                off, dims = _block(plan, tile, pc, u, v, q0, rq)
+                rows = rq // mo if tile.k == 1 else rq
+                src = View(t.buffer, AP(t.ap.buffer, t.ap.dtype, t.ap.offset + off, dims), (pc, rows))
+                dst = View(p.buffer, AP(p.ap.buffer, p.ap.dtype, p.ap.offset + v * cw + j0 + u,
+                                        ((mo * cw, rows), (m, pc))), (rows, pc))
                 b.transpose(dst, src)
     return ps
 
@@ -247,18 +279,21 @@ def transposed_ns(plan: TransposedPlan, strides, dtypes, spec) -> float:
                     x = AP("x", dt, 0, _load_dims(st, plan, tile, cj))
                     w = tile.rows * plan.m
                     d += _dma_ns(AP("t", dt, 0, ((w, cj // plan.m), (1, w))), x, spec)
-                    for q0, rq in subtiles(tile, P):
-                        _, dims = _block(plan, tile, cj // plan.m, 0, q0, rq)
-                        tr = Transpose(AP("p", dt, 0, ((cw, rq), (plan.m, cj // plan.m))), AP("t", dt, 0, dims))
-                        p += plan.m * (engine_ns(tr, spec) + spec.engines["pe"].ns(load_stationary_cycles(tr)))
+                    for q0, rq in subtiles(plan, tile):
+                        _, dims = _block(plan, tile, cj // plan.m, 0, 0, q0, rq)
+                        rows = prod(c for _, c in dims[1:])
+                        tr = Transpose(AP("p", dt, 0, ((cw, rows), (plan.m, cj // plan.m))), AP("t", dt, 0, dims))
+                        p += plan.m * plan.mo * (engine_ns(tr, spec) + spec.engines["pe"].ns(load_stationary_cycles(tr)))
                 continue
-            for q0, rq in subtiles(tile, P):
-                _, head = _row_dims(st, plan, tile, q0, rq)
-                load, _ = compact_load(head + ((st[plan.c], cw),), len(head))
+            for q0, rq in subtiles(plan, tile):
+                _, head, lead = _row_dims(st, plan, tile, q0, rq)
+                load, _ = compact_load(head + lead + ((st[plan.c], cw),), len(head))
                 w = prod(c for _, c in load[len(head):])
-                d += _dma_ns(AP("t", dt, 0, ((w, rq), (1, w))), AP("x", dt, 0, load), spec)
-        for _, rq in subtiles(tile, P):
-            t = AP("t", "float32", 0, ((cw, rq), (1, cw)))
+                parts = prod(c for _, c in head)
+                d += _dma_ns(AP("t", dt, 0, ((w, parts), (1, w))), AP("x", dt, 0, load), spec)
+        for _, rq in subtiles(plan, tile):
+            rows, f = out_shape(plan, tile, rq)
+            t = AP("t", "float32", 0, ((f, rows), (1, f)))
             e += engine_ns(TensorTensor(t, t, t, "add"), spec)
         dma, pe, eng = dma + n * d, pe + n * p, eng + n * e
     return max(dma, pe, eng)
