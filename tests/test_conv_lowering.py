@@ -301,6 +301,7 @@ PATCH = [
     (1, 3, 4, 520, 8, 2, True, False, torch.float32),      # a row of 260 patches: split over blocks
     (2, 5, 16, 16, 24, 8, False, True, torch.float32),     # K = 320: three chunks of the contraction
     (3, 3, 12, 12, 16, 3, False, "token", torch.float32),  # dy: a ViT's patch tokens after its class token
+    (1, 20, 64, 8, 8, 2, True, False, torch.float32),      # 20 channels x 32 rows: an image over several tiles
     (2, 3, 16, 16, 16, 4, True, True, torch.bfloat16),
 ]
 
@@ -323,12 +324,13 @@ def test_patch_matmul_form_values(case):
     fwd = Call("aten::convolution_overrideable", (meta_of(x), meta_of(w), None if bias is None else meta_of(bias))
                + args, (), (meta_of(y),))
     g, x2, w2 = conv.conv_geometry(meta_of(x), meta_of(w), [k, k], [0, 0], [1, 1], 1)
-    prog = conv._forward_program(fwd, SPEC, "patch", g, meta_of(x), x2, meta_of(w), w2, meta_of(y), meta_of(y),
-                                 None if bias is None else meta_of(bias), str(dt).replace("torch.", ""))
-    assert prog.meta["mapping"] == "patch-matmul"
     feeds = {"in_input": x, "in_weight": w} | ({"in_bias": bias} if has_bias else {})
-    got = run_numerics(prog, {n: buffer_of(v) for n, v in feeds.items()}, {})
-    torch.testing.assert_close(as_torch(got["out"], y).float(), y.float(), rtol=tol, atol=tol)
+    for form, mapping in (("patch", "patch-matmul"), ("patch-rows", "patch-matmul:rows")):
+        prog = conv._forward_program(fwd, SPEC, form, g, meta_of(x), x2, meta_of(w), w2, meta_of(y), meta_of(y),
+                                     None if bias is None else meta_of(bias), str(dt).replace("torch.", ""))
+        assert prog.meta["mapping"] == mapping
+        got = run_numerics(prog, {n: buffer_of(v) for n, v in feeds.items()}, {})
+        torch.testing.assert_close(as_torch(got["out"], y).float(), y.float(), rtol=tol, atol=tol, msg=form)
 
     dy = rnd(*y.shape, dtype=dt)
     dy = _channels_last(dy, cl == "token") if cl else dy

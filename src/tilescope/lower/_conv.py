@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
-from ._conv_patch import patch_applies, patch_forward, patch_grad_weight
+from ._conv_patch import patch_applies, patch_forward, patch_forward_rows, patch_grad_weight
 from ._layout import hbm_input, hbm_output
 from ._rules import Rule, add_rules
 
@@ -1027,7 +1027,7 @@ def lower_conv(call: Call, spec):
     dtype = _pe_dtype(x2, w2)
     if dtype is None:
         return None
-    forms = ("sliding", "patch") if patch_applies(g) else ("sliding",)
+    forms = ("sliding", "patch", "patch-rows") if patch_applies(g) else ("sliding",)
     return _shortest(_forward_program(call, spec, form, g, x, x2, w, w2, out, out2, bias, dtype) for form in forms)
 
 
@@ -1041,9 +1041,10 @@ def _forward_program(call: Call, spec, form: str, g: ConvGeom, x, x2, w, w2, out
         X, Wv, Y = (_view_2d(v, m) for v, m in ((X, x), (Wv, w), (Y, out)))
         bias_stride = bias.stride[0] if bias is not None else 0
         try:
-            if form == "patch":
-                mapping = patch_forward(b, spec, g, X, x2.stride, Wv, w2.stride, Y, out2.stride, Bv, bias_stride,
-                                        dtype, out2.device_dtype)
+            if form in ("patch", "patch-rows"):
+                emit = patch_forward if form == "patch" else patch_forward_rows
+                mapping = emit(b, spec, g, X, x2.stride, Wv, w2.stride, Y, out2.stride, Bv, bias_stride,
+                               dtype, out2.device_dtype)
             else:
                 fwd = _Forward(b, spec, g, X, x2.stride, Y, out2.stride, _ForwardWeights, Wv, w2.stride,
                                Bv, bias_stride, dtype, out2.device_dtype)
