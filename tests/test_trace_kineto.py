@@ -125,6 +125,19 @@ def test_diff_of_two_runs(control):
     assert d.modeled == [False, False] and "measured" in d.times_label()
 
 
+def test_a_diff_from_stored_profiles_equals_the_diff_of_the_traces(control):
+    """Each trace's part of a diff is plain data: kept as JSON and passed back, it gives the
+    same diff (the explorer computes it once per trace for every comparison)."""
+    import json
+
+    test = tt.open(TEST)
+    profiles = [json.loads(json.dumps(tt.diff_profile(t))) for t in (control, test)]
+    assert tt.diff(control, test, names=["a", "b"], profiles=profiles).to_dict() == \
+        tt.diff(control, test, names=["a", "b"]).to_dict()
+    with pytest.raises(ValueError, match="one profile"):
+        tt.diff(control, test, profiles=profiles[:1])
+
+
 def test_diff_of_runs_whose_files_share_a_name(tmp_path, capsys):
     """Two runs' trace.json.gz in their own folders (the usual layout) get distinct columns
     from those folders; the same trace twice is numbered; NAME=PATH names a column."""

@@ -353,31 +353,6 @@ def _match(src, q):
     return {"total": total, "index": k, "match": ix.event_brief(r)}
 
 
-def _ops(src, q):
-    by_shape = _one(q, "by_shape", "0") in ("1", "true", "yes")
-    label = src.label_text()
-    return src.analysis(("ops", by_shape), lambda t: {"table": _table(t.op_table(by_shape=by_shape)),
-                                                       "modeled": t.modeled, "what": label},
-                        store=f"ops{'-by-shape' if by_shape else ''}")
-
-
-def _kernels(src, q):
-    label = src.label_text()
-    return src.analysis("kernels", lambda t: {"table": _table(t.kernels()), "modeled": t.modeled, "what": label},
-                        store="kernels")
-
-
-def _breakdown(src, q):
-    label = src.label_text()
-    return src.analysis("breakdown", lambda t: {"device": _table(t.breakdown(side="device")),
-                                                 "host": _table(t.breakdown(side="host")),
-                                                 "modeled": t.modeled, "what": label}, store="breakdown")
-
-
-def _engines(src, q):
-    return src.analysis("engines", lambda t: {"table": _table(t.engine_breakdown()), "modeled": True}, store="engines")
-
-
 def _roofline_of(t, label):
     tab = t.roofline()
     pf = pb = None
@@ -402,9 +377,60 @@ def _roofline_of(t, label):
             "modeled": t.modeled, "what": label, "estimated": not t.modeled}
 
 
+def _diff_profile(t):
+    import tilescope.trace as tt
+
+    return tt.diff_profile(t)
+
+
+# The analyses of one source the page opens, by name: (key of its answer in the source's
+# Results, the file that keeps it, how: ``fn(trace, what, allowed)`` with ``what`` the
+# source's label_text() and ``allowed`` its file check). The session computes them in the
+# background at start, in worker processes (._offload), and the endpoints below answer from
+# the same keys: a click waits for the background's answer instead of computing it again.
+NAMED = {
+    "ops": (("ops", False), "ops", lambda t, what, allowed: {"table": _table(t.op_table(by_shape=False)),
+                                                              "modeled": t.modeled, "what": what}),
+    "ops-by-shape": (("ops", True), "ops-by-shape", lambda t, what, allowed: {
+        "table": _table(t.op_table(by_shape=True)), "modeled": t.modeled, "what": what}),
+    "summary-core": ("summary-core", "summary-core", lambda t, what, allowed: summary_core(t, allowed)),
+    "kernels": ("kernels", "kernels", lambda t, what, allowed: {"table": _table(t.kernels()), "modeled": t.modeled,
+                                                                 "what": what}),
+    "breakdown": ("breakdown", "breakdown", lambda t, what, allowed: {
+        "device": _table(t.breakdown(side="device")), "host": _table(t.breakdown(side="host")),
+        "modeled": t.modeled, "what": what}),
+    "roofline": ("roofline", "roofline", lambda t, what, allowed: _roofline_of(t, what)),
+    "engines": ("engines", "engines", lambda t, what, allowed: {"table": _table(t.engine_breakdown()), "modeled": True}),
+    "summary-analyses": ("summary-analyses", "summary-analyses", lambda t, what, allowed: summary_analyses(t)),
+    # each source's part of every comparison it takes part in (tilescope.trace.diff_profile)
+    "diff-profile": ("diff-profile", "diff-profile", lambda t, what, allowed: _diff_profile(t)),
+}
+
+
+def _named(src, name: str):
+    key, store, how = NAMED[name]
+    what = src.label_text()
+    return src.analysis(key, lambda t: how(t, what, src.allowed), store=store)
+
+
+def _ops(src, q):
+    return _named(src, "ops-by-shape" if _one(q, "by_shape", "0") in ("1", "true", "yes") else "ops")
+
+
+def _kernels(src, q):
+    return _named(src, "kernels")
+
+
+def _breakdown(src, q):
+    return _named(src, "breakdown")
+
+
+def _engines(src, q):
+    return _named(src, "engines")
+
+
 def _roofline(src, q):
-    label = src.label_text()
-    return src.analysis("roofline", lambda t: _roofline_of(t, label), store="roofline")
+    return _named(src, "roofline")
 
 
 SUMMARY_PARTS = ("all", "core", "analyses")  # the page asks for core and analyses apart: core is quick
@@ -417,9 +443,9 @@ def _summary(src, q):
                        "pass part=core (figures, rules, gaps), part=analyses (HTA's analyses) or part=all")
     core = analyses = {}
     if part in ("core", "all"):
-        core = src.analysis("summary-core", lambda t: summary_core(t, src.allowed), store="summary-core")
+        core = _named(src, "summary-core")
     if part in ("analyses", "all"):
-        analyses = src.analysis("summary-analyses", summary_analyses, store="summary-analyses")
+        analyses = _named(src, "summary-analyses")
     return {**core, **analyses}
 
 
@@ -564,6 +590,9 @@ def _compare_ids(session, q) -> list:
 
 
 def _compare_of(srcs, job=None):
+    """The diff of ``srcs`` from each one's diff profile: computed once per source (in the
+    background from the start) and shared by every comparison it takes part in, so a pair
+    compared for the first time costs only the combination."""
     import tilescope.trace as tt
 
     from ._work import check
@@ -574,22 +603,13 @@ def _compare_of(srcs, job=None):
         while lab in labels:
             lab += "'"
         labels.append(lab)
-    lends = [s.readers.take() for s in sorted(srcs, key=lambda s: int(s.id[1:]))]  # a fixed order: no deadlock
-    traces = {}
-    try:
-        for s, lend in zip(sorted(srcs, key=lambda s: int(s.id[1:])), lends):
-            traces[s.id] = lend.__enter__()
-            if job is not None:
-                job.traces.append(traces[s.id])
-            check()
-        d = tt.diff(*[traces[s.id] for s in srcs], names=labels)
-        out = {"diff": d.to_dict(), "ops": _table(d.ops), "summary": _table(d.summary), "regions": _table(d.regions)}
-    finally:
-        for s, lend in zip(sorted(srcs, key=lambda s: int(s.id[1:])), lends):
-            if s.id in traces:
-                if job is not None and traces[s.id] in job.traces:
-                    job.traces.remove(traces[s.id])
-                lend.__exit__(None, None, None)
+    profiles = []
+    for s in srcs:
+        profiles.append(_named(s, "diff-profile"))
+        check()
+    # the traces only name the columns here: every figure comes from the profiles
+    d = tt.diff(*[s.trace for s in srcs], names=labels, profiles=profiles)
+    out = {"diff": d.to_dict(), "ops": _table(d.ops), "summary": _table(d.summary), "regions": _table(d.regions)}
     prof = []
     for s, lab in zip(srcs, labels):
         m = _meta(s, {})
@@ -605,31 +625,40 @@ def _compare(session, q):
     return session.results.get(key, lambda job: _compare_of(srcs, job))
 
 
-def warm_up(session) -> None:
+# what a session computes in the background at start, per source, in this order (the
+# quick tables first, HTA's analyses and the comparison parts -- the longest on a large
+# trace -- last)
+WARM = ("ops", "summary-core", "kernels", "breakdown", "roofline", "engines")
+WARM_LATE = ("summary-analyses", "diff-profile")
+
+
+def warm_up(session, *, processes: bool = True) -> None:
     """Start the analyses every page opens, and the comparison of every opened source, in
-    the background (see ``Session.warm_up``)."""
-    for s in session.sources:
-        if not s.ok:
-            continue
-        label = s.label_text()
+    the background (see ``Session.warm_up``): in worker processes (._offload) unless
+    ``processes`` is False or none can start, else on the sources' own threads."""
+    ok = [s for s in session.sources if s.ok]
+    for s in ok:
         s.results.warm("links", lambda job, ix=s.index: ix.prepare_links())  # a step's first click answers at once
-        s.warm(("ops", False), lambda t, label=label: {"table": _table(t.op_table(by_shape=False)),
-                                                        "modeled": t.modeled, "what": label}, store="ops")
-        s.warm("summary-core", lambda t, s=s: summary_core(t, s.allowed), store="summary-core")
-        s.warm("kernels", lambda t, label=label: {"table": _table(t.kernels()), "modeled": t.modeled, "what": label},
-               store="kernels")
-        s.warm("breakdown", lambda t, label=label: {"device": _table(t.breakdown(side="device")),
-                                                     "host": _table(t.breakdown(side="host")),
-                                                     "modeled": t.modeled, "what": label}, store="breakdown")
-        s.warm("roofline", lambda t, label=label: _roofline_of(t, label), store="roofline")
-        if s.facts.get("modeled"):
-            s.warm("engines", lambda t: {"table": _table(t.engine_breakdown()), "modeled": True}, store="engines")
-    for s in session.sources:  # HTA's analyses last: the longest to compute on a large trace
-        if s.ok:
-            s.warm("summary-analyses", summary_analyses, store="summary-analyses")
-    ok = [s for s in session.sources if s.ok][:MAX_COMPARE]
+    for names in (WARM, WARM_LATE):
+        for s in ok:
+            for name in names:
+                if name == "engines" and not s.facts.get("modeled"):
+                    continue
+                _warm_named(s, name, processes)
     if len(ok) >= 2:
-        session.results.warm(("compare", tuple(s.id for s in ok)), lambda job: _compare_of(ok, job))
+        first = ok[:MAX_COMPARE]
+        session.results.warm(("compare", tuple(s.id for s in first)), lambda job: _compare_of(first, job))
+
+
+def _warm_named(src, name: str, processes: bool) -> None:
+    from . import _offload
+
+    key, store, how = NAMED[name]
+    what = src.label_text()
+    spec = {"path": src.path, "source_dirs": src.source_dirs, "what": what, "store": src.results.store_dir}
+    if processes and src.results.warm_elsewhere(key, lambda: _offload.submit(spec, name), store=store):
+        return
+    src.warm(key, lambda t: how(t, what, src.allowed), store=store)
 
 
 ROUTES = {

@@ -71,8 +71,7 @@ class Source:
 
         t0 = time.perf_counter()
         try:
-            self._collect_files()
-            self.trace = open_source(self.path)
+            self.open_trace()
             self.index = TimelineIndex.load_or_build(self.trace)
             self.rows = EventRows(self.trace)
             self.readers = Readers(self.trace, lambda: open_source(self.path))
@@ -94,6 +93,13 @@ class Source:
                 self.doctor = [{"code": "doctor-failed", "severity": "info", "message": str(e),
                                 "fix": "run `tilescope doctor PATH` to see the problem"}]
         return self
+
+    def open_trace(self) -> None:
+        """The servable files and the trace alone (what an analysis needs; no index)."""
+        from ._engine import open_source
+
+        self._collect_files()
+        self.trace = open_source(self.path)
 
     def _facts(self) -> dict:
         """Facts of the trace that requests read often: computed once, here."""
@@ -262,11 +268,13 @@ class Session:
     def describe(self) -> list[dict]:
         return [s.describe() for s in self.sources]
 
-    def warm_up(self) -> None:
+    def warm_up(self, *, processes: bool = True) -> None:
         """Start computing, in the background, the tables, summary and roofline of every
         opened source and the comparison of all of them (seconds on traces of millions of
         events), so that the page's first click on them answers at once. Nothing waits for
-        it: a request for an answer still being computed waits for that answer alone."""
+        it: a request for an answer still being computed waits for that answer alone.
+        ``processes``: in worker processes at a lower priority (see :mod:`._offload`), so
+        that they slow no request down; False: on this process' threads."""
         from ._api import warm_up
 
-        warm_up(self)
+        warm_up(self, processes=processes)

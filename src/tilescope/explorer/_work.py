@@ -183,6 +183,9 @@ def code_tag() -> str:
     return h.hexdigest()[:12]
 
 
+_WORKER = "tilescope-explorer-compute"  # the name of Results' worker threads
+
+
 class _Job:
     def __init__(self, future):
         self.future = future
@@ -194,7 +197,7 @@ class _Job:
 class Results:
     """Answers computed once per key (see the module doc)."""
 
-    _pool = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="tilescope-explorer-compute")
+    _pool = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix=_WORKER)
 
     def __init__(self, store_dir: str | None = None):
         self._done: dict = {}
@@ -217,7 +220,8 @@ class Results:
         except (OSError, ValueError):
             return None
 
-    def _store(self, name: str, value) -> None:
+    def store(self, name: str, value) -> None:
+        """Keep ``value`` on disk as ``name`` (nothing when there is no store directory)."""
         if not self.store_dir or not name:
             return
         try:
@@ -239,19 +243,14 @@ class Results:
         if key in self._done:
             return self._done[key]
         tok = current()
-        with self._lock:
-            if key in self._done:
-                return self._done[key]
-            job = self._jobs.get(key)
-            if job is None:
-                v = self._stored(store) if store else None
-                if v is not None:
-                    self._done[key] = v
-                    return v
-                job = _Job(None)
-                job.future = self._pool.submit(self._run, key, fn, job, store)
-                self._jobs[key] = job
-            job.waiters += 1
+        job, inline = self._join(key, fn, store)
+        if job is None:
+            return self._done[key]
+        if inline:
+            try:
+                job.future.set_result(self._run(key, fn, job, store))
+            except BaseException as e:  # the waiters below (and later ones) see the same error
+                job.future.set_exception(e)
         t_end = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
@@ -272,6 +271,31 @@ class Results:
                 for t in list(job.traces):
                     interrupt(t)
 
+    def _join(self, key, fn, store):
+        """(the job computing ``key``, joined as one more waiter; whether this thread must run
+        it), or (None, False) when the answer is known (kept or read from disk)."""
+        with self._lock:
+            if key in self._done:
+                return None, False
+            job = self._jobs.get(key)
+            inline = False
+            if job is None:
+                v = self._stored(store) if store else None
+                if v is not None:
+                    self._done[key] = v
+                    return None, False
+                job = _Job(None)
+                # an answer asked for by a computation already on a worker (a comparison needs
+                # each source's part) is computed on that worker: queued behind it, it could
+                # wait for a worker that waits for it
+                inline = threading.current_thread().name.startswith(_WORKER)
+                job.future = cf.Future() if inline else self._pool.submit(self._run, key, fn, job, store)
+                self._jobs[key] = job
+                if inline:
+                    job.future.set_running_or_notify_cancel()
+            job.waiters += 1
+            return job, inline
+
     def warm(self, key, fn, *, store: str | None = None) -> None:
         """Compute ``key`` in the background unless known (nobody waits for it)."""
         with self._lock:
@@ -286,6 +310,32 @@ class Results:
             job.future = self._pool.submit(self._run, key, fn, job, store)
             self._jobs[key] = job
 
+    def warm_elsewhere(self, key, start, *, store: str | None = None) -> bool:
+        """Like :meth:`warm`, for a computation that runs elsewhere (another process) and
+        keeps its answer on disk itself: ``start()`` returns its Future, or None when it
+        cannot run there (then this returns False and the caller warms it here). A failed
+        computation is forgotten: the next request computes it here."""
+        with self._lock:
+            if key in self._done or key in self._jobs:
+                return True
+            v = self._stored(store) if store else None
+            if v is not None:
+                self._done[key] = v
+                return True
+            fut = start()
+            if fut is None:
+                return False
+            self.background.add(key)
+            self._jobs[key] = _Job(fut)
+
+        def done(f):
+            with self._lock:
+                if f.exception() is None:  # a failure is computed again, here, by the next request
+                    self._done[key] = f.result()
+                self._jobs.pop(key, None)
+        fut.add_done_callback(done)
+        return True
+
     def _run(self, key, fn, job: _Job, store):
         try:
             with using(job.stop):
@@ -293,7 +343,7 @@ class Results:
             with self._lock:
                 self._done[key] = value
             if store:
-                self._store(store, value)
+                self.store(store, value)
             return value
         finally:
             with self._lock:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from ._jsonscan import TraceFormatError
 from ._schema import CATEGORY_KINDS, TABLES
 
-__all__ = ["open", "diff", "Trace", "TraceFormatError", "TraceWarning", "TABLES", "CATEGORY_KINDS", "VENDORS",
+__all__ = ["open", "diff", "diff_profile", "Trace", "TraceFormatError", "TraceWarning", "TABLES", "CATEGORY_KINDS", "VENDORS",
            "GPU_PEAKS", "ingest_ranks", "rank_metrics", "cross_rank", "RANK_METRICS"]
 
 
@@ -42,6 +42,14 @@ def diff(*traces, **kw):
     from ._diff import diff as _diff
 
     return _diff(*traces, **kw)
+
+
+def diff_profile(trace) -> dict:
+    """One trace's part of :func:`diff` (plain data): compute it once, pass it to
+    ``diff(..., profiles=[...])`` for each comparison the trace takes part in."""
+    from ._diff import diff_profile as _profile
+
+    return _profile(trace)
 
 
 def __getattr__(name):

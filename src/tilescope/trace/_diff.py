@@ -17,7 +17,7 @@ import pyarrow as pa
 from ._labels import distinct, short_label
 from ._nesting import ensure_hierarchy
 
-__all__ = ["diff", "TraceDiff", "FusionFinding", "program_overlap", "SAME_PROGRAM_MIN_OVERLAP"]
+__all__ = ["diff", "diff_profile", "TraceDiff", "FusionFinding", "program_overlap", "SAME_PROGRAM_MIN_OVERLAP"]
 
 _STEP = re.compile(r"(#\d+|\*)$")  # ProfilerStep#3 and ProfilerStep* (a sim profile's) fold into ProfilerStep
 
@@ -104,7 +104,10 @@ class TraceDiff:
                 "overlap": self.overlap, "warnings": self.warnings}
 
 
-def _profile(trace) -> dict:
+def diff_profile(trace) -> dict:
+    """What :func:`diff` needs of one trace (its summary, op and region aggregates): plain
+    data, JSON-safe, so a caller comparing the same trace with several others (the explorer)
+    computes it once and passes it as ``diff(..., profiles=[...])``."""
     from ._summary import summary
     from ._trace import _arrow
 
@@ -151,10 +154,11 @@ def _profile(trace) -> dict:
             "modeled": trace.modeled}
 
 
-def diff(*traces, names: list[str] | None = None) -> TraceDiff:
+def diff(*traces, names: list[str] | None = None, profiles: list | None = None) -> TraceDiff:
     """Compare two or more traces (``Trace`` objects or paths); the first is the base.
     ``names``: one per trace, None where its short label will do (labels of the paths, made
-    distinct)."""
+    distinct). ``profiles``: one per trace, each :func:`diff_profile` of it already computed
+    or None (computed here)."""
     from ._trace import Trace, open_trace
 
     if len(traces) == 1 and isinstance(traces[0], (list, tuple)):
@@ -168,7 +172,9 @@ def diff(*traces, names: list[str] | None = None) -> TraceDiff:
         raise ValueError(f"diff needs one distinct name per trace: got {given} for {len(ts)} traces")
     sources = [t.sources[0] for t in ts]
     names = distinct([n if n is not None else short_label(s) for n, s in zip(given, sources)], sources)
-    profs = [_profile(t) for t in ts]
+    if profiles is not None and len(profiles) != len(ts):
+        raise ValueError(f"diff needs one profile (or None) per trace: got {len(profiles)} for {len(ts)} traces")
+    profs = [p if p is not None else diff_profile(t) for t, p in zip(ts, profiles or [None] * len(ts))]
     per_step = all(p["steps"] > 0 for p in profs)
     div = [p["steps"] if per_step else 1 for p in profs]
     summ = {"metric": [], **{n: [] for n in names}}
