@@ -697,9 +697,8 @@ class _Forward:
             parts = b.sbuf((128, self.qb, nblk), "float32", site="attn.parts", bufs=2)
         pending = None  # each block's scores are issued before the previous block's max (two banks in use)
         his = [min(f.S, blk.qb0 + t0 + lt) if self.causal else f.S for t0, lt in qtiles]  # keys each tile sees
-        for i, (t0, lt) in enumerate(qtiles):
-            if len(_chunks(his[i], _KB)) < nblk:  # causal: blocks this tile skips do not count
-                b.memset(parts[:lt, i, len(_chunks(his[i], _KB)):nblk], -BIG, engine="dve")
+        if any(len(_chunks(hi, _KB)) < nblk for hi in his):  # causal: blocks a tile skips do not count
+            b.memset(parts[:, :nt, :nblk], -BIG, engine="dve")  # one instruction for the block's tiles
         # resident keys: tile by tile; streamed keys: block by block, each loaded once for all tiles
         order = [(i, j) for i in range(nt) for j in range(len(_chunks(his[i], _KB)))]
         if not kv.resident:
