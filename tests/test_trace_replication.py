@@ -380,6 +380,47 @@ def test_replica_limits_are_those_of_the_full_check():
     assert 20 < found < 180  # both outcomes drawn
 
 
+def test_quick_offset_check_agrees_with_the_full_check():
+    """An instruction of a template already checked has only its offsets checked again
+    (TileBuilder._offsets_ok); on random shifts of real rows that quick check passes exactly
+    when the full per-instruction check does."""
+    from tilescope.errors import ProgramError
+    from tilescope.program import TileBuilder
+    from tilescope.program._checks import check_instruction
+    from tilescope.program._columns import operands_of
+
+    b = TileBuilder("quick")
+    x = b.input("x", (1024, 512), "float32")
+    s = b.sbuf((128, 2048), "float32", site="s")
+    p = b.psum((128, 2048), "float32", site="p")
+    w = b.sbuf((96, 128), "float32", site="w")
+    b.dma_copy(s[0:32, 0:512], x[0:32, 0:512])
+    b.tensor_scalar(s[0:32, 0:256], s[0:32, 256:512], "add", 1.0)
+    b.tensor_scalar(s[0:48, 0:256], s[0:48, 256:512], "add", 1.0)
+    b.matmul(p[:, 0:128], w, s[0:96, 0:128])
+    tm, _, buf, off = (np.array(a) for a in b.rows(0, b.instruction_count))
+    rng = np.random.default_rng(2)
+    outcomes = set()
+    for _ in range(400):
+        i = int(rng.integers(len(tm)))
+        ins = b.template(int(tm[i]))
+        ops = operands_of(ins)
+        row_el = [max(1, b.buffer(ap.buffer).row_elems) for ap in ops]
+        shift = [int(rng.choice([0, 0, 8, 32, -32, 64])) * r + int(rng.choice([0, 0, 16, 128, 300, -16, 1536]))
+                 for r in row_el]
+        moved = _with_operands(ins, {j: type(ap)(ap.buffer, ap.dtype, ap.offset + d, ap.dims)
+                                     for j, (ap, d) in enumerate(zip(ops, shift))})
+        try:
+            check_instruction(moved, b._buffers, b.spec)
+            ok = True
+        except ProgramError:
+            ok = False
+        bufs, offs = b._row(moved)
+        assert b._offsets_ok(int(tm[i]), bufs, offs) == ok, (moved, shift)
+        outcomes.add(ok)
+    assert outcomes == {True, False}
+
+
 def _with_operands(ins, new: dict):
     import dataclasses
 

@@ -166,6 +166,25 @@ def _index(view: View, index) -> View:
     return View(view.buffer, AP(view.ap.buffer, view.ap.dtype, offset, tuple(dims)), tuple(shape))
 
 
+def _template_limits(instr) -> list[tuple]:
+    """Per operand slot of ``instr``: lowest and highest element offset relative to the
+    operand's offset; partitions; whether it is an engine operand; whether it is a TensorE
+    result; within-row lowest/highest; itemsize (what the offset checks of a template need)."""
+    engine_op = not isinstance(instr, (DmaCopy, DmaIndirect)) and instr.engine != "dma"
+    pe_dst = isinstance(instr, (Matmul, Transpose))
+    out = []
+    for name, sub in _slots(instr):
+        ap = getattr(instr, name) if sub is None else getattr(instr, name)[sub]
+        lo = hi = flo = fhi = 0
+        for k, (stride, c) in enumerate(ap.dims):
+            ext = stride * (c - 1)
+            lo, hi = (lo + ext, hi) if ext < 0 else (lo, hi + ext)
+            if k:
+                flo, fhi = (flo + ext, fhi) if ext < 0 else (flo, fhi + ext)
+        out.append((lo, hi, ap.partitions, int(engine_op), int(pe_dst and name == "dst"), flo, fhi, ap.itemsize))
+    return out
+
+
 def _exact(v):
     """``v`` as a key part equal only to the same value of the same type (0.0 and -0.0, 1 and
     1.0 and True differ); objects other than numbers, strings and tuples by identity."""
@@ -299,6 +318,8 @@ class TileBuilder:
         self._names: list[str | None] = []  # buffer id -> name (None: a replica, named from its record)
         self._templates: list[Instruction] = []
         self._template_ids: dict[tuple, int] = {}  # a template's key (see _template_key) -> its index
+        self._tmpl_limits: dict[int, list] = {}  # template id -> its offset checks' facts (_offsets_ok)
+        self._kind_facts: dict[int, tuple] = {}  # buffer record index -> (size, row length, on chip, in PSUM)
         self._last: tuple = (-1, None)  # the instruction emitted (or replaced) last, and its index
         self._rows = _Rows()
         self._prov_index: dict[Provenance, int] = {Provenance(): 0}
@@ -479,30 +500,70 @@ class TileBuilder:
 
     def emit(self, instr: Instruction) -> int:
         """Append one instruction (checked against the tile limits); returns its index."""
-        if self.check:
-            check_instruction(instr, self._buffers, self.spec)
+        t, bufs, offs = self._checked(instr)
         idx = self._prov_index.get(self._prov)
         if idx is None:
             idx = self._prov_index[self._prov] = len(self._prov_list)
             self._prov_list.append(self._prov)
-        t = self._template(instr)
-        bufs, offs = self._row(instr)
         i = self._rows.append(t, idx, bufs, offs)
         self._last = (i, instr)  # (the tile language often reads back what it just emitted)
         return i
 
-    def _template(self, instr: Instruction) -> int:
-        """The index of a template ``instr`` is a row of: an earlier one that differs only in
-        which buffers (of the same memory, shape and dtype) and offsets it touches, else
-        ``instr`` itself, appended."""
+    def _checked(self, instr: Instruction) -> tuple[int, list, list]:
+        """``instr`` checked against the tile limits: its template id, buffer ids and offsets.
+        Its template is an earlier instruction that differs only in which buffers (of the same
+        memory, shape and dtype) and offsets it touches, else ``instr`` itself, appended.
+        An instruction of a template already checked differs from it only in buffers of the
+        same records and offsets, so only what offsets decide is checked again (bounds,
+        start partitions, PSUM banks: :meth:`_offsets_ok`); the full check runs otherwise,
+        and whenever that quick one fails (for its error)."""
         key = self._template_key(instr)
         t = self._template_ids.get(key) if key is not None else None
+        if t is not None and self.check:
+            try:
+                bufs, offs = self._row(instr)
+            except KeyError:  # (an unknown buffer: the full check names it)
+                bufs = None
+            if bufs is None or not self._offsets_ok(t, bufs, offs):
+                check_instruction(instr, self._buffers, self.spec)
+            return t, bufs, offs
+        if self.check:
+            check_instruction(instr, self._buffers, self.spec)
         if t is None:
             t = len(self._templates)
             self._templates.append(instr)
             if key is not None:
                 self._template_ids[key] = t
-        return t
+        bufs, offs = self._row(instr)
+        return t, bufs, offs
+
+    def _offsets_ok(self, t: int, bufs: list, offs: list) -> bool:
+        """Do operands of template ``t`` over buffers ``bufs`` at offsets ``offs`` stay in their
+        buffers, start at partitions their engine can, and keep a TensorE result in one PSUM
+        bank? (The scalar form of :meth:`_violations`.)"""
+        lims = self._tmpl_limits.get(t)
+        if lims is None:
+            lims = self._tmpl_limits[t] = _template_limits(self._templates[t])
+        facts, kind, kinds = self._kind_facts, self._kind, self._kinds
+        for (lo, hi, parts, engine_op, pe_dst, flo, fhi, isz), b, o in zip(lims, bufs, offs):
+            k = kind[b]
+            f = facts.get(k)
+            if f is None:
+                rec = kinds[k]
+                f = facts[k] = (rec.size, max(1, rec.row_elems), rec.memory != "hbm", rec.memory == "psum")
+            size, row_el, onchip, psum = f
+            if o + lo < 0 or o + hi >= size:
+                return False
+            if engine_op and onchip:
+                sp = o // row_el
+                if not (sp == 0 if parts > 64 else sp in (0, 64) if parts > 32 else sp in (0, 32, 64, 96)):
+                    return False
+            if pe_dst and psum:
+                w = o % row_el
+                bank = self.spec.psum_bank_bytes
+                if (w + flo) * isz // bank != ((w + fhi + 1) * isz - 1) // bank:
+                    return False
+        return True
 
     def _template_key(self, instr: Instruction):
         """What a row shares with its template: the class, every field but the operands'
@@ -574,18 +635,8 @@ class TileBuilder:
                     grown[:, :start] = new[:, :start]
                 new = grown
             for t in range(start, T):
-                instr = self._templates[t]
-                engine_op = not isinstance(instr, (DmaCopy, DmaIndirect)) and instr.engine != "dma"
-                pe_dst = isinstance(instr, (Matmul, Transpose))
-                for j, (name, sub) in enumerate(_slots(instr)):
-                    ap = getattr(instr, name) if sub is None else getattr(instr, name)[sub]
-                    lo = hi = flo = fhi = 0
-                    for k, (stride, c) in enumerate(ap.dims):
-                        ext = stride * (c - 1)
-                        lo, hi = (lo + ext, hi) if ext < 0 else (lo, hi + ext)
-                        if k:
-                            flo, fhi = (flo + ext, fhi) if ext < 0 else (flo, fhi + ext)
-                    new[:, t, j] = (lo, hi, ap.partitions, engine_op, pe_dst and name == "dst", flo, fhi, ap.itemsize)
+                for j, row in enumerate(_template_limits(self._templates[t])):
+                    new[:, t, j] = row
             tab = self._limits = {"T": T, "w": width, "a": new}
         return tab["a"]
 
@@ -660,10 +711,7 @@ class TileBuilder:
         """
         if not 0 <= index < self._rows.n:
             raise ProgramError(f"no instruction #{index} to replace ({self._rows.n} emitted)")
-        if self.check:
-            check_instruction(instr, self._buffers, self.spec)
-        t = self._template(instr)
-        bufs, offs = self._row(instr)
+        t, bufs, offs = self._checked(instr)
         self._rows.set(index, t, bufs, offs)
         self._last = (index, instr)
 
