@@ -252,6 +252,19 @@ def psum_bank_edge(a, b, out):
     tl.store(out, tl.copy(ps[:, 960:1088]))
 
 
+@tilescope.kernel
+def blocks_by_index(x, out):
+    """Block views at loop indices (their views cached by structure, offsets summed from
+    the index): ``k - 2`` counts from the end for k < 2, so its sign guard flips mid-loop."""
+    n, d = x.shape
+    i_p, i_f = tl.mgrid[0:128, 0:d]
+    blk = tl.ndarray((n // 128, tl.par_dim(128), d), tl.float32)
+    for k in tl.affine_range(n // 128):
+        blk[k, i_p, i_f] = tl.load(x[k * 128 + i_p, i_f])
+    for k in tl.affine_range(n // 128):
+        tl.store(out[k * 128 + i_p, i_f], value=blk[k - 2, i_p, 2 * 0 + i_f])
+
+
 KERNELS = [
     (ragged, (S((1000, 64), "float32"), S((1000, 64), "float32"))),
     (special_cases, (S((1280, 64), "float32"), S((128, 64), "float32"))),
@@ -264,7 +277,37 @@ KERNELS = [
     (first_fill, (S((4096, 64), "float32"), S((128, 64), "float32"))),
     (fill_read_once, (S((1280, 64), "float32"), S((1280, 64), "float32"))),
     (psum_bank_edge, (S((128, 128), "float32"), S((128, 128), "float32"), S((128, 128), "float32"))),
+    (blocks_by_index, (S((768, 64), "float32"), S((768, 64), "float32"))),
 ]
+
+
+def test_block_views_at_loop_indices_match_numpy():
+    x = np.random.default_rng(3).standard_normal((768, 64)).astype(np.float32)
+    out = np.zeros_like(x)
+    blocks_by_index.cache_clear()
+    tilescope.simulate(blocks_by_index, x, out)
+    blocks_by_index.cache_clear()
+    np.testing.assert_array_equal(out, np.roll(x.reshape(6, 128, 64), 2, axis=0).reshape(768, 64))
+
+
+@tilescope.kernel
+def block_past_the_end(x, out):
+    i_p, i_f = tl.mgrid[0:128, 0:64]
+    blk = tl.ndarray((6, tl.par_dim(128), 64), tl.float32)
+    for k in tl.affine_range(8):
+        blk[k, i_p, i_f] = tl.load(x[i_p, i_f])
+    tl.store(out[i_p, i_f], value=blk[0, i_p, i_f])
+
+
+def test_a_block_index_past_the_end_is_refused_at_that_iteration(monkeypatch):
+    from tilescope.errors import IndexRangeError
+
+    for mode in ("1", "0"):
+        monkeypatch.setenv("TILESCOPE_TRACE_REPLICATE", mode)
+        block_past_the_end.cache_clear()
+        with pytest.raises(IndexRangeError, match="index 6 is out of range for dimension size 6"):
+            block_past_the_end.program_for(S((128, 64), "float32"), S((128, 64), "float32"))
+    block_past_the_end.cache_clear()
 
 
 @pytest.mark.parametrize("kernel, args", KERNELS, ids=[k.name for k, _ in KERNELS])

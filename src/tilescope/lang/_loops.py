@@ -45,6 +45,7 @@ import dataclasses
 import sys
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -518,7 +519,7 @@ def _locals_differ(loop: Loop, it1: _Iteration, it2: _Iteration) -> list[str]:
 def _states(ctx, canon: _Canon, it: _Iteration):
     """The tracer's state of every buffer the iteration touched (writers relative to it)."""
     out = []
-    for name in sorted(set(ctx.touch_log[it.log0:it.log1])):
+    for name in set(ctx.touch_log[it.log0:it.log1]):
         st = ctx.states.get(name)
         if st is None:
             continue
@@ -528,7 +529,7 @@ def _states(ctx, canon: _Canon, it: _Iteration):
             writer = ("before",) if st.writer in it.skip else writer - bisect_left(it.skip, st.writer)
         writes = st.writes if key[0] != "old" else st.writes > 0
         out.append((key, st.fill, st.temp, st.read, writes, writer, tuple(sorted(st.acc_open))))
-    out.sort(key=repr)
+    out.sort(key=itemgetter(0))  # (the keys are distinct: one per buffer)
     return (tuple(out), len(ctx.consts), len(ctx.constants), len(ctx.hooks), len(ctx.hbm_shared))
 
 

@@ -1003,16 +1003,90 @@ def tile_index(t: Tile, index) -> Tile:
     Views repeat in loop nests, so they are cached per trace by the index's structure.
     """
     ctx = current("index")
-    key = None if (t.checks or t.axis_vars) else _index_key(t, index)
-    if key is not None:
-        hit = ctx.index_cache.get(key)
-        if hit is not None:
-            offset, dims, checks, axis_vars, pdim = hit
-            return Tile(t.buffer, offset, dims, checks, axis_vars, pdim=pdim, state=t.state)
+    if t.checks or t.axis_vars:
+        return _tile_index(t, index)
+    key = _index_key(t, index)
+    if key is None:
+        return _sym_tile_index(ctx, t, index)
+    hit = ctx.index_cache.get(key)
+    if hit is not None:
+        offset, dims, checks, axis_vars, pdim = hit
+        return Tile(t.buffer, offset, dims, checks, axis_vars, pdim=pdim, state=t.state)
     view = _tile_index(t, index)
-    if key is not None:
-        ctx.index_cache[key] = (view.offset, view.dims, view.checks, view.axis_vars, view.pdim)
+    ctx.index_cache[key] = (view.offset, view.dims, view.checks, view.axis_vars, view.pdim)
     return view
+
+
+def _sym_tile_index(ctx, t: Tile, index) -> Tile:
+    """``t[index]`` for an index with loop indices (Syms: integers on block dims, constants
+    of tl.arange / tl.mgrid expressions): the view is affine in them, so what the structure
+    decides is cached (dims, checks, axis variables, the offset's constant part) and the
+    offset is summed again from the Syms -- each integer index still checked by the same
+    comparisons (the loop's guards) as without the cache."""
+    from ._index import _int_position
+
+    key, syms = _sym_index_key(t, index)
+    if key is None:
+        return _tile_index(t, index)
+    hit = ctx.index_cache.get(key)
+    if hit is None:
+        view = _tile_index(t, index)
+        base = view.offset.value if view.offset.__class__ is Sym else view.offset
+        base -= t.offset
+        specs = []
+        for d, v in syms:
+            stride, size = t.dims[d]
+            if v.__class__ is Sym:  # an integer index (a position: counted from the end when negative)
+                base -= stride * (v.value + size if v.value < 0 else v.value)
+            else:  # an index expression's constant
+                base -= stride * (v.const.value if v.const.__class__ is Sym else v.const)
+            specs.append((d, stride, size))
+        ctx.index_cache[key] = (base, view.dims, view.checks, view.axis_vars, view.pdim, tuple(specs))
+        return view
+    base, dims, checks, axis_vars, pdim, specs = hit
+    offset = t.offset + base
+    consts = {}
+    for (d, stride, size), (_, v) in zip(specs, syms):
+        if v.__class__ is Sym:
+            offset = offset + stride * _int_position(v, d, size, t, t.shape)
+        else:
+            offset = offset + stride * v.const
+            consts[d] = v.const
+    checks = tuple(Check(c.dim, c.size, consts[c.dim], c.coefs) if c.dim in consts else c for c in checks)
+    return Tile(t.buffer, offset, dims, checks, axis_vars, pdim=pdim, state=t.state)
+
+
+def _sym_index_key(t: Tile, index):
+    """(key, syms) for :func:`_sym_tile_index`: the index's structure with each loop-index
+    value left out, and those parts as (dim, value) -- or (None, None) if the index is not
+    of that form (it needs a tl.arange / tl.mgrid expression; no '...', no Sym slices)."""
+    if t.offset.__class__ is Sym:
+        return None, None
+    parts = ["sym", t.offset, t.dims, t.pdim]  # (any buffer: the view keeps t's)
+    syms = []
+    advanced = False
+    for d, ix in enumerate(index if isinstance(index, tuple) else (index,)):
+        c = ix.__class__
+        if c is IndexExpr:
+            advanced = True
+            if ix.const.__class__ is Sym:
+                parts.append(("E", ix.shape, ix.terms))
+                syms.append((d, ix))
+            else:
+                parts.append((ix.shape, ix.const, ix.terms))
+        elif c is Sym:
+            parts.append(("S",))
+            syms.append((d, ix))
+        elif c is int:
+            parts.append(ix)
+        elif c is slice and ix.start.__class__ is not Sym and ix.stop.__class__ is not Sym \
+                and ix.step.__class__ is not Sym:
+            parts.append((c.__name__, ix.start, ix.stop, ix.step))
+        else:
+            return None, None
+    if not advanced or not syms:
+        return None, None
+    return tuple(parts), syms
 
 
 def _tile_index(t: Tile, index) -> Tile:
