@@ -423,6 +423,39 @@ def test_replica_limits_are_those_of_the_full_check():
     assert 20 < found < 180  # both outcomes drawn
 
 
+def test_guards_are_checked_alike_on_short_and_long_loops():
+    """How many iterations keep their guards' outcomes: integer arithmetic on short loops,
+    arrays (Guard.holds) on long ones -- the same count on random guards."""
+    from tilescope.lang._loops import Guard, _guards_hold
+
+    class FakeLoop:
+        pass
+
+    rng = np.random.default_rng(4)
+    found = set()
+    for _ in range(300):
+        loop, outer, inner = FakeLoop(), FakeLoop(), FakeLoop()
+        loop.start, loop.step, loop.n = int(rng.integers(-4, 4)), int(rng.choice([1, 2, -1, 3])), int(rng.integers(3, 40))
+        outer.x = int(rng.integers(-8, 8))
+        guards = []
+        for _ in range(int(rng.integers(1, 4))):
+            lo = int(rng.integers(-3, 3))
+            coefs = ((loop, int(rng.choice([1, -1, 2]))), (outer, int(rng.integers(-2, 3))),
+                     (inner, int(rng.integers(-2, 3))))
+            guards.append(Guard(coefs, int(rng.integers(-40, 40)), str(rng.choice(["<", "<=", ">", ">=", "==", "!="])),
+                                bool(rng.integers(2)), ((inner, lo, lo + int(rng.integers(0, 3))),)))
+        n = loop.n - 1
+        xs = loop.start + np.arange(1, loop.n, dtype=np.int64) * loop.step
+        ok = np.ones(n, dtype=bool)
+        for g in guards:
+            ok &= g.holds(loop, xs)
+        bad = np.flatnonzero(~ok)
+        expect = int(bad[0]) if len(bad) else n
+        assert _guards_hold(guards, loop, 1) == expect
+        found.add(expect == n)
+    assert found == {True, False}
+
+
 def test_quick_offset_check_agrees_with_the_full_check():
     """An instruction of a template already checked has only its offsets checked again
     (TileBuilder._offsets_ok); on random shifts of real rows that quick check passes exactly

@@ -135,6 +135,51 @@ class Guard:
         return t if self.outcome else f
 
 
+_OUTCOMES = {  # op -> (lowest, highest value of the compared difference) -> (surely true, surely false)
+    "<": lambda lo, hi: (hi < 0, lo >= 0),
+    "<=": lambda lo, hi: (hi <= 0, lo > 0),
+    ">": lambda lo, hi: (lo > 0, hi <= 0),
+    ">=": lambda lo, hi: (lo >= 0, hi < 0),
+    "==": lambda lo, hi: (lo == 0 and hi == 0, lo > 0 or hi < 0),
+    "!=": lambda lo, hi: (lo > 0 or hi < 0, lo == 0 and hi == 0),
+}
+
+
+def _guards_hold(guards: list, loop: "Loop", k0: int) -> int:
+    """How many iterations of ``loop`` from iteration ``k0`` on keep every guard's outcome
+    (integer arithmetic on short loops; :meth:`Guard.holds` on arrays for long ones)."""
+    n = loop.n - k0
+    if n > 64:
+        xs = loop.start + np.arange(k0, loop.n, dtype=np.int64) * loop.step
+        ok = np.ones(n, dtype=bool)
+        for g in guards:
+            ok &= g.holds(loop, xs)
+        bad = np.flatnonzero(~ok)
+        return int(bad[0]) if len(bad) else n
+    for g in guards:
+        box = {lp: (lo, hi) for lp, lo, hi in g.boxes}
+        lo0 = hi0 = g.base
+        c0 = 0
+        for lp, c in g.coefs:
+            if lp is loop:
+                c0 += c
+            elif lp in box:
+                a, b = box[lp]
+                lo0 += min(c * a, c * b)
+                hi0 += max(c * a, c * b)
+            else:
+                lo0 += c * lp.x
+                hi0 += c * lp.x
+        test, want = _OUTCOMES[g.op], 0 if g.outcome else 1
+        x, step = loop.start + k0 * loop.step, loop.step
+        for k in range(n):
+            if not test(lo0 + c0 * x, hi0 + c0 * x)[want]:
+                n = k
+                break
+            x += step
+    return n
+
+
 def _unique(guards: list) -> list:
     """``guards`` without repeats (a guard asserts the same thing each time it is recorded)."""
     seen = set()
@@ -360,12 +405,7 @@ class Loop:
             self.concrete = True
             return 3
         plan.t = t
-        xs = self.start + np.arange(t + 1, self.n, dtype=np.int64) * self.step
-        ok = np.ones(len(xs), dtype=bool)
-        for g in it2.guards:
-            ok &= g.holds(self, xs)
-        bad = np.flatnonzero(~ok)
-        end = t + 1 + (int(bad[0]) if len(bad) else len(xs))
+        end = t + 1 + _guards_hold(it2.guards, self, t + 1)
         self.concrete = True
         off = _replica_offsets(plan, end - t - 1)
         bad = self.ctx.b.first_bad_replica(plan.tmpl, plan.buf, off, fixed=plan.delta == 0)
