@@ -523,8 +523,9 @@ class TileBuilder:
             try:
                 bufs, offs = self._row(instr)
             except KeyError:  # (an unknown buffer: the full check names it)
-                bufs = None
-            if bufs is None or not self._offsets_ok(t, bufs, offs):
+                check_instruction(instr, self._buffers, self.spec)
+                raise
+            if not self._offsets_ok(t, bufs, offs):
                 check_instruction(instr, self._buffers, self.spec)
             return t, bufs, offs
         if self.check:
