@@ -25,8 +25,7 @@ import json
 import os
 import shutil
 import time
-
-import duckdb
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from . import _native
@@ -35,6 +34,9 @@ from ._ingest import ingest_chrome_file
 from ._jsonscan import TraceFormatError
 from ._profile import instruction_rows, read_itrace_pair, read_profile_dir
 from ._schema import CATEGORY_KINDS, SCHEMA_VERSION, TABLES, kind_case_sql
+
+if TYPE_CHECKING:  # imported where a database is needed: the native ingest never opens one
+    import duckdb
 
 __all__ = ["cache_root", "build_entry", "classify_source", "distributed_info", "ensure_lanes", "ensure_lod", "lod_levels", "LOD_LEVELS"]
 
@@ -96,6 +98,8 @@ def _key(path: str, kind: str) -> str:
 
 
 def _connect() -> duckdb.DuckDBPyConnection:
+    import duckdb
+
     con = duckdb.connect()
     con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
     con.execute("SET memory_limit='1GB'")

@@ -7,12 +7,14 @@ import json
 import os
 import re
 import warnings as _warnings
-
-import duckdb
+from typing import TYPE_CHECKING
 
 from ._jsonscan import TraceFormatError
 from ._schema import ARG_COLUMNS, kind_case_sql
 from ._store import build_entry, classify_source, ensure_lanes, ensure_lod
+
+if TYPE_CHECKING:  # DuckDB is imported on the first query, not with the package (its import is ~0.3 s, 27 MB)
+    import duckdb
 
 __all__ = ["Trace", "TraceWarning", "open_trace"]
 
@@ -96,6 +98,8 @@ class Trace:
         """The DuckDB connection with the views, opened on the first query (opening a trace
         reads only meta.json: the tables derived from the events are built here, once)."""
         if self._con is None:
+            import duckdb
+
             con = duckdb.connect()
             con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
             con.execute("SET memory_limit='2GB'")
