@@ -47,6 +47,25 @@ print("IMPORTED", sorted(m for m in sys.modules if m.startswith(("torch", "tiles
     assert "IMPORTED []" in out.stdout
 
 
+def test_opening_a_trace_and_its_first_op_table_never_start_duckdb(tmp_path):
+    # DuckDB's start (~0.3 s, ~50 MB) would be most of the first question's cost: the native
+    # ingest and the op table read Parquet with pyarrow; SQL (t.sql, other analyses) opens it
+    trace = os.path.join(HERE, "data", "kineto", "cuda_alexnet_small.json.gz")
+    code = f"""
+import os, sys
+os.environ["TILESCOPE_CACHE_DIR"] = {str(tmp_path / 'cache')!r}
+import tilescope.trace as tt
+t = tt.open({trace!r})
+ops = t.op_table()
+print("DUCKDB", "duckdb" in sys.modules, ops.num_rows)
+t.sql("SELECT count(*) FROM _links").fetchall()
+print("THEN", "duckdb" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "DUCKDB False 37" in out.stdout and "THEN True" in out.stdout, out.stdout
+
+
 def test_the_guide_lists_every_table_column():
     from tilescope.trace import TABLES
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["VENDORS", "DEVICE_PROCESS", "DEVICE_LOOKING", "CATEGORY_HINT", "vendor_of", "device_process_sql",
+__all__ = ["VENDORS", "DEVICE_PROCESS", "DEVICE_LOOKING", "CATEGORY_HINT", "vendor_of",
            "unclassified_device_events"]
 
 CATEGORY_HINT = ("tilescope classifies events by the rules in tilescope.trace.CATEGORY_KINDS; a row for "
@@ -61,11 +61,6 @@ def vendor_of(facts: set[str]) -> str | None:
         if any(rx.search(f) for f in facts):
             return vendor
     return None
-
-
-def device_process_sql(col: str) -> str:
-    """SQL: ``col`` (a process label or name) names a device process."""
-    return f"regexp_matches(coalesce({col}, ''), '{DEVICE_PROCESS}')"
 
 
 def unclassified_device_events(lanes: list[tuple]) -> list[tuple[str, str, int]]:

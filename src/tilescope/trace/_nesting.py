@@ -1,7 +1,9 @@
 """Nesting of slices per lane (parent, depth, self time) and device-time attribution.
 
-Computed once per Trace on first use (one pass over the slices sorted by lane, start and
-end descending) and kept as the temp tables ``_hier`` and ``_links``.
+Computed once per Trace on first use, from the slices' columns read with pyarrow (no
+database: the first op table needs none), one pass over them sorted by lane, start and end
+descending; :func:`ensure_hierarchy` hands the result to DuckDB as the temp tables
+``_hier`` and ``_links`` for the analyses written in SQL.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["ensure_hierarchy", "nest", "nearest_op", "subtree_sums"]
+__all__ = ["ensure_hierarchy", "hierarchy", "nest", "nearest_op", "subtree_sums"]
 
 
 def nest(lane: np.ndarray, ts: np.ndarray, end: np.ndarray):
@@ -126,96 +128,173 @@ def subtree_sums(values: np.ndarray, parent: np.ndarray, depth: np.ndarray) -> n
     return np.asarray(t, dtype=total.dtype)
 
 
-def ensure_hierarchy(trace) -> None:
-    if trace._cache.get("hier"):
-        return
-    con = trace.con
+def _pairs(d_rows: np.ndarray, l_rows: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (d, l) of ``d_rows`` x ``l_rows`` with equal ``key`` (an inner join, duplicates
+    included).
+
+    >>> [x.tolist() for x in _pairs(np.array([0, 1]), np.array([2, 3, 4]), np.array([7, 8, 7, 7, 8]))]
+    [[0, 0, 1], [2, 3, 4]]
+    """
+    o = l_rows[np.argsort(key[l_rows], kind="stable")]
+    lk = key[o]
+    lo = np.searchsorted(lk, key[d_rows], "left")
+    cnt = np.searchsorted(lk, key[d_rows], "right") - lo
+    total = int(cnt.sum())
+    first = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt)
+    return np.repeat(d_rows, cnt), o[first + np.arange(total)]
+
+
+def _entry_slices(rank: int, cols, device_lane: np.ndarray, lane_base: int, names: dict) -> dict:
+    """One entry's slices (its 'X' records with a time on a lane with a pid: the rows the
+    events view keeps) as arrays; names mapped to ``names`` (shared by the entries)."""
+    has_pid = np.array([pid is not None for pid, _tid in cols.lane_keys] + [False], dtype=bool)
+    rows = np.flatnonzero(cols.ph_is("X") & cols.has_ts & has_pid[cols.lane])
+    dur_ok = cols.has_dur[rows] & (cols.dur[rows] >= 0)  # the view's dur_ns (NULL when missing or negative)
+    dur = np.where(dur_ok, cols.dur[rows], 0)
+    name_ids = np.array([names.setdefault(n, len(names)) for n in cols.names] + [-1], dtype=np.int64)
+    cat_is = {c: np.array([x == c for x in cols.cats] + [False], dtype=bool)[cols.cat[rows]] for c in ("hardware", "runtime")}
+    return {
+        "eid": cols.eid[rows], "rank": np.full(len(rows), rank, dtype=np.int64), "lane": cols.lane[rows] + lane_base,
+        "ts": cols.ts[rows], "end": cols.ts[rows] + dur, "dur": dur, "dur_ok": dur_ok,
+        "kind": cols.kind[rows].astype(np.int64), "device": device_lane[cols.lane[rows]],
+        "hardware": cat_is["hardware"], "runtime": cat_is["runtime"], "name": name_ids[cols.name[rows]],
+        "corr": np.where(cols.has_corr[rows], cols.correlation[rows], np.iinfo(np.int64).min),
+        "has_corr": cols.has_corr[rows], "flow": cols.flow_id[rows], "has_flow": cols.has_flow[rows],
+    }
+
+
+def _slices(trace) -> dict:
+    """Every entry's slices, sorted by (lane, start, end descending, eid): the nesting's order."""
+    names: dict = {}
+    parts, base = [], 0
+    for rank, cols, device_lane in trace._entry_columns():
+        parts.append(_entry_slices(rank, cols, device_lane, base, names))
+        base += len(cols.lane_keys)
+    s = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}
+    if not parts or not len(s["eid"]):
+        return {}
+    order = np.lexsort((s["eid"], -s["end"], s["ts"], s["lane"]))
+    s = {k: v[order] for k, v in s.items()}
+    s["names"] = list(names)
+    return s
+
+
+def _links(s: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(device row, launch row) pairs: device work and the host launch that submitted it,
+    by correlation id across the device and host lanes of a rank, or, for tilescope
+    profiles, by flow id from a runtime launch to a hardware execution."""
+    from ._columns import KINDS
+
+    dev_kind = np.isin(s["kind"], [KINDS.index(k) for k in _DEVICE_KINDS])
+    launch = s["kind"] == KINDS.index("launch")
+    out_d, out_l = [], []
+    for rank in np.unique(s["rank"]).tolist():
+        r = s["rank"] == rank
+        d_rows = np.flatnonzero(r & dev_kind & s["device"] & s["has_corr"])
+        l_rows = np.flatnonzero(r & launch & ~s["device"] & s["has_corr"])
+        d, lr = _pairs(d_rows, l_rows, s["corr"])
+        out_d.append(d)
+        out_l.append(lr)
+        d_rows = np.flatnonzero(r & dev_kind & s["hardware"] & s["has_flow"])
+        l_rows = np.flatnonzero(r & launch & s["runtime"] & s["has_flow"])
+        d, lr = _pairs(d_rows, l_rows, s["flow"])
+        out_d.append(d)
+        out_l.append(lr)
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
+    return cat(out_d), cat(out_l)
+
+
+def _flow_origins(trace, s: dict, launch_rows: np.ndarray, origin: np.ndarray) -> np.ndarray:
+    """tilescope: the framework op is where the execution's flow starts ('s'): the innermost
+    slice around that point on the framework lane (by SQL over the flows: profiles only)."""
     from ._trace import _arrow
 
-    # the slices' few columns, materialized once: the three queries below would otherwise each
-    # re-derive the events view (kinds, lanes) from the Parquet files
-    con.execute(f"""CREATE OR REPLACE TEMP TABLE _slices AS
-        SELECT eid, rank, lane, kind, side, cat, ts_ns, end_ns, coalesce(dur_ns, 0) AS dur, correlation, flow_id
-        FROM events WHERE ph = 'X'""")
-    t = _arrow(con.sql("""SELECT eid, lane, ts_ns, end_ns, dur, kind = 'op' AS is_op
-                   FROM _slices ORDER BY lane, ts_ns, end_ns DESC, eid"""))
-    eid = t.column("eid").to_numpy()
-    lane_a = t.column("lane").to_numpy().astype(np.int64)
-    ts_a = t.column("ts_ns").to_numpy()
-    end_a = t.column("end_ns").to_numpy()
-    dur = t.column("dur").to_numpy()
-    is_op = t.column("is_op").to_numpy(zero_copy_only=False).astype(bool)
-    n = len(eid)
-    par_idx, depth_a, overlaps = nest(lane_a, ts_a, end_a)
-    par = par_idx
+    con = trace.con
+    has_flows = con.execute("SELECT count(*) FROM flows WHERE ph = 's' AND cat = 'tilescope.flow'").fetchall()[0][0]
+    if not has_flows:
+        return origin
+    starts = _arrow(con.sql("""
+        SELECT TRY_CAST(f.id AS BIGINT) AS fid, arg_max(e.eid, e.ts_ns) AS eid
+        FROM flows f JOIN lanes l ON l.rank = f.rank AND l.pid = f.pid AND l.tid = f.tid
+        JOIN events e ON e.lane = l.lane AND e.ph = 'X' AND e.ts_ns <= f.ts_ns AND f.ts_ns <= e.end_ns
+        WHERE f.ph = 's' AND f.cat = 'tilescope.flow' GROUP BY f.rank, f.id"""))
+    if not starts.num_rows:
+        return origin
+    row_of = {e: i for i, e in enumerate(s["eid"].tolist())}
+    flow_origin = {f: row_of.get(e, -1) for f, e in zip(starts.column("fid").to_pylist(), starts.column("eid").to_pylist())}
+    lf = np.where(s["has_flow"][launch_rows], s["flow"][launch_rows], -1).tolist()
+    return np.array([flow_origin.get(f, o) if f != -1 else o for f, o in zip(lf, origin.tolist())], dtype=np.int64)
+
+
+def hierarchy(trace) -> dict:
+    """The nesting and device-time attribution of every slice, as arrays in the nesting's
+    order (computed once per Trace, without a database): ``eid``, ``parent`` (row, -1),
+    ``depth``, ``self_ns``, ``dev_self_ns``, ``dev_total_ns``, ``n_dev``, the slice's ``name``
+    (code into ``names``), ``kind``, ``dur`` and ``dur_ok``; ``links``: (device row, launch
+    row, op row or -1)."""
+    if "hier_arrays" in trace._cache:
+        return trace._cache["hier_arrays"]
+    from ._columns import KINDS
+
+    s = _slices(trace)
+    if not s:
+        h: dict = {"eid": np.zeros(0, np.int64), "names": [], "links": (np.zeros(0, np.int64),) * 3, "overlaps": 0}
+        for k in ("parent", "depth", "self_ns", "dev_self_ns", "dev_total_ns", "n_dev", "name", "kind", "dur"):
+            h[k] = np.zeros(0, np.int64)
+        h["dur_ok"] = np.zeros(0, bool)
+        trace._cache["hier_arrays"] = h
+        return h
+    n = len(s["eid"])
+    par, depth, overlaps = nest(s["lane"], s["ts"], s["end"])
+    dur = s["dur"]
     child_sum = np.zeros(n, dtype=np.int64)
     has = par >= 0
     np.add.at(child_sum, par[has], dur[has])
     self_ns = np.maximum(dur - child_sum, 0)
-    op_anc = nearest_op(par, is_op)  # the nearest op at or above each slice (-1: none)
-    order = np.argsort(eid, kind="stable")
-    sorted_eid = eid[order]
-
-    def index_of(eids: np.ndarray) -> np.ndarray:
-        """Row of each eid in the sorted slices (-1 if it is not a slice)."""
-        j = np.searchsorted(sorted_eid, eids)
-        j = np.minimum(j, max(n - 1, 0))
-        ok = (n > 0) & (sorted_eid[j] == eids) if n else np.zeros(len(eids), bool)
-        return np.where(ok, order[j], -1)
-
-    # device events -> the host event that submitted them
-    links = _arrow(con.sql(f"""
-        SELECT d.eid AS dev_eid, l.eid AS launch_eid, d.dur, l.flow_id
-        FROM _slices d JOIN _slices l ON d.rank = l.rank AND d.correlation = l.correlation
-        WHERE d.kind IN {_DEVICE_KINDS} AND l.kind = 'launch' AND d.side = 'device' AND l.side = 'host'
-        UNION ALL
-        SELECT d.eid, l.eid, d.dur, l.flow_id
-        FROM _slices d JOIN _slices l ON d.rank = l.rank AND d.flow_id = l.flow_id
-        WHERE d.kind IN {_DEVICE_KINDS} AND l.kind = 'launch' AND d.cat = 'hardware' AND l.cat = 'runtime'"""))
-    dev_eid = links.column("dev_eid").to_numpy().astype(np.int64)
-    launch_eid = links.column("launch_eid").to_numpy().astype(np.int64)
-    d_dur = links.column("dur").to_numpy().astype(np.int64)
-    origin = index_of(launch_eid)
-    # tilescope: the framework op is where the execution's flow starts ('s'): the innermost
-    # slice around that point on the framework lane
-    has_flows = trace.kind == "tilescope" and con.execute(
-        "SELECT count(*) FROM flows WHERE ph = 's' AND cat = 'tilescope.flow'").fetchall()[0][0]
-    starts = _arrow(con.sql("""
-        SELECT TRY_CAST(f.id AS BIGINT) AS fid, arg_max(e.eid, e.ts_ns) AS eid
-        FROM flows f JOIN lanes l ON l.rank = f.rank AND l.pid = f.pid AND l.tid = f.tid
-        JOIN _slices e ON e.lane = l.lane AND e.ts_ns <= f.ts_ns AND f.ts_ns <= e.end_ns
-        WHERE f.ph = 's' AND f.cat = 'tilescope.flow' GROUP BY f.rank, f.id""")) if has_flows else None
-    if starts is not None and starts.num_rows:
-        fids = starts.column("fid").to_pylist()
-        flow_origin = dict(zip(fids, index_of(starts.column("eid").to_numpy().astype(np.int64)).tolist()))
-        lf = links.column("flow_id").to_pylist()
-        origin = np.array([flow_origin.get(f, o) if f is not None else o for f, o in zip(lf, origin.tolist())],
-                          dtype=np.int64)
+    op_anc = nearest_op(par, s["kind"] == KINDS.index("op"))  # the nearest op at or above each slice (-1: none)
+    dev_rows, launch_rows = _links(s)
+    origin = launch_rows.copy()
+    if trace.kind == "tilescope":
+        origin = _flow_origins(trace, s, launch_rows, origin)
     op = np.where(origin >= 0, op_anc[np.maximum(origin, 0)], -1)
     op = np.where(op >= 0, op, origin)  # no op around it: the launch keeps its device time
     dev_self = np.zeros(n, dtype=np.int64)
     n_dev = np.zeros(n, dtype=np.int64)
     ok = op >= 0
-    np.add.at(dev_self, op[ok], d_dur[ok])
+    np.add.at(dev_self, op[ok], dur[dev_rows[ok]])
     np.add.at(n_dev, op[ok], 1)
-    rows_dev, rows_launch = dev_eid, launch_eid
-    rows_op = pa.array(np.where(ok, eid[np.maximum(op, 0)], 0), pa.int64(), mask=~ok)
-    dev_total = subtree_sums(dev_self, par_idx, depth_a)  # totals: its own and its descendants'
+    h = {"eid": s["eid"], "parent": par, "depth": depth, "self_ns": self_ns, "dev_self_ns": dev_self,
+         "dev_total_ns": subtree_sums(dev_self, par, depth), "n_dev": n_dev, "name": s["name"], "names": s["names"],
+         "kind": s["kind"], "dur": dur, "dur_ok": s["dur_ok"], "links": (dev_rows, launch_rows, op), "overlaps": overlaps}
+    trace._cache["hier_arrays"] = h
+    if overlaps:
+        trace.notes.append(f"{overlaps:,} slices overlap a slice on the same lane without nesting in it "
+                           f"(kept; self time counts only properly nested children)")
+    return h
+
+
+def ensure_hierarchy(trace) -> None:
+    """The temp tables ``_hier`` (eid, parent_eid, depth, self_ns, dev_self_ns, dev_total_ns,
+    n_dev) and ``_links`` (dev_eid, launch_eid, op_eid) in the trace's DuckDB connection,
+    from :func:`hierarchy`."""
+    if trace._cache.get("hier"):
+        return
+    h = hierarchy(trace)
+    con = trace.con
+    eid, par = h["eid"], h["parent"]
+    dev_rows, launch_rows, op = h["links"]
+    ok = op >= 0
     hier = pa.table({
-        "eid": eid, "parent_eid": np.where(has, eid[np.maximum(par, 0)], -1), "depth": depth_a.astype(np.int32),
-        "self_ns": self_ns, "dev_self_ns": dev_self, "dev_total_ns": dev_total, "n_dev": n_dev,
+        "eid": eid, "parent_eid": np.where(par >= 0, eid[np.maximum(par, 0)], -1), "depth": h["depth"].astype(np.int32),
+        "self_ns": h["self_ns"], "dev_self_ns": h["dev_self_ns"], "dev_total_ns": h["dev_total_ns"], "n_dev": h["n_dev"],
     })
     con.register("_hier_arrow", hier)
     con.execute("CREATE OR REPLACE TEMP TABLE _hier AS SELECT * FROM _hier_arrow")
     con.unregister("_hier_arrow")
-    lk = pa.table({"dev_eid": pa.array(rows_dev, pa.int64()), "launch_eid": pa.array(rows_launch, pa.int64()),
-                   "op_eid": rows_op})
+    lk = pa.table({"dev_eid": pa.array(eid[dev_rows], pa.int64()), "launch_eid": pa.array(eid[launch_rows], pa.int64()),
+                   "op_eid": pa.array(np.where(ok, eid[np.maximum(op, 0)], 0), pa.int64(), mask=~ok)})
     con.register("_links_arrow", lk)
     con.execute("CREATE OR REPLACE TEMP TABLE _links AS SELECT * FROM _links_arrow")
     con.unregister("_links_arrow")
-    con.execute("DROP TABLE IF EXISTS _slices")  # its memory back: the tables above hold what is needed
     trace._cache["hier"] = True
-    trace._cache["overlaps"] = overlaps
-    if overlaps:
-        trace.notes.append(f"{overlaps:,} slices overlap a slice on the same lane without nesting in it "
-                           f"(kept; self time counts only properly nested children)")
+    trace._cache["overlaps"] = h["overlaps"]

@@ -29,7 +29,8 @@ def replay(trace, preset, *, out_dir: str | None = None):
     from ..program import Program
     from ..sim import simulate
     from ..spec import preset as get_preset
-    from ._store import _build_lanes, _build_lod, _connect, cache_root
+    from ._columns import read_entry, write_lanes
+    from ._store import _build_lod, _connect, cache_root
     from ._trace import Trace, _arrow
 
     spec = get_preset(preset)
@@ -122,7 +123,7 @@ def replay(trace, preset, *, out_dir: str | None = None):
         t_lo, t_hi = con.execute(f"""SELECT min(ts_ns), max(ts_ns + greatest(coalesce(dur_ns, 0), 0))
                                      FROM read_parquet('{g}') WHERE ph NOT IN ('M','s','t','f')""").fetchall()[0]
         meta.update(t0_ns=t_lo, t1_ns=t_hi)
-        _build_lanes(con, tmp, meta["rank"])
+        write_lanes(read_entry(tmp, meta["rank"]), meta["rank"], os.path.join(tmp, "lanes.parquet"))
         meta["lod_levels"] = _build_lod(con, tmp, t_lo, t_hi)
         # instructions and executables, re-modeled
         rows = {k: [] for k in ("program_hash", "run", "flow_id", "preset", "index", "engine", "kind", "start_ns",

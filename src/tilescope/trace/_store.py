@@ -29,11 +29,10 @@ from typing import TYPE_CHECKING
 
 from .. import __version__
 from . import _native
-from ._devices import device_process_sql
 from ._ingest import ingest_chrome_file
 from ._jsonscan import TraceFormatError
 from ._profile import instruction_rows, read_itrace_pair, read_profile_dir
-from ._schema import CATEGORY_KINDS, SCHEMA_VERSION, TABLES, kind_case_sql
+from ._schema import SCHEMA_VERSION, TABLES
 
 if TYPE_CHECKING:  # imported where a database is needed: the native ingest never opens one
     import duckdb
@@ -107,11 +106,6 @@ def _connect() -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _side_case() -> str:
-    device = sorted({c for c, _p, _k, side in CATEGORY_KINDS if c and side == "device"})
-    return "(" + " OR ".join(f"cat = '{c}'" for c in device) + ")"
-
-
 BE_PART = 65535  # the part number of slices made from 'B'/'E' pairs
 
 
@@ -143,34 +137,6 @@ def _pair_begin_end(con, entry: str, rank: int) -> tuple[int, int]:
         con.execute(f"COPY _be TO '{dst}' (FORMAT parquet)")
     con.execute("DROP TABLE _be")
     return paired, n - 2 * paired
-
-
-def _build_lanes(con, entry: str, rank: int, dst: str | None = None) -> None:
-    glob = os.path.join(entry, "events", "*", "*.parquet")
-    sql = f"""
-    COPY (
-    WITH meta AS (
-      SELECT pid, tid, name, json_extract_string(args, '$.name') AS v,
-             json_extract_string(args, '$.labels') AS labels
-      FROM read_parquet('{glob}', hive_partitioning=false) WHERE ph = 'M'),
-    pn AS (SELECT pid, any_value(v) AS process_name FROM meta WHERE name = 'process_name' GROUP BY pid),
-    pl AS (SELECT pid, any_value(labels) AS labels FROM meta WHERE name = 'process_labels' GROUP BY pid),
-    tn AS (SELECT pid, tid, any_value(v) AS thread_name FROM meta WHERE name = 'thread_name' GROUP BY pid, tid),
-    st AS (
-      SELECT pid, tid, count(*) AS events, min(ts_ns) AS first_ns, max(ts_ns + greatest(coalesce(dur_ns, 0), 0)) AS last_ns,
-             count(*) FILTER (WHERE {_side_case()}) AS dev,
-             -- categories of slices no CATEGORY_KINDS row classifies, with counts (the unclassified-device check)
-             to_json(histogram(coalesce(cat, '(no category)')) FILTER (WHERE ph = 'X' AND {kind_case_sql()} = 'other'))
-               AS other_cats
-      FROM read_parquet('{glob}', hive_partitioning=false) WHERE ph NOT IN ('M', 's', 't', 'f', 'B', 'E') GROUP BY pid, tid)
-    SELECT {rank}::INTEGER AS rank, st.pid, st.tid, pn.process_name, tn.thread_name, pl.labels,
-           st.events, st.first_ns, st.last_ns, st.other_cats,
-           -- a device process (labelled "GPU 0", "MTIA 9", ...: _devices.DEVICE_PROCESS), or mostly device work
-           CASE WHEN st.dev * 2 > st.events OR {device_process_sql('pl.labels')} OR {device_process_sql('pn.process_name')}
-                THEN 'device' ELSE 'host' END AS side
-    FROM st LEFT JOIN pn USING (pid) LEFT JOIN pl USING (pid) LEFT JOIN tn USING (pid, tid)
-    ) TO '{dst or os.path.join(entry, "lanes.parquet")}' (FORMAT parquet)"""
-    con.execute(sql)
 
 
 def lod_levels(t0: int, t1: int) -> list[dict]:
@@ -241,11 +207,11 @@ def _replace_atomically(con, entry: str, name: str, build) -> None:
             os.remove(tmp)
 
 
-def ensure_lanes(con, entry: str, rank: int) -> None:
-    """lanes.parquet, derived from the events on first use (not at ingest: opening a trace
-    never needs a database)."""
+def ensure_lanes(entry: str, build) -> None:
+    """lanes.parquet, derived from the events on first use (not at ingest), by ``build(dst)``
+    (``_columns.write_lanes``: no database)."""
     if not os.path.exists(os.path.join(entry, "lanes.parquet")):
-        _replace_atomically(con, entry, "lanes.parquet", lambda c, dst: _build_lanes(c, entry, rank, dst))
+        _replace_atomically(None, entry, "lanes.parquet", lambda _c, dst: build(dst))
 
 
 def ensure_lod(con, entry: str, t0: int, t1: int) -> list[dict]:

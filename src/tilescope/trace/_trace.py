@@ -20,6 +20,7 @@ __all__ = ["Trace", "TraceWarning", "open_trace"]
 
 
 _LOD_NAME = re.compile(r"\blod\b", re.IGNORECASE)
+_HIER_NAME = re.compile(r"\b_(hier|links)\b", re.IGNORECASE)
 
 
 class TraceWarning(UserWarning):
@@ -103,25 +104,42 @@ class Trace:
             con = duckdb.connect()
             con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
             con.execute("SET memory_limit='2GB'")
-            for e, r in zip(self.entries, self.ranks):
-                if _glob.glob(os.path.join(e, "events", "*", "*.parquet")):
-                    ensure_lanes(con, e, r)
+            self._entry_columns()  # (writes lanes.parquet, which the views read)
             self._con = con
             self._make_views()
-            self._check_devices()
         return self._con
 
-    def _check_devices(self) -> None:
+    def _entry_columns(self) -> list:
+        """Per entry with events: (rank, its columns as arrays, device side per lane code),
+        read once without a database (``_columns``); writes each entry's lanes.parquet on
+        first use and warns about device-looking events no rule classifies."""
+        if "columns" not in self._cache:
+            import numpy as np
+
+            from ._columns import lane_rows, read_entry, write_lanes
+
+            out, lanes = [], []
+            for e, r in zip(self.entries, self.ranks):
+                cols = read_entry(e, r)
+                if cols is None:
+                    continue
+                rows = lane_rows(cols, r)
+                ensure_lanes(e, lambda dst, c=cols, rk=r, rw=rows: write_lanes(c, rk, dst, rows=rw))
+                device = np.zeros(len(cols.lane_keys) + 1, dtype=bool)
+                device[rows["lane_code"]] = [side == "device" for side in rows["side"]]
+                out.append((r, cols, device))
+                lanes += [(side, proc if proc is not None else pid, other) for side, proc, pid, other
+                          in zip(rows["side"], rows["process_name"], rows["pid"], rows["other_cats"]) if other is not None]
+            self._cache["columns"] = out
+            self._check_devices(lanes)
+        return self._cache["columns"]
+
+    def _check_devices(self, lanes: list) -> None:
         """Warn about events that look like device work but that no rule classifies (so a
-        trace from an accelerator tilescope does not know is never reported as CPU-only)."""
+        trace from an accelerator tilescope does not know is never reported as CPU-only).
+        ``lanes``: (side, process name or pid, unclassified categories as JSON) per lane."""
         from ._devices import CATEGORY_HINT, unclassified_device_events
 
-        lanes = []
-        for e in self.entries:
-            f = os.path.join(e, "lanes.parquet")
-            if os.path.exists(f):
-                lanes += self._con.execute(f"""SELECT side, coalesce(process_name, pid), other_cats
-                                               FROM read_parquet('{f}') WHERE other_cats IS NOT NULL""").fetchall()
         found = unclassified_device_events(lanes)
         if found:
             listed = "; ".join(f"{cat} ({n:,} events, {where})" for where, cat, n in found[:6])
@@ -329,6 +347,10 @@ class Trace:
         """Run SQL over the views; returns a DuckDB relation (``.fetchall()``, ``.arrow()``, ``.pl()``, ``.df()``)."""
         if _LOD_NAME.search(query):
             self._ensure_lod()  # the LOD tables are built on first use
+        if _HIER_NAME.search(query):
+            from ._nesting import ensure_hierarchy
+
+            ensure_hierarchy(self)  # the nesting's tables, in the database once SQL reads them
         return self.con.sql(query, params=params)
 
     def table(self, name: str):

@@ -1,0 +1,295 @@
+"""The events of a cache entry as numpy columns, read with pyarrow: no database in the loop.
+
+The first questions users ask of a trace (the op table, the nesting, which op launched which
+kernel) need a few columns of every slice and a sort; DuckDB's engine alone costs ~0.3 s and
+~50 MB before its first row, more than the whole computation. This module reads the
+Parquet parts straight into arrays, gives each row its lane and kind (the same rules as the
+SQL views: ``CATEGORY_KINDS`` and ``DEVICE_PROCESS`` are tables both read), and builds
+``lanes.parquet`` -- the one implementation of the lane table, which the DuckDB views read too.
+
+>>> side_of(dev=3, events=4, labels=None, process_name="python")
+'device'
+>>> side_of(dev=0, events=9, labels=None, process_name="prof/core0/hardware")
+'device'
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._devices import DEVICE_PROCESS
+from ._schema import CATEGORY_KINDS
+
+__all__ = ["EntryColumns", "read_entry", "side_of", "write_lanes", "KINDS", "NOT_EVENTS"]
+
+KINDS = tuple(dict.fromkeys([k for _c, _p, k, _s in CATEGORY_KINDS] + ["other"]))  # kind code -> name
+NOT_EVENTS = ("s", "t", "f", "M", "B", "E")  # records the events view leaves out (flows, metadata, B/E halves)
+_DEVICE_CATS = sorted({c for c, _p, _k, side in CATEGORY_KINDS if c and side == "device"})
+_DEVICE_RX = re.compile(DEVICE_PROCESS)
+_PROFILE_SUBSYSTEM = re.compile(r"^(.*)/([^/]+)/(framework|runtime|hardware)$")  # tilescope profile processes
+_STRINGS = ["ph", "cat", "name", "pid", "tid"]
+_INTS = ["ts_ns", "dur_ns", "correlation", "flow_id"]
+_READ = ["part", "ph", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "correlation", "flow_id"]
+
+
+def side_of(*, dev: int, events: int, labels: str | None, process_name: str | None) -> str:
+    """A lane's side: ``device`` if the process is labelled or named as a device
+    (``DEVICE_PROCESS``), is a tilescope profile's ``.../hardware`` process, or most of the
+    lane's events carry a device category; else ``host``."""
+    if dev * 2 > events or _DEVICE_RX.search(labels or "") or _DEVICE_RX.search(process_name or ""):
+        return "device"
+    m = _PROFILE_SUBSYSTEM.match(process_name or "")
+    return "device" if m and m.group(3) == "hardware" else "host"
+
+
+def _codes(col, ids: dict) -> np.ndarray:
+    """A dictionary-encoded string column as int codes (-1 for NULL) into ``ids`` (value ->
+    code, shared by every file of the entry; new values are added)."""
+    out = []
+    for chunk in col.chunks:
+        remap = np.array([ids.setdefault(v, len(ids)) for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int64)
+        idx = chunk.indices
+        codes = np.asarray(idx.fill_null(-1).to_numpy(zero_copy_only=False) if idx.null_count
+                           else idx.to_numpy(), dtype=np.int64)
+        out.append(remap[codes])  # (-1 reads the trailing -1)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def _ints(col):
+    """An INT64 column as (values with 0 for NULL, a validity mask)."""
+    arr = col.combine_chunks() if hasattr(col, "combine_chunks") else col
+    valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(arr.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64), valid
+
+
+def _kind_codes(cat: np.ndarray, cats: list, name: np.ndarray, names: list) -> np.ndarray:
+    """Each row's kind code (index into KINDS): the first CATEGORY_KINDS row that matches."""
+    kind = np.full(len(cat), KINDS.index("other"), dtype=np.int8)
+    done = np.zeros(len(cat), dtype=bool)
+    cat_index = {c: i for i, c in enumerate(cats)}
+    for c, prefix, k, _side in CATEGORY_KINDS:
+        m = ~done
+        if c is not None:
+            m &= cat == cat_index.get(c, -2)
+        if prefix is not None:
+            starts = np.array([isinstance(n, str) and n.startswith(prefix) for n in names] + [False], dtype=bool)
+            m &= starts[name]  # (code -1, a NULL name, reads the trailing False)
+        kind[m] = KINDS.index(k)
+        done |= m
+    return kind
+
+
+@dataclass
+class EntryColumns:
+    """One entry's records (every row of its event files, in eid order) as arrays.
+
+    ``lane``: a per-entry lane code, one per (pid, tid) (``lane_keys``; a NULL pid is a lane
+    of lanes.parquet but not of the events view, which joins on pid);
+    ``kind``: index into KINDS; ``ts``/``dur``: ns with ``has_ts``/``has_dur`` validity."""
+
+    eid: np.ndarray
+    ph: np.ndarray
+    phs: list
+    cat: np.ndarray
+    cats: list
+    name: np.ndarray
+    names: list
+    lane: np.ndarray
+    lane_keys: list  # (pid, tid) per lane code
+    ts: np.ndarray
+    has_ts: np.ndarray
+    dur: np.ndarray
+    has_dur: np.ndarray
+    correlation: np.ndarray
+    has_corr: np.ndarray
+    flow_id: np.ndarray
+    has_flow: np.ndarray
+    kind: np.ndarray
+    files: list  # (path, first row) per file
+
+    def ph_is(self, *values: str) -> np.ndarray:
+        ok = np.array([p in values for p in self.phs] + [False], dtype=bool)
+        return ok[self.ph]
+
+
+@contextmanager
+def _system_pool(pa):
+    """Arrow's allocations from the C library's pool while reading: the default pool
+    (mimalloc) keeps what a read freed, ~30 MB on a 35 MB trace, for the life of the process."""
+    prev = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(prev)
+
+
+def event_files(entry: str) -> list[str]:
+    """The entry's event Parquet files (every part, the 'B'/'E' slices' part included)."""
+    return sorted(glob.glob(os.path.join(entry, "events", "*", "*.parquet")))
+
+
+def read_entry(entry: str, rank: int) -> EntryColumns | None:
+    """The columns of ``entry``'s events (None when it has none)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = event_files(entry)
+    if not files:
+        return None
+    eids, starts, at = [], [], 0
+    strings: dict[str, tuple[list, dict]] = {c: ([], {}) for c in _STRINGS}  # codes per file, value -> id
+    ints: dict[str, list] = {c: [] for c in _INTS}
+    with _system_pool(pa):
+        for f in files:
+            # the strings arrive dictionary-encoded: codes, never a Python object or a copy per row
+            t = pq.ParquetFile(f, read_dictionary=_STRINGS, pre_buffer=False, memory_map=True).read(
+                columns=_READ, use_threads=False)
+            n = t.num_rows
+            part = t.column("part").to_numpy().astype(np.int64)
+            eids.append((np.int64(rank) << 48) | (part << 32) | np.arange(n, dtype=np.int64))
+            starts.append((f, at))
+            at += n
+            for c in _STRINGS:
+                strings[c][0].append(_codes(t.column(c), strings[c][1]))
+            for c in _INTS:
+                ints[c].append(_ints(t.column(c)))
+            del t
+    (ph, phs), (cat, cats), (name, names), (pid, pids), (tid, tids) = (
+        (np.concatenate(strings[c][0]), list(strings[c][1])) for c in _STRINGS)
+    ts, has_ts, dur, has_dur, corr, has_corr, flow, has_flow = (
+        np.concatenate([x[k] for x in ints[c]]) for c in _INTS for k in (0, 1))
+    width = len(tids) + 1  # lane = one (pid, tid) pair; a NULL tid is its own lane (IS NOT DISTINCT FROM)
+    uniq, lane = np.unique((pid + 1) * width + (tid + 1), return_inverse=True)
+    lane_keys = [(pids[k // width - 1] if k // width else None, tids[k % width - 1] if k % width else None)
+                 for k in uniq.tolist()]
+    return EntryColumns(
+        eid=np.concatenate(eids), ph=ph, phs=phs, cat=cat, cats=cats, name=name, names=names, lane=lane.astype(np.int64),
+        lane_keys=lane_keys, ts=ts, has_ts=has_ts, dur=dur, has_dur=has_dur, correlation=corr, has_corr=has_corr,
+        flow_id=flow, has_flow=has_flow, kind=_kind_codes(cat, cats, name, names), files=starts)
+
+
+def _json_string(args: str | None, key: str) -> str | None:
+    """``json_extract_string(args, '$.<key>')``: a string member as its text, any other value as JSON."""
+    if args is None:
+        return None
+    try:
+        v = json.loads(args)
+    except ValueError:
+        return None
+    v = v.get(key) if isinstance(v, dict) else None
+    if v is None or isinstance(v, str):
+        return v
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+
+
+def _metadata(cols: EntryColumns) -> tuple[dict, dict, dict]:
+    """process names and labels per pid, thread names per (pid, tid), from the 'M' records
+    (the first record of each; only the row groups holding them read 'args')."""
+    proc: dict = {}
+    labels: dict = {}
+    threads: dict = {}
+    wanted = np.array([n in ("process_name", "process_labels", "thread_name") for n in cols.names] + [False])
+    is_m = cols.ph_is("M") & wanted[cols.name]
+    if is_m.any():  # the first record per (name, pid, tid) (traces can repeat them by the 100,000)
+        m = np.flatnonzero(is_m)
+        _u, first = np.unique(np.stack([cols.name[m], cols.lane[m]]), axis=1, return_index=True)
+        is_m = np.zeros(len(is_m), dtype=bool)
+        is_m[m[first]] = True
+    if not is_m.any():
+        return proc, labels, threads
+    import pyarrow as pa
+
+    with _system_pool(pa):
+        _read_names(cols, is_m, proc, labels, threads)
+    return proc, labels, threads
+
+
+def _read_names(cols: EntryColumns, is_m: np.ndarray, proc: dict, labels: dict, threads: dict) -> None:
+    import pyarrow.parquet as pq
+
+    for f, first in cols.files:
+        pf = pq.ParquetFile(f, pre_buffer=False, memory_map=True)
+        for g in range(pf.metadata.num_row_groups):
+            n = pf.metadata.row_group(g).num_rows
+            rows = np.flatnonzero(is_m[first:first + n])
+            first += n
+            if len(rows):
+                _names_from(pf.read_row_group(g, columns=["name", "pid", "tid", "args"], use_threads=False).take(rows),
+                            proc, labels, threads)
+
+
+def _names_from(t, proc: dict, labels: dict, threads: dict) -> None:
+    for name, pid, tid, args in zip(*(t.column(c).to_pylist() for c in ("name", "pid", "tid", "args"))):
+        key, into, at = {"process_name": ("name", proc, pid), "process_labels": ("labels", labels, pid),
+                         "thread_name": ("name", threads, (pid, tid))}.get(name, (None, None, None))
+        v = _json_string(args, key) if key else None
+        if v is not None:
+            into.setdefault(at, v)
+
+
+def lane_rows(cols: EntryColumns, rank: int) -> dict:
+    """The columns of ``lanes.parquet`` for one entry: per lane with at least one event
+    (a record the events view keeps), its names, event count, extent, side and the
+    categories of its slices that no rule classifies (with counts, as JSON); ``lane_code``
+    is the lane's code in ``cols.lane``."""
+    keep = ~cols.ph_is(*NOT_EVENTS) & (cols.ph >= 0)
+    n_lanes = len(cols.lane_keys)
+    lane = cols.lane[keep]
+    events = np.bincount(lane, minlength=n_lanes)
+    dev_cat = np.array([c in _DEVICE_CATS for c in cols.cats] + [False], dtype=bool)
+    dev = np.bincount(lane, weights=dev_cat[cols.cat[keep]], minlength=n_lanes)
+    ts_ok = cols.has_ts[keep]
+    ts = cols.ts[keep]
+    end = ts + np.where(cols.has_dur[keep], np.maximum(cols.dur[keep], 0), 0)
+    first = np.full(n_lanes, np.iinfo(np.int64).max)
+    last = np.full(n_lanes, np.iinfo(np.int64).min)
+    np.minimum.at(first, lane[ts_ok], ts[ts_ok])
+    np.maximum.at(last, lane[ts_ok], end[ts_ok])
+    other = keep & cols.ph_is("X") & (cols.kind == KINDS.index("other"))
+    hist: dict[int, dict] = {}
+    pairs, counts = np.unique(np.stack([cols.lane[other], cols.cat[other]]), axis=1, return_counts=True) \
+        if other.any() else (np.zeros((2, 0), np.int64), [])
+    for (ln, c), k in zip(pairs.T.tolist(), list(counts)):
+        label = cols.cats[c] if c >= 0 else "(no category)"
+        hist.setdefault(ln, {})[label] = hist.setdefault(ln, {}).get(label, 0) + int(k)
+    proc, labels, threads = _metadata(cols)
+    out: dict = {c: [] for c in ("rank", "pid", "tid", "process_name", "thread_name", "labels", "events",
+                                 "first_ns", "last_ns", "other_cats", "side", "lane_code")}
+    for ln in np.flatnonzero(events).tolist():
+        pid, tid = cols.lane_keys[ln]
+        if pid is None:  # (LEFT JOIN ... USING (pid): no names for a NULL pid)
+            proc_name = lab = thread = None
+        else:
+            proc_name, lab, thread = proc.get(pid), labels.get(pid), threads.get((pid, tid))
+        has_t = first[ln] <= last[ln]
+        row = {"rank": rank, "pid": pid, "tid": tid, "process_name": proc_name, "thread_name": thread,
+               "labels": lab, "events": int(events[ln]), "first_ns": int(first[ln]) if has_t else None,
+               "last_ns": int(last[ln]) if has_t else None,
+               "other_cats": json.dumps(dict(sorted(hist[ln].items())), separators=(",", ":")) if ln in hist else None,
+               "side": side_of(dev=int(dev[ln]), events=int(events[ln]), labels=lab, process_name=proc_name),
+               "lane_code": ln}
+        for c, v in row.items():
+            out[c].append(v)
+    return out
+
+
+def write_lanes(cols: EntryColumns | None, rank: int, dst: str, rows: dict | None = None) -> None:
+    """Write ``lanes.parquet`` (see :func:`lane_rows`; ``rows`` if already computed) to ``dst``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if rows is None:
+        rows = lane_rows(cols, rank) if cols is not None else {}
+    s, i64 = pa.string(), pa.int64()
+    schema = pa.schema([("rank", pa.int32()), ("pid", s), ("tid", s), ("process_name", s), ("thread_name", s),
+                        ("labels", s), ("events", i64), ("first_ns", i64), ("last_ns", i64), ("other_cats", s),
+                        ("side", s)])
+    pq.write_table(pa.table({f.name: pa.array(rows.get(f.name, []), f.type) for f in schema}, schema=schema), dst)
