@@ -49,6 +49,23 @@ def side_of(*, dev: int, events: int, labels: str | None, process_name: str | No
     return "device" if m and m.group(3) == "hardware" else "host"
 
 
+def _valid(arr) -> np.ndarray:
+    """An Arrow array's validity as a numpy bool mask (from its bitmap: no compute kernel)."""
+    bitmap = arr.buffers()[0]
+    if bitmap is None or not arr.null_count:
+        return np.ones(len(arr), dtype=bool)
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
+    return bits[arr.offset:arr.offset + len(arr)].astype(bool)
+
+
+def _values(arr, dtype) -> np.ndarray:
+    """A fixed-width Arrow array's values as numpy (NULL slots hold whatever the buffer has)."""
+    data = arr.buffers()[1]
+    if data is None:  # (an empty array)
+        return np.zeros(len(arr), dtype=dtype)
+    return np.frombuffer(data, dtype=dtype)[arr.offset:arr.offset + len(arr)]
+
+
 def _codes(col, ids: dict) -> np.ndarray:
     """A dictionary-encoded string column as int codes (-1 for NULL) into ``ids`` (value ->
     code, shared by every file of the entry; new values are added)."""
@@ -56,17 +73,18 @@ def _codes(col, ids: dict) -> np.ndarray:
     for chunk in col.chunks:
         remap = np.array([ids.setdefault(v, len(ids)) for v in chunk.dictionary.to_pylist()] + [-1], dtype=np.int64)
         idx = chunk.indices
-        codes = np.asarray(idx.fill_null(-1).to_numpy(zero_copy_only=False) if idx.null_count
-                           else idx.to_numpy(), dtype=np.int64)
+        codes = np.where(_valid(idx), _values(idx, np.dtype(idx.type.to_pandas_dtype())), -1)
         out.append(remap[codes])  # (-1 reads the trailing -1)
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
-def _ints(col):
+def _ints(col) -> tuple[np.ndarray, np.ndarray]:
     """An INT64 column as (values with 0 for NULL, a validity mask)."""
-    arr = col.combine_chunks() if hasattr(col, "combine_chunks") else col
-    valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    return np.asarray(arr.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64), valid
+    if not col.num_chunks:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    valid = np.concatenate([_valid(c) for c in col.chunks])
+    values = np.concatenate([_values(c, np.int64) for c in col.chunks])
+    return np.where(valid, values, 0), valid
 
 
 def _kind_codes(cat: np.ndarray, cats: list, name: np.ndarray, names: list) -> np.ndarray:
@@ -144,34 +162,39 @@ def read_entry(entry: str, rank: int) -> EntryColumns | None:
     files = event_files(entry)
     if not files:
         return None
-    eids, starts, at = [], [], 0
-    strings: dict[str, tuple[list, dict]] = {c: ([], {}) for c in _STRINGS}  # codes per file, value -> id
-    ints: dict[str, list] = {c: [] for c in _INTS}
+    pfs = [pq.ParquetFile(f, read_dictionary=_STRINGS, pre_buffer=False, memory_map=True) for f in files]
+    total = sum(pf.metadata.num_rows for pf in pfs)
+    # filled a row group at a time: what is held beyond the result is one row group's columns
+    eid = np.empty(total, dtype=np.int64)
+    codes = {c: np.empty(total, dtype=np.int64) for c in _STRINGS}
+    ids: dict[str, dict] = {c: {} for c in _STRINGS}  # value -> code, shared by the files
+    ints = {c: (np.empty(total, dtype=np.int64), np.empty(total, dtype=bool)) for c in _INTS}
+    starts, at = [], 0
     with _system_pool(pa):
-        for f in files:
-            # the strings arrive dictionary-encoded: codes, never a Python object or a copy per row
-            t = pq.ParquetFile(f, read_dictionary=_STRINGS, pre_buffer=False, memory_map=True).read(
-                columns=_READ, use_threads=False)
-            n = t.num_rows
-            part = t.column("part").to_numpy().astype(np.int64)
-            eids.append((np.int64(rank) << 48) | (part << 32) | np.arange(n, dtype=np.int64))
+        for f, pf in zip(files, pfs):
             starts.append((f, at))
-            at += n
-            for c in _STRINGS:
-                strings[c][0].append(_codes(t.column(c), strings[c][1]))
-            for c in _INTS:
-                ints[c].append(_ints(t.column(c)))
-            del t
-    (ph, phs), (cat, cats), (name, names), (pid, pids), (tid, tids) = (
-        (np.concatenate(strings[c][0]), list(strings[c][1])) for c in _STRINGS)
-    ts, has_ts, dur, has_dur, corr, has_corr, flow, has_flow = (
-        np.concatenate([x[k] for x in ints[c]]) for c in _INTS for k in (0, 1))
+            row = 0
+            for g in range(pf.metadata.num_row_groups):
+                # the strings arrive dictionary-encoded: codes, never a Python object per row
+                t = pf.read_row_group(g, columns=_READ, use_threads=False)
+                n = t.num_rows
+                part = _values(t.column("part").combine_chunks(), np.int32).astype(np.int64)
+                eid[at:at + n] = (np.int64(rank) << 48) | (part << 32) | np.arange(row, row + n, dtype=np.int64)
+                for c in _STRINGS:
+                    codes[c][at:at + n] = _codes(t.column(c), ids[c])
+                for c in _INTS:
+                    ints[c][0][at:at + n], ints[c][1][at:at + n] = _ints(t.column(c))
+                at += n
+                row += n
+    ph, cat, name, pid, tid = (codes[c] for c in _STRINGS)
+    phs, cats, names, pids, tids = (list(ids[c]) for c in _STRINGS)
+    (ts, has_ts), (dur, has_dur), (corr, has_corr), (flow, has_flow) = (ints[c] for c in _INTS)
     width = len(tids) + 1  # lane = one (pid, tid) pair; a NULL tid is its own lane (IS NOT DISTINCT FROM)
     uniq, lane = np.unique((pid + 1) * width + (tid + 1), return_inverse=True)
     lane_keys = [(pids[k // width - 1] if k // width else None, tids[k % width - 1] if k % width else None)
                  for k in uniq.tolist()]
     return EntryColumns(
-        eid=np.concatenate(eids), ph=ph, phs=phs, cat=cat, cats=cats, name=name, names=names, lane=lane.astype(np.int64),
+        eid=eid, ph=ph, phs=phs, cat=cat, cats=cats, name=name, names=names, lane=lane.astype(np.int64),
         lane_keys=lane_keys, ts=ts, has_ts=has_ts, dur=dur, has_dur=has_dur, correlation=corr, has_corr=has_corr,
         flow_id=flow, has_flow=has_flow, kind=_kind_codes(cat, cats, name, names), files=starts)
 
@@ -222,15 +245,17 @@ def _read_names(cols: EntryColumns, is_m: np.ndarray, proc: dict, labels: dict, 
             rows = np.flatnonzero(is_m[first:first + n])
             first += n
             if len(rows):
-                _names_from(pf.read_row_group(g, columns=["name", "pid", "tid", "args"], use_threads=False).take(rows),
-                            proc, labels, threads)
+                t = pf.read_row_group(g, columns=["name", "pid", "tid", "args"], use_threads=False)
+                _names_from(t, rows.tolist(), proc, labels, threads)
 
 
-def _names_from(t, proc: dict, labels: dict, threads: dict) -> None:
-    for name, pid, tid, args in zip(*(t.column(c).to_pylist() for c in ("name", "pid", "tid", "args"))):
-        key, into, at = {"process_name": ("name", proc, pid), "process_labels": ("labels", labels, pid),
-                         "thread_name": ("name", threads, (pid, tid))}.get(name, (None, None, None))
-        v = _json_string(args, key) if key else None
+def _names_from(t, rows: list, proc: dict, labels: dict, threads: dict) -> None:
+    for name, pid, tid, args in zip(*([t.column(c)[i].as_py() for i in rows] for c in ("name", "pid", "tid", "args"))):
+        if name == "thread_name":
+            key, into, at = "name", threads, (pid, tid)
+        else:
+            key, into, at = ("name", proc, pid) if name == "process_name" else ("labels", labels, pid)
+        v = _json_string(args, key)
         if v is not None:
             into.setdefault(at, v)
 
@@ -255,9 +280,8 @@ def lane_rows(cols: EntryColumns, rank: int) -> dict:
     np.maximum.at(last, lane[ts_ok], end[ts_ok])
     other = keep & cols.ph_is("X") & (cols.kind == KINDS.index("other"))
     hist: dict[int, dict] = {}
-    pairs, counts = np.unique(np.stack([cols.lane[other], cols.cat[other]]), axis=1, return_counts=True) \
-        if other.any() else (np.zeros((2, 0), np.int64), [])
-    for (ln, c), k in zip(pairs.T.tolist(), list(counts)):
+    pairs, counts = np.unique(np.stack([cols.lane[other], cols.cat[other]]), axis=1, return_counts=True)
+    for (ln, c), k in zip(pairs.T.tolist(), counts.tolist()):
         label = cols.cats[c] if c >= 0 else "(no category)"
         hist.setdefault(ln, {})[label] = hist.setdefault(ln, {}).get(label, 0) + int(k)
     proc, labels, threads = _metadata(cols)

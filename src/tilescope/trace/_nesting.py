@@ -167,16 +167,22 @@ def _slices(trace) -> dict:
     """Every entry's slices, sorted by (lane, start, end descending, eid): the nesting's order."""
     names: dict = {}
     parts, base = [], 0
-    for rank, cols, device_lane in trace._entry_columns():
+    entries = trace._take_entry_columns()
+    while entries:  # each entry's columns are let go of once its slices are taken
+        rank, cols, device_lane = entries.pop(0)
         parts.append(_entry_slices(rank, cols, device_lane, base, names))
         base += len(cols.lane_keys)
-    s = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}
-    if not parts or not len(s["eid"]):
+        del cols
+    if not parts or not sum(len(p["eid"]) for p in parts):
         return {}
+    s = {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in parts[0]}
+    del parts
     order = np.lexsort((s["eid"], -s["end"], s["ts"], s["lane"]))
-    s = {k: v[order] for k, v in s.items()}
-    s["names"] = list(names)
-    return s
+    for k in list(s):
+        s[k] = s[k][order]
+    out: dict = s
+    out["names"] = list(names)
+    return out
 
 
 def _links(s: dict) -> tuple[np.ndarray, np.ndarray]:

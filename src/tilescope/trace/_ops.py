@@ -35,7 +35,7 @@ def op_table(trace, *, kinds=("op",), by_shape: bool = False, limit: int | None 
     rows = np.flatnonzero(want & h["dur_ok"])
     names = h["names"] + [None]
     key = h["name"][rows]  # (-1: a NULL name, the last of ``names``)
-    labels = [(names[k],) for k in range(len(names))]
+    labels: list[tuple] = [(names[k],) for k in range(len(names))]
     if by_shape:
         shapes = _input_dims(trace, h["eid"][rows])
         pairs = {p: i for i, p in enumerate(dict.fromkeys(zip(key.tolist(), shapes)))}
@@ -47,7 +47,7 @@ def op_table(trace, *, kinds=("op",), by_shape: bool = False, limit: int | None 
             for c, src in (("calls", None), ("host_total_ns", "dur"), ("host_self_ns", "self_ns"),
                            ("device_total_ns", "dev_total_ns"), ("device_self_ns", "dev_self_ns"),
                            ("device_calls", "n_dev"))}
-    out = {"name": [labels[k][0] for k in groups.tolist()]}
+    out: dict = {"name": [labels[k][0] for k in groups.tolist()]}
     if by_shape:
         out["shapes"] = [labels[k][1] for k in groups.tolist()]
     out.update({c: v.astype(np.int64) for c, v in sums.items()})

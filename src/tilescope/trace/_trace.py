@@ -104,7 +104,8 @@ class Trace:
             con = duckdb.connect()
             con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
             con.execute("SET memory_limit='2GB'")
-            self._entry_columns()  # (writes lanes.parquet, which the views read)
+            if "columns" not in self._cache:
+                self._entry_columns()  # (writes lanes.parquet, which the views read)
             self._con = con
             self._make_views()
         return self._con
@@ -113,7 +114,7 @@ class Trace:
         """Per entry with events: (rank, its columns as arrays, device side per lane code),
         read once without a database (``_columns``); writes each entry's lanes.parquet on
         first use and warns about device-looking events no rule classifies."""
-        if "columns" not in self._cache:
+        if self._cache.get("columns") is None:
             import numpy as np
 
             from ._columns import lane_rows, read_entry, write_lanes
@@ -131,8 +132,17 @@ class Trace:
                 lanes += [(side, proc if proc is not None else pid, other) for side, proc, pid, other
                           in zip(rows["side"], rows["process_name"], rows["pid"], rows["other_cats"]) if other is not None]
             self._cache["columns"] = out
-            self._check_devices(lanes)
+            if not self._cache.get("checked"):
+                self._cache["checked"] = True
+                self._check_devices(lanes)
         return self._cache["columns"]
+
+    def _take_entry_columns(self) -> list:
+        """:meth:`_entry_columns`, handed over: the cache lets go of them (the nesting is
+        their last user; a later call reads them again)."""
+        out = self._entry_columns()
+        self._cache["columns"] = None
+        return out
 
     def _check_devices(self, lanes: list) -> None:
         """Warn about events that look like device work but that no rule classifies (so a
