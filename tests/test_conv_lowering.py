@@ -345,3 +345,27 @@ def test_patch_matmul_form_values(case):
     torch.testing.assert_close(as_torch(got["grad_weight"], w).float(), gw, rtol=tol * 5, atol=tol * 5)
     # grad_bias: a channels-last dy is summed over its pixel rows on TensorE
     torch.testing.assert_close(as_torch(got["grad_bias"], gb.to(dt)).float(), gb, rtol=tol * 5, atol=tol * 5)
+
+
+@pytest.mark.parametrize("case", [(2, 130, 6, 6, 20, 3, 1, 1), (3, 16, 7, 7, 140, 3, 2, 1)], ids=str)
+def test_pixels_transposed_grad_weight_values(case):
+    # the form built directly (the rule keeps whichever form the simulator times shorter): 130
+    # channels make a PSUM group holding runs of taps of two channel chunks
+    from test_lowering import as_torch, buffer_of
+    from tilescope.lower import _conv as conv
+    from tilescope.lower import meta_of
+    from tilescope.sim import run_numerics
+
+    N, Cin, H, W, Cout, k, s, p = case
+    x, w = rnd(N, Cin, H, W), rnd(Cout, Cin, k, k)
+    dy = rnd(*F.conv2d(x, w, None, stride=s, padding=p).shape)
+    _, gw, _ = torch.ops.aten.convolution_backward(dy, x, w, [Cout], [s, s], [p, p], [1, 1], False, [0, 0], 1,
+                                                   [False, True, False])
+    call = Call("aten::convolution_backward_overrideable", (meta_of(dy), meta_of(x), meta_of(w), [s, s], [p, p],
+                                                            [1, 1], False, [0, 0], 1, (False, True, False)),
+                (), (meta_of(w),))
+    prog = conv._backward_program(call, SPEC, "transposed")
+    assert "pixels-transposed" in prog.meta["forms"]
+    got = run_numerics(prog, {"in_grad_output": buffer_of(dy), "in_input": buffer_of(x), "in_weight": buffer_of(w)},
+                       {})
+    torch.testing.assert_close(as_torch(got["grad_weight"], w), gw, rtol=5e-4, atol=5e-4)

@@ -59,6 +59,7 @@ PE_DTYPES = ("float32", "bfloat16", "float16")
 _IN_BUDGET = 32 * 1024
 _OUT_BUDGET = 16 * 1024
 _W_BUDGET = 64 * 1024
+_RESERVE = 16 * 1024  # per partition: small tiles (bias, masks, PSUM copies) beside the budgets above
 _MAX_MATMULS = 40_000  # a Program beyond this is declined (generic): it would take minutes to build
 
 
@@ -323,12 +324,15 @@ class _FlippedWeights:
         # g: the *equivalent* forward geometry (cin = co of W, cout = ci of W)
         self.b, self.spec, self.g, self.W, self.ws, self.dtype = b, spec, g, W, ws, dtype
         self._raws: dict = {}  # chunk -> its rows, read once for every unit (while they fit)
+        # what a partition holds beside the input and output tiles (double-buffered) and a reserve
+        # for the small ones (bias, masks): rows beyond it are re-read by every unit
+        self._budget = max(_W_BUDGET, spec.sbuf_bytes_per_partition - 2 * (_IN_BUDGET + _OUT_BUDGET) - _RESERVE)
 
     def _raw(self, chunk: _Chunk) -> View:
         raw = self._raws.get(chunk)
         if raw is None:
             raw = self._load_raw(chunk)
-            if (len(self._raws) + 1) * self.g.cout * self.g.taps * (2 if self.dtype != "float32" else 4) <= _W_BUDGET:
+            if (len(self._raws) + 1) * self.g.cout * self.g.taps * (2 if self.dtype != "float32" else 4) <= self._budget:
                 self._raws[chunk] = raw
         return raw
 

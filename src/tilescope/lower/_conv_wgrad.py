@@ -481,13 +481,12 @@ class _GradWeightTransposed:
                 for i, ng in enumerate(ngs):
                     width = sum(c[1] for _, c in ng)
                     ps = b.psum((px, width), "float32", site="conv.tT")
-                    col = 0
-                    for tap, (c0, cs) in ng:
-                        kh, kw = divmod(tap, g.kw)
-                        win = _on_chip(xt[c0], 0, cs, n0 * hp * wp + (r0 * g.sh + kh * g.dh) * wp + kw * g.dw,
-                                       ((hp * wp, ni), (g.sh * wp, nr), (g.sw, g.ow)))
-                        b.transpose(_on_chip(ps, 0, px, col, ((1, cs),)), win)
-                        col += cs
+                    for base, (c0, cs), taps in _segments_of(ng):
+                        for j, tap in enumerate(taps):  # columns (ci, tap): whole runs of taps per channel
+                            kh, kw = divmod(tap, g.kw)
+                            win = _on_chip(xt[c0], 0, cs, n0 * hp * wp + (r0 * g.sh + kh * g.dh) * wp + kw * g.dw,
+                                           ((hp * wp, ni), (g.sh * wp, nr), (g.sw, g.ow)))
+                            b.transpose(_on_chip(ps, 0, px, base + j, ((len(taps), cs),)), win)
                     xT = b.sbuf((px, width), self.dtype, site="conv.txT")
                     if (bi + i) % 2:  # PSUM copies alternate between VectorE and ScalarE
                         b.tensor_copy(xT, ps)
@@ -495,14 +494,18 @@ class _GradWeightTransposed:
                         b.activation(xT, ps, "copy")
                     for c0, cs in self.co_chunks:
                         b.matmul(accs[c0, i], _on_chip(dyT[bi], 0, px, c0, ((1, cs),)), xT, accumulate=bi > 0)
+            k_copy = 0
             for i, ng in enumerate(ngs):
                 for c0, cs in self.co_chunks:
-                    col = 0
-                    for tap, (ci0, ccs) in ng:
-                        b.activation(_on_chip(res[c0], 0, cs, ci0 * g.taps + tap, ((g.taps, ccs),)),
-                                     _on_chip(accs[c0, i], 0, cs, col, ((1, ccs),)), "copy")
-                        col += ccs
-                        if tap == g.taps - 1:  # every tap of this channel chunk is in: store it
+                    for base, (ci0, ccs), taps in _segments_of(ng):
+                        dst = _on_chip(res[c0], 0, cs, ci0 * g.taps + taps[0], ((g.taps, ccs), (1, len(taps))))
+                        src = _on_chip(accs[c0, i], 0, cs, base, ((len(taps), ccs), (1, len(taps))))
+                        if k_copy % 2:  # PSUM copies alternate between VectorE and ScalarE
+                            b.tensor_copy(dst, src)
+                        else:
+                            b.activation(dst, src, "copy")
+                        k_copy += 1
+                        if taps[-1] == g.taps - 1:  # every tap of this channel chunk is in: store it
                             self._store(res[c0], c0, cs, ci0, ccs)
         return f"pixels-transposed({len(self.blocks)} blocks)"
 
@@ -515,6 +518,21 @@ class _GradWeightTransposed:
             out = t
         b.dma_copy(_hbm(self.GW, c0 * gws[0] + ci0 * gws[1], ((gws[0], cs), (gws[1], ccs), (gws[2], g.kh),
                                                               (gws[3], g.kw))), out)
+
+
+def _segments_of(group):
+    """A group's (tap, channel chunk) pairs as ``(first column, chunk, taps)`` runs of one chunk
+    (the pairs are chunk-major, taps ascending); a run's columns are ``(ci, tap)``."""
+    out: list = []
+    col = 0
+    for tap, chunk in group:
+        if out and out[-1][1] == chunk:
+            out[-1][2].append(tap)
+        else:
+            if out:
+                col += out[-1][1][1] * len(out[-1][2])
+            out.append((col, chunk, [tap]))
+    return out
 
 
 def grad_weight_program(b: TileBuilder, spec, g: ConvGeom, X: View, xs, DY: View, dys, GW: View, gws, dtype: str,
