@@ -83,6 +83,18 @@ def test_broadcast_and_transposed_operands_together():
     assert transposes(low) > 0
 
 
+def test_many_transposed_operands_and_long_runs_fit_psum():
+    # three transposed operands, each holding a PSUM tile per output tile of a load; bytes in a
+    # run are many rows of a 1-byte dtype: the runs shorten so that the live tiles fit the banks
+    m, a, b = (stored((1, 512, 512), (0, 2, 1), dt) for dt in (torch.bool, torch.float32, torch.float32))
+    low = check("aten::where.self", (m, a, b), {}, {"out": torch.where(m, a, b).contiguous()},
+                {"in_condition": m, "in_self": a, "in_other": b}, rule="elementwise", tol=0)
+    assert transposes(low) > 0
+    x = stored((1, 2048, 130), (0, 2, 1), torch.uint8)
+    low = check("tilescope::copy", (x,), {}, {"dst": x.contiguous()}, {"src": x}, rule="dma", tol=0)
+    assert transposes(low) > 0
+
+
 @pytest.mark.parametrize("name", list(PERMS))
 def test_contiguous_of_a_permuted_view_matches_cpu(name):
     storage, perm = PERMS[name]

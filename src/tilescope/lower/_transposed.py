@@ -96,11 +96,16 @@ def transposed_plan(shape, strides, dtypes, spec) -> TransposedPlan | None:
     if r is None:
         return None
     P = spec.partitions
+    # each transposed operand holds one PSUM tile (at most a bank) per output tile of a load:
+    # half the banks at most, so the next load's transposes overlap this one's reads
+    per_operand = spec.psum_banks // 2 // len(transposed)
+    if per_operand == 0:
+        return None
     rest = [d for d in range(len(shape)) if d not in (r, c)]
     g = rest[-1] if rest else None
     fold = min(shape[g], P // shape[r]) if g is not None and shape[r] < P else 1
     widest = max(itemsize(dtypes[i]) for i in transposed)
-    span = shape[r] if fold > 1 else min(shape[r], max(P, _RUN_BYTES // widest // P * P))
+    span = shape[r] if fold > 1 else min(shape[r], max(P, _RUN_BYTES // widest // P * P), P * per_operand)
     bank = spec.psum_bank_bytes // widest
     plan = TransposedPlan(tuple(shape), r, c, tuple(transposed), g if fold > 1 else None, fold, span,
                           min(shape[c], bank), P)
