@@ -79,22 +79,10 @@ def transposed_plan(shape, strides, dtypes, spec) -> TransposedPlan | None:
     that is has a dtype TensorE does not transpose."""
     out = strides[0]
     c = next((d for d in range(len(shape)) if out[d] == 1 and shape[d] > 1), None)
-    if c is None:
+    found = _transposed_operands(shape, strides, dtypes, c) if c is not None else None
+    if found is None:
         return None
-    r = None
-    transposed = []
-    for i, st in enumerate(strides[1:], 1):
-        if st[c] in (0, 1):
-            continue
-        ri = next((d for d in range(len(shape)) if st[d] == 1 and shape[d] > 1 and d != c), None)
-        if ri is None or (r is not None and ri != r):
-            continue  # no contiguous dim of its own (or another one's): read as it is
-        if itemsize(dtypes[i]) > 4:
-            return None
-        r = ri
-        transposed.append(i)
-    if r is None:
-        return None
+    r, transposed = found
     P = spec.partitions
     # each transposed operand holds one PSUM tile (at most a bank) per output tile of a load:
     # half the banks at most, so the next load's transposes overlap this one's reads
@@ -136,6 +124,23 @@ def _output_runs(plan: TransposedPlan, strides, dtypes, spec) -> TransposedPlan:
         cand = replace(plan, mo=mo)
         best = min(best, (transposed_ns(cand, strides, dtypes, spec), cand), key=lambda x: x[0])
     return best[1]
+
+
+def _transposed_operands(shape, strides, dtypes, c: int):
+    """``(r, operands)``: the inputs contiguous along one dim ``r`` other than ``c`` (the first
+    such dim found decides ``r``), or None when there are none or one is not a TensorE dtype."""
+    r, transposed = None, []
+    for i, st in enumerate(strides[1:], 1):
+        if st[c] in (0, 1):
+            continue
+        ri = next((d for d in range(len(shape)) if st[d] == 1 and shape[d] > 1 and d != c), None)
+        if ri is None or (r is not None and ri != r):
+            continue  # no contiguous dim of its own (or another one's): read as it is
+        if itemsize(dtypes[i]) > 4:
+            return None
+        r = ri
+        transposed.append(i)
+    return None if r is None else (r, transposed)
 
 
 @dataclass(frozen=True)
