@@ -12,6 +12,8 @@ hardware's engines do; integer and bool tensors go through the same instructions
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ..isa import AP, RuntimeScalar
 from ..program import TileBuilder, View
 from ._call import Call, ScalarArg, TensorMeta
@@ -64,16 +66,26 @@ class EngineLoad:
         self.b = b
         self._seen = 0
         self._ns: dict[str, float] = {}
+        self._cost: dict[int, tuple[str, float]] = {}  # template id -> (engine, ns)
 
     def busy_ns(self, engine: str) -> float:
         from ..isa import engine_ns
 
         b = self.b
-        for i in range(self._seen, b.instruction_count):
-            instr = b.instruction(i)
-            if instr.engine not in ("dma", "pe"):
-                self._ns[instr.engine] = self._ns.get(instr.engine, 0.0) + engine_ns(instr, b.spec)
-        self._seen = b.instruction_count
+        n = b.instruction_count
+        if n > self._seen:
+            # an instruction costs what its template does (the template differs only in buffers of
+            # the same memory, shape and dtype, and in offsets): each template is priced once
+            tmpl = b.rows(self._seen, n)[0]
+            for t, count in Counter(tmpl.tolist()).items():
+                cost = self._cost.get(t)
+                if cost is None:
+                    instr = b.template(t)
+                    ns = engine_ns(instr, b.spec) if instr.engine not in ("dma", "pe") else 0.0
+                    cost = self._cost[t] = (instr.engine, ns)
+                if cost[1]:
+                    self._ns[cost[0]] = self._ns.get(cost[0], 0.0) + count * cost[1]
+            self._seen = n
         return self._ns.get(engine, 0.0)
 
     def pick(self, instr, engines: tuple[str, ...]):
