@@ -745,7 +745,8 @@ class _Forward:
                         dst = _on_chip(out, 0, u.os, (p0 - r0) * nc, ((nr * nc, ni), (1, pn * nc)))
                         self._evacuate(dst, acc, biases.get(u))
                     b.dma_copy(_hbm(self.Y, n0 * ys[0] + u.o0 * ys[1] + r0 * ys[2] + c0 * ys[3],
-                                    ((ys[1], u.os), (ys[0], ni), (ys[2], nr), (ys[3], nc))), out)
+                                    ((ys[1], u.os), (ys[0], ni), (ys[2], nr), (ys[3], nc))), out,
+                               queue=self._queues.next())
 
             self._pipelined(blocks, lambda blk, ic0=ic0, wt=wt: self._tiles(units, blk, ic0, wt), compute)
 
@@ -866,7 +867,8 @@ class _Forward:
         for j in range(ni):  # slot j is image n0 + j
             dst = _hbm(self.Y, (n0 + j) * ys[0] + u.o0 * ys[1] + r0 * ys[2], ((ys[1], u.os), (ys[2], nr), (ys[3], g.ow)))
             row = wt if flat else g.ow
-            b.dma_copy(dst, _on_chip(out, j * u.os, u.os, 0, ((row, nr), (1, g.ow))))
+            # each image's slot on its own queue: the slots sit on different partitions (DMA engines)
+            b.dma_copy(dst, _on_chip(out, j * u.os, u.os, 0, ((row, nr), (1, g.ow))), queue=self._queues.next())
 
 
 # ---- grad_input by scattering taps (strided convolutions) ---------------------------------------
