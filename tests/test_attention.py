@@ -215,6 +215,30 @@ def test_short_sequences_share_blocks_across_heads(monkeypatch):
     assert t_shared < simulate(alone, preset("trn1")).summary.total_ns
 
 
+def test_fp32_row_maxima_are_scored_at_the_bf16_rate(monkeypatch):
+    """The softmax's stabiliser only needs to be near each row's max: fp32 attention finds it from bf16
+    copies of Q and K (TensorE at 4x its fp32 rate), and the forward is faster than scoring its first
+    pass in fp32. Both head-dim forms: stabiliser in the contraction (d 64) and its own matmul (d 128);
+    their fp32 values are checked against CPU by the cases above (plain, headdim_256, masks)."""
+    import tilescope.lower._attention as attention
+
+    def forward(E):
+        q, kv = meta_of(rnd(1, 2, 256, E)), meta_of(rnd(1, 2, 512, E))
+        mask = meta_of(torch.ones(1, 1, 1, 512, dtype=torch.bool))
+        prog = attention_forward(q, kv, kv, mask, causal=False, scale=None, dropout_p=0.0, spec="trn1")
+        return prog, simulate(prog, preset("trn1")).summary.total_ns
+
+    for E in (64, 128):
+        prog, fast = forward(E)
+        assert any(getattr(ins, "stationary", None) is not None and ins.stationary.dtype == "bfloat16"
+                   for ins in prog.instructions)
+        with monkeypatch.context() as m:
+            m.setattr(attention, "_pass1_dtype", lambda dt: dt)
+            assert fast < forward(E)[1]
+    q, k, v = rnd(1, 1, 130, 128), rnd(1, 1, 300, 128), rnd(1, 1, 300, 128)
+    run_forward(q, k, v, causal=True)  # d 128, fp32: pass 2 contracts the exact queries
+
+
 def test_forward_dropout_in_shared_blocks():
     S, p = 64, 0.5
     q, k = rnd(1, 3, 96, 16), rnd(1, 3, S, 16)

@@ -206,9 +206,9 @@ def _chunks(n: int, size: int):
 class _Consts:
     """Constant tiles made once per Program on GpSimd/VectorE: identity, ones, causal bias."""
 
-    def __init__(self, b: TileBuilder, aux_dt: str, pe_dt: str):
+    def __init__(self, b: TileBuilder, aux_dt: str, pe_dt: str, prefix: str = "attn.c"):
         self.b = b
-        self.aux_dt, self.pe_dt = aux_dt, pe_dt
+        self.aux_dt, self.pe_dt, self.prefix = aux_dt, pe_dt, prefix
         self._ident = self._ones = self._causal = self._ones_col = None
 
     def _iota_diff(self, site):
@@ -219,8 +219,8 @@ class _Consts:
     @property
     def ident(self) -> View:
         if self._ident is None:
-            d = self._iota_diff("attn.c.iota_i")
-            self._ident = self.b.sbuf((128, 128), self.aux_dt, site="attn.c.ident", bufs=1)
+            d = self._iota_diff(self.prefix + ".iota_i")
+            self._ident = self.b.sbuf((128, 128), self.aux_dt, site=self.prefix + ".ident", bufs=1)
             self.b.tensor_scalar(self._ident, d, "equal", 0.0, engine="pool")
         return self._ident
 
@@ -228,10 +228,10 @@ class _Consts:
     def causal(self) -> View:
         """``[q, s]``: 0 where ``s <= q`` (kept), ``-BIG`` above the diagonal (bf16 holds both exactly)."""
         if self._causal is None:
-            d = self._iota_diff("attn.c.iota_c")
-            keep = self.b.sbuf((128, 128), "float32", site="attn.c.keep", bufs=1)
+            d = self._iota_diff(self.prefix + ".iota_c")
+            keep = self.b.sbuf((128, 128), "float32", site=self.prefix + ".keep", bufs=1)
             self.b.tensor_scalar(keep, d, "greater_equal", 0.0, engine="pool")
-            self._causal = self.b.sbuf((128, 128), self.aux_dt, site="attn.c.causal", bufs=1)
+            self._causal = self.b.sbuf((128, 128), self.aux_dt, site=self.prefix + ".causal", bufs=1)
             self.b.tensor_scalar(self._causal, keep, "subtract", 1.0, "multiply", BIG, engine="pool")
         return self._causal
 
@@ -239,14 +239,14 @@ class _Consts:
     def ones(self) -> View:
         """``[2, 512]`` of ones: the stationary side of the hi/lo contraction rows."""
         if self._ones is None:
-            self._ones = self.b.sbuf((2, 512), self.aux_dt, site="attn.c.ones", bufs=1)
+            self._ones = self.b.sbuf((2, 512), self.aux_dt, site=self.prefix + ".ones", bufs=1)
             self.b.memset(self._ones, 1.0, engine="pool")
         return self._ones
 
     @property
     def ones_col(self) -> View:
         if self._ones_col is None:
-            self._ones_col = self.b.sbuf((128, 1), self.pe_dt, site="attn.c.ones_col", bufs=1)
+            self._ones_col = self.b.sbuf((128, 1), self.pe_dt, site=self.prefix + ".ones_col", bufs=1)
             self.b.memset(self._ones_col, 1.0, engine="pool")
         return self._ones_col
 
@@ -316,8 +316,9 @@ class _KV:
         self.need = need
         self.resident = need * 3 <= _RESIDENT_BYTES if resident is None else resident
         self.ones_column = ones_column
-        self._kt = self._v = self._rows = None
+        self._kt = self._v = self._rows = self._kt1 = None
         self._slot = None
+        self._homes = slots.count if slots is not None else 3
         if self.resident:  # the DMAs now; the transposes when finish() is called (a block later)
             # a head's rows stay until the next block transposes them, while the next head's arrive
             self._rows = _load_rows(b, K, k_off, form.k.stride[2], S, E, pe_dt, "attn.kload",
@@ -380,6 +381,26 @@ class _KV:
             self._ones_rows(tiles[-1], n)
         return [t[:ec + (extra if c == len(self.echunks) - 1 else 0), :n]
                 for c, (t, (_, ec)) in enumerate(zip(tiles, self.echunks))]
+
+    def kt_as(self, s0: int, n: int, dtype: str) -> list[View]:
+        """``K^T[:, s0:s0+n]`` in ``dtype`` (the forward's pass 1 in bf16 for fp32 keys): cast once
+        per resident head, on GpSimd (SBUF to SBUF, off the PSUM port), or per streamed block."""
+        if dtype == self.pe_dt:
+            return self.kt(s0, n)
+        b, S = self.b, self.form.S
+        if self.resident:
+            if self._kt1 is None:
+                self._kt1 = [b.sbuf((128, S), dtype, site=f"attn.kt1_{c}", bufs=self._homes)
+                             for c in range(len(self.echunks))]
+                for t1, t, (_, ec) in zip(self._kt1, self._kt, self.echunks):
+                    b.tensor_copy(t1[:ec, :], t[:ec, :S], engine="pool")
+            return [t[:ec, s0:s0 + n] for t, (_, ec) in zip(self._kt1, self.echunks)]
+        out = []
+        for c, (t, (_, ec)) in enumerate(zip(self.kt(s0, n), self.echunks)):
+            t1 = b.sbuf((128, n), dtype, site=f"attn.kts1_{c}")
+            b.tensor_copy(t1[:ec, :], t[:ec, :n], engine="pool")
+            out.append(t1[:ec, :n])
+        return out
 
     def v_rows(self, s0: int, n: int) -> View:
         """``V[s0:s0+n]`` as ``[n, vcols]`` (n <= 128, s0 a multiple of 128)."""
@@ -545,6 +566,12 @@ def _aux_dtype(pe_dt: str) -> str:
     return "bfloat16" if pe_dt == "float16" else pe_dt
 
 
+def _pass1_dtype(pe_dt: str) -> str:
+    """The dtype the forward's row maxima are scored in: bf16 for fp32 attention (a stabiliser
+    needs no more), else the inputs' own."""
+    return "bfloat16" if pe_dt == "float32" else pe_dt
+
+
 def _contig(shape):
     from ._call import contiguous_strides
 
@@ -557,6 +584,12 @@ class _Forward:
         self.c, self.masks, self.causal, self.scale, self.p, self.pe_dt = consts, masks, causal, scale, dropout_p, pe_dt
         self.ones_column = dropout_p == 0.0
         self.aux_dt = _aux_dtype(pe_dt)
+        # pass 1 only stabilises the softmax (any value within a few units of the row max gives the
+        # same probabilities to rounding: pass 2 and the row sums use the value it finds), so fp32
+        # attention scores it from bf16 copies of Q and K at bf16's matmul rate (fp32 passes cost 4x)
+        self.p1_dt = _pass1_dtype(pe_dt)
+        self.c1 = consts if self.p1_dt == pe_dt else _Consts(b, "bfloat16", "bfloat16", prefix="attn.c1")
+        self._rows1: dict = {}
         # the stabiliser (-row max, as bf16 hi + lo) rides in pass 2's contraction as two more rows
         # when the last head-dim chunk leaves room; else it is one more K=2 matmul per key chunk
         self.aug = 0 < form.E % 128 <= 126 and self.aux_dt == pe_dt
@@ -600,7 +633,8 @@ class _Forward:
         f = self.form
         vcols = f.Ev + (1 if self.ones_column else 0)
         isz = 4 if self.pe_dt == "float32" else 2
-        return (f.S * len(_chunks(f.E, 128)) + -(-f.S // 128) * vcols) * isz
+        p1 = f.S * len(_chunks(f.E, 128)) * 2 if self.p1_dt != self.pe_dt else 0  # pass 1's bf16 K^T
+        return (f.S * len(_chunks(f.E, 128)) + -(-f.S // 128) * vcols) * isz + p1
 
     def _heads_per_block(self) -> int:
         """Query heads sharing one block: a short sequence fills a block (512 queries, one PSUM bank
@@ -676,17 +710,37 @@ class _Forward:
     def _transposes(self, blk: "_Block") -> None:
         for kv in blk.kvs:
             kv.finish()
-        blk.qt = [self.b.sbuf((128, 512), self.pe_dt, site=f"attn.qt{e}") for e in range(len(blk.kv.echunks))]
-        self._transpose_rows(blk.qrows, blk.qtiles, self.form.E, blk.qt, engine="dve")  # pass 1 is VectorE's
+        b, E = self.b, self.form.E
+        blk.qt = [b.sbuf((128, 512), self.p1_dt, site=f"attn.qt{e}") for e in range(len(blk.kv.echunks))]
+        src = blk.qrows
+        if self.p1_dt != self.pe_dt:  # pass 1's rows cast on GpSimd (SBUF to SBUF, off the PSUM port)
+            src = b.sbuf((128, self.qb, E), self.p1_dt, site="attn.q1rows")
+            full = sum(lt == 128 for _, lt in blk.qtiles)
+            if full:
+                b.tensor_copy(src[:, :full, :], blk.qrows[:, :full, :E], engine="pool")
+            for i, (_, lt) in enumerate(blk.qtiles[full:], start=full):
+                b.tensor_copy(src[:lt, i, :], blk.qrows[:lt, i, :E], engine="pool")
+        loaded = [src[:, i, :E] for i in range(len(blk.qtiles))]
+        _transpose_into(b, loaded, blk.qtiles, E, self.p1_dt, blk.qt, 0, "dve")  # pass 1 is VectorE's
         masks = self.masks
         blk.rows = masks.row(blk.bi, blk.h) if masks is not None and masks.kind == "row" else None
+        blk.rows1 = None
+        if blk.rows is not None:
+            blk.rows1 = blk.rows[0]
+            if self.p1_dt != self.aux_dt:  # the mask row for pass 1, cast once per row
+                hit = self._rows1.get(id(blk.rows[0]))
+                if hit is None:
+                    hit = b.sbuf((2, self.form.S), self.p1_dt, site="attn.m.hl1", bufs=2)
+                    b.tensor_copy(hit, blk.rows[0], engine="pool")
+                    self._rows1[id(blk.rows[0])] = hit
+                blk.rows1 = hit
         n = len(blk.qtiles) * -(-self.form.S // _KB) * _KB * 4
         blk.full_cache = {} if n <= _MASK_CACHE_BYTES else None
 
     def _pass1(self, blk: "_Block"):
         """Row maxima of a block's queries (the softmax's stabiliser: approximate is fine), one
         score block per step; then the stabiliser rows pass 2 contracts with."""
-        f, b, c = self.form, self.b, self.c
+        f, b, c, c1 = self.form, self.b, self.c, self.c1
         E = f.E
         kv, qt, rows, qtiles = blk.kv, blk.qt, blk.rows, blk.qtiles
         nt = len(qtiles)
@@ -710,22 +764,22 @@ class _Forward:
             s0, kw = _chunks(his[i], _KB)[j]
             kv = blk.kvs[blk.seg_of[i]]
             if kv.resident:
-                kts = kv.kt(s0, kw)
+                kts = kv.kt_as(s0, kw, self.p1_dt)
             else:
                 if streamed[0] != j:
-                    streamed = (j, kv.kt(s0, min(_KB, max(his) - s0)))
+                    streamed = (j, kv.kt_as(s0, min(_KB, max(his) - s0), self.p1_dt))
                 kts = [t[:, :kw] for t in streamed[1]]
             ps = b.psum((128, _KB), "float32", site="attn.ps.s1", bufs=2)
             for e, (e0, ec) in enumerate(kv.echunks):
                 b.matmul(ps[:lt, :kw], qt[e][:ec, t0:t0 + lt], kts[e], accumulate=e > 0)
             if rows is not None:
-                b.matmul(ps[:lt, :kw], c.ones[:2, :lt], rows[0][:2, s0:s0 + kw], accumulate=True)
+                b.matmul(ps[:lt, :kw], c1.ones[:2, :lt], blk.rows1[:2, s0:s0 + kw], accumulate=True)
             elif self.masks is not None:  # the stabiliser needs no more than the hi part
                 hi, lo = self._full_block(blk, i, q0, lt, j, s0, kw)
                 b.matmul(ps[:lt, :kw], c.ident[:lt, :lt], hi, accumulate=True)
             if self.causal and s0 <= q0 < s0 + kw:
                 cw = min(128, s0 + kw - q0)
-                b.matmul(ps[:lt, q0 - s0:q0 - s0 + cw], c.ident[:lt, :lt], c.causal[:lt, :cw], accumulate=True)
+                b.matmul(ps[:lt, q0 - s0:q0 - s0 + cw], c1.ident[:lt, :lt], c1.causal[:lt, :cw], accumulate=True)
             if pending is not None:
                 b.tensor_reduce(*pending, "max")
                 yield
@@ -747,6 +801,9 @@ class _Forward:
             blk.stab = None
         else:
             blk.qt2 = qt
+            if self.p1_dt != self.pe_dt:  # pass 1 saw bf16 queries; pass 2 contracts the exact ones
+                blk.qt2 = [b.sbuf((128, 512), self.pe_dt, site=f"attn.qt2{e}") for e in range(len(kv.echunks))]
+                self._transpose_rows(qrows, qtiles, E, blk.qt2)
             blk.stab = [b.sbuf((128, 512), self.aux_dt, site="attn.stab")]
             _transpose_into(b, [rc[:, i, :] for i in range(nt)], qtiles, 2, self.aux_dt, blk.stab, 0)
 
