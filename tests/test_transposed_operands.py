@@ -106,6 +106,20 @@ def test_contiguous_of_a_permuted_view_matches_cpu(name):
     check("tilescope::copy", (xi,), {}, {"dst": xi.contiguous()}, {"src": xi}, rule="dma", tol=0)
 
 
+def test_an_op_whose_result_keeps_its_inputs_permuted_layout_runs_as_its_memory_does():
+    # torch lays a unary op's result out as its input (a channels-last map, a transposed view):
+    # the same permutation on both sides is contiguous memory, not a transpose
+    x = stored((2, 9, 11, 40), (0, 3, 1, 2))
+    low = check("aten::relu", (x,), {}, {"out": torch.relu(x)}, {"in_self": x}, rule="elementwise")
+    assert transposes(low) == 0
+    x, o = _t((8, 56, 56, 64), (0, 3, 1, 2), torch.float32), _t((8, 56, 56, 64), (0, 3, 1, 2), torch.float32)
+    low = lowered("aten::relu", (x,), o)
+    assert bound_ns(x, o) <= low.modeled_ns <= 1.3 * bound_ns(x, o), low.modeled_ns / bound_ns(x, o)
+    y = _t((8, 1024, 512), (0, 2, 1), torch.float32)
+    low = lowered("tilescope::copy", (y,), _t((8, 1024, 512), (0, 2, 1), torch.float32))
+    assert low.modeled_ns <= 1.5 * bound_ns(y, y, copy=True), low.modeled_ns / bound_ns(y, y, copy=True)
+
+
 def test_no_transposed_operand_no_plan():
     # the innermost dim contiguous in both: runs of a row, no transpose needed
     assert transposed_plan((2, 12, 512, 64), [(393216, 32768, 64, 1), (393216, 64, 768, 1)],

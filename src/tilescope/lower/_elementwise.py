@@ -17,7 +17,7 @@ from collections import Counter
 from ..isa import AP, RuntimeScalar
 from ..program import TileBuilder, View
 from ._call import Call, ScalarArg, TensorMeta
-from ._layout import coalesce, hbm_input, hbm_output, load_operand, plan_ns, spread
+from ._layout import coalesce, hbm_input, hbm_output, load_operand, memory_order, plan_ns, spread
 from ._transposed import out_shape, queues, row_ap, subtiles, transpose_in, transposed_ns, transposed_plan, transposed_tiles
 from ._rules import Rule, add_rules
 
@@ -685,7 +685,7 @@ def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: Tensor
         return False
     shape = out.shape
     strides = [tuple(out.stride)] + [broadcast_strides(m, shape) for _, m in tensors]
-    cshape, cstrides = coalesce(tuple(shape) or (1,), [s or (0,) for s in strides] if not shape else strides)
+    cshape, cstrides = coalesce(*memory_order(tuple(shape) or (1,), [s or (0,) for s in strides] if not shape else strides))
     max_free = _MAX_FREE if len(tensors) <= 2 else _MAX_FREE // 2
     dtypes = [out.device_dtype] + [m.device_dtype for _, m in tensors]
     layout = spread(cshape, cstrides, dtypes, spec, max_free=max_free)

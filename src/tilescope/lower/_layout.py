@@ -29,7 +29,7 @@ from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import TensorMeta
 
-__all__ = ["hbm_input", "hbm_output", "strided_view", "coalesce", "TilePlan", "Tile", "device_dtype", "spread",
+__all__ = ["hbm_input", "hbm_output", "strided_view", "coalesce", "memory_order", "TilePlan", "Tile", "device_dtype", "spread",
            "compact_load", "load_operand", "plan_ns", "Layout"]
 
 
@@ -79,6 +79,19 @@ def coalesce(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tu
     new_shape = tuple(n for n, _ in merged)
     new_strides = [tuple(st[k] for _, st in merged) for k in range(len(strides))]
     return new_shape, new_strides
+
+
+def memory_order(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
+    """The dims of an elementwise iteration space ordered as the first operand (the output) lays
+    them out in memory, outermost first -- the order is free when every element is independent,
+    and a permuted output (a channels-last feature map, an op over a transposed view, whose
+    result torch lays out as its input) then coalesces as its memory does.
+
+    >>> memory_order((8, 1024, 512), [(524288, 1, 1024), (524288, 1, 1024)])
+    ((8, 512, 1024), [(524288, 1024, 1), (524288, 1024, 1)])
+    """
+    order = sorted(range(len(shape)), key=lambda d: -abs(strides[0][d]))  # stable: ties keep their order
+    return tuple(shape[d] for d in order), [tuple(st[d] for d in order) for st in strides]
 
 
 def _planes(shape, part_dims: int = 1) -> tuple[tuple[int, ...], tuple[int, int], tuple[int, ...]]:

@@ -17,7 +17,7 @@ from ..isa import AP
 from ..program import TileBuilder, View
 from ._call import Call, TensorMeta
 from ._elementwise import broadcast_strides
-from ._layout import TilePlan, coalesce, hbm_input, hbm_output, plan_ns, spread
+from ._layout import TilePlan, coalesce, hbm_input, hbm_output, memory_order, plan_ns, spread
 from ._transposed import out_shape, queues, row_ap, subtiles, transpose_in, transposed_ns, transposed_plan, transposed_tiles
 from ._rules import Rule, add_rules
 
@@ -29,7 +29,7 @@ _MAX_FREE = 4096
 def _copy_into(b: TileBuilder, spec, src: TensorMeta, src_view: View, dst: TensorMeta, dst_view: View,
                shape, src_strides, dst_strides, site: str) -> None:
     """Copy ``src`` (broadcast over ``shape``) into ``dst``; both given as views with their strides."""
-    cshape, (cd, cs) = coalesce(tuple(shape) or (1,), [tuple(dst_strides) or (0,), tuple(src_strides) or (0,)])
+    cshape, (cd, cs) = coalesce(*memory_order(tuple(shape) or (1,), [tuple(dst_strides) or (0,), tuple(src_strides) or (0,)]))
     convert = src.device_dtype != dst.device_dtype
     dtypes = [dst.device_dtype, src.device_dtype]
     layout = spread(cshape, [cd, cs], dtypes, spec, max_free=_MAX_FREE) if convert else None
