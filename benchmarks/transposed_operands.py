@@ -42,9 +42,13 @@ def cases(dtype):
         ("ViT tokens [B,N,C] -> [B,C,N], 32x197x768", (32, 197, 768), (0, 2, 1)),
     ):
         x = _view(storage, perm, dtype)
-        o = torch.empty(*x.shape, dtype=dtype)
+        o = torch.empty(*x.shape, dtype=dtype)  # contiguous
         out.append((f"contiguous() {label}", "tilescope::copy", (x,), o))
         out.append((f"add       {label}", "aten::add.Tensor", (x, o), o))
+    # torch lays a unary op's result out as its input: the same permutation in and out
+    x = _view((16, 56, 56, 64), (0, 3, 1, 2), dtype)
+    out.append(("relu of a channels-last map (result channels-last)", "aten::relu", (x,),
+                _view((16, 56, 56, 64), (0, 3, 1, 2), dtype)))
     return out
 
 
