@@ -167,7 +167,7 @@ def _slices(trace) -> dict:
     """Every entry's slices, sorted by (lane, start, end descending, eid): the nesting's order."""
     names: dict = {}
     parts, base = [], 0
-    entries = trace._take_entry_columns()
+    entries = trace._entry_columns()
     while entries:  # each entry's columns are let go of once its slices are taken
         rank, cols, device_lane = entries.pop(0)
         parts.append(_entry_slices(rank, cols, device_lane, base, names))

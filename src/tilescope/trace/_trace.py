@@ -104,52 +104,61 @@ class Trace:
             con = duckdb.connect()
             con.execute(f"SET threads={max(1, os.cpu_count() or 1)}")
             con.execute("SET memory_limit='2GB'")
-            if "columns" not in self._cache:
-                self._entry_columns()  # (writes lanes.parquet, which the views read)
+            self._ensure_lanes()  # (the views read lanes.parquet)
             self._con = con
             self._make_views()
         return self._con
 
+    def _with_events(self) -> list[tuple[str, int]]:
+        return [(e, r) for e, r in zip(self.entries, self.ranks)
+                if _glob.glob(os.path.join(e, "events", "*", "*.parquet"))]
+
+    def _ensure_lanes(self) -> None:
+        """Every entry's lanes.parquet (derived from the events' columns on first use, without
+        a database), then the check for device-looking events no rule classifies (once)."""
+        from ._columns import read_entry, write_lanes
+
+        for e, r in self._with_events():
+            ensure_lanes(e, lambda dst, e=e, r=r: write_lanes(read_entry(e, r), r, dst))
+        if not self._cache.get("checked"):
+            self._cache["checked"] = True
+            self._check_devices()
+
     def _entry_columns(self) -> list:
         """Per entry with events: (rank, its columns as arrays, device side per lane code),
-        read once without a database (``_columns``); writes each entry's lanes.parquet on
-        first use and warns about device-looking events no rule classifies."""
-        if self._cache.get("columns") is None:
-            import numpy as np
+        read without a database (``_columns``; the nesting's input, not kept: a second
+        call reads them again). Writes each entry's lanes.parquet if it is not there yet."""
+        import numpy as np
 
-            from ._columns import lane_rows, read_entry, write_lanes
+        from ._columns import lane_rows, read_entry, write_lanes
 
-            out, lanes = [], []
-            for e, r in zip(self.entries, self.ranks):
-                cols = read_entry(e, r)
-                if cols is None:
-                    continue
-                rows = lane_rows(cols, r)
-                ensure_lanes(e, lambda dst, c=cols, rk=r, rw=rows: write_lanes(c, rk, dst, rows=rw))
-                device = np.zeros(len(cols.lane_keys) + 1, dtype=bool)
-                device[rows["lane_code"]] = [side == "device" for side in rows["side"]]
-                out.append((r, cols, device))
-                lanes += [(side, proc if proc is not None else pid, other) for side, proc, pid, other
-                          in zip(rows["side"], rows["process_name"], rows["pid"], rows["other_cats"]) if other is not None]
-            self._cache["columns"] = out
-            if not self._cache.get("checked"):
-                self._cache["checked"] = True
-                self._check_devices(lanes)
-        return self._cache["columns"]
-
-    def _take_entry_columns(self) -> list:
-        """:meth:`_entry_columns`, handed over: the cache lets go of them (the nesting is
-        their last user; a later call reads them again)."""
-        out = self._entry_columns()
-        self._cache["columns"] = None
+        out = []
+        for e, r in self._with_events():
+            cols = read_entry(e, r)
+            if cols is None:
+                continue
+            rows = lane_rows(cols, r)
+            ensure_lanes(e, lambda dst, c=cols, rk=r, rw=rows: write_lanes(c, rk, dst, rows=rw))
+            device = np.zeros(len(cols.lane_keys) + 1, dtype=bool)
+            device[rows["lane_code"]] = [side == "device" for side in rows["side"]]
+            out.append((r, cols, device))
+        self._ensure_lanes()
         return out
 
-    def _check_devices(self, lanes: list) -> None:
+    def _check_devices(self) -> None:
         """Warn about events that look like device work but that no rule classifies (so a
-        trace from an accelerator tilescope does not know is never reported as CPU-only).
-        ``lanes``: (side, process name or pid, unclassified categories as JSON) per lane."""
+        trace from an accelerator tilescope does not know is never reported as CPU-only)."""
+        import pyarrow.parquet as pq
+
         from ._devices import CATEGORY_HINT, unclassified_device_events
 
+        lanes = []
+        for e in self.entries:
+            f = os.path.join(e, "lanes.parquet")
+            if os.path.exists(f):
+                t = pq.ParquetFile(f).read(columns=["side", "process_name", "pid", "other_cats"]).to_pydict()
+                lanes += [(side, proc if proc is not None else pid, other) for side, proc, pid, other
+                          in zip(t["side"], t["process_name"], t["pid"], t["other_cats"]) if other is not None]
         found = unclassified_device_events(lanes)
         if found:
             listed = "; ".join(f"{cat} ({n:,} events, {where})" for where, cat, n in found[:6])
