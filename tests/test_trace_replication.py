@@ -291,6 +291,61 @@ def test_block_views_at_loop_indices_match_numpy():
 
 
 @tilescope.kernel
+def masked_block_views(x, out):
+    """Views made from new index variables in every iteration (a fresh tl.arange), one of
+    them broadcast onto another result axis than its own, and a mask on it."""
+    n, d = x.shape
+    i_p0, i_f0 = tl.mgrid[0:128, 0:d]
+    blk = tl.ndarray((n // 128, tl.par_dim(128), d), tl.float32)
+    for k in tl.affine_range(n // 128):
+        blk[k, i_p0, i_f0] = tl.load(x[k * 128 + i_p0, i_f0])
+    for k in tl.affine_range(n // 128):
+        i_p = tl.arange(128)[:, None]
+        j = tl.arange(d)  # (its own axis 0; axis 1 of the view)
+        tl.store(out[k * 128 + i_p, j[None, :]], value=blk[k, i_p, j], mask=(j < 10))
+
+
+def test_views_of_new_index_variables_match_numpy():
+    x = np.random.default_rng(5).standard_normal((512, 64)).astype(np.float32)
+    out = np.zeros_like(x)
+    masked_block_views.cache_clear()
+    tilescope.simulate(masked_block_views, x, out)
+    masked_block_views.cache_clear()
+    np.testing.assert_array_equal(out[:, :10], x[:, :10])
+    assert not out[:, 10:].any()
+
+
+_VIEWS: list = []
+
+
+@tilescope.kernel
+def views_of_fresh_variables(x, out):
+    from tilescope.lang._semantic import _tile_index
+
+    blk = tl.ndarray((4, tl.par_dim(128), 64), tl.float32)
+    for k in (1, 1, 1):  # the second and third views are cache hits, each with new variables
+        i_p = tl.arange(128)[:, None]
+        j = tl.arange(64)
+        for index in ((k, i_p, j), (k, i_p, j[None, :]), (k, i_p, 5 + j)):
+            v, ref = blk[index], _tile_index(blk, index)
+            _VIEWS.append(((v.offset, v.dims, v.checks, v.axis_vars), (ref.offset, ref.dims, ref.checks, ref.axis_vars)))
+    blk[0, :, :] = tl.load(x)
+    tl.store(out, blk[0])
+
+
+def test_cached_views_are_those_of_the_full_index():
+    """Views cached by the index's structure map each index variable to the call's own
+    (every tl.arange makes new ones): the same offset, dims, checks and axes as uncached."""
+    _VIEWS.clear()
+    views_of_fresh_variables.cache_clear()
+    views_of_fresh_variables.program_for(S((128, 64), "float32"), S((128, 64), "float32"))
+    views_of_fresh_variables.cache_clear()
+    assert len(_VIEWS) == 9
+    for got, ref in _VIEWS:
+        assert got == ref
+
+
+@tilescope.kernel
 def block_past_the_end(x, out):
     i_p, i_f = tl.mgrid[0:128, 0:64]
     blk = tl.ndarray((6, tl.par_dim(128), 64), tl.float32)

@@ -983,7 +983,7 @@ def _index_key(t: Tile, index):
         if c is IndexExpr:
             if ix.const.__class__ is Sym:
                 return None
-            parts.append((ix.shape, ix.const, ix.terms))
+            parts.append("ix")  # (cached by _expr_tile_index: its variables are new in each call of mgrid)
         elif c is slice:
             if ix.start.__class__ is Sym or ix.stop.__class__ is Sym or ix.step.__class__ is Sym:
                 return None  # views at loop indices are not cached: a Sym is not hashed
@@ -1006,8 +1006,8 @@ def tile_index(t: Tile, index) -> Tile:
     if t.checks or t.axis_vars:
         return _tile_index(t, index)
     key = _index_key(t, index)
-    if key is None:
-        return _sym_tile_index(ctx, t, index)
+    if key is None or "ix" in key:
+        return _expr_tile_index(ctx, t, index)
     hit = ctx.index_cache.get(key)
     if hit is not None:
         offset, dims, checks, axis_vars, pdim = hit
@@ -1017,15 +1017,17 @@ def tile_index(t: Tile, index) -> Tile:
     return view
 
 
-def _sym_tile_index(ctx, t: Tile, index) -> Tile:
-    """``t[index]`` for an index with loop indices (Syms: integers on block dims, constants
-    of tl.arange / tl.mgrid expressions): the view is affine in them, so what the structure
-    decides is cached (dims, checks, axis variables, the offset's constant part) and the
-    offset is summed again from the Syms -- each integer index still checked by the same
-    comparisons (the loop's guards) as without the cache."""
+def _expr_tile_index(ctx, t: Tile, index) -> Tile:
+    """``t[index]`` for an index with tl.arange / tl.mgrid expressions, maybe with loop
+    indices (Syms: integers on block dims, the expressions' constants). The view is affine
+    in those, so what the index's structure decides is cached (dims, checks, which result
+    axes the index variables span, the offset's constant part) and the offset is summed
+    again from the Syms -- each integer index still checked by the same comparisons (the
+    loop's guards) as without the cache. Index variables are matched by order of first
+    use: each ``tl.mgrid`` call makes new ones."""
     from ._index import _int_position
 
-    key, syms = _sym_index_key(t, index)
+    key, syms, variables = _expr_index_key(t, index)
     if key is None:
         return _tile_index(t, index)
     hit = ctx.index_cache.get(key)
@@ -1039,41 +1041,48 @@ def _sym_tile_index(ctx, t: Tile, index) -> Tile:
             if v.__class__ is Sym:  # an integer index (a position: counted from the end when negative)
                 base -= stride * (v.value + size if v.value < 0 else v.value)
             else:  # an index expression's constant
-                base -= stride * (v.const.value if v.const.__class__ is Sym else v.const)
+                base -= stride * v.const.value
             specs.append((d, stride, size))
-        ctx.index_cache[key] = (base, view.dims, view.checks, view.axis_vars, view.pdim, tuple(specs))
+        number = {v: k for k, v in enumerate(variables)}
+        axes = tuple((number[v], a) for v, a in view.axis_vars)
+        ctx.index_cache[key] = (base, view.dims, view.checks, axes, view.pdim, tuple(specs))
         return view
-    base, dims, checks, axis_vars, pdim, specs = hit
+    base, dims, checks, axes, pdim, specs = hit
     offset = t.offset + base
-    consts = {}
-    for (d, stride, size), (_, v) in zip(specs, syms):
-        if v.__class__ is Sym:
-            offset = offset + stride * _int_position(v, d, size, t, t.shape)
-        else:
-            offset = offset + stride * v.const
-            consts[d] = v.const
-    checks = tuple(Check(c.dim, c.size, consts[c.dim], c.coefs) if c.dim in consts else c for c in checks)
+    if specs:
+        consts = {}
+        for (d, stride, size), (_, v) in zip(specs, syms):
+            if v.__class__ is Sym:
+                offset = offset + stride * _int_position(v, d, size, t, t.shape)
+            else:
+                offset = offset + stride * v.const
+                consts[d] = v.const
+        checks = tuple(Check(c.dim, c.size, consts[c.dim], c.coefs) if c.dim in consts else c for c in checks)
+    axis_vars = tuple(sorted((variables[k], a) for k, a in axes))
     return Tile(t.buffer, offset, dims, checks, axis_vars, pdim=pdim, state=t.state)
 
 
-def _sym_index_key(t: Tile, index):
-    """(key, syms) for :func:`_sym_tile_index`: the index's structure with each loop-index
-    value left out, and those parts as (dim, value) -- or (None, None) if the index is not
-    of that form (it needs a tl.arange / tl.mgrid expression; no '...', no Sym slices)."""
+def _expr_index_key(t: Tile, index):
+    """(key, syms, variables) for :func:`_expr_tile_index`: the index's structure with each
+    loop-index value left out and index variables numbered by first use; those Sym parts as
+    (dim, value); the variables in that order -- or (None, None, None) if the index is not of
+    that form (it needs a tl.arange / tl.mgrid expression; no '...', no Sym slices)."""
     if t.offset.__class__ is Sym:
-        return None, None
-    parts = ["sym", t.offset, t.dims, t.pdim]  # (any buffer: the view keeps t's)
+        return None, None, None
+    parts = ["expr", t.offset, t.dims, t.pdim]  # (any buffer: the view keeps t's)
     syms = []
+    number: dict = {}
     advanced = False
     for d, ix in enumerate(index if isinstance(index, tuple) else (index,)):
         c = ix.__class__
         if c is IndexExpr:
             advanced = True
+            terms = tuple((number.setdefault(v, len(number)), a, k) for v, a, k in ix.terms)
             if ix.const.__class__ is Sym:
-                parts.append(("E", ix.shape, ix.terms))
+                parts.append(("E", ix.shape, terms))
                 syms.append((d, ix))
             else:
-                parts.append((ix.shape, ix.const, ix.terms))
+                parts.append((ix.shape, ix.const, terms))
         elif c is Sym:
             parts.append(("S",))
             syms.append((d, ix))
@@ -1083,10 +1092,10 @@ def _sym_index_key(t: Tile, index):
                 and ix.step.__class__ is not Sym:
             parts.append((c.__name__, ix.start, ix.stop, ix.step))
         else:
-            return None, None
-    if not advanced or not syms:
-        return None, None
-    return tuple(parts), syms
+            return None, None, None
+    if not advanced:
+        return None, None, None
+    return tuple(parts), syms, list(number)
 
 
 def _tile_index(t: Tile, index) -> Tile:
