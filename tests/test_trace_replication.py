@@ -546,7 +546,7 @@ def test_quick_offset_check_agrees_with_the_full_check():
             ok = True
         except ProgramError:
             ok = False
-        bufs, offs = b._row(moved)
+        bufs, offs = b._row(operands_of(moved))
         assert b._offsets_ok(int(tm[i]), bufs, offs) == ok, (moved, shift)
         outcomes.add(ok)
     assert outcomes == {True, False}

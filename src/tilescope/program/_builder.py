@@ -489,10 +489,11 @@ class TileBuilder:
         return self._buffers[name]
 
     # ---- emission ----------------------------------------------------------
-    def _row(self, instr) -> tuple[list, list]:
+    def _row(self, ops) -> tuple[list, list]:
+        """Buffer ids and offsets of operands ``ops`` (APs)."""
         ids = self._ids
         bufs, offs = [], []
-        for ap in operands_of(instr):
+        for ap in ops:
             i = ids.get(ap.buffer)
             bufs.append(i if i is not None else self.buffer_id(ap.buffer))
             offs.append(ap.offset)
@@ -517,25 +518,23 @@ class TileBuilder:
         same records and offsets, so only what offsets decide is checked again (bounds,
         start partitions, PSUM banks: :meth:`_offsets_ok`); the full check runs otherwise,
         and whenever that quick one fails (for its error)."""
-        key = self._template_key(instr)
-        t = self._template_ids.get(key) if key is not None else None
-        if t is not None and self.check:
-            try:
-                bufs, offs = self._row(instr)
-            except KeyError:  # (an unknown buffer: the full check names it)
+        try:
+            key, ops = self._template_key(instr)
+            bufs, offs = self._row(ops)
+        except KeyError:  # (an unknown buffer: the full check names it)
+            if self.check:
                 check_instruction(instr, self._buffers, self.spec)
-                raise
-            if not self._offsets_ok(t, bufs, offs):
+            raise
+        t = self._template_ids.get(key)
+        if t is not None:
+            if self.check and not self._offsets_ok(t, bufs, offs):
                 check_instruction(instr, self._buffers, self.spec)
             return t, bufs, offs
         if self.check:
             check_instruction(instr, self._buffers, self.spec)
-        if t is None:
-            t = len(self._templates)
-            self._templates.append(instr)
-            if key is not None:
-                self._template_ids[key] = t
-        bufs, offs = self._row(instr)
+        t = len(self._templates)
+        self._templates.append(instr)
+        self._template_ids[key] = t
         return t, bufs, offs
 
     def _offsets_ok(self, t: int, bufs: list, offs: list) -> bool:
@@ -566,24 +565,33 @@ class TileBuilder:
                     return False
         return True
 
-    def _template_key(self, instr: Instruction):
+    def _template_key(self, instr: Instruction) -> tuple[tuple, list]:
         """What a row shares with its template: the class, every field but the operands'
         buffers and offsets (values by type and exact value; other objects by identity) and
-        the operands' buffer records but their names. None: not shared."""
+        the operands' buffer records but their names; and the operands (APs, in slot order)."""
         names, values = field_access(type(instr))
         buffers = self._buffers
-        parts = [instr.__class__]
+        parts: list = [instr.__class__]
+        ops = []
         for v in values(instr):
             c = v.__class__
             if c is AP:
                 b = buffers[v.buffer]
                 parts.append((v.dtype, v.dims, b.memory, b.shape, b.dtype))
+                ops.append(v)
             elif c is tuple:
-                parts.append(tuple((x.dtype, x.dims, buffers[x.buffer].memory, buffers[x.buffer].shape,
-                                    buffers[x.buffer].dtype) if x.__class__ is AP else _exact(x) for x in v))
+                part = []
+                for x in v:
+                    if x.__class__ is AP:
+                        b = buffers[x.buffer]
+                        part.append((x.dtype, x.dims, b.memory, b.shape, b.dtype))
+                        ops.append(x)
+                    else:
+                        part.append(_exact(x))
+                parts.append(tuple(part))
             else:
                 parts.append(_exact(v))
-        return tuple(parts)
+        return tuple(parts), ops
 
     def rows(self, start: int, stop: int):
         """Columns of instructions ``[start, stop)``: (template ids, provenance, buffer ids, offsets)."""
