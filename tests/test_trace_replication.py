@@ -385,6 +385,22 @@ def test_replicated_values_match_numpy(kernel, args, monkeypatch):
     np.testing.assert_array_equal(results[0], results[1])
 
 
+def test_a_replicated_program_read_back_has_its_hash(monkeypatch):
+    """Replicas' buffers are named from their records (not spelt out); read back from the
+    executable every name is spelt out: the hash (its names part too) is the same."""
+    from tilescope.program import Program
+
+    monkeypatch.setenv("TILESCOPE_TRACE_REPLICATE", "1")
+    nested_blocks.cache_clear()
+    p = nested_blocks.program_for(S((4096, 64), "float32"), S((4096, 64), "float32")).program
+    nested_blocks.cache_clear()
+    assert any(n is None for n in p.columns.names)
+    back = Program.from_json(p.dumps())
+    assert all(n is not None for n in back.columns.names)
+    assert back.columns.names_digest() == p.columns.names_digest()
+    assert back.hash == p.hash
+
+
 def test_most_iterations_are_replicated_and_the_program_says_which(monkeypatch):
     mk = _example("matmul/matmul_kernels")
     monkeypatch.setenv("TILESCOPE_TRACE_REPLICATE", "1")

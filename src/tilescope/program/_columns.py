@@ -102,6 +102,23 @@ class Columns:
         kn = [k.name for k in self.kinds]
         return [n if n is not None else f"{kn[k]}~r{b}" for b, (n, k) in enumerate(zip(self.names, self.kind.tolist()))]
 
+    def names_digest(self) -> bytes:
+        """Every buffer's name (:meth:`all_names`) as bytes, in a form that does not build
+        the names of replicas: each name that ends with ``~r<its id>`` as its prefix and a
+        flag, others whole. The same for any columns with the same names, however they
+        are kept (as replicas of records, or spelt out)."""
+        kn = [k.name for k in self.kinds]
+        parts = list(map(kn.__getitem__, self.kind.tolist()))
+        implicit = np.array([n is None for n in self.names], dtype=bool)
+        for b in np.flatnonzero(~implicit).tolist():
+            name = self.names[b]
+            m = _REPLICA.search(name)
+            if m is not None and int(m.group(1)) == b and m.group(1) == str(b):
+                parts[b], implicit[b] = name[:m.start()], True
+            else:
+                parts[b] = name
+        return "\0".join(parts).encode() + b"\1" + implicit.tobytes()
+
     def buffer(self, b: int) -> Buffer:
         rec = self.kinds[self.kind[b]]
         return rec if self.names[b] == rec.name else dataclasses.replace(rec, name=self.name(b))

@@ -232,7 +232,7 @@ class Program:
         keys, per_buffer = _first_seen([(k.memory, k.shape, k.dtype, k.role) for k in cols.kinds], cols.kind)
         h.update(repr(keys).encode())
         h.update(per_buffer.tobytes())
-        h.update("\0".join(cols.all_names()).encode())
+        h.update(cols.names_digest())
         if self._instr_prov is not None:  # (the slots' records, without their members' names)
             slots = [(r.name, r.addr, r.nbytes) for r in self._slot_records]
         else:
