@@ -176,6 +176,7 @@ class KernelContext:
         self.site_labels: dict[str, str] = {}
         self._prov: dict[tuple, Provenance] = {}
         self._positions: dict = {}
+        self._sites: dict = {}  # (code, instruction offset) -> site (see site)
         self.instance = 0
         self.index_cache: dict = {}  # tile view by index structure (see _semantic.tile_index)
         self.consts: dict = {}  # tiles made once per kernel (ones rows, engine registers, constants)
@@ -205,12 +206,15 @@ class KernelContext:
         if f is None:
             return "kernel"
         code = f.f_code
+        site = self._sites.get((code, f.f_lasti))
+        if site is not None and site in self.site_labels:
+            return site
         pos = self._positions.get(code)
         if pos is None:
             pos = self._positions[code] = list(code.co_positions())
         k = f.f_lasti // 2
         col = pos[k][2] if k < len(pos) and pos[k][2] is not None else 0
-        site = f"{display_path(code.co_filename)}:{f.f_lineno}:{col + 1}"
+        site = self._sites[(code, f.f_lasti)] = f"{display_path(code.co_filename)}:{f.f_lineno}:{col + 1}"
         if site not in self.site_labels:
             self.site_labels[site] = self.label
         return site
