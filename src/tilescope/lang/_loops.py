@@ -664,9 +664,9 @@ def _plan(ctx, it0: _Iteration | None, it1: _Iteration, it2: _Iteration, skip: t
     nb = it2.buf1 - it2.buf0
     if it1.buf1 - it1.buf0 != nb:
         return None
-    kk = _kind_keys(ctx)
-    kind = b._kind
-    if [kk[k] for k in kind[it1.buf0:it1.buf1]] != [kk[k] for k in kind[it2.buf0:it2.buf1]]:
+    kk = np.asarray(_kind_keys(ctx), dtype=np.int64)
+    kind = b.kind_array()
+    if not _same(kk[kind[it1.buf0:it1.buf1]], kk[kind[it2.buf0:it2.buf1]]):
         return None
     t1, p1, b1, o1 = b.rows(it1.instr0, it1.instr1)
     if skip:

@@ -651,13 +651,17 @@ class TileBuilder:
 
     def kind_array(self) -> np.ndarray:
         """Per buffer id its record index, as an array (grown as buffers are added)."""
-        have = self.__dict__.get("_kind_np")
-        n = len(self._kind)
-        if have is None or len(have) != n:
-            start = 0 if have is None else len(have)
-            add = np.asarray(self._kind[start:], dtype=np.int64)
-            have = self._kind_np = add if have is None else np.concatenate([have, add])
-        return have
+        arr = self.__dict__.get("_kind_np")
+        have, n = self.__dict__.get("_kind_n", 0), len(self._kind)
+        if arr is None or have != n:
+            if arr is None or len(arr) < n:  # (grown by doubling: loops add buffers a body at a time)
+                grown = np.empty(max(n, 2 * (len(arr) if arr is not None else 0), 1024), dtype=np.int64)
+                if have:
+                    grown[:have] = arr[:have]
+                arr = self._kind_np = grown
+            arr[have:n] = self._kind[have:n]
+            self._kind_n = n
+        return arr[:n]
 
     def _kind_arrays(self):
         """Per buffer record: size, row length, on chip, in PSUM, and an id of those four
