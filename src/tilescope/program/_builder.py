@@ -656,7 +656,7 @@ class TileBuilder:
         if arr is None or have != n:
             if arr is None or len(arr) < n:  # (grown by doubling: loops add buffers a body at a time)
                 grown = np.empty(max(n, 2 * (len(arr) if arr is not None else 0), 1024), dtype=np.int64)
-                if have:
+                if arr is not None:
                     grown[:have] = arr[:have]
                 arr = self._kind_np = grown
             arr[have:n] = self._kind[have:n]
