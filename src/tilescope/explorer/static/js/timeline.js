@@ -286,10 +286,11 @@ export class Timeline {
 
   // The window requests for the view (with half a view of margin each side): one per visible
   // stretch of real time between collapsed waits, each with its share of the pixels.
-  _params() {
+  // margin: of the view each side; detail: pixels asked per pixel of the plot.
+  _params(margin = 0.5, detail = 1) {
     const w = this.t1 - this.t0;
-    const u0 = this.t0 + this.offD - 0.5 * w, u1 = this.t1 + this.offD + 0.5 * w;
-    const pxPerU = (this.plotW * 2) / (this.t1 - this.t0);
+    const u0 = this.t0 + this.offD - margin * w, u1 = this.t1 + this.offD + margin * w;
+    const pxPerU = (this.plotW * (1 + 2 * margin) * detail) / (u1 - u0);
     const segs = [];
     for (const [a, b] of this.axisMap.segments(u0, u1)) {
       const r0 = Math.max(0, Math.floor(this.axisMap.Dinv(a)));
@@ -373,6 +374,8 @@ export class Timeline {
         const p = this._params();
         const force = this.forceSeq && this.forceSeq <= seq && this.forceSeq > this.doneSeq;
         if (force || !this._covers(p)) {
+          if (!this.firstDraw && !this.data) await this._firstCoarse();
+          if (this.dead) break;
           const t = performance.now();
           const data = await this._fetch(p);
           if (this.dead) break;
@@ -404,6 +407,22 @@ export class Timeline {
     } finally {
       this.running = false;
     }
+  }
+
+  // The very first view paints from a coarse level of detail: the view alone (no margin) at a
+  // quarter of the plot's pixels, about an eighth of the full answer's buckets. The full
+  // answer is asked for at once after and replaces it.
+  async _firstCoarse() {
+    const t = performance.now();
+    const data = await this._fetch(this._params(0, 0.25));
+    if (this.dead) return;
+    const tf = performance.now();
+    this.data = data;
+    await this.afterPaint();
+    const td = performance.now();
+    this.firstDraw = td;
+    this.firstFetch = { ms: td - t, fetch_ms: tf - t, draw_ms: td - tf, events: data.arrays.ev_ref.length,
+                        buckets: data.arrays.bk_lane.length, exact: data.header.exact, total: data.header.total, coarse: true };
   }
 
   _status() {
