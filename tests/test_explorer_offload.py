@@ -90,3 +90,30 @@ def test_without_processes_the_analyses_warm_on_threads(module_cache_dir):
     _warm(s)
     assert len(_offload._procs) == n
     assert "summary-analyses" in s.sources[0].results._done
+
+
+def test_a_request_takes_back_an_analysis_still_queued_for_a_worker(tmp_path):
+    """A small source's analysis queued behind a large one's is computed at once when a
+    request asks for it, instead of after the queue."""
+    import concurrent.futures as cf
+
+    from tilescope.explorer._work import Results
+
+    r = Results(str(tmp_path))
+    queued = cf.Future()  # a worker never takes it
+    assert r.warm_elsewhere("k", lambda: queued, store="k")
+    t = time.monotonic()
+    assert r.get("k", lambda job: 42, store="k") == 42
+    assert time.monotonic() - t < 5 and queued.cancelled()
+    assert r.peek("k") == 42 and not r._jobs
+    # a job a worker already runs is waited for, not computed again
+    running = cf.Future()
+    running.set_running_or_notify_cancel()
+    assert r.warm_elsewhere("j", lambda: running)
+    got = []
+    th = __import__("threading").Thread(target=lambda: got.append(r.get("j", lambda job: "here")))
+    th.start()
+    time.sleep(0.2)
+    running.set_result("there")
+    th.join(5)
+    assert got == ["there"] and r.peek("j") == "there"

@@ -59,8 +59,7 @@ def submit(spec: dict, name: str):
                 th = threading.Thread(target=_feed, name="tilescope-explorer-offload", daemon=True)
                 th.start()
             atexit.register(_stop)
-    fut: cf.Future = cf.Future()
-    fut.set_running_or_notify_cancel()
+    fut: cf.Future = cf.Future()  # pending until a worker takes it: until then it can be cancelled
     _tasks.put((fut, name, spec))
     return fut
 
@@ -79,6 +78,8 @@ def _feed() -> None:
     proc = None
     while True:
         fut, name, spec = _tasks.get()
+        if not fut.set_running_or_notify_cancel():  # a request computed it meanwhile
+            continue
         try:
             if proc is None or proc.poll() is not None:
                 proc = _spawn()

@@ -192,6 +192,7 @@ class _Job:
         self.waiters = 0
         self.traces: list = []  # connections the computation is using (to interrupt)
         self.stop = Token()
+        self.elsewhere = False  # computed by another process (Results.warm_elsewhere)
 
 
 class Results:
@@ -279,6 +280,12 @@ class Results:
                 return None, False
             job = self._jobs.get(key)
             inline = False
+            if job is not None and job.elsewhere and job.future.cancel():
+                # still queued behind other sources' analyses: a request wants it now, so it is
+                # computed here instead of after the queue
+                self._jobs.pop(key)
+                self.background.discard(key)
+                job = None
             if job is None:
                 v = self._stored(store) if store else None
                 if v is not None:
@@ -326,13 +333,17 @@ class Results:
             if fut is None:
                 return False
             self.background.add(key)
-            self._jobs[key] = _Job(fut)
+            job = self._jobs[key] = _Job(fut)
+            job.elsewhere = True
 
         def done(f):
+            if f.cancelled():  # taken back from the queue by a request (see _join)
+                return
             with self._lock:
                 if f.exception() is None:  # a failure is computed again, here, by the next request
                     self._done[key] = f.result()
-                self._jobs.pop(key, None)
+                if self._jobs.get(key) is job:
+                    self._jobs.pop(key)
         fut.add_done_callback(done)
         return True
 

@@ -553,16 +553,7 @@ export class Timeline {
       if (!b) { b = []; batches.set(style, b); }
       b.push(x, y, w);
     };
-    const SHADES = [0.35, 0.55, 0.75, 1];
-    for (let i = 0; i < a.bk_lane.length; i++) {
-      const y = this._rowY(a.bk_lane[i], a.bk_depth[i]);
-      if (y === undefined || y + ROW < top || y > bottom) continue;
-      const x = X(a.bk_start[i]);
-      const bw = Math.max(X(a.bk_start[i] + a.bk_w[i]) - x, 1);
-      if (x + bw < LABEL_W || x > right) continue;
-      const shade = Math.min(3, a.bk_fill[i] >> 6);
-      add(a.bk_key[i] * 8 + shade, x, y, bw);
-    }
+    this._drawBuckets(ctx, a, colors, X, top, bottom);
     const labels = [];
     let sel = null, lastX = -1, lastY = -1;
     for (let i = 0; i < a.ev_ref.length; i++) {
@@ -585,7 +576,7 @@ export class Timeline {
     }
     for (const [style, b] of batches) {
       const shade = style % 8;
-      ctx.globalAlpha = shade === 4 ? 0.18 : SHADES[shade];
+      ctx.globalAlpha = shade === 4 ? 0.18 : 1;
       ctx.fillStyle = colors.get(Math.floor(style / 8));
       // fillRect, not one path of many rects: a rectangle fill is a fast path when rasterised
       for (let j = 0; j < b.length; j += 3) ctx.fillRect(b[j], b[j + 1], b[j + 2], ROW - 1);
@@ -606,6 +597,54 @@ export class Timeline {
       ctx.lineWidth = 2;
       ctx.strokeRect(sel[0], sel[1], Math.max(sel[2], 2), ROW - 1);
     }
+  }
+
+  // Buckets as pixels: each is a column one or a few pixels wide, and tens of thousands of
+  // fillRect calls (with a style change per colour) cost a software-rasterised canvas far
+  // more than writing their pixels into one image drawn at once. The image is transparent
+  // where there is no bucket; each bucket's alpha is its shade (how full it is), composited
+  // over the lanes as a fillRect with that globalAlpha would be.
+  _drawBuckets(ctx, a, colors, X, top, bottom) {
+    const n = a.bk_lane.length;
+    if (!n) return;
+    const dpr = this.dpr, right = LABEL_W + this.plotW;
+    const y0 = Math.max(0, Math.floor(top)), y1 = Math.min(this.totalH, Math.ceil(bottom));
+    const iw = Math.max(1, Math.ceil(this.plotW * dpr)), ih = Math.max(1, Math.ceil((y1 - y0) * dpr));
+    if (!this._bk || this._bk.img.width !== iw || this._bk.img.height !== ih) {
+      const c = document.createElement("canvas");
+      c.width = iw; c.height = ih;
+      const img = new ImageData(iw, ih);
+      this._bk = { canvas: c, ctx: c.getContext("2d"), img, px: new Uint32Array(img.data.buffer) };
+    }
+    const { px } = this._bk;
+    px.fill(0);
+    const rgb = this._rgbOf || (this._rgbOf = new Map());
+    const SHADES = [0.35, 0.55, 0.75, 1];
+    for (let i = 0; i < n; i++) {
+      const y = this._rowY(a.bk_lane[i], a.bk_depth[i]);
+      if (y === undefined || y + ROW < top || y > bottom) continue;
+      const x = X(a.bk_start[i]);
+      const bw = Math.max(X(a.bk_start[i] + a.bk_w[i]) - x, 1);
+      if (x + bw < LABEL_W || x > right) continue;
+      const xa = Math.max(0, Math.floor((x - LABEL_W) * dpr)), xb = Math.min(iw, Math.max(xa + 1, Math.round((x + bw - LABEL_W) * dpr)));
+      const ya = Math.max(0, Math.round((y - y0) * dpr)), yb = Math.min(ih, Math.round((y + ROW - 1 - y0) * dpr));
+      if (xb <= xa || yb <= ya) continue;
+      const key = a.bk_key[i];
+      let c = rgb.get(key);
+      if (c === undefined) {
+        const h = colors.get(key);  // "#rrggbb"
+        c = parseInt(h.slice(5, 7), 16) << 16 | parseInt(h.slice(3, 5), 16) << 8 | parseInt(h.slice(1, 3), 16);
+        rgb.set(key, c);
+      }
+      // little-endian RGBA: alpha in the top byte
+      const v = ((Math.round(SHADES[Math.min(3, a.bk_fill[i] >> 6)] * 255) << 24) | c) >>> 0;
+      for (let yy = ya; yy < yb; yy++) px.fill(v, yy * iw + xa, yy * iw + xb);
+    }
+    this._bk.ctx.putImageData(this._bk.img, 0, 0);
+    ctx.save();
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.drawImage(this._bk.canvas, Math.round(LABEL_W * dpr), Math.round(y0 * dpr));
+    ctx.restore();
   }
 
   _drawChain(ctx) {
