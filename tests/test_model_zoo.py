@@ -49,6 +49,9 @@ def test_a_training_step_matches_cpu_and_is_modeled(sim_virtual, name, mode):
     assert 0 <= r.generic_share <= 1 and generic <= r.generic_share * r.kernel_ns * (1 + 1e-9)
     assert r.ops and all(o.bound_ns > 0 and 0 < o.share <= 1 for o in r.ops)
     assert (r.lowerings.get("compiled", 0) > 0) == (mode == "compiled")  # fused Programs ran, compiled only
+    # TensorE efficiency never exceeds what the same ops reach at their roofline bounds
+    assert set(r.tensor_ceiling) == set(r.tensor_efficiency)
+    assert all(0 <= r.tensor_efficiency[k] <= r.tensor_ceiling[k] * (1 + 1e-9) for k in r.tensor_ceiling)
 
 
 def test_the_table_has_its_columns(sim_virtual):

@@ -181,6 +181,9 @@ class ZooRun:
     lowerings: dict = field(default_factory=dict)  # kernel executions per lowering rule
     max_rel_diff: dict = field(default_factory=dict)  # loss / grads / params vs CPU
     parameters: tuple[int, int] = (0, 0)  # Parameters on CPU, on the device
+    # the same categories at their roofline bounds: the share of TensorE peak these shapes allow at
+    # best (below 100% where an op is bound by its bytes, e.g. weights read for a small batch)
+    tensor_ceiling: dict = field(default_factory=dict)
 
     @property
     def matches_cpu(self) -> bool:
@@ -313,12 +316,13 @@ def _op_rows(runs, spec, *, only: str | None = None) -> list[OpRow]:
 EFFICIENCY = (("convolution", "convolution"), ("attention", "attention"), ("matmul", "mm"))
 
 
-def _efficiency(rows: list[OpRow], peak: float) -> dict[str, float]:
-    """Per category of EFFICIENCY present: its TensorE FLOPs over (its modeled time x peak)."""
+def _efficiency(rows: list[OpRow], peak: float, at_bound: bool = False) -> dict[str, float]:
+    """Per category of EFFICIENCY present: its TensorE FLOPs over (its modeled time x peak), or
+    ``at_bound``, over (its roofline bound x peak): the most these shapes allow."""
     out = {}
     for cat, part in EFFICIENCY:
         sel = [o for o in rows if part in o.op.split("::")[-1] and not o.op.startswith("fused[")]
-        ns = sum(o.modeled_ns for o in sel)
+        ns = sum(o.bound_ns if at_bound else o.modeled_ns for o in sel)
         if ns:
             out[cat] = sum(o.tensor_flops for o in sel) / (ns * 1e-9 * peak)
     return out
@@ -373,7 +377,7 @@ def run_model(name: str, mode: str, size: str = "small", *, steps: int = WARMUP 
                   generic_ns / kernel_ns if kernel_ns else 0.0, rows[:TOP],
                   _op_rows(kernels, spec, only="generic")[:TOP], _efficiency(rows, peak),
                   dict(Counter(r.lowering for r in kernels)), diffs,
-                  (len(list(cpu.parameters())), len(list(sim.parameters()))))
+                  (len(list(cpu.parameters())), len(list(sim.parameters()))), _efficiency(rows, peak, at_bound=True))
 
 
 def run_zoo(names=None, modes=("eager", "compiled"), size: str = "small", progress=None) -> list[ZooRun]:
