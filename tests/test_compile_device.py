@@ -261,3 +261,26 @@ def test_transposed_and_periodic_inputs_cost_no_copies(executions):
     torch.testing.assert_close(got.cpu(), rope(*args), rtol=1e-4, atol=1e-4)
     ops = [r.op for r in executions if r.kind != "memcpy"]
     assert "aten::copy_" not in ops and sum(o.startswith("tilescope::fused") for o in ops) == 3, ops
+
+
+@pytest.mark.parametrize("bias, kept", [(False, ["matmul"]), (True, ["matmul", "rowgroup"])])
+def test_a_projection_with_its_log_softmax_keeps_the_plan_the_simulator_times_shorter(bias, kept):
+    """The backend builds the projection + log-softmax both fused (online log-sum-exp per output
+    block, the product made again per pass) and as a matmul then a row group, and keeps the
+    faster: fused without a bias (one segment), plain with one (its bias re-read per block and
+    pass makes the fused one slower). Values as CPU either way."""
+    from tilescope.compile._backend import CompiledGraph, _modeled_ns
+    from tilescope.compile._graph import trace_aten
+
+    g = torch.Generator().manual_seed(0)
+    h, w, b = torch.randn(200, 96, generator=g), torch.randn(5000, 96, generator=g) * 0.05, torch.randn(5000, generator=g)
+    args = (h, w, b) if bias else (h, w)
+    fn = lambda h, w, *b: torch.log_softmax(torch.nn.functional.linear(h, w, *b), -1)  # noqa: E731
+    compiled = CompiledGraph(trace_aten(fn, *args), list(args), "ce")
+    (steps,) = compiled._plans.values()
+    (program,) = [st for st in steps if st.kind == "program"]
+    assert [seg.kind for seg in program.segments] == kept
+    got = torch.compile(fn, backend="tilescope")(*(a.to("sim") for a in args))
+    torch.testing.assert_close(got.cpu(), fn(*args), rtol=1e-4, atol=1e-4)
+    assert all("modeled_ns" in st.program.meta for st in steps if st.kind == "program")
+    assert _modeled_ns(steps, compiled.spec) > 0

@@ -25,6 +25,7 @@ from ._emit import EmitStats, _Unfusable, emit_segments
 from ._graph import DECOMPOSITIONS, propagate_shapes
 from ._foreach import cluster, expand_foreach
 from ._inplace import hoist_input_updates, plan_writebacks, reinplace
+from ._ops import is_reduction, packet_name
 from ._plan import Segment, plan_graph
 
 __all__ = ["tilescope_backend", "CompiledGraph", "Step", "cache_dir", "STATS"]
@@ -53,6 +54,7 @@ class Step:
     reason: str | None = None
     segments: list[Segment] = field(default_factory=list)
     aliases: dict = field(default_factory=dict)  # program: output node -> graph input it is written into
+    cache_path: Path | None = None  # program: where it is cached on disk
 
 
 def _signature(args) -> tuple:
@@ -116,19 +118,14 @@ def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str, *, propagate: b
     hoist_input_updates(gm)
     if propagate:
         propagate_shapes(gm, [s if isinstance(s, tuple) else s for s in sig])
-    forced: dict = {}
-    while True:
-        segments = plan_graph(gm, forced)
-        steps = _group(segments)
-        writebacks = plan_writebacks(gm, steps)
-        for copy in writebacks:
-            st = next(s for s in steps if s.nodes == [copy])
-            st.kind, st.reason = "writeback", "written in place by the Program that computes the value"
-        try:
-            _build_programs(gm, steps, sig, spec, name)
-            break
-        except _UnfusableNode as e:
-            forced[e.node] = e.reason
+    steps, writebacks = _plan_and_build(gm, sig, spec, name, reductions=False)
+    if any(seg.kind == "matmul" and any(is_reduction(packet_name(n.target)) for n in seg.nodes)
+           for seg in plan_graph(gm, reductions=True)):
+        # a matmul whose rows are reduced next (a projection's log-softmax): fused, each pass
+        # makes the product again; kept only where the simulator times the whole plan shorter
+        fused = _plan_and_build(gm, sig, spec, name, reductions=True)
+        if _modeled_ns(fused[0], spec) < _modeled_ns(steps, spec):
+            steps, writebacks = fused
     for copy, (st, src, dst) in writebacks.items():
         # a group that streamed its rows in several passes may read the input again after
         # writing it: then the copy stays a copy
@@ -137,6 +134,42 @@ def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str, *, propagate: b
         else:
             st.aliases[src] = dst
     return steps
+
+
+def _plan_and_build(gm, sig, spec, name, *, reductions: bool):
+    forced: dict = {}
+    while True:
+        segments = plan_graph(gm, forced, reductions=reductions)
+        steps = _group(segments)
+        writebacks = plan_writebacks(gm, steps)
+        for copy in writebacks:
+            st = next(s for s in steps if s.nodes == [copy])
+            st.kind, st.reason = "writeback", "written in place by the Program that computes the value"
+        try:
+            _build_programs(gm, steps, sig, spec, name, variant="r" if reductions else "")
+            return steps, writebacks
+        except _UnfusableNode as e:
+            forced[e.node] = e.reason
+
+
+def _modeled_ns(steps: list[Step], spec) -> float:
+    """Modeled time of a plan's Programs (kept in their meta, so a cached one is not simulated
+    again), each with the runtime's cost per execution."""
+    from ..sim import simulate
+
+    total = 0.0
+    for st in steps:
+        if st.kind != "program":
+            continue
+        if "modeled_ns" not in st.program.meta:
+            st.program.meta["modeled_ns"] = simulate(st.program, spec).summary.total_ns
+            if st.cache_path is not None:
+                try:
+                    _store_cached(st.cache_path, st.program)
+                except OSError:
+                    pass
+        total += st.program.meta["modeled_ns"] + spec.runtime_exec_us * 1e3
+    return total
 
 
 class _UnfusableNode(Exception):
@@ -222,13 +255,13 @@ def _store_cached(path: Path, prog) -> None:
     os.replace(tmp, path)
 
 
-def _build_programs(gm, steps, sig, spec, name) -> None:
+def _build_programs(gm, steps, sig, spec, name, variant: str = "") -> None:
     key = _graph_key(gm, sig, spec)
     cdir = cache_dir()
     for k, st in enumerate(steps):
         if st.kind != "program":
             continue
-        path = cdir / f"{key}.{k}.pkl"
+        path = st.cache_path = cdir / f"{key}.{k}{variant}.pkl"
         cached = _load_cached(path)
         if cached is not None:
             st.program = cached

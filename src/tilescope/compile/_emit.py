@@ -683,7 +683,9 @@ class _RowGroup:
             pass_of[a] = ready[a] = 0
         for n in self.nodes:
             ins = _tensor_args(n)
-            if is_reduction(packet_name(n.target)):
+            if packet_name(n.target) in MATMULS:  # a product: made by the GEMM in each pass that needs it
+                pass_of[n] = ready[n] = 0
+            elif is_reduction(packet_name(n.target)):
                 src = n.args[0]
                 pass_of[n] = pass_of[src]
                 ready[n] = pass_of[src] + 1
@@ -719,14 +721,15 @@ class _RowGroup:
             return None
         return m, x, s, e
 
-    def _emit_chunked(self, cw: int) -> None:
-        chunks = [(c0, min(cw, self.d - c0)) for c0 in range(0, self.d, cw)]
+    def plan_passes(self):
+        """(nodes of each pass, pass of each node, when each value is complete, online pairs,
+        passes, the last pass a per-row value completes in) of a group streaming its rows in
+        column chunks (or a matmul's output blocks)."""
         pass_of, ready, online = self._plan_passes()
         row_nodes = [n for n in self.nodes if self.cls[n] in ("row", "colvec") or is_reduction(packet_name(n.target))]
         n_passes = 1 + max([pass_of[n] for n in row_nodes], default=0)
         last_ready = max([ready[n] for n in self.nodes], default=0)
         self.stats.passes = max(self.stats.passes, n_passes)
-        partners = {pair[0]: r for r, pair in online.items()}  # amax -> the sum kept with it
         per_pass = []
         for s in range(n_passes):
             roots = {n for n in self.nodes if pass_of[n] == s and (
@@ -742,45 +745,63 @@ class _RowGroup:
             need |= set(reductions)
             per_pass.append([n for n in self.nodes if n in need and (
                 is_reduction(packet_name(n.target)) or self.cls[n] in ("row", "colvec"))])
+        return per_pass, pass_of, ready, online, n_passes, last_ready
+
+    def per_row_values(self, persist: dict, ready: dict, s: int, first: _Block) -> None:
+        """The per-row values whose inputs are complete after pass ``s`` (stored if outputs)."""
+        self._set_order([])
+        for n in self.nodes:
+            if self.cls[n] in ("rowvec", "scalar") and not is_reduction(packet_name(n.target)) and ready[n] == s:
+                self._env = persist
+                with self.b.provenance(op=f"aten::{packet_name(n.target)}", fx_node=n.name):
+                    persist[n] = self._emit_node(persist, n, first)
+                if n in self.outputs:
+                    self._store(persist, n, first)
+
+    def stream_chunk(self, nodes, persist: dict, blk: _Block, accs: dict, plan, s: int) -> None:
+        """Pass ``s``'s nodes over one column chunk: values, reductions accumulated into ``accs``,
+        the pass's row outputs stored."""
+        _, pass_of, _, online, _, _ = plan
+        partners = {pair[0]: r for r, pair in online.items()}  # amax -> the sum kept with it
+        env = self._env = dict(persist)
+        for pos, node in enumerate(nodes):
+            self.pos = pos
+            with self.b.provenance(op=f"aten::{packet_name(node.target)}", fx_node=node.name):
+                if is_reduction(packet_name(node.target)):
+                    if node in online:
+                        continue  # kept with its amax
+                    self._accumulate(env, node, blk, accs, partners.get(node), online)
+                else:
+                    env[node] = self._emit_node(env, node, blk)
+        self.pos = len(nodes)
+        for o in self.outputs:
+            if o in env and self.cls[o] in ("row", "colvec") and pass_of[o] == s:
+                self._store(env, o, blk)
+
+    def finish_pass(self, persist: dict, accs: dict, first: _Block) -> None:
+        """The reductions a pass completed, into the per-row values (stored if outputs)."""
+        for node, state in accs.items():
+            with self.b.provenance(op=f"aten::{packet_name(node.target)}", fx_node=node.name):
+                persist[node] = self._finish(node, state)
+            if node in self.outputs:
+                self._store(persist, node, first)
+
+    def _emit_chunked(self, cw: int) -> None:
+        chunks = [(c0, min(cw, self.d - c0)) for c0 in range(0, self.d, cw)]
+        plan = self.plan_passes()
+        per_pass, _, ready, _, n_passes, last_ready = plan
         for r0, p, _ in _row_blocks(self.rows, 1, self.lanes):
             persist: dict = {}
             for s in range(last_ready + 1):
                 first = _Block(r0, p, 1, 0, chunks[0][1], self.lanes)
-                self._set_order([])
-                for n in self.nodes:  # per-row values whose inputs are complete now
-                    if self.cls[n] in ("rowvec", "scalar") and not is_reduction(packet_name(n.target)) \
-                            and ready[n] == s:
-                        self._env = persist
-                        with self.b.provenance(op=f"aten::{packet_name(n.target)}", fx_node=n.name):
-                            persist[n] = self._emit_node(persist, n, first)
-                        if n in self.outputs:
-                            self._store(persist, n, first)
+                self.per_row_values(persist, ready, s, first)
                 if s >= n_passes:
                     continue
-                nodes = per_pass[s]
-                self._set_order(nodes)
+                self._set_order(per_pass[s])
                 accs: dict = {}
                 for c0, w in chunks:
-                    blk = _Block(r0, p, 1, c0, w, self.lanes)
-                    env = self._env = dict(persist)
-                    for pos, node in enumerate(nodes):
-                        self.pos = pos
-                        with self.b.provenance(op=f"aten::{packet_name(node.target)}", fx_node=node.name):
-                            if is_reduction(packet_name(node.target)):
-                                if node in online:
-                                    continue  # kept with its amax
-                                self._accumulate(env, node, blk, accs, partners.get(node), online)
-                            else:
-                                env[node] = self._emit_node(env, node, blk)
-                    self.pos = len(nodes)
-                    for o in self.outputs:
-                        if o in env and self.cls[o] in ("row", "colvec") and pass_of[o] == s:
-                            self._store(env, o, blk)
-                for node, state in accs.items():
-                    with self.b.provenance(op=f"aten::{packet_name(node.target)}", fx_node=node.name):
-                        persist[node] = self._finish(node, state)
-                    if node in self.outputs:
-                        self._store(persist, node, first)
+                    self.stream_chunk(per_pass[s], persist, _Block(r0, p, 1, c0, w, self.lanes), accs, plan, s)
+                self.finish_pass(persist, accs, first)
 
     def _accumulate(self, env, node, blk: _Block, accs: dict, partner, online) -> None:
         """Add one column chunk to a reduction over the row (and to the sum kept with an amax)."""

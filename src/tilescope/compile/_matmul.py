@@ -14,7 +14,7 @@ import torch.fx as fx
 from ..dtypes import itemsize
 from ..lower._gemm import Gemm
 from ._emit import EmitStats, _Block, _dt, _region, _RowGroup, _Unfusable, _Val
-from ._ops import packet_name
+from ._ops import is_reduction, packet_name
 from ._plan import Segment, node_dtype, node_shape
 
 __all__ = ["emit_matmul"]
@@ -74,6 +74,9 @@ def emit_matmul(b, seg: Segment, hbm: dict, stats: EmitStats, budget: int, gemm_
     a_rs, a_cs = (1, m) if seg.a_transposed else (k, 1)
     b_rs, b_cs = (1, k) if seg.b_transposed else (n, 1)
     op = f"aten::{packet_name(mm.target)}"
+    if any(is_reduction(packet_name(n.target)) for n in seg.nodes):
+        _emit_with_row_reductions(b, group, gemm, mm, (hbm[a], a_rs, a_cs, hbm[bmat], b_rs, b_cs), (batch, m, k, n), dt)
+        return
     for bi in range(batch):
         def block(acc, m0, ms, n0, ns, bi=bi):
             group.products = {mm: _Val("row", "float32", acc)}
@@ -81,3 +84,36 @@ def emit_matmul(b, seg: Segment, hbm: dict, stats: EmitStats, budget: int, gemm_
 
         with b.provenance(op=op, fx_node=mm.name):
             gemm.emit(hbm[a], bi * m * k, a_rs, a_cs, hbm[bmat], bi * k * n, b_rs, b_cs, m, k, n, dt, dt, block)
+
+
+def _emit_with_row_reductions(b, group, gemm, mm, operands, dims, dt) -> None:
+    """A product whose rows are reduced in the segment (a vocabulary projection's log-softmax):
+    the output blocks stream through the group's passes as column chunks do, a max and the sum
+    of ``exp(x - max)`` kept online per row across the blocks, straight from PSUM. Each pass
+    makes the product again (the GEMM re-run, its operands re-read) instead of a round trip of
+    the ``[rows, N]`` product through HBM; per-row state is kept per block of rows."""
+    A, a_rs, a_cs, B, b_rs, b_cs = operands
+    batch, m, k, n = dims
+    plan = group.plan_passes()
+    per_pass, _, ready, _, n_passes, last_ready = plan
+    lanes = group.lanes
+    blocks = [(bi * m + m0, min(gemm.mcols, m - m0)) for bi in range(batch) for m0 in range(0, m, gemm.mcols)]
+    persist: dict = {r0: {} for r0, _ in blocks}
+    op = f"aten::{packet_name(mm.target)}"
+    for s in range(last_ready + 1):
+        for r0, ms in blocks:
+            group.per_row_values(persist[r0], ready, s, _Block(r0, ms, 1, 0, min(n, 512), lanes))
+        if s >= n_passes:
+            continue
+        group._set_order(per_pass[s])
+        accs: dict = {r0: {} for r0, _ in blocks}
+        for bi in range(batch):
+            def block(acc, m0, ms, n0, ns, bi=bi, s=s, accs=accs):
+                r0 = bi * m + m0
+                group.products = {mm: _Val("row", "float32", acc)}
+                group.stream_chunk(per_pass[s], persist[r0], _Block(r0, ms, 1, n0, ns, lanes), accs[r0], plan, s)
+
+            with b.provenance(op=op, fx_node=mm.name, label=f"pass {s + 1}" if n_passes > 1 else None):
+                gemm.emit(A, bi * m * k, a_rs, a_cs, B, bi * k * n, b_rs, b_cs, m, k, n, dt, dt, block)
+        for r0, ms in blocks:
+            group.finish_pass(persist[r0], accs[r0], _Block(r0, ms, 1, 0, min(n, 512), lanes))

@@ -213,10 +213,13 @@ def _misfits(node: fx.Node, space, produced: set, *, periodic: bool = True) -> l
     return out
 
 
-def plan_graph(gm: fx.GraphModule, forced: dict | None = None) -> list[Segment]:
+def plan_graph(gm: fx.GraphModule, forced: dict | None = None, *, reductions: bool = False) -> list[Segment]:
     """Cut ``gm`` (shapes in ``node.meta``) into fused and eager segments.
 
-    ``forced`` maps nodes that emission could not handle to the reason: they run eagerly."""
+    ``forced`` maps nodes that emission could not handle to the reason: they run eagerly.
+    ``reductions``: reductions over a matmul's output rows join its segment (the product is
+    then made again, or kept, for each pass over the rows; the backend keeps this plan only
+    where the simulator times it shorter)."""
     forced = forced or {}
     segments: list[Segment] = []
     current: Segment | None = None
@@ -244,9 +247,11 @@ def plan_graph(gm: fx.GraphModule, forced: dict | None = None) -> list[Segment]:
         if role in ("elementwise", "reduction", "view"):
             space = _space_of(node)
             if current is not None and current.kind == "matmul":
-                # epilogue: pointwise work on the matmul's output, in its space
-                if role in ("elementwise", "view") and _joins(current, node, produced) \
-                        and any(a in produced for a in _tensor_args(node)):
+                # epilogue: pointwise work on the matmul's output, in its space, and (where
+                # ``reductions``) reductions over its rows -- a projection's log-softmax -- kept
+                # per output block as the blocks leave PSUM
+                if (role in ("elementwise", "view") or (role == "reduction" and reductions)) \
+                        and _joins(current, node, produced) and any(a in produced for a in _tensor_args(node)):
                     current.nodes.append(node)
                     produced.add(node)
                     continue
