@@ -47,7 +47,7 @@ def main() -> int:
             r = runs[-1]
             diff = ", ".join(f"{k} {v:.1e}" for k, v in r.max_rel_diff.items())
             ok = r.matches_cpu
-            eff = ", ".join(f"{k} {v:.1%} of TensorE peak (target >= {TENSOR_TARGET:.0%}: ratio {v / TENSOR_TARGET:.2f}; "
+            eff = ", ".join(f"{k} {v:.1%} of TensorE peak in useful FLOPs (target >= {TENSOR_TARGET:.0%}: ratio {v / TENSOR_TARGET:.2f}; "
                             f"{r.tensor_ceiling.get(k, 0.0):.1%} at its roofline bounds)"
                             for k, v in r.tensor_efficiency.items() if k in ("convolution", "attention"))
             print(f"{name} {mode}: step {r.step_ns / 1e3:,.1f} us (modeled), MFU {r.mfu:.2%}; generic "

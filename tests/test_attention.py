@@ -197,6 +197,25 @@ def test_forward_masks(kind):
     run_forward(q, k, v, mask=mask)
 
 
+@pytest.mark.parametrize("L, S, causal", [(200, 200, True), (130, 300, True), (300, 130, True), (96, 160, False)])
+def test_programs_state_their_useful_flops_per_scored_pair(L, S, causal):
+    """The Programs carry the attention's own FLOPs (what "% of TensorE peak" counts), counted here
+    independently from the pairs; the kernel executes at least as many (the forward's stabiliser pass)."""
+    B, H, E, Ev = 1, 2, 64, 32
+    q, k, v = rnd(B, H, L, E), rnd(B, H, S, E), rnd(B, H, S, Ev)
+    spec = preset("trn1")
+    fwd = attention_forward(meta_of(q), meta_of(k), meta_of(v), None, causal=causal, scale=None, dropout_p=0.0,
+                            spec=spec)
+    out, lse = meta_of(rnd(B, H, L, Ev)), meta_of(torch.zeros(B, H, L))
+    bwd = attention_backward(out, meta_of(q), meta_of(k), meta_of(v), out, lse, None, causal=causal, scale=None,
+                             dropout_p=0.0, spec=spec)
+    pairs = B * H * _pairs(L, S, causal)
+    assert fwd.meta["useful_flops"] == 2 * pairs * (E + Ev)
+    assert bwd.meta["useful_flops"] == 2 * pairs * (3 * E + 2 * Ev)
+    assert simulate(fwd, spec).summary.tensor_flops > fwd.meta["useful_flops"]  # + the stabiliser's pass
+    assert simulate(bwd, spec).summary.tensor_flops >= bwd.meta["useful_flops"]
+
+
 def test_short_sequences_share_blocks_across_heads(monkeypatch):
     """ViT-like heads (197 tokens): two heads per 512-query block, so the block's statistics, transposes
     and exps are paid once for both; values still match CPU, and one block per head costs more."""

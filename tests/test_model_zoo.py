@@ -54,6 +54,29 @@ def test_a_training_step_matches_cpu_and_is_modeled(sim_virtual, name, mode):
     assert all(0 <= r.tensor_efficiency[k] <= r.tensor_ceiling[k] * (1 + 1e-9) for k in r.tensor_ceiling)
 
 
+def test_attention_efficiency_counts_useful_flops_not_executed_ones():
+    """The attention column divides the scored pairs' FLOPs (the Program's stated useful FLOPs),
+    not every FLOP the fused kernel executes, by the modeled time; a matmul's are its TensorE FLOPs."""
+    from tilescope.lower import TensorMeta, contiguous_strides
+    from tilescope.lower._attention import attention_forward
+    from tilescope.sim import simulate
+    from tilescope.spec import preset
+
+    spec = preset("trn1")
+    m = TensorMeta((1, 2, 256, 64), contiguous_strides((1, 2, 256, 64)), "bfloat16")
+    prog = attention_forward(m, m, m, None, causal=True, scale=None, dropout_p=0.0, spec=spec)
+    s = simulate(prog, spec).summary
+    useful = 2 * 2 * (256 * 257 // 2) * (64 + 64)
+    assert zoo._useful_flops(prog, s) == useful < s.tensor_flops
+    peak = spec.peak_flops("bfloat16")
+    rows = [zoo.OpRow("aten::_scaled_dot_product_fused_attention_overrideable", 1, s.total_ns, 0.5, 1.0,
+                      "attention", s.tensor_flops, useful),
+            zoo.OpRow("aten::mm", 1, 1e3, 0.5, 1.0, "matmul", 4e6, 4e6)]
+    eff = zoo._efficiency(rows, peak)
+    assert eff["attention"] == pytest.approx(useful / (s.total_ns * 1e-9 * peak))
+    assert eff["matmul"] == pytest.approx(4e6 / (1e3 * 1e-9 * peak))
+
+
 def test_the_table_has_its_columns(sim_virtual):
     from rich.console import Console
 

@@ -18,9 +18,16 @@ execution are the preset's assumed figures):
 * generic: the share of modeled kernel time in ops modeled by the generic lowering (one GpSimd
   routine at an assumed cycle per element: an estimate, not the engines the hardware would use);
 * top ops: the five ops with the most modeled kernel time, each with its share of it and its
-  roofline bound over its time -- max(its TensorE FLOPs at peak, its operands' bytes moved once:
-  through the DMA both ways when an engine computes on them, HBM to HBM for a copy) -- as
-  "% of bound" (100% is at the bound; never above).
+  roofline bound over its time -- max(its useful FLOPs at TensorE's peak, its operands' bytes
+  moved once: through the DMA both ways when an engine computes on them, HBM to HBM for a copy)
+  -- as "% of bound" (100% is at the bound; never above).
+
+Useful FLOPs are an op's own math, not what its kernel executes: attention counts 2(E + Ev) per
+scored (query, key) pair forward and 2(3E + 2Ev) backward (causal: the lower triangle only),
+without the fused kernel's second scoring pass, mask and stabiliser matmuls
+(:func:`tilescope.lower._attention.useful_flops`); a matmul's or convolution's are its TensorE
+FLOPs. ``tensor_efficiency`` (convolution / attention / matmul) is useful FLOPs over modeled
+time x TensorE peak.
 """
 
 from __future__ import annotations
@@ -157,7 +164,10 @@ class OpRow:
     share: float  # of the step's modeled kernel time
     bound_ns: float  # roofline bound of those executions (modeled work at the spec's peaks)
     lowering: str  # the rule(s) that modeled it
-    tensor_flops: float = 0.0  # TensorE FLOPs of those executions (modeled)
+    tensor_flops: float = 0.0  # TensorE FLOPs of those executions (modeled: what the kernels execute)
+    # the ops' own math: a lowering's stated useful FLOPs (attention: per scored (query, key) pair,
+    # without its second scoring pass, mask and stabiliser matmuls), else its TensorE FLOPs
+    useful_flops: float = 0.0
 
     @property
     def pct_of_bound(self) -> float:
@@ -177,7 +187,8 @@ class ZooRun:
     generic_share: float
     ops: list[OpRow] = field(default_factory=list)
     generic_ops: list[OpRow] = field(default_factory=list)  # the ops the generic lowering modeled
-    tensor_efficiency: dict = field(default_factory=dict)  # convolution / attention / matmul: share of TensorE peak
+    # convolution / attention / matmul: useful FLOPs (see OpRow) over modeled time x TensorE peak
+    tensor_efficiency: dict = field(default_factory=dict)
     lowerings: dict = field(default_factory=dict)  # kernel executions per lowering rule
     max_rel_diff: dict = field(default_factory=dict)  # loss / grads / params vs CPU
     parameters: tuple[int, int] = (0, 0)  # Parameters on CPU, on the device
@@ -263,16 +274,22 @@ def _operand_bytes(program) -> int:
     return sum(min(n, program.buffers[b].nbytes) for b, n in moved.items())
 
 
+def _useful_flops(program, summary) -> float:
+    """The Program's useful FLOPs: what its lowering states (``meta["useful_flops"]``: attention
+    counts its scored pairs), else every FLOP TensorE executes (a matmul's or convolution's)."""
+    return float(program.meta.get("useful_flops", summary.tensor_flops))
+
+
 def _bound_ns(program, spec) -> float:
-    """Roofline bound of one execution: its TensorE FLOPs at the peak for their dtype, or its
-    operands' bytes moved once, whichever is longer. Bytes an engine computes on pass the DMA
+    """Roofline bound of one execution: its useful FLOPs at TensorE's peak for their dtype, or
+    its operands' bytes moved once, whichever is longer. Bytes an engine computes on pass the DMA
     twice (HBM to SBUF, SBUF to HBM); a pure copy moves each byte once, HBM to HBM, while HBM
     reads and writes it."""
     from tilescope.isa import DmaCopy
     from tilescope.sim import simulate
 
     s = simulate(program, spec).summary
-    flops_ns = s.tensor_flops / s.peak_flops * 1e9 if s.peak_flops else 0.0
+    flops_ns = _useful_flops(program, s) / s.peak_flops * 1e9 if s.peak_flops else 0.0
     io = _operand_bytes(program)
     if all(isinstance(i, DmaCopy) for i in program.instructions):
         bytes_ns = max(io / 2 / spec.dma.bytes_per_ns, io / spec.hbm_bytes_per_ns)
@@ -294,21 +311,23 @@ def _op_rows(runs, spec, *, only: str | None = None) -> list[OpRow]:
 
     total = sum(r.modeled_ns for r in runs)
     acc: dict[str, list] = {}
-    per_program: dict[str, tuple[float, float]] = {}  # hash -> (bound ns, TensorE FLOPs)
+    per_program: dict[str, tuple[float, float, float]] = {}  # hash -> (bound ns, TensorE FLOPs, useful)
     for r in runs:
         if only is not None and r.lowering != only:
             continue
         if r.program_hash not in per_program:
-            per_program[r.program_hash] = (_bound_ns(r.program, spec), simulate(r.program, spec).summary.tensor_flops)
-        bound, flops = per_program[r.program_hash]
-        a = acc.setdefault(_op_label(r.op), [0, 0.0, 0.0, set(), 0.0])
+            s = simulate(r.program, spec).summary
+            per_program[r.program_hash] = (_bound_ns(r.program, spec), s.tensor_flops, _useful_flops(r.program, s))
+        bound, flops, useful = per_program[r.program_hash]
+        a = acc.setdefault(_op_label(r.op), [0, 0.0, 0.0, set(), 0.0, 0.0])
         a[0] += 1
         a[1] += r.modeled_ns
         a[2] += bound
         a[3].add(r.lowering)
         a[4] += flops
-    rows = [OpRow(op, n, ns, ns / total if total else 0.0, b, "/".join(sorted(rules)), fl)
-            for op, (n, ns, b, rules, fl) in acc.items()]
+        a[5] += useful
+    rows = [OpRow(op, n, ns, ns / total if total else 0.0, b, "/".join(sorted(rules)), fl, uf)
+            for op, (n, ns, b, rules, fl, uf) in acc.items()]
     return sorted(rows, key=lambda o: (-o.modeled_ns, o.op))
 
 
@@ -317,14 +336,15 @@ EFFICIENCY = (("convolution", "convolution"), ("attention", "attention"), ("matm
 
 
 def _efficiency(rows: list[OpRow], peak: float, at_bound: bool = False) -> dict[str, float]:
-    """Per category of EFFICIENCY present: its TensorE FLOPs over (its modeled time x peak), or
-    ``at_bound``, over (its roofline bound x peak): the most these shapes allow."""
+    """Per category of EFFICIENCY present: its useful FLOPs (attention: scored pairs only) over
+    (its modeled time x peak), or ``at_bound``, over (its roofline bound x peak): the most these
+    shapes allow."""
     out = {}
     for cat, part in EFFICIENCY:
         sel = [o for o in rows if part in o.op.split("::")[-1] and not o.op.startswith("fused[")]
         ns = sum(o.bound_ns if at_bound else o.modeled_ns for o in sel)
         if ns:
-            out[cat] = sum(o.tensor_flops for o in sel) / (ns * 1e-9 * peak)
+            out[cat] = sum(o.useful_flops for o in sel) / (ns * 1e-9 * peak)
     return out
 
 

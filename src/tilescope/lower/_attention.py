@@ -157,6 +157,35 @@ def attention_form(q, k, v, mask) -> AttentionForm:
     return AttentionForm(q, k, v, mask, strides, kind)
 
 
+# ---- useful work -------------------------------------------------------------------------------
+def scored_pairs(L: int, S: int, causal: bool) -> int:
+    """(query, key) pairs the attention scores: all ``L * S``, or causal (top-left aligned, key
+    ``s <= q``) the lower triangle. A boolean / additive mask's values are data: its pairs count.
+
+    >>> scored_pairs(4, 4, True), scored_pairs(4, 6, False)
+    (10, 24)
+    """
+    if not causal:
+        return L * S
+    tri = min(L, S)  # queries 0..tri-1 see q + 1 keys; the rest see all S
+    return tri * (tri + 1) // 2 + (L - tri) * S
+
+
+def useful_flops(B: int, H: int, L: int, S: int, E: int, Ev: int, causal: bool, backward: bool = False) -> int:
+    """FLOPs of the attention's own math per scored pair -- what "% of TensorE peak" counts, not
+    what the kernel executes (its second scoring pass, mask and stabiliser matmuls are overhead):
+    forward Q K^T (2E) and P V (2Ev); backward the recomputed S (2E), dP = dO V^T (2Ev),
+    dV = P^T dO (2Ev), dQ = dS K (2E) and dK = dS^T Q (2E) -- 2.5x the forward at E == Ev.
+
+    >>> useful_flops(1, 1, 128, 128, 64, 64, False)
+    4194304
+    >>> useful_flops(1, 1, 128, 128, 64, 64, False, backward=True) / useful_flops(1, 1, 128, 128, 64, 64, False)
+    2.5
+    """
+    per_pair = 2 * (3 * E + 2 * Ev) if backward else 2 * (E + Ev)
+    return B * H * scored_pairs(L, S, causal) * per_pair
+
+
 # ---- shared building blocks -----------------------------------------------------------------
 
 def _mat(view: View, offset: int, rows: int, rs: int, cols: int, cs: int) -> View:
@@ -557,7 +586,8 @@ def attention_forward(q, k, v, mask, *, causal: bool, scale: float | None, dropo
         consts = _Consts(b, aux_dt, pe_dt)
         masks = _Mask(b, form, Mv, scale, aux_dt) if Mv is not None else None
         _Forward(b, form, Q, K, V, O, out, LSE, consts, masks, causal, scale, dropout_p, pe_dt).run()
-    return b.build(meta={"lowering": "attention"}, spill=True)
+    return b.build(meta={"lowering": "attention", "useful_flops": useful_flops(B, H, L, S, E, Ev, causal)},
+                   spill=True)
 
 
 def _aux_dtype(pe_dt: str) -> str:
@@ -1009,7 +1039,8 @@ def attention_backward(grad_out, q, k, v, out, lse, mask, *, causal: bool, scale
         consts = _Consts(b, aux_dt, pe_dt)
         masks = _Mask(b, form, Mv, scale, aux_dt) if Mv is not None else None
         _Backward(b, form, ins, g, o, outs, consts, masks, causal, scale, dropout_p, pe_dt).run()
-    return b.build(meta={"lowering": "attention_backward"}, spill=True)
+    return b.build(meta={"lowering": "attention_backward",
+                         "useful_flops": useful_flops(B, H, L, S, E, Ev, causal, backward=True)}, spill=True)
 
 
 def _as4d_shape(m: TensorMeta):
