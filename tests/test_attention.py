@@ -252,10 +252,32 @@ def test_fp32_row_maxima_are_scored_at_the_bf16_rate(monkeypatch):
         assert any(getattr(ins, "stationary", None) is not None and ins.stationary.dtype == "bfloat16"
                    for ins in prog.instructions)
         with monkeypatch.context() as m:
-            m.setattr(attention, "_pass1_dtype", lambda dt: dt)
+            m.setattr(attention, "_pass1_forms", lambda dt: (dt,))
             assert fast < forward(E)[1]
     q, k, v = rnd(1, 1, 130, 128), rnd(1, 1, 300, 128), rnd(1, 1, 300, 128)
     run_forward(q, k, v, causal=True)  # d 128, fp32: pass 2 contracts the exact queries
+
+
+@pytest.mark.parametrize("L, causal", [(256, True), (197, False), (1024, True)])
+def test_fp32_forward_keeps_the_quicker_row_maxima_form(monkeypatch, L, causal):
+    """Both pass-1 forms of fp32 attention are built (bf16 copies of Q and K: TensorE at 4x, or the
+    inputs' fp32: no GpSimd casts before a short block's first matmul); the kept one is the quicker."""
+    import tilescope.lower._attention as attention
+
+    spec = preset("trn1")
+    m = meta_of(rnd(1, 2, L, 64))
+
+    def forward():
+        prog = attention_forward(m, m, m, None, causal=causal, scale=None, dropout_p=0.0, spec=spec)
+        return simulate(prog, spec).summary.total_ns
+
+    kept = forward()
+    alone = []
+    for dt in ("bfloat16", "float32"):
+        with monkeypatch.context() as mp:
+            mp.setattr(attention, "_pass1_forms", lambda _, dt=dt: (dt,))
+            alone.append(forward())
+    assert kept == min(alone)
 
 
 def test_forward_dropout_in_shared_blocks():

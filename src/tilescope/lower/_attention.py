@@ -572,6 +572,14 @@ def attention_forward(q, k, v, mask, *, causal: bool, scale: float | None, dropo
     if not 0.0 <= dropout_p < 1.0:
         raise _Decline(f"dropout_p {dropout_p} outside [0, 1)")
     out = _as4d(out) if out is not None else TensorMeta((B, H, L, Ev), _contig((B, H, L, Ev)), form.q.dtype)
+    meta = {"lowering": "attention", "useful_flops": useful_flops(B, H, L, S, E, Ev, causal)}
+    forms = _pass1_forms(form.q.device_dtype)
+    build = lambda p1_dt: _forward_program(form, out, causal, scale, dropout_p, spec, name, p1_dt, meta)  # noqa: E731
+    return build(forms[0]) if len(forms) == 1 else _shortest((build(dt) for dt in forms), spec)
+
+
+def _forward_program(form, out, causal, scale, dropout_p, spec, name, p1_dt, meta):
+    B, H, L = form.B, form.H, form.L
     pe_dt = form.q.device_dtype
     aux_dt = _aux_dtype(pe_dt)
     b = TileBuilder(name, spec)
@@ -585,9 +593,8 @@ def attention_forward(q, k, v, mask, *, causal: bool, scale: float | None, dropo
         LSE = hbm_output(b, "logsumexp", lse_meta)
         consts = _Consts(b, aux_dt, pe_dt)
         masks = _Mask(b, form, Mv, scale, aux_dt) if Mv is not None else None
-        _Forward(b, form, Q, K, V, O, out, LSE, consts, masks, causal, scale, dropout_p, pe_dt).run()
-    return b.build(meta={"lowering": "attention", "useful_flops": useful_flops(B, H, L, S, E, Ev, causal)},
-                   spill=True)
+        _Forward(b, form, Q, K, V, O, out, LSE, consts, masks, causal, scale, dropout_p, pe_dt, p1_dt).run()
+    return b.build(meta=dict(meta), spill=True)
 
 
 def _aux_dtype(pe_dt: str) -> str:
@@ -596,10 +603,19 @@ def _aux_dtype(pe_dt: str) -> str:
     return "bfloat16" if pe_dt == "float16" else pe_dt
 
 
-def _pass1_dtype(pe_dt: str) -> str:
-    """The dtype the forward's row maxima are scored in: bf16 for fp32 attention (a stabiliser
-    needs no more), else the inputs' own."""
-    return "bfloat16" if pe_dt == "float32" else pe_dt
+def _pass1_forms(pe_dt: str) -> tuple[str, ...]:
+    """The dtypes the forward's row maxima may be scored in: fp32 attention also from bf16 copies
+    of Q and K (a stabiliser needs no more; TensorE runs bf16 at 4x its fp32 rate, but the casts
+    cost GpSimd time that a single short block waits for), so both are built and the simulator
+    keeps the quicker; else the inputs' own dtype."""
+    return ("bfloat16", pe_dt) if pe_dt == "float32" else (pe_dt,)
+
+
+def _shortest(programs, spec: CoreSpec):
+    """The Program the simulator times shortest among ``programs``."""
+    from ..sim import simulate
+
+    return min(programs, key=lambda prog: simulate(prog, spec).summary.total_ns)
 
 
 def _contig(shape):
@@ -609,15 +625,15 @@ def _contig(shape):
 
 
 class _Forward:
-    def __init__(self, b, form, Q, K, V, O, out, LSE, consts, masks, causal, scale, dropout_p, pe_dt):
+    def __init__(self, b, form, Q, K, V, O, out, LSE, consts, masks, causal, scale, dropout_p, pe_dt, p1_dt):
         self.b, self.form, self.Q, self.K, self.V, self.O, self.out, self.LSE = b, form, Q, K, V, O, out, LSE
         self.c, self.masks, self.causal, self.scale, self.p, self.pe_dt = consts, masks, causal, scale, dropout_p, pe_dt
         self.ones_column = dropout_p == 0.0
         self.aux_dt = _aux_dtype(pe_dt)
         # pass 1 only stabilises the softmax (any value within a few units of the row max gives the
         # same probabilities to rounding: pass 2 and the row sums use the value it finds), so fp32
-        # attention scores it from bf16 copies of Q and K at bf16's matmul rate (fp32 passes cost 4x)
-        self.p1_dt = _pass1_dtype(pe_dt)
+        # attention may score it from bf16 copies of Q and K at bf16's matmul rate (fp32 costs 4x)
+        self.p1_dt = p1_dt
         self.c1 = consts if self.p1_dt == pe_dt else _Consts(b, "bfloat16", "bfloat16", prefix="attn.c1")
         self._rows1: dict = {}
         # the stabiliser (-row max, as bf16 hi + lo) rides in pass 2's contraction as two more rows
