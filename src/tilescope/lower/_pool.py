@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..program import TileBuilder, View
+from ..isa import ScalarTensorTensor
+from ..program import TileBuilder, View, as_ap
 from ._call import Call, TensorMeta
 from ._conv import _ceil_div, _hbm, _on_chip, _short_run
 from ._layout import hbm_input, hbm_output
@@ -313,12 +314,12 @@ def _max_pool_backward(b, g: _Pool, DY, dy, I, idx_meta, DX, dx, P):
             eq = _tile(b, tile, (nr, g.ow), "float32", "pool.eq")
             for kh in range(g.kh):
                 for kw in range(g.kw):
-                    b.tensor_scalar(eq, rel, "equal", _tap_offset(g, kh, kw), "multiply", 1.0)
+                    # (rel == offset) * dy in one VectorE pass: the mask never lands on its own
                     win = g.window(acc, tile, nr, kh, kw)
-                    if direct:
-                        b.tensor_tensor(win, eq, dyt, "multiply")
-                    else:
-                        b.tensor_tensor(eq, eq, dyt, "multiply")
+                    o = _tap_offset(g, kh, kw)
+                    b.emit(ScalarTensorTensor(as_ap(win if direct else eq), as_ap(rel), "equal", o, "multiply",
+                                              as_ap(dyt)))
+                    if not direct:
                         b.tensor_tensor(win, win, eq, "add")
             carry = _store_plane_rows(b, g, DX, dx, tile, acc, r0, nr, blocks, carry)
 
