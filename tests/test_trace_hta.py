@@ -161,6 +161,24 @@ def test_critical_path_tiles_the_path_and_follows_launches(tmp_path, control):
         control.critical_path(rank=9)
 
 
+def test_critical_path_of_one_step_is_clipped_as_htas(tmp_path):
+    p = write(str(tmp_path / "c.json"), make_trace(VENDORS["cuda"], steps=3, kernels=3))
+    t = tt.open(p)
+    steps = t.sql("SELECT ts_ns, end_ns FROM events WHERE kind = 'step' ORDER BY ts_ns").fetchall()
+    for i, (a, b) in enumerate(steps):
+        path = t.critical_path(step=i).to_pylist()
+        # the step's own work: its kernels and copy, walked back to the step's start at the latest
+        assert [r["name"] for r in path if r["kind"] == "device"] == [
+            "gemm_kernel_0", "gemm_kernel_1", "gemm_kernel_2", "Memcpy HtoD (Pageable -> Device)"]
+        last = t.sql(f"SELECT max(end_ns) FROM events WHERE side = 'device' AND ts_ns BETWEEN {a} AND {b}").fetchall()[0][0]
+        assert path[-1]["end_ns"] == last and a <= path[0]["start_ns"]
+        assert all(x["end_ns"] == y["start_ns"] for x, y in zip(path, path[1:]))
+    # the whole rank ends with the last step's path
+    assert t.critical_path().to_pylist()[-1] == t.critical_path(step=2).to_pylist()[-1]
+    with pytest.raises(ValueError, match=r"step 3 is not in rank 0: it has 3 ProfilerStep slices"):
+        t.critical_path(step=3)
+
+
 def test_diff_says_when_two_traces_are_different_programs(control):
     other = tt.open(os.path.join(KINETO, "cuda_alexnet_small.json.gz"))
     d = tt.diff(control, other, names=["ranking", "alexnet"])

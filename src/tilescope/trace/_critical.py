@@ -31,29 +31,48 @@ __all__ = ["critical_path", "critical_path_summary"]
 BLOCKING = tuple(n for n in SYNC_NAMES if "WaitEvent" not in n)
 
 
-def _arrays(trace, rank: int):
+def _arrays(trace, rank: int, window: tuple[int, int] | None):
     syncs = " OR ".join(f"name ILIKE '%{s}%'" for s in BLOCKING)
+    # a step's window (HTA's clipping): host calls that start in it and the device work they launched
+    in_host = f"AND ts_ns BETWEEN {window[0]} AND {window[1]}" if window else ""
+    in_dev = (f"AND d.eid IN (SELECT k2.dev_eid FROM _links k2 JOIN events l ON l.eid = k2.launch_eid "
+              f"WHERE l.ts_ns BETWEEN {window[0]} AND {window[1]})") if window else ""
     dev = trace.sql(f"""SELECT d.eid, d.lane, d.ts_ns, d.end_ns, d.name, coalesce(k.launch_eid, -1) AS launch_eid
                         FROM events d LEFT JOIN _links k ON k.dev_eid = d.eid
                         WHERE d.rank = {rank} AND d.ph = 'X' AND d.side = 'device' AND d.kind IN ('kernel', 'memcpy', 'memset')
-                          AND d.dur_ns IS NOT NULL ORDER BY d.lane, d.end_ns, d.ts_ns, d.eid""").fetchnumpy()
+                          AND d.dur_ns IS NOT NULL {in_dev} ORDER BY d.lane, d.end_ns, d.ts_ns, d.eid""").fetchnumpy()
     host = trace.sql(f"""SELECT eid, lane, ts_ns, end_ns, name, ({syncs}) AS is_sync FROM events
                          WHERE rank = {rank} AND ph = 'X' AND side = 'host' AND dur_ns IS NOT NULL
-                           AND (kind = 'launch' OR ({syncs})) ORDER BY lane, ts_ns, eid""").fetchnumpy()
+                           AND (kind = 'launch' OR ({syncs})) {in_host} ORDER BY lane, ts_ns, eid""").fetchnumpy()
     first = dict(trace.sql(f"SELECT lane, min(first_ns) FROM lanes WHERE rank = {rank} GROUP BY lane").fetchall())
+    if window:  # the walk back along a host thread stops at the step's start
+        first = {ln: max(int(t), window[0]) if t is not None else window[0] for ln, t in first.items()}
     return dev, host, first
 
 
-def critical_path(trace, *, rank: int | None = None):
+def _step_window(trace, rank: int, step: int) -> tuple[int, int]:
+    """The ``step``-th (0-based, in start order) ProfilerStep slice of ``rank``: (start, end) ns."""
+    rows = trace.sql(f"""SELECT ts_ns, end_ns FROM events WHERE rank = {rank} AND ph = 'X' AND kind = 'step'
+                         AND dur_ns IS NOT NULL ORDER BY ts_ns, eid""").fetchall()
+    if not 0 <= step < len(rows):
+        raise ValueError(f"step {step} is not in rank {rank}: it has {len(rows)} ProfilerStep slices "
+                         f"(steps 0..{len(rows) - 1}); pass step=None for the whole rank")
+    return int(rows[step][0]), int(rows[step][1])
+
+
+def critical_path(trace, *, rank: int | None = None, step: int | None = None):
     """The critical path of ``rank`` (default: the first rank) as segments; see the module doc.
-    Returns a pyarrow Table."""
+    ``step``: only the ``step``-th ProfilerStep (0-based), clipped as HTA's
+    ``critical_path_analysis(annotation="ProfilerStep", instance_id=step)`` clips: the host
+    calls that start within the step, the device work they launched, and the walk back stops at
+    the step's start. Returns a pyarrow Table."""
     import pyarrow as pa
 
     ensure_hierarchy(trace)
     r = trace.ranks[0] if rank is None else int(rank)
     if r not in trace.ranks:
         raise ValueError(f"rank {rank} is not in this trace (ranks: {trace.ranks})")
-    dev, host, first = _arrays(trace, r)
+    dev, host, first = _arrays(trace, r, None if step is None else _step_window(trace, r, int(step)))
     segs: list[tuple] = []  # (kind, name, lane, start, end, eid)
     if len(dev["eid"]):
         d_lane, d_ts, d_end = dev["lane"].astype(np.int64), dev["ts_ns"].astype(np.int64), dev["end_ns"].astype(np.int64)

@@ -527,12 +527,13 @@ class Trace:
 
         return kernel_sequences(self, op_name, min_length=min_length, rank=rank, top=top)
 
-    def critical_path(self, *, rank: int | None = None):
+    def critical_path(self, *, rank: int | None = None, step: int | None = None):
         """The chain of host and device work that set the end time, walked back from the last
-        device work: per-segment rows and what bounded it (see ``_critical``)."""
+        device work: per-segment rows and what bounded it (see ``_critical``); ``step``: within
+        the ``step``-th ProfilerStep only (0-based), as HTA's ``critical_path_analysis`` clips."""
         from ._critical import critical_path
 
-        return critical_path(self, rank=rank)
+        return critical_path(self, rank=rank, step=step)
 
     def lineage(self, eid: int) -> list[dict]:
         """From any hop, the chain parents -> op -> launch(es) -> device execution(s) -> instructions."""
