@@ -143,7 +143,8 @@ def test_adaptive_avg_pool_forward_and_backward(shape, size):
 # ---- upsampling ---------------------------------------------------------------------------------
 
 UPSAMPLES = [((2, 3, 5, 6), (10, 12), (None, None)), ((1, 2, 4, 5), (7, 11), (None, None)),
-             ((1, 2, 6, 6), (4, 3), (None, None)), ((1, 2, 5, 5), (12, 13), (2.5, 2.7))]
+             ((1, 2, 6, 6), (4, 3), (None, None)), ((1, 2, 5, 5), (12, 13), (2.5, 2.7)),
+             ((1, 2, 9, 9), (3, 3), (None, None))]  # sources no output reads (gradient 0)
 
 
 @pytest.mark.parametrize("shape,size,scales", UPSAMPLES, ids=str)
@@ -215,12 +216,19 @@ def _upsample(mode):
     return call, (x.numel + y.numel) * 4
 
 
+def _bilinear_backward():
+    x, y = meta(8, 128, 32, 32), meta(8, 128, 64, 64)
+    call = Call("aten::upsample_bilinear2d_backward", (y, (64, 64), (8, 128, 32, 32), False, None, None), (), (x,))
+    return call, (x.numel + y.numel) * 4
+
+
 LARGE = [("bn 64x56", lambda: _bn(64, 56), 2.0), ("bn 128x28", lambda: _bn(128, 28), 1.6),
          ("bn backward 64x56", lambda: _bn_bwd(64, 56), 2.0), ("gn 64x56 g32", lambda: _gn(64, 56, 32), 1.5),
          ("gn backward 64x56 g32", lambda: _gn_bwd(64, 56, 32), 2.0),
          ("max pool 3x3/2", _maxpool, 4.0),  # VectorE finds the indices tap by tap
          ("avg pool 2x2/2", _avgpool, 1.5), ("nearest x2", lambda: _upsample("nearest"), 1.3),
-         ("bilinear x2", lambda: _upsample("bilinear"), 3.0)]
+         ("bilinear x2", lambda: _upsample("bilinear"), 3.0),
+         ("bilinear x2 backward", _bilinear_backward, 2.5)]  # VectorE: one add per contribution past the first
 
 
 @pytest.mark.parametrize("name,make,max_ratio", LARGE, ids=[c[0] for c in LARGE])

@@ -692,10 +692,11 @@ def _nearest_pass(b, src, dst, parts, outer, in_size, out_size, inner, mapping, 
 def _linear_pass(b, src, dst, parts, outer, in_size, out_size, inner, mapping, backward: bool):
     """One axis of linear interpolation: dst[i] = w0*src[i0] + w1*src[i1] (forward) or
     dst[i0] += w0*src[i], dst[i1] += w1*src[i] (backward), grouped into arithmetic runs."""
-    entries = [(m[0], m[1], m[2], m[3]) for m in mapping]
-    groups = _runs(entries, key=lambda e: e[2:], distinct=(0, 1) if backward else ())
     if backward:
-        b.memset(dst, 0.0)
+        _linear_pass_backward(b, src, dst, parts, outer, in_size, out_size, inner, mapping)
+        return
+    entries = [(m[0], m[1], m[2], m[3]) for m in mapping]
+    groups = _runs(entries, key=lambda e: e[2:])
     for o0, count, steps in groups:
         i0, i1, w0, w1 = entries[o0]
         ostep = steps[0] if count > 1 else 1
@@ -713,15 +714,31 @@ def _linear_pass(b, src, dst, parts, outer, in_size, out_size, inner, mapping, b
             u = b.sbuf((parts, outer, count, inner), "float32", site="up.u", bufs=2)
             b.activation(u, c, "copy", scale=w1)  # ScalarE both products, VectorE the sum
             b.tensor_tensor(d, t, u, "add")
-        else:
-            g_ = _axis_views(src, parts, outer, out_size, inner, o0, ostep, count)
-            for idx, step, w in ((i0, s0, w0), (i1, s1, w1)):
-                if w == 0.0:
-                    continue
-                t = b.sbuf((parts, outer, count, inner), "float32", site="up.t", bufs=2)
-                b.activation(t, g_, "copy", scale=w)
-                d = _axis_views(dst, parts, outer, in_size, inner, idx, step, count)
-                b.tensor_tensor(d, d, t, "add")
+
+
+def _linear_pass_backward(b, src, dst, parts, outer, in_size, out_size, inner, mapping):
+    """dst[r] = sum of w * src[i] over the outputs i that read r, gathered per destination:
+    slot j holds each r's j-th contribution. Slot 0 writes (ScalarE: w * src), later slots
+    add theirs in one VectorE pass each (``(src * w) + dst``) -- no zeroing, no separate
+    product, and one add per contribution past the first instead of one per contribution."""
+    contrib: list[list[tuple[int, float]]] = [[] for _ in range(in_size)]
+    for i, (i0, i1, w0, w1) in enumerate(mapping):
+        for r, w in ((i0, w0), (i1, w1)):
+            if w != 0.0:
+                contrib[r].append((i, w))
+    if any(not c for c in contrib):  # a source no output reads: its gradient is 0
+        b.memset(dst, 0.0)
+    for j in range(max((len(c) for c in contrib), default=0)):
+        entries = [(r, c[j][0], c[j][1]) for r, c in enumerate(contrib) if len(c) > j]
+        for k0, count, steps in _runs(entries, key=lambda e: e[2:], distinct=(0, 1)):
+            r0, i0, w = entries[k0]
+            rstep, istep = (steps[1], steps[2]) if count > 1 else (1, 1)
+            d = _axis_views(dst, parts, outer, in_size, inner, r0, rstep, count)
+            g_ = _axis_views(src, parts, outer, out_size, inner, i0, istep, count)
+            if j == 0:  # every read source has a first contribution
+                b.activation(d, g_, "copy", scale=w)
+            else:
+                b.emit(ScalarTensorTensor(as_ap(d), as_ap(g_), "multiply", w, "add", as_ap(d)))
 
 
 def _upsample(b, kind, X, x, Y, y, scales, align, P, backward=False):
