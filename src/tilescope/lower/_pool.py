@@ -765,8 +765,10 @@ def _upsample(b, kind, X, x, Y, y, scales, align, P, backward=False):
             run(b, src, mid, parts, k * OH, W, OW, 1, cmap, True)  # grad [OH, OW] -> [OH, W]
             out = _tile(b, tile, (H, W), "float32", "up.out")
             run(b, mid, out, parts, k, H, OH, W, rmap, True)  # -> [H, W]
-        res = _tile(b, tile, tuple(y.shape[2:]), y.device_dtype, "up.res")
-        b.tensor_copy(res, out)
+        res = out  # float32 results are stored as computed; other dtypes need a VectorE cast
+        if y.device_dtype != "float32":
+            res = _tile(b, tile, tuple(y.shape[2:]), y.device_dtype, "up.res")
+            b.tensor_copy(res, out)
         _store_rows(b, Y, y, tile, res, 0, y.shape[2], y.shape[3], y.shape[2], y.shape[3])
 
 
