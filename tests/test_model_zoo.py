@@ -72,6 +72,10 @@ def test_attention_efficiency_counts_useful_flops_not_executed_ones():
     rows = [zoo.OpRow("aten::_scaled_dot_product_fused_attention_overrideable", 1, s.total_ns, 0.5, 1.0,
                       "attention", s.tensor_flops, useful),
             zoo.OpRow("aten::mm", 1, 1e3, 0.5, 1.0, "matmul", 4e6, 4e6)]
+    # fp32: the bound counts the useful FLOPs at fp32's peak, though the stabiliser pass runs in bf16
+    m32 = TensorMeta((1, 2, 1024, 64), contiguous_strides((1, 2, 1024, 64)), "float32")
+    p32 = attention_forward(m32, m32, m32, None, causal=False, scale=None, dropout_p=0.0, spec=spec)
+    assert zoo._bound_ns(p32, spec) >= 2 * 2 * 1024 * 1024 * 128 / spec.peak_flops("float32") * 1e9
     eff = zoo._efficiency(rows, peak)
     assert eff["attention"] == pytest.approx(useful / (s.total_ns * 1e-9 * peak))
     assert eff["matmul"] == pytest.approx(4e6 / (1e3 * 1e-9 * peak))

@@ -291,7 +291,10 @@ def _bound_ns(program, spec) -> float:
     from tilescope.sim import simulate
 
     s = simulate(program, spec).summary
-    flops_ns = _useful_flops(program, s) / s.peak_flops * 1e9 if s.peak_flops else 0.0
+    # the peak of the dtype the useful FLOPs are in, where the lowering states it (fp32 attention
+    # scores its stabiliser in bf16: the summary's peak is its first matmul's dtype's)
+    peak = spec.peak_flops(program.meta["flops_dtype"]) if "flops_dtype" in program.meta else s.peak_flops
+    flops_ns = _useful_flops(program, s) / peak * 1e9 if peak else 0.0
     io = _operand_bytes(program)
     if all(isinstance(i, DmaCopy) for i in program.instructions):
         bytes_ns = max(io / 2 / spec.dma.bytes_per_ns, io / spec.hbm_bytes_per_ns)

@@ -572,7 +572,9 @@ def attention_forward(q, k, v, mask, *, causal: bool, scale: float | None, dropo
     if not 0.0 <= dropout_p < 1.0:
         raise _Decline(f"dropout_p {dropout_p} outside [0, 1)")
     out = _as4d(out) if out is not None else TensorMeta((B, H, L, Ev), _contig((B, H, L, Ev)), form.q.dtype)
-    meta = {"lowering": "attention", "useful_flops": useful_flops(B, H, L, S, E, Ev, causal)}
+    # useful FLOPs run at the inputs' dtype's peak (a bf16 stabiliser pass is overhead, not a faster peak)
+    meta = {"lowering": "attention", "useful_flops": useful_flops(B, H, L, S, E, Ev, causal),
+            "flops_dtype": form.q.device_dtype}
     forms = _pass1_forms(form.q.device_dtype)
     build = lambda p1_dt: _forward_program(form, out, causal, scale, dropout_p, spec, name, p1_dt, meta)  # noqa: E731
     return build(forms[0]) if len(forms) == 1 else _shortest((build(dt) for dt in forms), spec)
@@ -1056,7 +1058,8 @@ def attention_backward(grad_out, q, k, v, out, lse, mask, *, causal: bool, scale
         masks = _Mask(b, form, Mv, scale, aux_dt) if Mv is not None else None
         _Backward(b, form, ins, g, o, outs, consts, masks, causal, scale, dropout_p, pe_dt).run()
     return b.build(meta={"lowering": "attention_backward",
-                         "useful_flops": useful_flops(B, H, L, S, E, Ev, causal, backward=True)}, spill=True)
+                         "useful_flops": useful_flops(B, H, L, S, E, Ev, causal, backward=True),
+                         "flops_dtype": pe_dt}, spill=True)
 
 
 def _as4d_shape(m: TensorMeta):
