@@ -13,7 +13,9 @@ prints, as JSON, the analyses tilescope reproduces:
   outliers at HTA's default cutoffs of 50 us launch and 100 us delay);
 - ``get_queue_length_summary`` (per stream: count, mean, max) and
   ``get_memory_bw_summary`` (per copy type: count, mean, max);
-- ``get_frequent_cuda_kernel_sequences("aten::linear", min_pattern_len=3)``: the top patterns.
+- ``get_frequent_cuda_kernel_sequences("aten::linear", min_pattern_len=3)``: the top patterns;
+- ``critical_path_analysis(annotation="ProfilerStep", instance_id=i)`` for every step i: the
+  path's weight, its first and last event, the weight per ``bound_by`` class (needs ``--pandas2``).
   HTA 0.5.0's implementation fails under pandas >= 3 (``np.unique`` on objects); with
   ``--pandas2`` the script runs HTA in a second virtualenv with pandas < 3
   (``~/.cache/tilescope/hta-0.5.0-pandas2-venv``), where it works.
@@ -79,6 +81,24 @@ _CHILD = textwrap.dedent(r"""
                                  int(r["CPU op duration (us)"])] for _, r in fp.head(3).iterrows()]
         except Exception as e:
             out["sequences"] = repr(e)
+    # critical_path_analysis per ProfilerStep instance: the path's weight (HTA's length), its
+    # first and last node, and the weight per bound_by class (us)
+    out["critical_path"] = []
+    df, sym = ta.t.get_trace(rank), ta.t.symbol_table.get_sym_table()
+    n_steps = sum(1 for n in df["name"].unique() if sym[n].startswith("ProfilerStep#"))
+    for inst in range(n_steps):
+        try:
+            g, ok = ta.critical_path_analysis(rank=rank, annotation="ProfilerStep", instance_id=inst)
+            nodes = [g.node_list[n] for n in g.critical_path_nodes]
+            bd = g.get_critical_path_breakdown()
+            out["critical_path"].append({
+                "step": inst, "ok": bool(ok), "weight_us": int(sum(e.weight for e in g.critical_path_edges_set)),
+                "first_ts": int(nodes[0].ts), "last_ts": int(nodes[-1].ts),
+                "first_event": sym[int(df.loc[nodes[0].ev_idx, "name"])],
+                "last_event": sym[int(df.loc[nodes[-1].ev_idx, "name"])],
+                "bound_by_us": {k or "(dependency)": int(v) for k, v in bd.groupby("bound_by").duration.sum().items()}})
+        except Exception as e:
+            out["critical_path"].append({"step": inst, "error": repr(e)})
     print(json.dumps(out))
 """)
 

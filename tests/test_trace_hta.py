@@ -179,6 +179,28 @@ def test_critical_path_of_one_step_is_clipped_as_htas(tmp_path):
         t.critical_path(step=3)
 
 
+def test_critical_path_per_step_against_hta(control):
+    # HTA critical_path_analysis(annotation="ProfilerStep", instance_id=i), us: the path's weight
+    # and the span from its first node (the step's first aten::empty) to its last (a Memcpy DtoH)
+    hta_weight = [59_158, 59_087, 59_543, 61_292, 59_265, 61_269]
+    hta_span = [73_758, 75_177, 74_488, 74_994, 76_694, 79_360]
+    steps = control.sql("SELECT ts_ns, end_ns FROM events WHERE kind = 'step' ORDER BY ts_ns").fetchall()
+    assert len(steps) == len(hta_weight)
+    for i, (a, b) in enumerate(steps):
+        path = control.critical_path(step=i).to_pylist()
+        first_op = control.sql(f"SELECT min(ts_ns) FROM events WHERE name = 'aten::empty' AND ts_ns >= {a}").fetchall()[0][0]
+        dtoh = control.sql(f"""SELECT max(end_ns) FROM events WHERE name LIKE 'Memcpy DtoH%'
+                               AND ts_ns BETWEEN {a} AND {b}""").fetchall()[0][0]
+        assert dtoh - first_op == hta_span[i] * 1000  # HTA's path ends where tilescope finds the step's last DtoH
+        # tilescope's path ends at the step's last device work, at or after HTA's end
+        assert path[-1]["end_ns"] >= dtoh
+        length = path[-1]["end_ns"] - path[0]["start_ns"]
+        if i == 0:  # the walk stops at a second host thread's first event, 32 ms into the step (see the docs)
+            assert length < hta_weight[i] * 1000 and path[0]["start_ns"] - a > 30_000_000
+        else:  # HTA's weight leaves out the host's gaps between top-level ops; tilescope's wall-time path keeps them
+            assert path[0]["start_ns"] == a and length > hta_weight[i] * 1000
+
+
 def test_diff_says_when_two_traces_are_different_programs(control):
     other = tt.open(os.path.join(KINETO, "cuda_alexnet_small.json.gz"))
     d = tt.diff(control, other, names=["ranking", "alexnet"])
