@@ -286,9 +286,8 @@ def _max_pool(b, spec, g: _Pool, X, x, Y, y, I, idx_meta, P):
                         continue
                     b.tensor_tensor(ne, g.window(t, tile, nr, kh, kw), out, "not_equal")
                     b.select(off, ne, off, o)
-            b.tensor_tensor(off, off, _origins(b, g, tile, r0, nr), "add")
             idx = _tile(b, tile, (nr, g.ow), idx_meta.device_dtype, "pool.idx")
-            b.tensor_copy(idx, off)
+            b.tensor_tensor(idx, off, _origins(b, g, tile, r0, nr), "add")  # exact integers, cast on write
             _store_rows(b, I, idx_meta, tile, idx, r0, nr, g.ow, nr, g.ow)
 
 
