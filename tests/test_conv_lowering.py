@@ -262,6 +262,18 @@ def test_few_contraction_rows_put_each_image_in_its_own_partition_quarter(monkey
     assert low.program.meta["mapping"] == "pixels-stationary" and starts == {0, 32, 64, 96}
 
 
+def test_up_to_64_contraction_rows_alternate_images_between_partition_halves():
+    # a stem-like conv (3 channels x 7 kernel rows x column replicas: 33..64 rows) puts every
+    # other image's tile in the upper half, so its loads use the other 8 DMA engines
+    x, w = rnd(3, 3, 40, 40), rnd(64, 3, 7, 7)
+    low = check("aten::convolution_overrideable", (x, w, None, [2, 2], [3, 3], [1, 1], False, [0, 0], 1), {},
+                {"out": F.conv2d(x, w, None, 2, 3)}, {"in_input": x, "in_weight": w}, rule="conv", tol=1e-4)
+    prog = low.program
+    starts = {i.moving.offset // prog.buffers[i.moving.buffer].row_elems for i in prog.instructions
+              if i.KIND == "matmul"}
+    assert low.program.meta["mapping"] == "pixels-stationary" and starts == {0, 64}
+
+
 def test_patch_embedding_grad_weight_against_the_bound():
     # ViT-tiny's 16x16 patches (256 taps, more than the partitions): the patch matmul (one patch per
     # partition) beats the kernel-row bands (each reads dy in short runs); DMA-bound either way

@@ -798,17 +798,18 @@ class _Forward:
         blocks = [(n0, min(bp, g.n - n0), r0, nr)
                   for n0 in range(0, g.n, bp) for r0, nr in _ramp(g.oh, nr_store, rows_b, n0 == 0)]
 
-        # few contraction rows (<= 32): each image's tile goes in its own partition quarter, so its
-        # loads use that quarter's DMA engines (a transfer moves on the engines of its partitions)
-        quarter = P // 4
-        quads = all(c.reps * c.cs <= quarter for u in units for c in u.chunks)
+        # few contraction rows (<= 32, <= 64): each image's tile goes in its own partition quarter
+        # (half), so its loads use that part's DMA engines (a transfer moves on the engines of its
+        # partitions) and consecutive images' loads run on different engines
+        rows = max(c.reps * c.cs for u in units for c in u.chunks)
+        parts = 4 if rows <= P // 4 else 2 if rows <= P // 2 else 1
         count = [0]
 
         def load(blk):
             n0, ni, r0, nr = blk
             tiles = []
             for n in range(n0, n0 + ni):
-                p0 = (count[0] % 4) * quarter if quads else 0
+                p0 = (count[0] % parts) * (P // parts)
                 count[0] += 1
                 tiles.append((self._tiles(units, (n, 1, r0, nr), -g.pw, wt, finish=False, p0=p0), p0))
             self._finish_loads()
