@@ -274,6 +274,17 @@ def test_up_to_64_contraction_rows_alternate_images_between_partition_halves():
     assert low.program.meta["mapping"] == "pixels-stationary" and starts == {0, 64}
 
 
+def test_weights_stationary_blocks_alternate_partition_halves_up_to_64_rows():
+    # a 1x1 stride-2 downsample: consecutive blocks' inputs sit in alternate partition halves
+    x, w = rnd(4, 16, 40, 40), rnd(32, 16, 1, 1)
+    low = check("aten::convolution_overrideable", (x, w, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1), {},
+                {"out": F.conv2d(x, w, None, 2)}, {"in_input": x, "in_weight": w}, rule="conv", tol=1e-4)
+    prog = low.program
+    starts = {i.moving.offset // prog.buffers[i.moving.buffer].row_elems for i in prog.instructions
+              if i.KIND == "matmul"}
+    assert low.program.meta["mapping"] == "weights-stationary" and starts == {0, 64}
+
+
 def test_patch_embedding_grad_weight_against_the_bound():
     # ViT-tiny's 16x16 patches (256 taps, more than the partitions): the patch matmul (one patch per
     # partition) beats the kernel-row bands (each reads dy in short runs); DMA-bound either way

@@ -721,6 +721,7 @@ class _Forward:
         fmax = self.spec.matmul_moving_fmax
         per_image = g.oh * g.ow
         ni_max = max(1, min(g.n, fmax // per_image)) if per_image <= fmax else 1
+        halves = 2 if max(c.reps * c.cs for u in units for c in u.chunks) <= self.P // 2 else 1
         for c0, nc in [(c, min(fmax, g.ow - c)) for c in range(0, g.ow, fmax)]:
             if nc == g.ow:  # whole rows: contiguous runs of rows x width for the DMA
                 ic0, ic1 = 0, g.w
@@ -732,25 +733,28 @@ class _Forward:
             nr_store = g.oh if ni_max > 1 else self._store_rows(units, 1, nc, wt, pnr)
             blocks = [(n0, min(ni_max, g.n - n0), r0, nr)
                       for n0 in range(0, g.n, ni_max) for r0, nr in _ramp(g.oh, nr_store, pnr, n0 == 0)]
+            # with <= 64 contraction rows, consecutive blocks alternate partition halves: their
+            # input loads run on different DMA engines (a transfer uses its partitions' engines)
+            blocks = [blk + ((i % halves) * (self.P // 2),) for i, blk in enumerate(blocks)]
 
             def compute(blk, tiles, c0=c0, nc=nc, ic0=ic0, wt=wt, pnr=pnr):
-                n0, ni, r0, nr = blk
+                n0, ni, r0, nr, q0 = blk
                 for u in units:
-                    st = self._stationary_of(u)
+                    st = self._stationary_of(u, q0)
                     out = b.sbuf((u.os, ni, nr, nc), self.out_dtype, site="conv.out", bufs=2)
                     for p0 in range(r0, r0 + nr, pnr):
                         pn = min(pnr, r0 + nr - p0)
                         acc = b.psum((u.os, ni, pn, nc), "float32", site="conv.acc")
-                        self._accumulate_a(u, st, tiles, acc, ni, r0, p0, pn, c0, nc, ic0, wt, nr)
+                        self._accumulate_a(u, st, tiles, acc, ni, r0, p0, pn, c0, nc, ic0, wt, nr, q0)
                         dst = _on_chip(out, 0, u.os, (p0 - r0) * nc, ((nr * nc, ni), (1, pn * nc)))
                         self._evacuate(dst, acc, biases.get(u))
                     b.dma_copy(_hbm(self.Y, n0 * ys[0] + u.o0 * ys[1] + r0 * ys[2] + c0 * ys[3],
                                     ((ys[1], u.os), (ys[0], ni), (ys[2], nr), (ys[3], nc))), out,
                                queue=self._queues.next())
 
-            self._pipelined(blocks, lambda blk, ic0=ic0, wt=wt: self._tiles(units, blk, ic0, wt), compute)
+            self._pipelined(blocks, lambda blk, ic0=ic0, wt=wt: self._tiles(units, blk, ic0, wt, p0=blk[4]), compute)
 
-    def _accumulate_a(self, u, st, tiles, acc, ni, r0, p0, pn, c0, nc, ic0, wt, nr) -> None:
+    def _accumulate_a(self, u, st, tiles, acc, ni, r0, p0, pn, c0, nc, ic0, wt, nr, q0=0) -> None:
         b, g = self.b, self.g
         plan = []
         for ch in u.chunks:
@@ -771,7 +775,7 @@ class _Forward:
             rows_t = ch.rows_t(g, nr)
             row = ch.row(g, p0 - r0, s.kh0)
             col = a * g.sw + s.kw0 * g.dw - g.pw - ic0
-            mv = _on_chip(tiles[ch], 0, s.rows, row * wt + col,
+            mv = _on_chip(tiles[ch], q0, s.rows, row * wt + col,
                           ((rows_t * wt, ni), (ch.row_step(g) * wt, pn), (g.sw, e - a)))
             dst = _on_chip(acc, 0, u.os, a - c0, ((pn * nc, ni), (nc, pn), (1, e - a)))
             b.matmul(dst, st[ch, s.kh0, s.kw0], mv, accumulate=i > 0 or partial_first)
