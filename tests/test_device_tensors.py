@@ -243,6 +243,44 @@ def test_memory_statistics_follow_allocations():
     assert torch.sim.memory_allocated() == before
 
 
+def test_a_fresh_cpu_result_becomes_device_memory_without_a_copy():
+    from tilescope.device import _dispatch
+
+    rt = _dispatch._rt
+    torch.sim.synchronize()
+    before = torch.sim.memory_allocated()
+    cpu = torch.empty_strided((3, 2), (1, 3))  # strides kept as they are
+    cpu.copy_(torch.tensor([[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]))
+    ptr = cpu.data_ptr()
+    d = rt.adopt(cpu, 0)
+    assert d.device.type == "sim" and d.data_ptr() == ptr and d.stride() == (1, 3)
+    assert torch.sim.memory_allocated() - before == 6 * 4  # counted as device memory
+    # shared storage is never adopted: the caller copies
+    assert rt.adopt(cpu, 0) is None and rt.adopt(rt.cpu_view(d), 0) is None
+    assert rt.adopt(torch.ones(6).reshape(2, 3), 0) is None  # a view: its base holds the storage too
+    del cpu  # the device tensor keeps the memory alive
+    assert d.cpu().tolist() == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+    del d
+    assert torch.sim.memory_allocated() == before
+    # memory of CPU's default allocator is taken over: freed, it is cached for reuse like any block
+    cached = torch.sim.memory_reserved() - torch.sim.memory_allocated()
+    d = rt.adopt(torch.randn(1024), 0)
+    del d
+    assert torch.sim.memory_reserved() - torch.sim.memory_allocated() - cached == 4096
+
+
+def test_a_signatures_first_call_copies_no_fresh_result(monkeypatch):
+    from tilescope.device import _dispatch
+
+    copied = []
+    monkeypatch.setattr(_dispatch, "_copy_pairs", lambda pairs: copied.extend(pairs))
+    x = torch.randn(3, 517)
+    y = torch.exp(x.to("sim") * 1.75)  # shapes no earlier test used: first calls of both ops
+    torch.sim.synchronize()
+    assert copied == []
+    close(y, torch.exp(x * 1.75))
+
+
 def test_autocast_and_accelerator_api():
     x, w = torch.randn(8, 16), torch.randn(16, 4)
     with torch.autocast(device_type="sim", dtype=torch.bfloat16):

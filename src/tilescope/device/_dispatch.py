@@ -497,8 +497,9 @@ def _cpu_tree(v):
 
 
 def _to_device(result, core, copies, args, kwargs):
-    """Device tensors for a CPU result (copies queued as (dst view, src) pairs); results that
-    alias a device argument (returned inputs) are that argument."""
+    """Device tensors for a CPU result: its memory when nothing else holds it (no copy into fresh
+    pages, the bulk of a large first call), else a copy queued as a (dst view, src) pair; results
+    that alias a device argument (returned inputs) are that argument."""
     written: list = []
 
     def convert(r):
@@ -506,8 +507,11 @@ def _to_device(result, core, copies, args, kwargs):
             for a in _flat_tensors(list(args) + list(kwargs.values())):
                 if a.get_device() >= 0 and _same_memory(a, r):
                     return a
-            out = _rt.empty(list(r.shape), list(r.stride()), r.dtype, core)
-            copies.append((_rt.cpu_view(out), r))
+            # a fresh result becomes device memory as it is; a shared one is copied
+            out = _rt.adopt(r, core)
+            if out is None:
+                out = _rt.empty(list(r.shape), list(r.stride()), r.dtype, core)
+                copies.append((_rt.cpu_view(out), r))
             written.append(out)
             return out
         if isinstance(r, (list, tuple)):

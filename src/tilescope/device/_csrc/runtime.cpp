@@ -49,6 +49,7 @@ struct Block {
   void* ptr = nullptr;
   size_t nbytes = 0;
   int device = 0;
+  c10::Storage* owner = nullptr;  // the CPU storage of adopted memory (see adopt)
 };
 
 struct DeviceStats {
@@ -72,13 +73,31 @@ constexpr size_t kCacheLimit = size_t(2) << 30;  // bytes of freed blocks kept a
 // frees on another thread than the allocation)
 constexpr size_t kCacheMin = size_t(1) << 10;
 
+static void keep_memory(void*) {}  // the deleter of CPU memory a device block took over (adopt)
+
+// An adopted block's CPU storage, released: true when the memory is the block's to cache or free
+// (taken over, and no CPU tensor still uses it); else the CPU storage frees it in its time.
+static bool release_adopted(Block* b) {
+  c10::Storage* owner = b->owner;
+  b->owner = nullptr;
+  bool mine = owner->data_ptr().get_deleter() == &keep_memory;
+  if (mine && owner->use_count() != 1) {  // a CPU view still alive: it frees the memory, as allocated
+    owner->mutable_data_ptr().compare_exchange_deleter(&keep_memory, c10::GetDefaultCPUAllocator()->raw_deleter());
+    mine = false;
+  }
+  delete owner;
+  return mine;
+}
+
 static void release_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
   if (b->refs.fetch_sub(1) == 1) {
     g_stats[b->device].allocated -= static_cast<int64_t>(b->nbytes);
     g_stats[b->device].frees += 1;
     bool kept = false;
-    if (b->ptr != nullptr && b->nbytes >= kCacheMin) {
+    if (b->owner != nullptr && !release_adopted(b)) {
+      kept = true;  // its CPU storage frees it
+    } else if (b->ptr != nullptr && b->nbytes >= kCacheMin) {
       std::lock_guard<std::mutex> lock(g_cache_mutex);
       if (g_cached_bytes + b->nbytes <= kCacheLimit) {
         g_cache.emplace(b->nbytes, b->ptr);
@@ -122,7 +141,8 @@ static std::string human(int64_t n) {
 
 static std::string g_backend_name = "sim";
 
-static at::DataPtr allocate_on(size_t nbytes, int device) {
+// Counts nbytes more on device against its HBM limit (an out-of-memory error past it).
+static void account(size_t nbytes, int device) {
   TORCH_CHECK(device >= 0 && device < g_device_count.load(), g_backend_name, ":", device,
               " does not exist: this process has ", g_device_count.load(), " ", g_backend_name,
               " devices (cores of the preset's chip)");
@@ -141,21 +161,25 @@ static at::DataPtr allocate_on(size_t nbytes, int device) {
         "(del them; pending device work keeps its inputs alive until it completes: call torch.",
         g_backend_name, ".synchronize()), use smaller batches, or choose a preset with more HBM.");
   }
+  const int64_t after = st.allocated.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
+  st.allocations += 1;
+  int64_t peak = st.peak.load();
+  while (after > peak && !st.peak.compare_exchange_weak(peak, after)) {}
+}
+
+static at::DataPtr allocate_on(size_t nbytes, int device) {
+  account(nbytes, device);  // (the device index and the limit, before any host memory is taken)
   void* p = nbytes > 0 ? cached_block(nbytes) : nullptr;
-  if (nbytes > 0 && p == nullptr) {
-    if (posix_memalign(&p, 64, nbytes) != 0 || p == nullptr) {
-      TORCH_CHECK_WITH(OutOfMemoryError, false, g_backend_name, " out of memory: the host could not provide ",
-                       human(nbytes), " to back device memory");
-    }
+  if (nbytes > 0 && p == nullptr && (posix_memalign(&p, 64, nbytes) != 0 || p == nullptr)) {
+    g_stats[device].allocated -= static_cast<int64_t>(nbytes);
+    g_stats[device].allocations -= 1;
+    TORCH_CHECK_WITH(OutOfMemoryError, false, g_backend_name, " out of memory: the host could not provide ",
+                     human(nbytes), " to back device memory");
   }
   auto* b = new Block();
   b->ptr = p;
   b->nbytes = nbytes;
   b->device = device;
-  const int64_t after = st.allocated.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
-  st.allocations += 1;
-  int64_t peak = st.peak.load();
-  while (after > peak && !st.peak.compare_exchange_weak(peak, after)) {}
   return {p, b, &release_block, c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device))};
 }
 
@@ -485,6 +509,8 @@ void initialize(const std::string& backend_name, int device_count) {
 
 // A CPU tensor aliasing a sim tensor's memory (same sizes, strides, offset) that
 // keeps the memory alive: what the numerics worker computes on.
+static void release_kept(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+
 at::Tensor cpu_view_of(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset,
                        caffe2::TypeMeta dtype, bool conj, bool neg) {
   const auto& dp = storage.data_ptr();
@@ -495,7 +521,7 @@ at::Tensor cpu_view_of(const c10::Storage& storage, c10::IntArrayRef sizes, c10:
     alias = c10::DataPtr(dp.get(), b, &release_block, c10::Device(c10::kCPU));
   } else {
     auto* keep = new c10::Storage(storage);
-    alias = c10::DataPtr(dp.get(), keep, [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, c10::Device(c10::kCPU));
+    alias = c10::DataPtr(dp.get(), keep, &release_kept, c10::Device(c10::kCPU));
   }
   c10::Storage cpu_storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(alias), nullptr, false);
   auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
@@ -512,6 +538,42 @@ at::Tensor cpu_view(const at::Tensor& t) {
 
 at::Tensor empty(std::vector<int64_t> size, std::vector<int64_t> stride, c10::ScalarType dtype, int device) {
   return empty_strided_on(size, stride, dtype, device);
+}
+
+// A device tensor over the memory of a CPU tensor that nothing else references (the result of
+// a signature's first call, computed on CPU): the result becomes device memory without a copy
+// into fresh pages, which for a large tensor is most of that call's time and doubled its peak
+// memory. None when the storage is shared (an input returned, results that alias each other,
+// a view whose base is alive): the caller copies.
+py::object adopt(const at::Tensor& cpu, int device) {
+  TORCH_CHECK(cpu.device().is_cpu(), "adopt: expected a CPU tensor, got one on ", cpu.device());
+  const c10::Storage& storage = cpu.storage();
+  const auto deleter = storage ? storage.data_ptr().get_deleter() : nullptr;
+  if (!storage || storage.use_count() != 1 || cpu.is_conj() || cpu.is_neg() || storage.nbytes() == 0 ||
+      storage.data_ptr().device().type() != c10::kCPU || deleter == &release_block || deleter == &release_kept) {
+    return py::none();
+  }
+  const size_t nbytes = storage.nbytes();
+  account(nbytes, device);
+  auto* b = new Block();
+  b->ptr = const_cast<void*>(storage.data());
+  b->nbytes = nbytes;
+  b->device = device;
+  // The block holds the CPU storage (so the memory outlives the CPU tensor, and a second adopt
+  // sees it shared). Memory of the default CPU allocator (64-byte aligned, freed with free()) is
+  // also taken over, so that when the tensor dies it is cached for reuse like any block; not
+  // while CPU memory is profiled (the profiler expects to see that allocation freed).
+  const auto cpu_deleter = c10::GetDefaultCPUAllocator()->raw_deleter();
+  if (cpu_deleter != nullptr && deleter == cpu_deleter && !c10::memoryProfilingEnabled()) {
+    storage.mutable_data_ptr().compare_exchange_deleter(cpu_deleter, &keep_memory);
+  }
+  b->owner = new c10::Storage(storage);
+  c10::DataPtr dp(b->ptr, b, &release_block, c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
+  c10::Storage dev(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), &g_allocator, true);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(dev), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                      cpu.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(cpu.sizes(), cpu.strides(), cpu.storage_offset());
+  return py::cast(out);
 }
 
 int64_t cached_bytes() {
@@ -580,6 +642,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("initialize", &initialize);
   m.def("cpu_view", &cpu_view);
   m.def("empty", &empty);
+  m.def("adopt", &adopt);
   m.def("memory_stats", &memory_stats);
   m.def("reset_peak", &reset_peak);
   m.def("set_limit", &set_limit);
