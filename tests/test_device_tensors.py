@@ -5,6 +5,7 @@ Every value is checked against the same computation on CPU.
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -258,6 +259,7 @@ def test_a_fresh_cpu_result_becomes_device_memory_without_a_copy():
     # shared storage is never adopted: the caller copies
     assert rt.adopt(cpu, 0) is None and rt.adopt(rt.cpu_view(d), 0) is None
     assert rt.adopt(torch.ones(6).reshape(2, 3), 0) is None  # a view: its base holds the storage too
+    assert rt.adopt(torch.from_numpy(np.ones(4, np.float32)), 0) is None  # memory numpy owns
     del cpu  # the device tensor keeps the memory alive
     assert d.cpu().tolist() == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
     del d

@@ -75,16 +75,13 @@ constexpr size_t kCacheMin = size_t(1) << 10;
 
 static void keep_memory(void*) {}  // the deleter of CPU memory a device block took over (adopt)
 
-// An adopted block's CPU storage, released: true when the memory is the block's to cache or free
-// (taken over, and no CPU tensor still uses it); else the CPU storage frees it in its time.
+// An adopted block's CPU storage, released: true when the memory is the block's to cache or free;
+// false when a CPU tensor still uses it, which then frees it as CPU's allocator would.
 static bool release_adopted(Block* b) {
   c10::Storage* owner = b->owner;
   b->owner = nullptr;
-  bool mine = owner->data_ptr().get_deleter() == &keep_memory;
-  if (mine && owner->use_count() != 1) {  // a CPU view still alive: it frees the memory, as allocated
-    owner->mutable_data_ptr().compare_exchange_deleter(&keep_memory, c10::GetDefaultCPUAllocator()->raw_deleter());
-    mine = false;
-  }
+  const bool mine = owner->use_count() == 1;
+  if (!mine) owner->mutable_data_ptr().compare_exchange_deleter(&keep_memory, c10::GetDefaultCPUAllocator()->raw_deleter());
   delete owner;
   return mine;
 }
@@ -509,8 +506,6 @@ void initialize(const std::string& backend_name, int device_count) {
 
 // A CPU tensor aliasing a sim tensor's memory (same sizes, strides, offset) that
 // keeps the memory alive: what the numerics worker computes on.
-static void release_kept(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
-
 at::Tensor cpu_view_of(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset,
                        caffe2::TypeMeta dtype, bool conj, bool neg) {
   const auto& dp = storage.data_ptr();
@@ -521,7 +516,7 @@ at::Tensor cpu_view_of(const c10::Storage& storage, c10::IntArrayRef sizes, c10:
     alias = c10::DataPtr(dp.get(), b, &release_block, c10::Device(c10::kCPU));
   } else {
     auto* keep = new c10::Storage(storage);
-    alias = c10::DataPtr(dp.get(), keep, &release_kept, c10::Device(c10::kCPU));
+    alias = c10::DataPtr(dp.get(), keep, [](void* ctx) { delete static_cast<c10::Storage*>(ctx); }, c10::Device(c10::kCPU));
   }
   c10::Storage cpu_storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(alias), nullptr, false);
   auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(cpu_storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
@@ -543,14 +538,18 @@ at::Tensor empty(std::vector<int64_t> size, std::vector<int64_t> stride, c10::Sc
 // A device tensor over the memory of a CPU tensor that nothing else references (the result of
 // a signature's first call, computed on CPU): the result becomes device memory without a copy
 // into fresh pages, which for a large tensor is most of that call's time and doubled its peak
-// memory. None when the storage is shared (an input returned, results that alias each other,
-// a view whose base is alive): the caller copies.
+// memory. Only plain memory of CPU's default allocator (64-byte aligned, freed with free()) is
+// taken over: None for a shared storage (an input returned, results that alias each other, a
+// view whose base is alive), for memory with another owner (numpy's, a copy-on-write clone's,
+// device memory seen through a CPU view) and while CPU memory is profiled (the profiler expects
+// to see the allocation freed). The caller copies then.
 py::object adopt(const at::Tensor& cpu, int device) {
   TORCH_CHECK(cpu.device().is_cpu(), "adopt: expected a CPU tensor, got one on ", cpu.device());
   const c10::Storage& storage = cpu.storage();
-  const auto deleter = storage ? storage.data_ptr().get_deleter() : nullptr;
+  const auto cpu_deleter = c10::GetDefaultCPUAllocator()->raw_deleter();
   if (!storage || storage.use_count() != 1 || cpu.is_conj() || cpu.is_neg() || storage.nbytes() == 0 ||
-      storage.data_ptr().device().type() != c10::kCPU || deleter == &release_block || deleter == &release_kept) {
+      cpu_deleter == nullptr || storage.data_ptr().get_deleter() != cpu_deleter || c10::memoryProfilingEnabled() ||
+      !storage.mutable_data_ptr().compare_exchange_deleter(cpu_deleter, &keep_memory)) {
     return py::none();
   }
   const size_t nbytes = storage.nbytes();
@@ -559,14 +558,9 @@ py::object adopt(const at::Tensor& cpu, int device) {
   b->ptr = const_cast<void*>(storage.data());
   b->nbytes = nbytes;
   b->device = device;
-  // The block holds the CPU storage (so the memory outlives the CPU tensor, and a second adopt
-  // sees it shared). Memory of the default CPU allocator (64-byte aligned, freed with free()) is
-  // also taken over, so that when the tensor dies it is cached for reuse like any block; not
-  // while CPU memory is profiled (the profiler expects to see that allocation freed).
-  const auto cpu_deleter = c10::GetDefaultCPUAllocator()->raw_deleter();
-  if (cpu_deleter != nullptr && deleter == cpu_deleter && !c10::memoryProfilingEnabled()) {
-    storage.mutable_data_ptr().compare_exchange_deleter(cpu_deleter, &keep_memory);
-  }
+  // The block holds the CPU storage too, so a second adopt sees it shared and a CPU tensor that
+  // outlives the device one keeps its memory (release_adopted); otherwise the block frees or
+  // caches the memory like any block's.
   b->owner = new c10::Storage(storage);
   c10::DataPtr dp(b->ptr, b, &release_block, c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
   c10::Storage dev(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), &g_allocator, true);
