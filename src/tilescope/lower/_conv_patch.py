@@ -259,7 +259,7 @@ def _patch_columns(b, spec, g, group, per: int, nk: int, dtype: str, patches: _P
 def _forward_group(b, spec, g, Y: View, ys, wt, xk, cols: int, runs, biases, nk: int, per: int, out_dtype: str,
                    patches: _Patches) -> None:
     """``Y[co, patches] = sum over K chunks of wT.T @ Xp`` for one group's columns, stored by runs."""
-    from ._conv import _hbm, _on_chip
+    from ._conv import _on_chip
 
     P, K, C = spec.partitions, g.cin * g.taps, g.cout
     for m0 in range(0, C, P):
@@ -270,15 +270,23 @@ def _forward_group(b, spec, g, Y: View, ys, wt, xk, cols: int, runs, biases, nk:
             b.matmul(acc, _on_chip(wt, 0, ks, kc * C + m0, ((1, ms),)),
                      _on_chip(xk, 0, ks, kc * per * P, ((1, cols),)), accumulate=kc > 0)
         out = b.sbuf((ms, per * P), out_dtype, site="conv.patch.out", bufs=2)
-        o = _on_chip(out, 0, ms, 0, ((1, cols),))
-        if m0 in biases:
-            b.activation(o, acc, "identity", bias=biases[m0])
-        else:
-            b.activation(o, acc, "copy")
-        for q, (n, oh0, rows, ow0, rc) in runs:
-            b.dma_copy(_hbm(Y, n * ys[0] + m0 * ys[1] + oh0 * ys[2] + ow0 * ys[3],
-                            ((ys[1], ms), (ys[2], rows), (ys[3], rc))),
-                       _on_chip(out, 0, ms, q, ((rc, rows), (1, rc))), queue=patches.queues.next())
+        _store_block(b, acc, out, m0, ms, cols, runs, biases, Y, ys, patches)
+
+
+def _store_block(b, acc, out, m0: int, ms: int, cols: int, runs, biases, Y: View, ys, patches: _Patches) -> None:
+    """Output channels ``m0 .. m0+ms`` of a block: PSUM ``acc`` evacuated into ``out`` by ScalarE
+    (adding the bias when there is one), then stored as the runs of output rows it holds."""
+    from ._conv import _hbm, _on_chip
+
+    o = _on_chip(out, 0, ms, 0, ((1, cols),))
+    if m0 in biases:
+        b.activation(o, acc, "identity", bias=biases[m0])
+    else:
+        b.activation(o, acc, "copy")
+    for q, (n, oh0, rows, ow0, rc) in runs:
+        b.dma_copy(_hbm(Y, n * ys[0] + m0 * ys[1] + oh0 * ys[2] + ow0 * ys[3],
+                        ((ys[1], ms), (ys[2], rows), (ys[3], rc))),
+                   _on_chip(out, 0, ms, q, ((rc, rows), (1, rc))), queue=patches.queues.next())
 
 
 def patch_forward_rows(b: TileBuilder, spec, g, X: View, xs, W: View, ws, Y: View, ys, bias, bias_stride,
@@ -395,7 +403,7 @@ def _runs_of_images(g, groups):
 def _forward_cols(b, spec, g, Y: View, ys, wt, xk, c0: int, cols: int, runs, biases, chunks, out_dtype: str,
                   patches: _Patches) -> None:
     """``Y[co, patches] = sum over K chunks of wT.T @ xk`` for columns ``[c0, c0 + cols)``, stored by runs."""
-    from ._conv import _hbm, _on_chip
+    from ._conv import _on_chip
 
     P, C = spec.partitions, g.cout
     ncols = xk.shape[-1]
@@ -407,12 +415,4 @@ def _forward_cols(b, spec, g, Y: View, ys, wt, xk, c0: int, cols: int, runs, bia
             b.matmul(acc, _on_chip(wt, 0, ks, kc * C + m0, ((1, ms),)),
                      _on_chip(xk, 0, ks, kc * ncols + c0, ((1, cols),)), accumulate=kc > 0)
         out = b.sbuf((ms, _FMAX), out_dtype, site="conv.patch.out", bufs=2)
-        o = _on_chip(out, 0, ms, 0, ((1, cols),))
-        if m0 in biases:
-            b.activation(o, acc, "identity", bias=biases[m0])
-        else:
-            b.activation(o, acc, "copy")
-        for q, (n, oh0, rows, ow0, rc) in runs:
-            b.dma_copy(_hbm(Y, n * ys[0] + m0 * ys[1] + oh0 * ys[2] + ow0 * ys[3],
-                            ((ys[1], ms), (ys[2], rows), (ys[3], rc))),
-                       _on_chip(out, 0, ms, q, ((rc, rows), (1, rc))), queue=patches.queues.next())
+        _store_block(b, acc, out, m0, ms, cols, runs, biases, Y, ys, patches)

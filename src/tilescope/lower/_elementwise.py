@@ -678,6 +678,19 @@ def _operands(named: dict, tensor_names, out: TensorMeta):
     return tensors
 
 
+def _compute_tile(b, emit, args, tshape, dtype: str, load) -> View | None:
+    """The row ``emit`` over one tile's operands: the tile holding the result, or None when the
+    row declines."""
+    o = b.sbuf(tshape, dtype, site="ew.out")
+    try:
+        result = emit(TileOps(b, o, tshape, load=load), args)
+    except _Decline:
+        return None
+    if result is False:
+        return None
+    return result if isinstance(result, View) else o
+
+
 def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: TensorMeta, prefix: str) -> bool:
     """Emit one elementwise op into ``b``; False when the row declines."""
     tensors = _operands(named, tensor_names, out) if out.numel else None
@@ -705,14 +718,10 @@ def _emit_one(b: TileBuilder, spec, named: dict, tensor_names, emit, out: Tensor
             args[k] = RuntimeScalar(v.name) if isinstance(v, ScalarArg) else v
         for (n, m), st in zip(tensors, cstrides[1:]):
             args[n] = _load_operand(b, plan, tile, views[n], st, m, tshape, n)
-        o = b.sbuf(tshape, out.device_dtype, site="ew.out")
-        try:
-            result = emit(TileOps(b, o, tshape, load=load), args)
-        except _Decline:
+        result = _compute_tile(b, emit, args, tshape, out.device_dtype, load)
+        if result is None:
             return False
-        if result is False:
-            return False
-        b.dma_copy(plan.operand_ap(out_view, cstrides[0], tile), result if isinstance(result, View) else o)
+        b.dma_copy(plan.operand_ap(out_view, cstrides[0], tile), result)
     return True
 
 
@@ -735,15 +744,10 @@ def _emit_transposed(b, plan, strides, named, tensors, views, out, out_view, emi
                 else:
                     full = row_ap(views[n], strides[i], plan, tile, q0, rq)
                     args[n] = load_operand(b, full, parts, tshape, m.device_dtype, f"ew.in_{n}", next(queue))
-            o = b.sbuf(tshape, out.device_dtype, site="ew.out")
-            try:
-                result = emit(TileOps(b, o, tshape, load=load), args)
-            except _Decline:
+            result = _compute_tile(b, emit, args, tshape, out.device_dtype, load)
+            if result is None:
                 return False
-            if result is False:
-                return False
-            b.dma_copy(row_ap(out_view, strides[0], plan, tile, q0, rq), result if isinstance(result, View) else o,
-                       queue=next(queue))
+            b.dma_copy(row_ap(out_view, strides[0], plan, tile, q0, rq), result, queue=next(queue))
     return True
 
 
