@@ -25,7 +25,7 @@ from ._kernel_api import (
     tensor_scalar_reduce, tensor_tensor, tensor_tensor_scan, max8, nc_find_index8, nc_match_replace8,
     scalar_tensor_tensor, dma_transpose,
 )
-from ._ops import ACTIVATIONS, ALU_OPS, REDUCE_OPS
+from ._op_semantics import ACTIVATIONS, ALU_OPS, REDUCE_OPS
 
 __all__ = [
     "AP", "RuntimeScalar", "Scalar",
