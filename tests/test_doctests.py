@@ -40,7 +40,7 @@ MODULES = [
     "tilescope.lower",
     "tilescope.lower._call",
     "tilescope.lower._layout",
-    "tilescope.lower._ops",
+    "tilescope.lower._custom_ops",
     "tilescope.lower._conv",
     "tilescope.lower._conv_patch",
     "tilescope.lower._norm",

@@ -6,7 +6,7 @@ Program (:mod:`tilescope.lower.kernels`). Three need registrations here:
 
 * ``torch.rms_norm`` is a composite op (pow, mean, add, rsqrt, mul) for a backend without
   its own kernel. On this device it calls ``tilescope::rms_norm`` (output and ``rstd``, one
-  execution; defined in :mod:`tilescope.lower._ops`) whose backward is
+  execution; defined in :mod:`tilescope.lower._custom_ops`) whose backward is
   ``tilescope::rms_norm_backward`` (one more execution, also a tile kernel). Under tracing
   (``torch.compile``'s fake or functional tensors) it decomposes as usual, so the
   compiler sees the plain graph.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .. import lower as _lower
-from ..lower import _ops
+from ..lower import _custom_ops
 from . import _runtime
 from ._launch import launch
 
@@ -293,7 +293,7 @@ def register(aten_lib) -> None:
     for name in ("convolution_overrideable", "convolution_backward_overrideable"):
         # these have a default kernel that raises "not implemented": register the device's explicitly
         aten_lib.impl(name, _dispatch.handler_for(getattr(torch.ops.aten, name).default), "PrivateUse1")
-    _ops.define()
+    _custom_ops.define()
     aten_lib.impl("rms_norm", _aten_rms_norm, "AutogradPrivateUse1")
     aten_lib.impl("rms_norm", _aten_rms_norm, "PrivateUse1")
     aten_lib.impl("layer_norm", _aten_layer_norm, "AutogradPrivateUse1")

@@ -186,9 +186,9 @@ def schema_names(op: str) -> tuple[tuple[str, ...], dict]:
     import torch
 
     if op.startswith("tilescope::"):
-        from . import _ops
+        from . import _custom_ops
 
-        _ops.define()
+        _custom_ops.define()
     ns, rest = op.split("::", 1)
     packet, _, overload = rest.partition(".")
     schema = getattr(getattr(getattr(torch.ops, ns), packet), overload or "default")._schema

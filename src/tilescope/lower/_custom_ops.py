@@ -7,8 +7,8 @@ meta kernels and autograd formulas. The simulated device registers its kernels f
   -> (grad_input, grad_weight)``.
 
 >>> import torch
->>> from tilescope.lower import _ops
->>> _ops.define()
+>>> from tilescope.lower import _custom_ops
+>>> _custom_ops.define()
 >>> y, rstd = torch.ops.tilescope.rms_norm(torch.ones(2, 4), [4], None, 1e-6)
 >>> y.shape, rstd.shape
 (torch.Size([2, 4]), torch.Size([2, 1]))
