@@ -135,7 +135,7 @@ ALLOWED: set[Edge] = {
     # the fusion pass (compile) reuses the eager lowering's elementwise and reduction tables and
     # its GEMM planner: export them from lower's __init__ as the op-semantics API.
     _e("compile/_emit.py", "lower._elementwise"), _e("compile/_emit.py", "lower._reduce"),
-    _e("compile/_ops.py", "lower._elementwise"), _e("compile/_ops.py", "lower._reduce"),
+    _e("compile/_fusion_table.py", "lower._elementwise"), _e("compile/_fusion_table.py", "lower._reduce"),
     _e("compile/_matmul.py", "lower._gemm"),
     # compile runs its Programs through the device's runtime: a device-side launch API
     # (device/__init__) for compiled graphs.

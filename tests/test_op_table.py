@@ -20,7 +20,7 @@ from tilescope.compile._emit import emit_segments
 from tilescope.compile._plan import plan_graph
 from tilescope.lower import Call, ScalarArg, lower, meta_of
 from tilescope.lower._elementwise import OPS
-from tilescope.compile._ops import REDUCTIONS
+from tilescope.compile._fusion_table import REDUCTIONS
 from tilescope.sim import run_numerics, simulate
 
 aten = torch.ops.aten

@@ -25,7 +25,7 @@ from ._emit import EmitStats, _Unfusable, emit_segments
 from ._graph import DECOMPOSITIONS, propagate_shapes
 from ._foreach import cluster, expand_foreach
 from ._inplace import hoist_input_updates, plan_writebacks, reinplace
-from ._ops import is_reduction, packet_name
+from ._fusion_table import is_reduction, packet_name
 from ._plan import Segment, plan_graph
 
 __all__ = ["tilescope_backend", "CompiledGraph", "Step", "cache_dir", "STATS"]

@@ -32,7 +32,7 @@ from ..lower import _reduce as red
 from ..lower._elementwise import _MAX_FREE as _EW_MAX_FREE
 from ..lower._elementwise import EngineLoad, TileOps, _Decline, balanced_copy
 from ..program import TileBuilder, View
-from ._ops import CONSTANTS, MATMULS, REDUCTIONS, VIEWS, is_reduction, named_args, packet_name, row_of
+from ._fusion_table import CONSTANTS, MATMULS, REDUCTIONS, VIEWS, is_reduction, named_args, packet_name, row_of
 from ._plan import Segment, _tensor_args, node_dtype, node_shape, operand_class, value_class
 
 __all__ = ["emit_segments", "EmitStats"]

@@ -19,7 +19,7 @@ import torch
 from ..dtypes import itemsize
 from ._backend import _signature, build_steps, skip_internals
 from ._emit import _dt
-from ._ops import packet_name
+from ._fusion_table import packet_name
 from ._plan import node_dtype, node_shape
 
 __all__ = ["explain", "Explanation", "UnfusedOp", "FusedExecution", "ModeledExecution"]

@@ -14,7 +14,7 @@ import torch.fx as fx
 from ..dtypes import itemsize
 from ..lower._gemm import Gemm
 from ._emit import EmitStats, _Block, _dt, _region, _RowGroup, _Unfusable, _Val
-from ._ops import is_reduction, packet_name
+from ._fusion_table import is_reduction, packet_name
 from ._plan import Segment, node_dtype, node_shape
 
 __all__ = ["emit_matmul"]

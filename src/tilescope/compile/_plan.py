@@ -21,7 +21,7 @@ from math import prod
 import torch
 import torch.fx as fx
 
-from ._ops import CONSTANTS, MATMULS, VIEWS, is_reduction, named_args, packet_name, row_of
+from ._fusion_table import CONSTANTS, MATMULS, VIEWS, is_reduction, named_args, packet_name, row_of
 
 __all__ = ["Segment", "plan_graph", "value_class", "operand_class", "period", "node_shape"]
 
