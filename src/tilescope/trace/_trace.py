@@ -430,14 +430,14 @@ class Trace:
                  sort: str = "device_total_ns"):
         """key_averages-like table: calls, host total/self, device total/self per op name (and
         input shapes with ``by_shape``); ``sort`` by device_total_ns, device_self_ns,
-        host_total_ns, host_self_ns or calls. See ``_ops.op_table``."""
-        from ._ops import op_table
+        host_total_ns, host_self_ns or calls. See ``_op_table.op_table``."""
+        from ._op_table import op_table
 
         return op_table(self, kinds=kinds, by_shape=by_shape, limit=limit, sort=sort)
 
     def kernels(self, *, limit: int | None = None, kinds: tuple[str, ...] = ("kernel", "memcpy", "memset")):
         """Device work by name: calls, total, mean, min, max (ns), lanes, share of device time."""
-        from ._ops import kernel_table
+        from ._op_table import kernel_table
 
         return kernel_table(self, limit=limit, kinds=kinds)
 
