@@ -70,7 +70,7 @@ MODULES = [
     "tilescope.trace._devices",
     "tilescope.trace._store",
     "tilescope.cpp._errors",
-    "tilescope.cpp._run",
+    "tilescope.cpp._execute",
     "tilescope.cpp._where",
     "tilescope.cpp._params",
     "tilescope.trace._parquet",

@@ -16,7 +16,7 @@ from ._count import block_costs, count_work
 from ._errors import CppError
 from ._model import CoreEstimate, CostModel, build_program
 from ._params import parameter_names
-from ._run import CallRecord, execute, out_from_shape, torch_dtype
+from ._execute import CallRecord, execute, out_from_shape, torch_dtype
 
 __all__ = ["CppLibrary", "CppOp", "Estimate"]
 
