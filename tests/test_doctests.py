@@ -50,7 +50,7 @@ MODULES = [
     "tilescope.lower._vocab",
     # tile language
     "tilescope.lang",
-    "tilescope.lang._run",
+    "tilescope.lang._simulate",
     "tilescope.lang._kernel",
     "tilescope.lang._index",
     "tilescope.lang._types",

@@ -120,7 +120,7 @@ ALLOWED: set[Edge] = {
     _e("isa/_kernel_api.py", "lang._isa", "upward"), _e("isa/_kernel_api.py", "lang._isa"),
     # the tile language writes a kernel's profile directory: move that to profiler (or nki's
     # runner) so simulate() returns the result and the caller writes it.
-    _e("lang/_run.py", "profiler", "upward"),
+    _e("lang/_simulate.py", "profiler", "upward"),
     # lower/kernels.py decorates with `tilescope.kernel` (the root's lazy alias of lang.kernel):
     # spell it `tl.kernel`.
     _e("lower/kernels.py", "", "upward"),
@@ -166,7 +166,7 @@ ALLOWED: set[Edge] = {
     # nki is NKI's spelling of the tile language: it wraps lang's kernel, context, types and
     # frames. Export what it needs from lang (an internal API in lang/__init__).
     _e("nki/_jit.py", "device._dispatch"), _e("nki/_jit.py", "lang._context"), _e("nki/_jit.py", "lang._frames"),
-    _e("nki/_jit.py", "lang._kernel"), _e("nki/_jit.py", "lang._run"), _e("nki/_names.py", "lang._frames"),
+    _e("nki/_jit.py", "lang._kernel"), _e("nki/_jit.py", "lang._simulate"), _e("nki/_names.py", "lang._frames"),
     _e("nki/_names.py", "lang._values"), _e("nki/_profile.py", "profiler._format"), _e("nki/_run.py", "lang._frames"),
     _e("nki/compiler.py", "lang._types"), _e("nki/isa.py", "lang._context"), _e("nki/isa.py", "lang._values"),
     _e("nki/language.py", "lang._context"), _e("nki/language.py", "lang._core"), _e("nki/language.py", "lang._types"),

@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 # name -> module that defines it; imported on first use so `import tilescope` stays cheap
 _LAZY = {
     "kernel": "tilescope.lang._kernel",
-    "simulate": "tilescope.lang._run",
+    "simulate": "tilescope.lang._simulate",
     "profile": "tilescope.profiler._session",
 }
 

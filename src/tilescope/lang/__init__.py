@@ -37,7 +37,7 @@ from ._core import (
 )
 from ._index import IndexExpr, arange, mgrid
 from ._kernel import Kernel, TensorSpec, Traced, kernel
-from ._run import KernelResult, simulate
+from ._simulate import KernelResult, simulate
 from ._types import (
     bfloat16, bool_, float8_e4m3, float16, float32, hbm, int8, int16, int32, par_dim,
     private_hbm, psum, sbuf, shared_hbm, tile_size, uint8,

@@ -25,7 +25,7 @@ from ..errors import TilescopeError
 from ..lang._context import maybe_current
 from ..lang._frames import filter_traceback
 from ..lang._kernel import Kernel, TensorSpec, _grid
-from ..lang._run import KernelResult, simulate as _simulate
+from ..lang._simulate import KernelResult, simulate as _simulate
 
 __all__ = [
     "NkiKernel", "jit", "baremetal", "simulate_kernel", "simulate", "benchmark", "profile", "Launch",
