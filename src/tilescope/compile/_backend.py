@@ -319,7 +319,7 @@ class CompiledGraph:
     def __call__(self, *args):
         steps = self.steps_for(_signature(args))
         env = {**self.constants, **{ph: a for ph, a in zip(self.placeholders, args)}}
-        from ._run import run_steps
+        from ._execute_plan import run_steps
 
         run_steps(steps, env, self)
         out = self.output_node.args[0]

@@ -13,7 +13,7 @@ import torch
 
 from ..sim import simulate
 from ._plan import node_shape
-from ._run import interpret_nodes
+from ._execute_plan import interpret_nodes
 
 __all__ = ["run_program_step"]
 
