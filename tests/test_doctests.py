@@ -60,7 +60,7 @@ MODULES = [
     "tilescope.nki.language",
     "tilescope.nki.isa",
     "tilescope.nki.typing",
-    "tilescope.nki._run",
+    "tilescope.nki._run_file",
     # C++ operators
     "tilescope.cpp._coverage",
     "tilescope.cpp._build",

@@ -19,7 +19,7 @@ from ._jit import (
     BenchmarkResult, Launch, NkiKernel, baremetal, benchmark, jit, profile, recording, simulate,
     simulate_kernel,
 )
-from ._run import NkiRun, nki_imports, run_file
+from ._run_file import NkiRun, nki_imports, run_file
 from .typing import tensor
 
 kernel = jit  # ``tilescope.nki.kernel``: the decorator, by its other name

@@ -10,7 +10,7 @@ __all__ = ["register"]
 
 def _cmd_run(args) -> int:
     from ..errors import TilescopeError
-    from ._run import run_file
+    from ._run_file import run_file
 
     extra = list(args.args or [])
     if extra and extra[0] == "--":
