@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .trace._cli import register as _register_trace  # report, diff, compare, sql, replay
 
     _register_trace(sub)
-    from .explorer._cli import register as _register_explorer  # explore
+    from .explorer._explore_cli import register as _register_explorer  # explore
 
     _register_explorer(sub)
     from .nki._cli import register as _register_nki  # nki run
