@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .profiler._cli import register as _register_profiler  # profile, doctor, share
 
     _register_profiler(sub)
-    from .trace._cli import register as _register_trace  # report, diff, compare, sql, replay
+    from .trace._analysis_cli import register as _register_trace  # report, diff, compare, sql, replay
 
     _register_trace(sub)
     from .explorer._explore_cli import register as _register_explorer  # explore
