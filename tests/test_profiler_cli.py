@@ -75,7 +75,7 @@ def test_zero_code_capture_can_record_every_threads_ops(monkeypatch):
 
     import pytest
 
-    from tilescope.profiler import _auto, _cli
+    from tilescope.profiler import _auto, _profile_cli
 
     on = {"TILESCOPE_PROFILE": "1"}
     assert _auto.config_from_env(on).profile_all_threads is False
@@ -96,7 +96,7 @@ def test_zero_code_capture_can_record_every_threads_ops(monkeypatch):
 
     monkeypatch.setattr(_auto, "run_script", lambda script, args, cfg, device: (seen.append(cfg), Ran())[1])
     parser = argparse.ArgumentParser()
-    _cli.register(parser.add_subparsers())
+    _profile_cli.register(parser.add_subparsers())
     for argv, expected in ((["profile", "--all-threads", "x.py"], True), (["profile", "x.py"], False)):
         args = parser.parse_args(argv)
         assert args.func(args) == 0

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
     presets = sub.add_parser("presets", help="list hardware presets")
     presets.set_defaults(func=_cmd_presets)
-    from .profiler._cli import register as _register_profiler  # profile, doctor, share
+    from .profiler._profile_cli import register as _register_profiler  # profile, doctor, share
 
     _register_profiler(sub)
     from .trace._analysis_cli import register as _register_trace  # report, diff, compare, sql, replay
