@@ -174,7 +174,7 @@ ALLOWED: set[Edge] = {
     # the CLI collects each package's sub-commands from its _cli module: export `register_cli`
     # from profiler, trace, explorer and nki.
     _e("cli.py", "profiler._profile_cli"), _e("cli.py", "trace._analysis_cli"), _e("cli.py", "explorer._explore_cli"),
-    _e("cli.py", "nki._cli"),
+    _e("cli.py", "nki._nki_cli"),
     # TILESCOPE_PROFILE=1 starts the profiler on import: export start_from_env from profiler.
     _e("__init__.py", "profiler._auto"),
     # bench recognises kernel launches and reads the device clock: export KernelLaunch from lang

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .explorer._explore_cli import register as _register_explorer  # explore
 
     _register_explorer(sub)
-    from .nki._cli import register as _register_nki  # nki run
+    from .nki._nki_cli import register as _register_nki  # nki run
 
     _register_nki(sub)
     return parser
