@@ -190,6 +190,36 @@ def test_buffers_changed_in_place_cost_no_copies(executions):
         torch.testing.assert_close(dict(block.named_buffers())[name].cpu(), buf, rtol=1e-5, atol=1e-6)
 
 
+def test_a_step_calling_backward_inside_runs_the_device_untraced():
+    """``loss.backward()`` inside the compiled function is a graph break: autograd's ``ones_like``
+    of the loss runs eagerly with Dynamo's frame hook on. The device's dispatch, lowering and
+    simulator beneath it (dataclasses of numpy columns, generated ``__init__``s Dynamo cannot
+    skip by file) must run untraced; Dynamo once failed there ("Expected np.nditer base")."""
+    from torch._dynamo.convert_frame import input_codes
+
+    from tilescope import lower, sim
+
+    def step(x):
+        loss = (x * 2).sum().reshape(1, 1, 1, 1, 1)  # a shape of its own: its ones_like is lowered afresh
+        loss.backward()
+        return loss
+
+    for run in ("backend", "explain"):
+        torch._dynamo.reset()
+        lower.clear_cache()
+        sim.clear_cache()
+        x = torch.randn(8, 16, device="sim", requires_grad=True)
+        if run == "backend":
+            loss = torch.compile(step, backend="tilescope")(x)
+            traced = {c().co_filename for c in input_codes.seen if c() is not None}
+            assert not [f for f in traced if "tilescope" in f], traced
+            assert loss.item() == pytest.approx(2 * x.detach().cpu().sum().item(), rel=1e-5)
+        else:
+            e = explain(step, x)
+            assert e.graphs == 2 and e.fused
+        torch.testing.assert_close(x.grad.cpu(), torch.full((8, 16), 2.0))
+
+
 def test_explain_works_where_the_graph_holds_device_tensors():
     """HF GPT-2 starts its KV cache as ``torch.tensor([], device=x.device)`` and concatenates
     onto it: the graph holds a tensor on the device, and explain re-plans it beside the inputs."""

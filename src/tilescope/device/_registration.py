@@ -119,8 +119,36 @@ _SPECIAL = {
 _FOREACH_PREFIX = "_foreach_"
 
 
+class _Library(torch.library.Library):
+    """A library whose Python kernels Dynamo never traces (see :func:`_untraced`)."""
+
+    def impl(self, op_name, fn, dispatch_key="", *args, **kwargs):
+        _untraced(fn)
+        return super().impl(op_name, fn, dispatch_key, *args, **kwargs)
+
+
+def _untraced(fn) -> None:
+    """Keep Dynamo out of ``fn`` (a device kernel the dispatcher calls) and all it calls.
+
+    Code around a graph break (``loss.backward()`` inside a compiled step: autograd's
+    ``ones_like`` of the loss) runs eagerly with Dynamo's frame hook on, and the hook compiles
+    every frame it does not skip as user code. Skipping modules by file misses generated code
+    (a dataclass's ``__init__`` is file ``"<string>"``): the simulator's timeline, a dataclass
+    of numpy columns, then failed inside Dynamo ("Expected np.nditer base"). A recursive skip
+    on the kernel's own code turns the hook off for everything beneath it, at no cost per call.
+    """
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+    except ImportError:  # a torch without Dynamo: nothing to keep out
+        return
+    # a function, or a callable object (a Handler): the code of its class's __call__
+    code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)
+    if code is not None:
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+
+
 def _register_kernels(rt) -> None:
-    lib = torch.library.Library("aten", "IMPL")
+    lib = _Library("aten", "IMPL")
     _LIBS.append(lib)
     for name, fn in _SPECIAL.items():
         lib.impl(name, fn, "PrivateUse1")
@@ -148,6 +176,7 @@ def _register_kernels(rt) -> None:
             continue
         names.append(name)
     # the native kernel, for these and (as the backend fallback) every op without a kernel
+    _untraced(_dispatch.handle)
     rt.fast_register(names, _dispatch.handle)
     from . import _fused, _kernels, _rnn
 
