@@ -239,6 +239,22 @@ class _Consts:
         self.b = b
         self.aux_dt, self.pe_dt, self.prefix = aux_dt, pe_dt, prefix
         self._ident = self._ones = self._causal = self._ones_col = None
+        self._twins: dict = {}
+
+    def like(self, dtype: str) -> "_Consts":
+        """These constants in ``dtype`` (identity, ones and the causal bias are exact in bf16, whose
+        matmuls run at 4x fp32's rate: an fp32 attention adds its causal bias and a boolean mask
+        with bf16 matmuls into the same fp32 PSUM accumulation)."""
+        if dtype == self.aux_dt:
+            return self
+        if dtype not in self._twins:
+            self._twins[dtype] = _Consts(self.b, dtype, self.pe_dt, prefix=f"{self.prefix}.{dtype}")
+        return self._twins[dtype]
+
+    @property
+    def exact(self) -> "_Consts":
+        """The constants at bf16 (exact there) when this set is fp32."""
+        return self.like("bfloat16") if self.aux_dt == "float32" else self
 
     def _iota_diff(self, site):
         t = self.b.sbuf((128, 128), "float32", site=site, bufs=1)
@@ -594,9 +610,15 @@ def _forward_program(form, out, causal, scale, dropout_p, spec, name, p1_dt, met
         lse_meta = TensorMeta((B, H, L), _contig((B, H, L)), "float32")
         LSE = hbm_output(b, "logsumexp", lse_meta)
         consts = _Consts(b, aux_dt, pe_dt)
-        masks = _Mask(b, form, Mv, scale, aux_dt) if Mv is not None else None
+        masks = _Mask(b, form, Mv, scale, _mask_dtype(form, aux_dt)) if Mv is not None else None
         _Forward(b, form, Q, K, V, O, out, LSE, consts, masks, causal, scale, dropout_p, pe_dt, p1_dt).run()
     return b.build(meta=dict(meta), spill=True)
+
+
+def _mask_dtype(form: AttentionForm, aux_dt: str) -> str:
+    """The dtype a mask is added to the scores in: a boolean mask's values (0 or the floor) are
+    exact enough in bf16 (the floor only has to be far below every score), a float mask's are not."""
+    return "bfloat16" if form.mask is not None and form.mask.dtype == "bool" else aux_dt
 
 
 def _aux_dtype(pe_dt: str) -> str:
@@ -775,7 +797,8 @@ class _Forward:
         blk.rows1 = None
         if blk.rows is not None:
             blk.rows1 = blk.rows[0]
-            if self.p1_dt != self.aux_dt:  # the mask row for pass 1, cast once per row
+            mdt = masks.pe_dt
+            if self.p1_dt != mdt and not (mdt == "bfloat16" and self.p1_dt == "float32"):  # cast once per row
                 hit = self._rows1.get(id(blk.rows[0]))
                 if hit is None:
                     hit = b.sbuf((2, self.form.S), self.p1_dt, site="attn.m.hl1", bufs=2)
@@ -821,13 +844,15 @@ class _Forward:
             for e, (e0, ec) in enumerate(kv.echunks):
                 b.matmul(ps[:lt, :kw], qt[e][:ec, t0:t0 + lt], kts[e], accumulate=e > 0)
             if rows is not None:
-                b.matmul(ps[:lt, :kw], c1.ones[:2, :lt], blk.rows1[:2, s0:s0 + kw], accumulate=True)
+                b.matmul(ps[:lt, :kw], c1.like(blk.rows1.dtype).ones[:2, :lt], blk.rows1[:2, s0:s0 + kw],
+                         accumulate=True)
             elif self.masks is not None:  # the stabiliser needs no more than the hi part
                 hi, lo = self._full_block(blk, i, q0, lt, j, s0, kw)
-                b.matmul(ps[:lt, :kw], c.ident[:lt, :lt], hi, accumulate=True)
+                b.matmul(ps[:lt, :kw], c.like(hi.dtype).ident[:lt, :lt], hi, accumulate=True)
             if self.causal and s0 <= q0 < s0 + kw:
                 cw = min(128, s0 + kw - q0)
-                b.matmul(ps[:lt, q0 - s0:q0 - s0 + cw], c1.ident[:lt, :lt], c1.causal[:lt, :cw], accumulate=True)
+                cx = c1.exact
+                b.matmul(ps[:lt, q0 - s0:q0 - s0 + cw], cx.ident[:lt, :lt], cx.causal[:lt, :cw], accumulate=True)
             if pending is not None:
                 b.tensor_reduce(*pending, "max")
                 yield
@@ -926,12 +951,13 @@ class _Forward:
                     hi, lo = self.masks.block(blk.bi, blk.h, qb0 + t0, lt, s0, sw, site="attn.mf2")
                 # transposing matmuls: S^T[s, q] += mask[q, s] (hi and lo: exact to ~2^-16)
                 cols = pt_ps[:sw, t0 - lo_col:t0 - lo_col + lt]
-                b.matmul(cols, hi, c.ident[:lt, :lt], accumulate=True)
-                b.matmul(cols, lo, c.ident[:lt, :lt], accumulate=True)
+                mc = c.like(hi.dtype)
+                b.matmul(cols, hi, mc.ident[:lt, :lt], accumulate=True)
+                b.matmul(cols, lo, mc.ident[:lt, :lt], accumulate=True)
         if self.causal:
             for i, t0, lt in live:
                 if qb0 + t0 == s0:
-                    b.matmul(pt_ps[:sw, t0 - lo_col:t0 - lo_col + lt], c.causal[:lt, :sw], c.ident[:lt, :lt],
+                    b.matmul(pt_ps[:sw, t0 - lo_col:t0 - lo_col + lt], c.exact.causal[:lt, :sw], c.exact.ident[:lt, :lt],
                              accumulate=True)
         return s0, sw, lo_col, ncols, pt_ps, live
 
@@ -1055,11 +1081,16 @@ def attention_backward(grad_out, q, k, v, out, lse, mask, *, causal: bool, scale
             gm = TensorMeta((B, H, L, S), _contig((B, H, L, S)), form.mask.dtype)
             outs["grad_attn_mask"] = (hbm_output(b, "grad_attn_mask", gm), gm)
         consts = _Consts(b, aux_dt, pe_dt)
-        masks = _Mask(b, form, Mv, scale, aux_dt) if Mv is not None else None
+        masks = _Mask(b, form, Mv, scale, _mask_dtype(form, aux_dt)) if Mv is not None else None
         _Backward(b, form, ins, g, o, outs, consts, masks, causal, scale, dropout_p, pe_dt).run()
     return b.build(meta={"lowering": "attention_backward",
                          "useful_flops": useful_flops(B, H, L, S, E, Ev, causal, backward=True),
                          "flops_dtype": pe_dt}, spill=True)
+
+
+def _may_start(start: int, rows: int) -> bool:
+    """May an engine access of ``rows`` partitions start at partition ``start`` [arch]?"""
+    return start == 0 or (rows <= 64 and start == 64) or (rows <= 32 and start % 32 == 0 and start < 128)
 
 
 def _as4d_shape(m: TensorMeta):
@@ -1096,6 +1127,11 @@ class _Backward:
         # keys per tile: dK/dV accumulators [128, keys/128, E] fp32 in one PSUM bank each
         self.kb = 128 * max(1, min(_KB // 128, 512 // max(E, Ev)))
         self.echunks, self.vchunks = _chunks(E, 128), _chunks(Ev, 128)
+        # head dims that fit the partitions together (d64): Q beside dO and K beside V in one tile,
+        # so one TensorE transpose (and one copy out of PSUM) serves both -- a transpose costs its
+        # source's rows, whatever its width -- and dO^T / V^T sit on partitions E.. of the same tiles
+        self.pack = (E + Ev <= 128 and _may_start(E, Ev) and g.device_dtype == pe_dt
+                     and form.v.device_dtype == pe_dt)
 
     def run(self):
         f, b = self.form, self.b
@@ -1167,9 +1203,15 @@ class _Backward:
     def _head_dma(self, hd: _Head) -> None:
         f, b, ins = self.form, self.b, self.ins
         bi, h, L = hd.bi, hd.h, f.L
-        hd.qn = self._rows_of(ins["query"], f.q, bi * f.q.stride[0] + h * f.q.stride[1], f.E, "attn.b.qn")
-        hd.gn = self._rows_of(ins["grad_out"], self.g, bi * self.g.stride[0] + h * self.g.stride[1], f.Ev,
-                              "attn.b.gn")
+        q_off, g_off = bi * f.q.stride[0] + h * f.q.stride[1], bi * self.g.stride[0] + h * self.g.stride[1]
+        if self.pack:  # [Q | dO] rows in one tile
+            hd.qgn = b.sbuf((128, -(-L // 128), f.E + f.Ev), self.pe_dt, site="attn.b.qgn", bufs=2)
+            hd.qn, hd.gn = hd.qgn[:, :, :f.E], hd.qgn[:, :, f.E:]
+            _dma_rows(b, hd.qn, ins["query"], q_off, f.q.stride[2], L, f.E)
+            _dma_rows(b, hd.gn, ins["grad_out"], g_off, self.g.stride[2], L, f.Ev)
+        else:
+            hd.qn = self._rows_of(ins["query"], f.q, q_off, f.E, "attn.b.qn")
+            hd.gn = self._rows_of(ins["grad_out"], self.g, g_off, f.Ev, "attn.b.gn")
         hd.on = self._rows_of(ins["out"], self.o, bi * self.o.stride[0] + h * self.o.stride[1], f.Ev, "attn.b.on")
         nL = -(-L // 128)
         hd.lraw = b.sbuf((128, nL), "float32", site="attn.b.lraw", bufs=2)
@@ -1185,15 +1227,20 @@ class _Backward:
         f, b = self.form, self.b
         L, nL = f.L, -(-f.L // 128)
         qtiles = _chunks(L, 128)
-        hd.qt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.qt{e}", bufs=2) for e in range(len(self.echunks))]
-        hd.gt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.gt{e}", bufs=2) for e in range(len(self.vchunks))]
+        if self.pack:  # one transpose of [Q | dO]: Q^T on partitions 0..E-1, dO^T on E..E+Ev-1
+            qgt = b.sbuf((128, L), self.pe_dt, site="attn.b.qgt", bufs=2)
+            hd.qt, hd.gt = [qgt[:f.E, :]], [qgt[f.E:f.E + f.Ev, :]]
+            pairs = [(hd.qgn, f.E + f.Ev, [qgt])]
+        else:
+            hd.qt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.qt{e}", bufs=2) for e in range(len(self.echunks))]
+            hd.gt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.gt{e}", bufs=2) for e in range(len(self.vchunks))]
+            pairs = [(hd.qn, f.E, hd.qt), (hd.gn, f.Ev, hd.gt)]
         for r0, rw in _chunks(L, 512):
             blocks = [(q0 - r0, lt) for q0, lt in qtiles if r0 <= q0 < r0 + rw]
             i0 = r0 // 128
-            _transpose_into(b, [hd.qn[:, i0 + k, :] for k in range(len(blocks))], blocks, f.E, self.pe_dt, hd.qt,
-                            r0)
-            _transpose_into(b, [hd.gn[:, i0 + k, :] for k in range(len(blocks))], blocks, f.Ev, self.pe_dt, hd.gt,
-                            r0)
+            for rows, width, dst in pairs:
+                _transpose_into(b, [rows[:, i0 + k, :] for k in range(len(blocks))], blocks, width, self.pe_dt, dst,
+                                r0)
         # -lse, capped: a row whose every key is masked has lse = -inf and P = 0
         hd.neg_lse = b.sbuf((128, nL), "float32", site="attn.b.lse", bufs=2)
         b.tensor_scalar(hd.neg_lse, hd.lraw, "multiply", -1.0, "minimum", 1e20, engine="pool")
@@ -1218,6 +1265,12 @@ class _Backward:
         f, ins, b = self.form, self.ins, self.b
         k_off, v_off = tile.head.key
         s0, kw = tile.s0, tile.kw
+        if self.pack:  # [K | V] rows in one tile (one transpose for both)
+            tile.kvn = b.sbuf((128, len(tile.subs), f.E + f.Ev), self.pe_dt, site="attn.b.kvn")
+            tile.kn = tile.kvn[:, :, :f.E]
+            _dma_rows(b, tile.kn, ins["key"], k_off + s0 * f.k.stride[2], f.k.stride[2], kw, f.E)
+            _dma_rows(b, tile.kvn[:, :, f.E:], ins["value"], v_off + s0 * f.v.stride[2], f.v.stride[2], kw, f.Ev)
+            return
         tile.kn = b.sbuf((128, len(tile.subs), f.E), self.pe_dt, site="attn.b.kn")
         _dma_rows(b, tile.kn, ins["key"], k_off + s0 * f.k.stride[2], f.k.stride[2], kw, f.E)
         tile.vrows = _load_rows(b, ins["value"], v_off + s0 * f.v.stride[2], f.v.stride[2], kw, f.Ev, self.pe_dt,
@@ -1225,6 +1278,12 @@ class _Backward:
 
     def _kv_prep(self, tile: _KTile) -> None:
         b, f = self.b, self.form
+        if self.pack:  # K^T on partitions 0..E-1, V^T on E..E+Ev-1
+            ktv = b.sbuf((128, self.kb), self.pe_dt, site="attn.b.ktv")
+            _transpose_into(b, [tile.kvn[:, u, :] for u in range(len(tile.subs))], tile.subs, f.E + f.Ev, self.pe_dt,
+                            [ktv], 0)
+            tile.kt, tile.vt = [ktv[:f.E, :]], [ktv[f.E:f.E + f.Ev, :]]
+            return
         tile.kt = [b.sbuf((128, self.kb), self.pe_dt, site=f"attn.b.kt{e}") for e in range(len(self.echunks))]
         _transpose_into(b, [tile.kn[:, u, :] for u in range(len(tile.subs))], tile.subs, f.E, self.pe_dt, tile.kt, 0)
         tile.vt = [b.sbuf((128, self.kb), self.pe_dt, site=f"attn.b.vt{e}") for e in range(len(self.vchunks))]
@@ -1239,14 +1298,17 @@ class _Backward:
         for e, (e0, ec) in enumerate(self.echunks):
             b.matmul(s_ps[:lt, :span], hd.qt[e][:ec, q0:q0 + lt], tile.kt[e][:ec, :span], accumulate=e > 0)
         if hd.rows is not None:
-            b.matmul(s_ps[:lt, :span], c.ones[:2, :lt], hd.rows[0][:2, s0:s0 + span], accumulate=True)
+            b.matmul(s_ps[:lt, :span], c.like(hd.rows[0].dtype).ones[:2, :lt], hd.rows[0][:2, s0:s0 + span],
+                     accumulate=True)
         elif self.masks is not None:
             hi, lo = self.masks.block(hd.bi, hd.h, q0, lt, s0, span, site="attn.b.mf")
-            b.matmul(s_ps[:lt, :span], c.ident[:lt, :lt], hi, accumulate=True)
-            b.matmul(s_ps[:lt, :span], c.ident[:lt, :lt], lo, accumulate=True)
+            mc = c.like(hi.dtype)
+            b.matmul(s_ps[:lt, :span], mc.ident[:lt, :lt], hi, accumulate=True)
+            b.matmul(s_ps[:lt, :span], mc.ident[:lt, :lt], lo, accumulate=True)
         if self.causal and s0 <= q0 < s0 + span:
             cw = min(128, s0 + span - q0)
-            b.matmul(s_ps[:lt, q0 - s0:q0 - s0 + cw], c.ident[:lt, :lt], c.causal[:lt, :cw], accumulate=True)
+            cx = c.exact
+            b.matmul(s_ps[:lt, q0 - s0:q0 - s0 + cw], cx.ident[:lt, :lt], cx.causal[:lt, :cw], accumulate=True)
         dp_ps = b.psum((128, _KB), "float32", site="attn.b.ps.dp")
         for e, (e0, ec) in enumerate(self.vchunks):
             b.matmul(dp_ps[:lt, :span], hd.gt[e][:ec, q0:q0 + lt], tile.vt[e][:ec, :span], accumulate=e > 0)
