@@ -49,7 +49,7 @@ print("IMPORTED", sorted(m for m in sys.modules if m.startswith(("torch", "tiles
 
 def test_opening_a_trace_and_its_first_op_table_never_start_duckdb(tmp_path):
     # DuckDB's start (~0.3 s, ~50 MB) would be most of the first question's cost: the native
-    # ingest and the op table read Parquet with pyarrow; SQL (t.sql, other analyses) opens it
+    # ingest and the op table work on arrays; SQL (t.sql, other analyses) opens it
     trace = os.path.join(HERE, "data", "kineto", "cuda_alexnet_small.json.gz")
     code = f"""
 import os, sys
@@ -58,12 +58,17 @@ import tilescope.trace as tt
 t = tt.open({trace!r})
 ops = t.op_table()
 print("DUCKDB", "duckdb" in sys.modules, ops.num_rows)
+from tilescope.trace import _native
+print("PARQUET READER", "pyarrow.parquet" in sys.modules, "NATIVE", _native.available())
 t.sql("SELECT count(*) FROM _links").fetchall()
 print("THEN", "duckdb" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "DUCKDB False 37" in out.stdout and "THEN True" in out.stdout, out.stdout
+    # the native ingest hands the nesting its columns as raw arrays: no Parquet reader either
+    # (pyarrow.parquet is ~10 MB and 0.05 s; pyarrow itself comes with the op table's result)
+    assert "PARQUET READER False NATIVE True" in out.stdout or "NATIVE False" in out.stdout, out.stdout
 
 
 def test_the_guide_lists_every_table_column():

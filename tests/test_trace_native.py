@@ -64,7 +64,40 @@ def _same(path, tmp_path, monkeypatch):
     assert a.meta[0]["warnings"] == warn_b
     for k in ("notes", "trace_metadata") + (() if empty else ("t0_ns", "t1_ns", "events")):
         assert a.meta[0][k] == b.meta[0][k], k
+    _raw_columns_equal_the_parts(a)
     return a
+
+
+_ENTRY_ARRAYS = ("eid", "ph", "cat", "name", "lane", "ts", "has_ts", "dur", "has_dur", "correlation", "has_corr",
+                 "flow_id", "has_flow", "kind")
+
+
+def _raw_columns_equal_the_parts(t) -> None:
+    # the nesting's input as the C parser wrote it beside the pages (_rawcols) is what pyarrow
+    # reads back from the Parquet parts: every array, every dictionary, the lanes' names
+    import numpy as np
+
+    from tilescope.trace import _columns
+
+    entry, rank = t.entries[0], t.ranks[0]
+    files = _columns.event_files(entry)
+    if not files:
+        return
+    raw = _columns.read_raw(entry, files)
+    be = any("part-65535" in f for f in files)  # the 'B'/'E' slices' part: not the scanner's, so no raw columns
+    assert (raw is None) == be
+    fast = _columns.read_entry(entry, rank)
+    saved = _columns.read_raw
+    _columns.read_raw = lambda *_a: None
+    try:
+        slow = _columns.read_entry(entry, rank)
+    finally:
+        _columns.read_raw = saved
+    for f in _ENTRY_ARRAYS:
+        assert np.array_equal(getattr(fast, f), getattr(slow, f)), f
+    for f in ("phs", "cats", "names", "lane_keys"):
+        assert list(getattr(fast, f)) == list(getattr(slow, f)), f
+    assert _columns.lane_rows(fast, rank) == _columns.lane_rows(slow, rank)
 
 
 @pytest.mark.parametrize("name", sorted(f for f in os.listdir(KINETO) if f.endswith(".json.gz")))
@@ -240,3 +273,22 @@ def test_mutated_input_never_crashes():
             r = _native._kscan.scan(bytes(t), final)
             assert 0 <= r["consumed"] <= len(t) and r["ended"] <= len(t) and r["stray"] < len(t)
             assert r["rows"] + r["bad"] <= len(t)
+
+
+def test_damaged_or_stale_raw_columns_are_not_used(tmp_path, monkeypatch):
+    # the raw columns are a copy: a folder cut short, or one that mirrors other part files
+    # than the entry holds, is ignored and the Parquet parts are read instead
+    from tilescope.trace import _columns
+
+    monkeypatch.setenv("TILESCOPE_CACHE_DIR", str(tmp_path))
+    t = tt.open(os.path.join(KINETO, "cuda_alexnet_small.json.gz"))
+    entry = t.entries[0]
+    files = _columns.event_files(entry)
+    expected = t.op_table().to_pylist()
+    assert _columns.read_raw(entry, files) is not None
+    assert _columns.read_raw(entry, files + [files[0].replace("part-00000", "part-00001")]) is None
+    ts = os.path.join(entry, "columns", "ts.i64")
+    with open(ts, "r+b") as f:
+        f.truncate(os.path.getsize(ts) - 8)
+    assert _columns.read_raw(entry, files) is None
+    assert tt.open(os.path.join(KINETO, "cuda_alexnet_small.json.gz")).op_table().to_pylist() == expected

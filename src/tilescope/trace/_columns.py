@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._devices import DEVICE_PROCESS
+from ._rawcols import read_raw
 from ._schema import CATEGORY_KINDS
 
 __all__ = ["EntryColumns", "read_entry", "side_of", "write_lanes", "KINDS", "NOT_EVENTS"]
@@ -131,6 +132,7 @@ class EntryColumns:
     has_flow: np.ndarray
     kind: np.ndarray
     files: list  # (path, first row) per file
+    named: list | None = None  # from the raw columns: (row, args) of each lane's first naming 'M' record
 
     def ph_is(self, *values: str) -> np.ndarray:
         ok = np.array([p in values for p in self.phs] + [False], dtype=bool)
@@ -155,13 +157,17 @@ def event_files(entry: str) -> list[str]:
 
 
 def read_entry(entry: str, rank: int) -> EntryColumns | None:
-    """The columns of ``entry``'s events (None when it has none)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    """The columns of ``entry``'s events (None when it has none): the native ingest's raw
+    arrays when the entry has them (``_rawcols``), else read from the Parquet parts."""
     files = event_files(entry)
     if not files:
         return None
+    raw = read_raw(entry, files)
+    if raw is not None:
+        return _from_raw(raw, files, rank)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     metas = [pq.read_metadata(f, memory_map=True) for f in files]
     total = sum(md.num_rows for md in metas)
     # filled a row group at a time: what is held beyond the result is one row group's columns
@@ -190,17 +196,41 @@ def read_entry(entry: str, rank: int) -> EntryColumns | None:
                     ints[c][0][at:at + n], ints[c][1][at:at + n] = _ints(t.column(c))
                 at += n
                 row += n
-    ph, cat, name, pid, tid = (codes[c] for c in _STRINGS)
-    phs, cats, names, pids, tids = (list(ids[c]) for c in _STRINGS)
     (ts, has_ts), (dur, has_dur), (corr, has_corr), (flow, has_flow) = (ints[c] for c in _INTS)
+    return _assemble(eid, [codes[c] for c in _STRINGS], [list(ids[c]) for c in _STRINGS],
+                     ts, has_ts, dur, has_dur, corr, has_corr, flow, has_flow, files=starts)
+
+
+def _from_raw(raw: dict, files: list[str], rank: int) -> EntryColumns:
+    """EntryColumns from the native ingest's raw arrays (``_rawcols.read_raw``)."""
+    part_rows = raw["part_rows"]
+    n = sum(part_rows)
+    part = np.repeat(np.array([int(os.path.basename(f)[5:10]) for f in files], dtype=np.int64), part_rows)
+    first = np.repeat(np.cumsum([0] + part_rows[:-1]), part_rows).astype(np.int64)
+    eid = (np.int64(rank) << 48) | (part << 32) | (np.arange(n, dtype=np.int64) - first)
+    starts = [(f, int(a)) for f, a in zip(files, np.cumsum([0] + part_rows[:-1]).tolist())]
+    v, ok = raw["ints"], raw["valid"]
+    cols = _assemble(eid, [raw["codes"][c] for c in _STRINGS], [raw["values"][c] for c in _STRINGS],
+                     v["ts"], ok["ts"], v["dur"], ok["dur"], v["correlation"], ok["correlation"],
+                     v["flow_id"], ok["flow_id"], files=starts)
+    cols.named = [tuple(x) for x in raw["named"]]
+    return cols
+
+
+def _assemble(eid, codes: list, values: list, ts, has_ts, dur, has_dur, corr, has_corr, flow, has_flow,
+              files: list) -> EntryColumns:
+    """EntryColumns from the string columns' codes and values (ph, cat, name, pid, tid) and
+    the integer columns: each (pid, tid) pair a lane, each row a kind."""
+    ph, cat, name, pid, tid = codes
+    phs, cats, names, pids, tids = values
     width = len(tids) + 1  # lane = one (pid, tid) pair; a NULL tid is its own lane (IS NOT DISTINCT FROM)
-    uniq, lane = np.unique((pid + 1) * width + (tid + 1), return_inverse=True)
+    uniq, lane = np.unique((pid.astype(np.int64) + 1) * width + (tid + 1), return_inverse=True)
     lane_keys = [(pids[k // width - 1] if k // width else None, tids[k % width - 1] if k % width else None)
                  for k in uniq.tolist()]
     return EntryColumns(
         eid=eid, ph=ph, phs=phs, cat=cat, cats=cats, name=name, names=names, lane=lane.astype(np.int64),
         lane_keys=lane_keys, ts=ts, has_ts=has_ts, dur=dur, has_dur=has_dur, correlation=corr, has_corr=has_corr,
-        flow_id=flow, has_flow=has_flow, kind=_kind_codes(cat, cats, name, names), files=starts)
+        flow_id=flow, has_flow=has_flow, kind=_kind_codes(cat, cats, name, names), files=files)
 
 
 def _json_string(args: str | None, key: str) -> str | None:
@@ -232,6 +262,12 @@ def _metadata(cols: EntryColumns) -> tuple[dict, dict, dict]:
         is_m[m[first]] = True
     if not is_m.any():
         return proc, labels, threads
+    if cols.named is not None:  # (the raw columns: the scanner kept each lane's first naming record)
+        rows = [row for row, _args in cols.named]
+        keys = [cols.lane_keys[ln] for ln in cols.lane[rows].tolist()]
+        _name_lanes([(cols.names[cols.name[r]], pid, tid, args) for r, (pid, tid), (_r, args)
+                     in zip(rows, keys, cols.named)], proc, labels, threads)
+        return proc, labels, threads
     import pyarrow as pa
 
     with _system_pool(pa):
@@ -254,7 +290,14 @@ def _read_names(cols: EntryColumns, is_m: np.ndarray, proc: dict, labels: dict, 
 
 
 def _names_from(t, rows: list, proc: dict, labels: dict, threads: dict) -> None:
-    for name, pid, tid, args in zip(*([t.column(c)[i].as_py() for i in rows] for c in ("name", "pid", "tid", "args"))):
+    _name_lanes(zip(*([t.column(c)[i].as_py() for i in rows] for c in ("name", "pid", "tid", "args"))),
+                proc, labels, threads)
+
+
+def _name_lanes(records, proc: dict, labels: dict, threads: dict) -> None:
+    """The names per pid and (pid, tid) from naming 'M' records (name, pid, tid, args), in
+    row order: the first usable value of each counts."""
+    for name, pid, tid, args in records:
         if name == "thread_name":
             key, into, at = "name", threads, (pid, tid)
         else:
@@ -309,15 +352,16 @@ def lane_rows(cols: EntryColumns, rank: int) -> dict:
     return out
 
 
+LANE_COLUMNS = (("rank", "INT32"), ("pid", "STRING"), ("tid", "STRING"), ("process_name", "STRING"),
+                ("thread_name", "STRING"), ("labels", "STRING"), ("events", "INT64"), ("first_ns", "INT64"),
+                ("last_ns", "INT64"), ("other_cats", "STRING"), ("side", "STRING"))
+
+
 def write_lanes(cols: EntryColumns | None, rank: int, dst: str, rows: dict | None = None) -> None:
-    """Write ``lanes.parquet`` (see :func:`lane_rows`; ``rows`` if already computed) to ``dst``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """Write ``lanes.parquet`` (see :func:`lane_rows`; ``rows`` if already computed) to ``dst``
+    (with the ingest's own Parquet writer: no pyarrow)."""
+    from ._parquet import write_table
 
     if rows is None:
         rows = lane_rows(cols, rank) if cols is not None else {}
-    s, i64 = pa.string(), pa.int64()
-    schema = pa.schema([("rank", pa.int32()), ("pid", s), ("tid", s), ("process_name", s), ("thread_name", s),
-                        ("labels", s), ("events", i64), ("first_ns", i64), ("last_ns", i64), ("other_cats", s),
-                        ("side", s)])
-    pq.write_table(pa.table({f.name: pa.array(rows.get(f.name, []), f.type) for f in schema}, schema=schema), dst)
+    write_table(dst, LANE_COLUMNS, {c: rows.get(c, []) for c, _kind in LANE_COLUMNS})

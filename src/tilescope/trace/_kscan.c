@@ -25,6 +25,11 @@
  * duplicate keys counts, for the event's fields and its args alike, as in the DuckDB path, and
  * a key is matched as written, without unescaping it). Nesting has no depth limit.
  * A record without 'ph' gets 'X' if it has a duration, else 'i' if it has a time.
+ *
+ * Beside the pages, the five string columns come dictionary-encoded (one int32 code per row,
+ * -1 for NULL, into the batch's distinct values in order of first use), and the 'M' records
+ * that name processes and threads come with their args: the nesting's input (ph, cat, name,
+ * lane) as arrays, with no Python object per row (tilescope.trace._rawcols).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,6 +40,7 @@
 
 enum { F_PH, F_CAT, F_NAME, F_PID, F_TID, F_TS, F_DUR, F_ID, F_BP, F_S, F_ARGS,
        A_CORR, A_EXT, A_STREAM, A_DEVICE, A_FLOW, A_HASH, NF };
+enum { N_CODED = F_TID + 1 };  /* ph cat name pid tid: the dictionary-encoded columns */
 static const int IS_INT[NF] = {0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0};
 enum { K_ABSENT, K_STRING, K_NUMBER, K_TRUE, K_FALSE, K_NULL, K_NESTED };
 
@@ -66,6 +72,95 @@ typedef struct {
 } Column;
 
 typedef struct { const char *s; size_t n; int kind; int esc; } Span;
+
+/* ---- dictionary codes of a string column (per batch) ---------------------------------------- */
+/* The distinct values are the column's own page bytes: a slot holds the offset of a value's
+   length prefix in ``values`` (which may move when it grows, so no pointers are kept). */
+typedef struct {
+    uint32_t *slot;      /* offset + 1 of a distinct value's prefix; 0: empty */
+    int32_t *code_of;    /* per slot: its code */
+    size_t cap, n;       /* slots (a power of two), distinct values */
+    Buf firsts;          /* uint32 prefix offset per code, in code order */
+    Buf codes;           /* int32 per row */
+} Dict;
+
+static inline uint64_t hash_bytes(const char *p, size_t n) {
+    uint64_t h = 1469598103934665603ULL;  /* FNV-1a */
+    for (size_t i = 0; i < n; i++) { h ^= (unsigned char)p[i]; h *= 1099511628211ULL; }
+    return h;
+}
+
+static int dict_grow(Dict *d, const Buf *values) {
+    size_t cap = d->cap ? d->cap * 2 : 256;
+    uint32_t *slot = calloc(cap, sizeof *slot);
+    int32_t *code_of = malloc(cap * sizeof *code_of);
+    if (!slot || !code_of) { free(slot); free(code_of); return -1; }
+    for (size_t i = 0; i < d->cap; i++) {
+        if (!d->slot[i]) continue;
+        uint32_t off = d->slot[i] - 1, n;
+        memcpy(&n, values->p + off, 4);
+        size_t j = hash_bytes(values->p + off + 4, n) & (cap - 1);
+        while (slot[j]) j = (j + 1) & (cap - 1);
+        slot[j] = d->slot[i];
+        code_of[j] = d->code_of[i];
+    }
+    free(d->slot);
+    free(d->code_of);
+    d->slot = slot;
+    d->code_of = code_of;
+    d->cap = cap;
+    return 0;
+}
+
+/* The code of the value just appended to ``values`` at prefix offset ``at`` (-1: NULL). */
+static int dict_put(Dict *d, const Buf *values, int is_null, size_t at) {
+    int32_t code = -1;
+    if (!is_null) {
+        if (at > UINT32_MAX - 1) return -1;  /* a page body past 4 GiB: the caller's blocks are far smaller */
+        if ((d->n + 1) * 2 > d->cap && dict_grow(d, values)) return -1;
+        uint32_t n;
+        memcpy(&n, values->p + at, 4);
+        const char *v = values->p + at + 4;
+        size_t j = hash_bytes(v, n) & (d->cap - 1);
+        for (;;) {
+            if (!d->slot[j]) {
+                uint32_t off = (uint32_t)at;
+                code = (int32_t)d->n++;
+                d->slot[j] = off + 1;
+                d->code_of[j] = code;
+                if (buf_put(&d->firsts, &off, 4)) return -1;
+                break;
+            }
+            uint32_t off = d->slot[j] - 1, m;
+            memcpy(&m, values->p + off, 4);
+            if (m == n && !memcmp(values->p + off + 4, v, n)) { code = d->code_of[j]; break; }
+            j = (j + 1) & (d->cap - 1);
+        }
+    }
+    return buf_put(&d->codes, &code, 4);
+}
+
+static void dict_free(Dict *d) {
+    free(d->slot);
+    free(d->code_of);
+    free(d->firsts.p);
+    free(d->codes.p);
+}
+
+/* (codes as bytes, distinct values as a tuple of str) */
+static PyObject *dict_result(const Dict *d, const Buf *values) {
+    PyObject *vals = PyTuple_New((Py_ssize_t)d->n);
+    if (!vals) return NULL;
+    for (size_t i = 0; i < d->n; i++) {
+        uint32_t off, n;
+        memcpy(&off, d->firsts.p + 4 * i, 4);
+        memcpy(&n, values->p + off, 4);
+        PyObject *v = PyUnicode_DecodeUTF8(values->p + off + 4, (Py_ssize_t)n, "replace");
+        if (!v) { Py_DECREF(vals); return NULL; }
+        PyTuple_SET_ITEM(vals, (Py_ssize_t)i, v);
+    }
+    return Py_BuildValue("(y#N)", d->codes.p ? d->codes.p : "", (Py_ssize_t)d->codes.len, vals);
+}
 
 /* byte classes, so that the hot loops skip runs of ordinary bytes with one table lookup each */
 enum { C_WS = 1, C_STR = 2, C_STRUCT = 4 };
@@ -552,6 +647,20 @@ static int put_int(Column *c, int64_t row, int ok, int64_t v) {
     return 0;
 }
 
+/* Whether the value just written at prefix offset ``at`` (the column's length before the row:
+   nothing was written for a NULL) is ``text``; whether a name is one that names a lane. */
+static int written_is(const Buf *values, size_t at, const char *text) {
+    uint32_t n;
+    if (values->len == at) return 0;
+    memcpy(&n, values->p + at, 4);
+    return n == strlen(text) && !memcmp(values->p + at + 4, text, n);
+}
+
+static int names_lane(const Buf *values, size_t at) {
+    return written_is(values, at, "process_name") || written_is(values, at, "process_labels")
+        || written_is(values, at, "thread_name");
+}
+
 /* ---- batch stats (what the cache's meta.json reports per trace) ----------------------------- */
 typedef struct {
     int64_t t_lo, t_hi, n_ev, no_ts, zero, neg, no_dur, be, huge_ts, huge_dur;
@@ -632,6 +741,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     int oom = 0;
     Span f[NF];
     Buf idtext = {0};  /* an escaped id string's text */
+    Dict dicts[N_CODED];
+    memset(dicts, 0, sizeof dicts);
+    Buf names = {0};  /* per naming 'M' record: int64 row, uint32 args prefix offset + 1 (0: NULL) */
 
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
@@ -675,7 +787,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             int r = 0;
             args_members(f);
             if (f[A_HASH].kind != K_STRING) f[A_HASH].kind = K_ABSENT;
+            size_t at[NF];
             for (int i = 0; i < NF && !r; i++) {
+                at[i] = cols[i].values.len;
                 if (i == F_TS) r = put_int(&cols[i], rows, has_ts, ts);
                 else if (i == F_DUR) r = put_int(&cols[i], rows, has_dur, dur);
                 else if (i == F_ARGS) r = put_json(&cols[i], rows, &f[i]);
@@ -685,6 +799,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                     r = got == -2 ? -1 : put_int(&cols[i], rows, got == 0, id);
                 }
                 else r = put_text(&cols[i], rows, &f[i], i == F_PH ? ph_fb : NULL);
+                if (!r && i < N_CODED) r = dict_put(&dicts[i], &cols[i].values, cols[i].values.len == at[i], at[i]);
+            }
+            if (!r && written_is(&cols[F_PH].values, at[F_PH], "M") && names_lane(&cols[F_NAME].values, at[F_NAME])) {
+                uint32_t args_at = cols[F_ARGS].values.len == at[F_ARGS] ? 0 : (uint32_t)at[F_ARGS] + 1;
+                r = buf_put(&names, &rows, 8) || buf_put(&names, &args_at, 4);
             }
             if (r) { oom = 1; break; }
             /* the same filters as the SQL this replaces (ph NULL is excluded from every count) */
@@ -720,11 +839,33 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
 
-    PyObject *result = NULL, *bodies = NULL, *nulls = NULL;
+    PyObject *result = NULL, *bodies = NULL, *nulls = NULL, *codes = NULL, *named = NULL;
     if (oom) { PyErr_NoMemory(); goto done; }
     bodies = PyTuple_New(NF);
     nulls = PyTuple_New(NF);
-    if (!bodies || !nulls) goto done;
+    codes = PyTuple_New(N_CODED);
+    named = PyList_New((Py_ssize_t)(names.len / 12));
+    if (!bodies || !nulls || !codes || !named) goto done;
+    for (int i = 0; i < N_CODED; i++) {
+        PyObject *c = dict_result(&dicts[i], &cols[i].values);
+        if (!c) goto done;
+        PyTuple_SET_ITEM(codes, i, c);
+    }
+    for (size_t k = 0; k < names.len / 12; k++) {
+        int64_t row;
+        uint32_t args_at, n;
+        memcpy(&row, names.p + 12 * k, 8);
+        memcpy(&args_at, names.p + 12 * k + 8, 4);
+        PyObject *args_text = Py_NewRef(Py_None);
+        if (args_at) {
+            memcpy(&n, cols[F_ARGS].values.p + args_at - 1, 4);
+            Py_DECREF(args_text);
+            args_text = PyUnicode_DecodeUTF8(cols[F_ARGS].values.p + args_at + 3, (Py_ssize_t)n, "replace");
+        }
+        PyObject *item = args_text ? Py_BuildValue("(LN)", (long long)row, args_text) : NULL;
+        if (!item) goto done;
+        PyList_SET_ITEM(named, (Py_ssize_t)k, item);
+    }
     for (int i = 0; i < NF; i++) {
         PyObject *b = page_body(&cols[i], rows);
         if (!b) goto done;
@@ -741,14 +882,18 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         "events", (long long)st.n_ev, "no_ts", (long long)st.no_ts, "zero", (long long)st.zero,
         "neg", (long long)st.neg, "no_dur", (long long)st.no_dur, "be", (long long)st.be,
         "huge_ts", (long long)st.huge_ts, "huge_dur", (long long)st.huge_dur);
-    result = Py_BuildValue("{s:n,s:n,s:L,s:L,s:n,s:N,s:N,s:N,s:N,s:N}",
+    result = Py_BuildValue("{s:n,s:n,s:L,s:L,s:n,s:N,s:N,s:N,s:N,s:N,s:N,s:N}",
         "consumed", consumed, "ended", ended, "rows", (long long)rows, "bad", (long long)bad,
         "stray", stray_at, "bodies", bodies, "nulls", nulls, "ts_minmax", ts_mm, "dur_minmax", dur_mm,
-        "stats", stats);
-    bodies = nulls = NULL;  /* stolen by the dict */
+        "stats", stats, "codes", codes, "names", named);
+    bodies = nulls = codes = named = NULL;  /* stolen by the dict */
 done:
     Py_XDECREF(bodies);
     Py_XDECREF(nulls);
+    Py_XDECREF(codes);
+    Py_XDECREF(named);
+    for (int i = 0; i < N_CODED; i++) dict_free(&dicts[i]);
+    free(names.p);
     for (int i = 0; i < NF; i++) { free(cols[i].values.p); free(cols[i].valid.p); }
     free(idtext.p);
     return result;
@@ -767,6 +912,7 @@ PyMODINIT_FUNC PyInit__kscan(void) {
     PyObject *m = PyModule_Create(&module);
     if (m) {
         PyModule_AddIntConstant(m, "COLUMNS", NF);
+        PyModule_AddIntConstant(m, "RAW_COLUMNS", 1);  /* scan() returns "codes" and "names" */
         PyObject *is_int = PyTuple_New(NF);
         for (int i = 0; is_int && i < NF; i++) PyTuple_SET_ITEM(is_int, i, PyLong_FromLong(IS_INT[i]));
         if (PyModule_AddObject(m, "IS_INT", is_int) < 0) Py_XDECREF(is_int);

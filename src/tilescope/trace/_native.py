@@ -131,13 +131,16 @@ class NativeEvents:
 
 
 class _PartFiles:
-    """Row groups into ``part-<k>.parquet`` files of at most PART_ROWS rows."""
+    """Row groups into ``part-<k>.parquet`` files of at most PART_ROWS rows; with ``raw`` (a
+    :class:`~tilescope.trace._rawcols.RawColumnsWriter`) the nesting's columns beside them."""
 
-    def __init__(self, stage_dir: str):
+    def __init__(self, stage_dir: str, raw=None):
         self.stage_dir = stage_dir
         self.part = -1
         self.rows_in_part = PART_ROWS
         self.writer = None
+        self.raw = raw
+        self.sizes: list[list] = []  # [file name, rows] per part
 
     def write(self, r: dict) -> None:
         rows = r["rows"]
@@ -145,8 +148,13 @@ class _PartFiles:
             self.close()
             self.part += 1
             self.rows_in_part = 0
-            self.writer = ParquetWriter(os.path.join(self.stage_dir, f"part-{self.part:05d}.parquet"), COLUMNS)
+            name = f"part-{self.part:05d}.parquet"
+            self.writer = ParquetWriter(os.path.join(self.stage_dir, name), COLUMNS)
+            self.sizes.append([name, 0])
         self.rows_in_part += rows
+        self.sizes[-1][1] += rows
+        if self.raw is not None:
+            self.raw.add(r)
         part_page = struct.pack("<i", self.part) * rows  # 'part' is not parsed: a constant column
         minmax = {"ts_ns": r["ts_minmax"], "dur_ns": r["dur_minmax"]}  # statistics: DuckDB skips row groups
         self.writer.write_row_group(rows, (part_page,) + r["bodies"], (0,) + r["nulls"],
@@ -162,8 +170,9 @@ class _PartFiles:
         return self.part + 1
 
 
-def ingest_native(path: str, stage_dir: str, *, progress: bool | None = None):
-    """Ingest one Chrome/Kineto trace file into ``stage_dir/part-<k>.parquet``; returns an
+def ingest_native(path: str, stage_dir: str, *, progress: bool | None = None, columns_dir: str | None = None):
+    """Ingest one Chrome/Kineto trace file into ``stage_dir/part-<k>.parquet`` (and, with
+    ``columns_dir``, the nesting's columns as raw arrays there: ``_rawcols``); returns an
     :class:`~tilescope.trace._ingest.IngestResult` whose ``stats`` hold the time extent and
     the counts the cache's meta.json reports."""
     from ._ingest import IngestResult, _Reader, clean_blocks, gzip_first
@@ -173,7 +182,12 @@ def ingest_native(path: str, stage_dir: str, *, progress: bool | None = None):
     reader = _Reader(path)
     name = os.path.basename(path)
     warnings: list[str] = []
-    parts = _PartFiles(stage_dir)
+    raw = None
+    if columns_dir is not None and getattr(_kscan, "RAW_COLUMNS", 0):  # (an older build has no codes)
+        from ._rawcols import RawColumnsWriter
+
+        raw = RawColumnsWriter(columns_dir)
+    parts = _PartFiles(stage_dir, raw)
     native = NativeEvents(name, parts.write)
 
     def no_text(_data):  # the native path emits no NDJSON
@@ -189,6 +203,10 @@ def ingest_native(path: str, stage_dir: str, *, progress: bool | None = None):
     finally:
         parts.close()
         reader.close()
+        if raw is not None:
+            raw.abort()
+    if raw is not None:
+        raw.close(parts.sizes)
     if native.bad:
         warnings.append(f"{name}: {native.bad:,} of {native.events:,} events are not valid JSON objects "
                         f"and were skipped")

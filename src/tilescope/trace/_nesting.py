@@ -9,7 +9,6 @@ descending; :func:`ensure_hierarchy` hands the result to DuckDB as the temp tabl
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 
 __all__ = ["ensure_hierarchy", "hierarchy", "nest", "nearest_op", "subtree_sums"]
 
@@ -61,10 +60,21 @@ def nest(lane: np.ndarray, ts: np.ndarray, end: np.ndarray):
     bad = np.zeros(n, dtype=bool)
     bad[has] = (end[has] > end[parent[has]]) | (end[parent[has]] <= ts[has])
     overlaps = 0
-    for ln in np.unique(lane[bad]).tolist():
+    for ln in _distinct(lane[bad]):
         a, b = int(np.searchsorted(lane, ln, "left")), int(np.searchsorted(lane, ln, "right"))
         overlaps += _stack(ts, end, a, b, parent, depth)
     return parent, depth, overlaps
+
+
+def _distinct(a: np.ndarray) -> list:
+    """The sorted distinct values of ``a`` as a list (``np.unique(a)`` without an optional
+    output imports ``numpy.ma`` on its first call: ~25 ms of the first op table).
+
+    >>> _distinct(np.array([3, 1, 3]))
+    [1, 3]
+    """
+    v = np.sort(a)
+    return v[np.r_[True, v[1:] != v[:-1]]].tolist() if len(v) else []
 
 
 def _stack(ts, end, a: int, b: int, parent, depth) -> int:
@@ -194,7 +204,7 @@ def _links(s: dict) -> tuple[np.ndarray, np.ndarray]:
     dev_kind = np.isin(s["kind"], [KINDS.index(k) for k in _DEVICE_KINDS])
     launch = s["kind"] == KINDS.index("launch")
     out_d, out_l = [], []
-    for rank in np.unique(s["rank"]).tolist():
+    for rank in _distinct(s["rank"]):
         r = s["rank"] == rank
         d_rows = np.flatnonzero(r & dev_kind & s["device"] & s["has_corr"])
         l_rows = np.flatnonzero(r & launch & ~s["device"] & s["has_corr"])
@@ -285,6 +295,8 @@ def ensure_hierarchy(trace) -> None:
     from :func:`hierarchy`."""
     if trace._cache.get("hier"):
         return
+    import pyarrow as pa
+
     h = hierarchy(trace)
     con = trace.con
     eid, par = h["eid"], h["parent"]

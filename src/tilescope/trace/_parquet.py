@@ -5,7 +5,8 @@ values, definition levels as one bit-packed run); this module frames them as dat
 one row group per batch, and writes the footer (Thrift compact protocol) on close.
 Pages are uncompressed: compressing would cost more time than the whole scan, and the
 cache is read from the page cache. Only what the events table needs is implemented:
-flat INT32/INT64/BYTE_ARRAY columns, no dictionaries, no nesting.
+flat INT32/INT64/BYTE_ARRAY columns, no dictionaries, no nesting. :func:`write_table` frames
+small tables given as Python lists the same way (the lanes table: no pyarrow needed).
 
 >>> import duckdb, os, struct, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
@@ -25,7 +26,7 @@ import struct
 
 from .. import __version__
 
-__all__ = ["ParquetWriter"]
+__all__ = ["ParquetWriter", "plain_page", "write_table"]
 
 # Thrift compact protocol type ids
 _BOOL_TRUE, _I32, _I64, _BINARY, _LIST, _STRUCT = 1, 5, 6, 8, 9, 12
@@ -140,3 +141,43 @@ class ParquetWriter:
 
     def abort(self) -> None:
         self._f.close()
+
+
+def plain_page(kind: str, values: list) -> tuple[bytes, int, tuple | None]:
+    """One column's page body from Python values (None: NULL), its null count and its
+    (min, max) for INT64: ``kind`` as in :class:`ParquetWriter` (``INT32`` has no NULLs).
+
+    >>> plain_page("INT64", [5, None, 2])
+    (b'\\x02\\x00\\x00\\x00\\x03\\x05\\x05\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x02\\x00\\x00\\x00\\x00\\x00\\x00\\x00', 1, (2, 5))
+    """
+    if kind == "INT32":
+        return struct.pack(f"<{len(values)}i", *values), 0, None
+    present = [v for v in values if v is not None]
+    bits = bytearray((len(values) + 7) // 8)
+    for i, v in enumerate(values):
+        if v is not None:
+            bits[i >> 3] |= 1 << (i & 7)
+    levels = _varint((len(bits) << 1) | 1) + bytes(bits)  # one bit-packed run of definition levels
+    if kind == "INT64":
+        body = struct.pack(f"<{len(present)}q", *present)
+        minmax = (min(present), max(present)) if present else None
+    else:
+        encoded = [v.encode() for v in present]
+        body = b"".join(struct.pack("<I", len(b)) + b for b in encoded)
+        minmax = None
+    return struct.pack("<I", len(levels)) + levels + body, len(values) - len(present), minmax
+
+
+def write_table(path: str, columns, data: dict) -> None:
+    """A small table (``data``: column name -> list of values) as one row group;
+    ``columns``: ``[(name, kind), ...]`` as in :class:`ParquetWriter`."""
+    rows = len(data[columns[0][0]]) if columns else 0
+    pages = [plain_page(kind, data[name]) for name, kind in columns]
+    w = ParquetWriter(path, columns)
+    try:
+        if rows:
+            w.write_row_group(rows, [p[0] for p in pages], [p[1] for p in pages], [p[2] for p in pages])
+        w.close()
+    except BaseException:
+        w.abort()
+        raise

@@ -3,6 +3,7 @@
 Layout of one entry (``$TILESCOPE_CACHE_DIR/trace/<key>/``, default ``~/.cache/tilescope/trace/<key>/``)::
 
     events/rank=<r>/part-<k>.parquet   every trace record (see TABLES["events"])
+    columns/                           the native ingest's raw arrays of the nesting's columns (_rawcols)
     executables.parquet                tilescope profiles only
     instructions.parquet               tilescope profiles only (modeled)
     meta.json                          written last: an entry without it is rebuilt
@@ -319,7 +320,7 @@ def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool
         res = None
         if trace_file is not None:
             if _native.available():
-                res = _native.ingest_native(trace_file, stage, progress=progress)
+                res = _native.ingest_native(trace_file, stage, progress=progress, columns_dir=os.path.join(tmp, "columns"))
             else:
                 res = ingest_chrome_file(trace_file, stage, db(), progress=progress)
             meta["ingest"] = {"source": res.source, "bytes": res.bytes, "events": res.events, "parts": res.parts,

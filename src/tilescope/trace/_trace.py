@@ -139,6 +139,7 @@ class Trace:
                 continue
             rows = lane_rows(cols, r)
             ensure_lanes(e, lambda dst, c=cols, rk=r, rw=rows: write_lanes(c, rk, dst, rows=rw))
+            self._cache.setdefault("lane_rows", {})[e] = rows  # (the device check reads them, not the file)
             device = np.zeros(len(cols.lane_keys) + 1, dtype=bool)
             device[rows["lane_code"]] = [side == "device" for side in rows["side"]]
             out.append((r, cols, device))
@@ -148,15 +149,17 @@ class Trace:
     def _check_devices(self) -> None:
         """Warn about events that look like device work but that no rule classifies (so a
         trace from an accelerator tilescope does not know is never reported as CPU-only)."""
-        import pyarrow.parquet as pq
-
         from ._devices import CATEGORY_HINT, unclassified_device_events
 
         lanes = []
         for e in self.entries:
+            t = self._cache.get("lane_rows", {}).get(e)
             f = os.path.join(e, "lanes.parquet")
-            if os.path.exists(f):
+            if t is None and os.path.exists(f):
+                import pyarrow.parquet as pq
+
                 t = pq.ParquetFile(f).read(columns=["side", "process_name", "pid", "other_cats"]).to_pydict()
+            if t is not None:
                 lanes += [(side, proc if proc is not None else pid, other) for side, proc, pid, other
                           in zip(t["side"], t["process_name"], t["pid"], t["other_cats"]) if other is not None]
         found = unclassified_device_events(lanes)
