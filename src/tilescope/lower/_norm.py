@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..program import TileBuilder, View
+from ..isa import ScalarTensorTensor
+from ..program import TileBuilder, View, as_ap
 from ._call import Call, TensorMeta
 from ._conv import _hbm, _on_chip
 from ._layout import hbm_input, hbm_output
@@ -44,7 +45,12 @@ from ._rules import Rule, add_rules
 __all__ = ["lower_batch_norm", "lower_batch_norm_backward", "lower_group_norm", "lower_group_norm_backward"]
 
 _F = 4096  # elements per partition of one streamed tile
-_RESIDENT = 48 * 1024  # bytes per partition of a tensor kept in SBUF between two passes
+_RESIDENT = 48 * 1024  # bytes per partition of a group-norm tensor kept in SBUF between two passes
+# Batch norm's chunks kept on chip between its two passes share SBUF with its scratch tiles
+# (forward: two outputs in flight; backward: two of each discarded product, bfloat16 and
+# float32), and, when some chunks are read again, with two loads in flight per tensor.
+_BN_SCRATCH_BYTES = {"forward": 2 * _F * 4, "backward": 2 * _F * (2 + 4)}
+_BN_LOADS_IN_FLIGHT = 2
 _BN_FMAX = 512
 _FLOATS = ("float32", "bfloat16", "float16")
 
@@ -162,11 +168,38 @@ def _group_sum_matrices(b: TileBuilder, P: int, cb: int, j: int, scale: float):
     return sel, selT
 
 
+def _kept_first(chunks: list, kept: dict) -> list:
+    """The second pass's order: chunks still on chip first, so the reloads of the others
+    stream in while those are finished."""
+    return [c for c in chunks if c in kept] + [c for c in chunks if c not in kept]
+
+
 class _BatchNorm:
-    def __init__(self, b: TileBuilder, spec, lanes: _Lanes, dtype: str):
+    """``keep_bytes``: SBUF bytes per partition for the chunks kept on chip between the two
+    passes (the rest are read again)."""
+
+    def __init__(self, b: TileBuilder, spec, lanes: _Lanes, dtype: str, keep_bytes: int = 0):
         self.b, self.spec, self.L, self.dtype = b, spec, lanes, dtype
         self.P = spec.partitions
         self.isz = 2 if dtype in ("bfloat16", "float16") else 4
+        self.keep_bytes = keep_bytes
+
+    def _kept(self, chunks: list, tensors: int) -> set:
+        """The leading chunks whose ``tensors`` tiles fit in ``keep_bytes`` together (half of it
+        each with several channel blocks: the next block loads while this one finishes, so
+        their kept chunks alternate between two homes), less the loads in flight of the
+        chunks read again when not all fit."""
+        budget = self.keep_bytes // (2 if len(self.L.blocks(self.P)) > 1 else 1)
+        sizes = [tensors * ni * pn * self.isz for _, ni, _, pn in chunks]
+        if sum(sizes) > budget:
+            budget -= _BN_LOADS_IN_FLIGHT * max(sizes)
+        keep, used = set(), 0
+        for chunk, size in zip(chunks, sizes):
+            used += size
+            if used > budget:
+                break
+            keep.add(chunk)
+        return keep
 
     def _channel_vec(self, view: View | None, stride: int, c0: int, cb: int, site: str, fill: float) -> View:
         """A per-channel vector as [cb, 1] float32 (``fill`` when absent)."""
@@ -204,10 +237,12 @@ class _BatchNorm:
         self.b.tensor_copy(out, ps)
         return out
 
-    def _load(self, view: View, c0, cb, chunk, site) -> View:
+    def _load(self, view: View, c0, cb, chunk, site, kept: bool = False) -> View:
+        """One chunk of ``view``'s block; a kept chunk's site holds two homes, so the next
+        channel block loads while this one finishes."""
         L = self.L
         _, ni, _, pn = chunk
-        t = self.b.sbuf((cb * L.j, ni * pn), view.dtype, site=site)
+        t = self.b.sbuf((cb * L.j, ni * pn), view.dtype, site=site, bufs=2 if kept else None)
         self.b.dma_copy(t, L.hbm(view, c0, cb, chunk))
         return t
 
@@ -215,7 +250,6 @@ class _BatchNorm:
                 running_out=None):
         b, L = self.b, self.L
         count = L.n * L.s
-        resident = L.per_partition * self.isz <= _RESIDENT
         for c0, cb in L.blocks(self.P):
             parts = cb * L.j
             sel = selT = None
@@ -229,14 +263,15 @@ class _BatchNorm:
                 pieces = sum(-(-ni * pn // _BN_FMAX) for _, ni, _, pn in chunks)
                 stats = b.sbuf((parts, 6 * pieces), "float32", site="bn.stats", bufs=1)
                 k = 0
+                keep = self._kept(chunks, 1)
                 for chunk in chunks:
-                    t = self._load(X, c0, cb, chunk, "bn.x" if not resident else f"bn.xk{chunk}")
+                    t = self._load(X, c0, cb, chunk, f"bn.xk{chunk}" if chunk in keep else "bn.x", chunk in keep)
                     free = chunk[1] * chunk[3]
                     for f0 in range(0, free, _BN_FMAX):
                         b.bn_stats(_on_chip(stats, 0, parts, 6 * k, ((1, 6),)),
                                    _on_chip(t, 0, parts, f0, ((1, min(_BN_FMAX, free - f0)),)))
                         k += 1
-                    if resident:
+                    if chunk in keep:
                         kept[chunk] = t
                 mv = b.sbuf((parts, 2), "float32", site="bn.mv", bufs=1)
                 b.bn_aggr(mv, stats)
@@ -271,7 +306,7 @@ class _BatchNorm:
             b.tensor_tensor(ms, mean, scale, "multiply")
             b.tensor_tensor(shift, bias, ms, "subtract")
             pss = self._to_parts(ss, cb, 2, selT)
-            for chunk in L.chunks():
+            for chunk in _kept_first(L.chunks(), kept):
                 t = kept.get(chunk) or self._load(X, c0, cb, chunk, "bn.x")
                 o = b.sbuf((parts, chunk[1] * chunk[3]), Y.dtype, site="bn.y", bufs=2)
                 b.activation(o, t, "identity", scale=_on_chip(pss, 0, parts, 0, ((1, 1),)),
@@ -308,7 +343,6 @@ class _BatchNorm:
         ``grad_bias = sum(dy)``."""
         b, L = self.b, self.L
         count = L.n * L.s
-        resident = 2 * L.per_partition * self.isz <= _RESIDENT
         need_sums = train or GW is not None or GB is not None
         for c0, cb in L.blocks(self.P):
             parts = cb * L.j
@@ -329,17 +363,22 @@ class _BatchNorm:
             if need_sums:
                 chunks = L.chunks()
                 part_sums = b.sbuf((parts, 2, len(chunks)), "float32", site="bn.psums", bufs=1)
+                keep = self._kept(chunks, 2 if train else 1)
                 for i, chunk in enumerate(chunks):
-                    dy = self._load(DY, c0, cb, chunk, "bn.dy" if not resident else f"bn.dyk{chunk}")
-                    x = self._load(X, c0, cb, chunk, "bn.x" if not resident else f"bn.xk{chunk}")
+                    dy = self._load(DY, c0, cb, chunk, f"bn.dyk{chunk}" if chunk in keep else "bn.dy", chunk in keep)
+                    x = self._load(X, c0, cb, chunk, f"bn.xk{chunk}" if chunk in keep and train else "bn.x",
+                                   chunk in keep and train)
                     free = chunk[1] * chunk[3]
-                    junk = b.sbuf((parts, free), "float32", site="bn.junk", bufs=2)
+                    # sum(dy) and sum(dy * x) on ScalarE (copies reduced on the way; the copy of
+                    # dy is discarded, so it lands in bfloat16), the product on VectorE
+                    junk = b.sbuf((parts, free), "bfloat16", site="bn.junk", bufs=2)
                     b.activation_reduce(junk, dy, "copy", _on_chip(part_sums, 0, parts, i, ((1, 1),)))
                     prod_ = b.sbuf((parts, free), "float32", site="bn.prod", bufs=2)
                     b.tensor_tensor(prod_, dy, x, "multiply")
-                    b.tensor_reduce(_on_chip(part_sums, 0, parts, len(chunks) + i, ((1, 1),)), prod_, "add")
-                    if resident:
-                        kept[chunk] = (dy, x)
+                    b.activation_reduce(prod_, prod_, "copy",
+                                        _on_chip(part_sums, 0, parts, len(chunks) + i, ((1, 1),)))
+                    if chunk in keep:
+                        kept[chunk] = (dy, x if train else None)
                 psums = b.sbuf((parts, 2), "float32", site="bn.sums", bufs=1)
                 b.tensor_reduce(psums, part_sums, "add", axes=(2,))
                 sums = self._to_channels(psums, cb, 2, sel)  # [cb, 2]: sum(dy), sum(dy * x)
@@ -379,21 +418,24 @@ class _BatchNorm:
                 b.memset(Bc, 0.0)
                 b.memset(Cc, 0.0)
             pabc = self._to_parts(abc, cb, 3, selT)
-            for chunk in L.chunks():
+            for chunk in _kept_first(L.chunks(), kept):
                 dy, x = kept.get(chunk) or (self._load(DY, c0, cb, chunk, "bn.dy"), None)
                 free = chunk[1] * chunk[3]
-                a_dy = b.sbuf((parts, free), "float32", site="bn.ady", bufs=2)
-                b.activation(a_dy, dy, "copy", scale=_on_chip(pabc, 0, parts, 0, ((1, 1),)))
-                o = b.sbuf((parts, free), DX.dtype, site="bn.dx", bufs=2)
-                if train:
-                    if x is None:
-                        x = self._load(X, c0, cb, chunk, "bn.x")
-                    bx = b.sbuf((parts, free), "float32", site="bn.bx", bufs=2)
-                    b.activation(bx, x, "identity", scale=_on_chip(pabc, 0, parts, 1, ((1, 1),)),
-                                 bias=_on_chip(pabc, 0, parts, 2, ((1, 1),)))
-                    b.tensor_tensor(o, a_dy, bx, "add")
-                else:
-                    b.tensor_copy(o, a_dy)
+                a = _on_chip(pabc, 0, parts, 0, ((1, 1),))
+                if not train:
+                    o = b.sbuf((parts, free), DX.dtype, site="bn.dx", bufs=2)
+                    b.activation(o, dy, "copy", scale=a)
+                    b.dma_copy(L.hbm(DX, c0, cb, chunk), o)
+                    continue
+                if x is None:
+                    x = self._load(X, c0, cb, chunk, "bn.x")
+                # B*x + C on ScalarE, then A*dy + that on VectorE; in place over x (its last use)
+                # when it is float32, as dx is
+                bx = x if x.dtype == DX.dtype == "float32" else b.sbuf((parts, free), "float32", site="bn.bx", bufs=2)
+                b.activation(bx, x, "identity", scale=_on_chip(pabc, 0, parts, 1, ((1, 1),)),
+                             bias=_on_chip(pabc, 0, parts, 2, ((1, 1),)))
+                o = bx if bx.dtype == DX.dtype else b.sbuf((parts, free), DX.dtype, site="bn.dx", bufs=2)
+                b.emit(ScalarTensorTensor(as_ap(o), as_ap(dy), "multiply", as_ap(a), "add", as_ap(bx)))
                 b.dma_copy(L.hbm(DX, c0, cb, chunk), o)
 
     def _store_vec(self, view: View, c0: int, cb: int, vals: View) -> None:
@@ -430,6 +472,26 @@ def lower_batch_norm(call: Call, spec):
         return None
     if _spatial(out) != _spatial(x) or out.stride[:2] != x.stride[:2]:
         return None
+    return _with_keep_budget(spec, "forward", lambda keep: _forward_program(
+        call, spec, lanes, x, w, bias, rm, rv, out, training, momentum, eps, keep))
+
+
+def _with_keep_budget(spec, direction: str, build):
+    """``build(keep_bytes)``, keeping on chip what SBUF holds beside the streamed tiles; when the
+    tiles do not fit after all, with half as much kept, then nothing."""
+    from ..errors import CapacityError
+
+    keep = spec.sbuf_bytes_per_partition - _BN_SCRATCH_BYTES[direction]
+    while True:
+        try:
+            return build(max(0, keep))
+        except CapacityError:
+            if keep <= 0:
+                raise
+            keep = keep // 2 if keep > _F * 4 else 0
+
+
+def _forward_program(call, spec, lanes, x, w, bias, rm, rv, out, training, momentum, eps, keep_bytes):
     b = TileBuilder(call.op, spec)
     with b.provenance(op=call.op):
         X = hbm_input(b, "in_input", x)
@@ -452,7 +514,7 @@ def lower_batch_norm(call: Call, spec):
                 b.mark_output(RV)
                 dst, dst_strides = (RM, RV), (_stride0(rm), _stride0(rv))
             dst = (dst, dst_strides)
-        bn = _BatchNorm(b, spec, lanes, x.device_dtype)
+        bn = _BatchNorm(b, spec, lanes, x.device_dtype, keep_bytes)
         bn.forward(X, Y, W, Bv, (_stride0(w), _stride0(bias)), RM, RV, (_stride0(rm), _stride0(rv)), sm, si,
                    training, momentum, eps, dst)
     return b.build(meta={"lowering": "batch_norm", "parts_per_channel": lanes.j}, shrink_rotation=True)
@@ -480,6 +542,12 @@ def lower_batch_norm_backward(call: Call, spec):
     gi, gw, gb = call.outputs
     if mask[0] and (gi.shape != x.shape or gi.stride[:2] != x.stride[:2] or _spatial(gi) != _spatial(x)):
         return None
+    return _with_keep_budget(spec, "backward", lambda keep: _backward_program(
+        call, spec, lanes, n, dy, x, w, rm, rv, smean, sinv, train, eps, mask, keep))
+
+
+def _backward_program(call, spec, lanes, n, dy, x, w, rm, rv, smean, sinv, train, eps, mask, keep_bytes):
+    gi, gw, gb = call.outputs
     b = TileBuilder(call.op, spec)
     with b.provenance(op=call.op):
         DY = hbm_input(b, "in_grad_out", dy)
@@ -500,8 +568,8 @@ def lower_batch_norm_backward(call: Call, spec):
         GB = hbm_output(b, "grad_bias", gb) if mask[2] and gb.numel else None
         if GW is not None and gw.stride[0] != 1 or GB is not None and gb.stride[0] != 1:
             return None
-        _BatchNorm(b, spec, lanes, x.device_dtype).backward(DY, X, DX, GW, GB, W, _stride0(w), M, R, strides, train,
-                                                            eps, RM, RV)
+        _BatchNorm(b, spec, lanes, x.device_dtype, keep_bytes).backward(DY, X, DX, GW, GB, W, _stride0(w), M, R,
+                                                                        strides, train, eps, RM, RV)
     return b.build(meta={"lowering": "batch_norm_backward", "parts_per_channel": lanes.j}, shrink_rotation=True)
 
 
