@@ -490,7 +490,7 @@ def test_code_view_shows_kernel_source_only_from_allowed_directories(tmp_path):
     c2 = api(bare, "/api/p/p0/code", hash=ex["program_hash"], run=ex["run"])
     assert c2["files"][f]["text"] is None and "--sources" in c2["files"][f]["note"]
     # a provenance path never leaves the allowed directories
-    from tilescope.explorer._device import _read_source
+    from tilescope.explorer._device_view import _read_source
 
     assert _read_source("../../../../../etc/passwd", [str(tmp_path)]) == (None, None)
     assert _read_source("/etc/passwd", [str(tmp_path)]) == (None, None)

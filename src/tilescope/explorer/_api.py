@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _device
+from . import _device_view
 from ._binary import pack
 from ._index import COLOR_MODES
 from ._insights import summary_analyses, summary_core
@@ -456,7 +456,7 @@ def _executions_ep(src, q):
 def _device_data(src, h, run):
     def build(t):
         try:
-            return _device.execution_data(t, h, run, src.allowed)
+            return _device_view.execution_data(t, h, run, src.allowed)
         except KeyError as e:
             raise ApiError(404, _key_message(e), "pick an execution from /executions") from None
     return src.analysis(("device", h, run), build)
@@ -477,7 +477,7 @@ def _instruction(src, q):
 
     def build(t):
         try:
-            return _device.instruction_detail(t, h, run, i, src.allowed, data=data)
+            return _device_view.instruction_detail(t, h, run, i, src.allowed, data=data)
         except KeyError as e:
             raise ApiError(404, _key_message(e), "pick an instruction of the device view") from None
     return src.analysis(("instruction", h, run, i), build)
@@ -485,13 +485,13 @@ def _instruction(src, q):
 
 def _memory(src, q):
     h, run = _hash(q), _int(q, "run", 0, lo=0)
-    return src.analysis(("memory", h, run), lambda t: _device.memory_usage(t, h, run, src.allowed))
+    return src.analysis(("memory", h, run), lambda t: _device_view.memory_usage(t, h, run, src.allowed))
 
 
 def _code(src, q):
     h, run = _hash(q), _int(q, "run", 0, lo=0)
     return src.analysis(("code", h, run),
-                        lambda t: _device.code_lines(t, h, run, src.allowed, src.source_roots()))
+                        lambda t: _device_view.code_lines(t, h, run, src.allowed, src.source_roots()))
 
 
 def _files(src, q):

@@ -45,7 +45,7 @@ def _program_facts(trace, allowed) -> dict:
         WITH runs AS (SELECT program_hash, min(run) AS run, count(DISTINCT run) AS runs FROM instructions GROUP BY 1)
         SELECT r.program_hash, r.run, r.runs, coalesce((SELECT count(*) FROM events e WHERE e.cat = 'hardware'
                AND e.program_hash = r.program_hash), 0) AS executions FROM runs r"""))}
-    from ._device import _executable
+    from ._device_view import _executable
 
     for h, r in execs.items():
         try:

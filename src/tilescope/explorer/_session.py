@@ -103,12 +103,12 @@ class Source:
 
     def _facts(self) -> dict:
         """Facts of the trace that requests read often: computed once, here."""
-        from . import _device
+        from . import _device_view
         from ._timeaxis import host_waits
 
         t, ix = self.trace, self.index
         preset = t.preset_name() if t.modeled else None
-        execs = _device.executions(t)
+        execs = _device_view.executions(t)
         first_step = None
         if "step" in ix.kinds and ix.n:
             on = ix.kind == ix.kinds.index("step")
