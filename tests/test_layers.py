@@ -141,8 +141,8 @@ ALLOWED: set[Edge] = {
     # (device/__init__) for compiled graphs.
     _e("compile/_device.py", "device._native"), _e("compile/_device.py", "device._runtime"),
     # C++ operators launch through the device's dispatcher, launch path and worker: same launch API.
-    _e("cpp/_device.py", "device._dispatch"), _e("cpp/_device.py", "device._launch"),
-    _e("cpp/_device.py", "device._worker"),
+    _e("cpp/_sim_kernel.py", "device._dispatch"), _e("cpp/_sim_kernel.py", "device._launch"),
+    _e("cpp/_sim_kernel.py", "device._worker"),
     # the device's kernel bridge and fused built-ins use lang's kernel objects and lower's tables
     # and tensor conversions: export KernelLaunch/KERNELS/register_call_handler from lang, the
     # conversions and the op table from lower.

@@ -302,6 +302,6 @@ class CppLibrary:
 
         tlib.impl(op.name, cpu_kernel, "CPU")
         torch.library.register_fake(f"{op.native.lib}::{op.name}", fake_kernel, lib=tlib)
-        from ._device import register_device_kernel
+        from ._sim_kernel import register_device_kernel
 
         register_device_kernel(tlib, op)  # the sim device (PrivateUse1): one execution per call
