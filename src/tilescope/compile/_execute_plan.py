@@ -62,7 +62,7 @@ def run_steps(steps, env: dict, compiled) -> None:
             continue
         inputs = [env[i] for i in step.inputs]
         if _on_sim(inputs):
-            from ._device import run_program_step
+            from ._fused_launch import run_program_step
 
             run_program_step(step, inputs, env, compiled)
         else:
