@@ -153,8 +153,8 @@ ALLOWED: set[Edge] = {
     # device/__init__ (executions, activities, registration state).
     _e("profiler/_capture.py", "device._runtime"), _e("profiler/_correlate.py", "device._runtime"),
     _e("profiler/_events.py", "device._runtime"), _e("profiler/_export.py", "device._registration"),
-    _e("profiler/_export.py", "device._runtime"), _e("profiler/_session.py", "device._registration"),
-    _e("profiler/_session.py", "device._runtime"),
+    _e("profiler/_export.py", "device._runtime"), _e("profiler/_profile_block.py", "device._registration"),
+    _e("profiler/_profile_block.py", "device._runtime"),
     # trace reads profile directories with the profiler's reader and its generic-share limit:
     # export read_profile / profiles_inside / GENERIC_SHARE_LIMIT from profiler.
     _e("trace/_profile.py", "profiler._reader"), _e("trace/_trace.py", "profiler._reader"),

@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "kernel": "tilescope.lang._kernel",
     "simulate": "tilescope.lang._simulate",
-    "profile": "tilescope.profiler._session",
+    "profile": "tilescope.profiler._profile_block",
 }
 
 

@@ -24,7 +24,7 @@ __all__ = [
 # name -> module of the capture side (these import torch)
 _LAZY = {
     "ProfileConfig": "._config", "ProfileMode": "._config", "parse_cores": "._config",
-    "Profiler": "._export", "profile": "._session",
+    "Profiler": "._export", "profile": "._profile_block",
     "config_from_env": "._auto", "run_script": "._auto", "start_from_env": "._auto",
 }
 

@@ -27,7 +27,7 @@ import torch
 from .._env import count, flag
 from ._config import ProfileConfig, mode_of
 from ._export import Profiler
-from ._session import DEVICES, activities_for
+from ._profile_block import DEVICES, activities_for
 
 __all__ = ["config_from_env", "device_from_env", "start_from_env", "run_script"]
 
