@@ -172,7 +172,7 @@ def run_file(target, *, name: str | None = None, argv=(), profile_dir="profile_o
             else:
                 os.environ["TILESCOPE_PRESET"] = old_preset
     if profile_dir is not None and run.launches:
-        from ._profile import write_launches_profile
+        from ._launches_profile import write_launches_profile
 
         run.profile_dir = write_launches_profile(
             profile_dir, run.launches,
