@@ -122,7 +122,7 @@ def test_fake_tensors_are_tensor_subclasses():
 
 
 def test_native_runtime_builds_and_exposes_its_functions():
-    from tilescope.device._native import load
+    from tilescope.device._native_runtime import load
 
     rt = load()
     for name in ("initialize", "cpu_view", "empty", "memory_stats", "set_limit", "resize", "default_generator",

@@ -139,7 +139,7 @@ ALLOWED: set[Edge] = {
     _e("compile/_matmul.py", "lower._gemm"),
     # compile runs its Programs through the device's runtime: a device-side launch API
     # (device/__init__) for compiled graphs.
-    _e("compile/_fused_launch.py", "device._native"), _e("compile/_fused_launch.py", "device._runtime"),
+    _e("compile/_fused_launch.py", "device._native_runtime"), _e("compile/_fused_launch.py", "device._runtime"),
     # C++ operators launch through the device's dispatcher, launch path and worker: same launch API.
     _e("cpp/_sim_kernel.py", "device._dispatch"), _e("cpp/_sim_kernel.py", "device._launch"),
     _e("cpp/_sim_kernel.py", "device._worker"),

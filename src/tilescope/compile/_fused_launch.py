@@ -20,7 +20,7 @@ __all__ = ["run_program_step"]
 _CPU = torch.device("cpu")
 
 def _native():
-    from ..device._native import load
+    from ..device._native_runtime import load
 
     return load()
 

@@ -30,7 +30,7 @@ import torch
 
 from .. import lower as _lower
 from . import _runtime, _worker
-from ._native import load as _load_native
+from ._native_runtime import load as _load_native
 
 __all__ = ["Handler", "handler_for", "handle", "op_label", "stats", "same_device_error"]
 

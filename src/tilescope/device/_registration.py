@@ -67,7 +67,7 @@ def register(name: str | None = None) -> str:
         if current != name:
             torch.utils.rename_privateuse1_backend(name)
         s = _config.settings()
-        from ._native import load
+        from ._native_runtime import load
 
         rt = load()
         rt.initialize(name, s.preset.cores_per_chip)

@@ -55,7 +55,7 @@ _errors: list[tuple[str, BaseException]] = []  # taken from the native worker, n
 def _rt():
     global _native
     if _native is None:
-        from ._native import load
+        from ._native_runtime import load
 
         _native = load()
         _native.worker_on_start(_limit_threads)
