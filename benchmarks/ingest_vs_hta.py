@@ -113,7 +113,7 @@ _TS_CHILD = _MEASURE + textwrap.dedent(r"""
     warnings.filterwarnings("ignore")
     import tilescope.trace as tt
     # every module open() uses, imported before its timing (the import time is reported apart)
-    from tilescope.trace import _trace, _store, _ingest, _jsonscan, _native, _parquet  # noqa: F401
+    from tilescope.trace import _trace, _store, _ingest, _jsonscan, _native_ingest, _parquet  # noqa: F401
     tr, out = measured(lambda: tt.open(sys.argv[1], progress=False))
     out.update(events=tr.meta[0]["ingest"]["events"], mode=tr.meta[0]["ingest"]["mode"])
     # the first op table reads the columns with pyarrow, derives the lanes table and the nesting

@@ -14,7 +14,7 @@ MODULES = [
     "tilescope._lru",
     "tilescope._console",
     "tilescope.trace._nesting",
-    "tilescope.trace._native",
+    "tilescope.trace._native_ingest",
     "tilescope.spec",
     "tilescope.spec._model",
     "tilescope.isa._ap",

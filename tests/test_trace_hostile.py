@@ -89,7 +89,7 @@ def _peak_rss_of(code: str) -> tuple[int, str]:
 
 
 needs_native = __import__("pytest").mark.skipif(
-    __import__("tilescope.trace._native", fromlist=["_kscan"])._kscan is None,
+    __import__("tilescope.trace._native_ingest", fromlist=["_kscan"])._kscan is None,
     reason="the native trace reader is not built")
 
 

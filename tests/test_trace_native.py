@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tilescope.trace as tt
-from tilescope.trace import _ingest, _native
+from tilescope.trace import _ingest, _native_ingest
 from tilescope.trace._schema import ARG_COLUMNS
 
 KINETO = os.path.join(os.path.dirname(__file__), "data", "kineto")
@@ -25,21 +25,21 @@ COLUMNS = "ph, cat, name, pid, tid, ts_ns, dur_ns, id, bp, s, json(args), " + ",
 
 def test_native_parser_is_built():
     # `make setup` compiles it; a missing build would silently fall back to the slower path
-    assert _native._kscan is not None, "tilescope.trace._kscan is not built: run `make setup` (needs a C compiler)"
+    assert _native_ingest._kscan is not None, "tilescope.trace._kscan is not built: run `make setup` (needs a C compiler)"
 
 
 def test_the_ingest_switch_names_bad_values(monkeypatch):
     monkeypatch.setenv("TILESCOPE_TRACE_INGEST", "pyhton")
     with pytest.raises(ValueError, match=r"TILESCOPE_TRACE_INGEST='pyhton': expected 'native' or 'python'"):
-        _native.available()
+        _native_ingest.available()
     monkeypatch.setenv("TILESCOPE_TRACE_INGEST", "python")
-    assert not _native.available()
-    monkeypatch.setattr(_native, "_kscan", None)
+    assert not _native_ingest.available()
+    monkeypatch.setattr(_native_ingest, "_kscan", None)
     monkeypatch.setenv("TILESCOPE_TRACE_INGEST", "native")
     with pytest.raises(RuntimeError, match=r"not built: install with a C compiler"):
-        _native.available()
+        _native_ingest.available()
     monkeypatch.delenv("TILESCOPE_TRACE_INGEST")
-    assert not _native.available()  # unset: the DuckDB path when the parser is missing
+    assert not _native_ingest.available()  # unset: the DuckDB path when the parser is missing
 
 
 def _rows(path, engine, cache, monkeypatch):
@@ -270,7 +270,7 @@ def test_mutated_input_never_crashes():
             else:
                 t = t[:i]
         for final in (False, True):
-            r = _native._kscan.scan(bytes(t), final)
+            r = _native_ingest._kscan.scan(bytes(t), final)
             assert 0 <= r["consumed"] <= len(t) and r["ended"] <= len(t) and r["stray"] < len(t)
             assert r["rows"] + r["bad"] <= len(t)
 

@@ -12,7 +12,7 @@ import pytest
 
 import tilescope.trace as tt
 from tilescope.trace import TraceFormatError
-from tilescope.trace import _native
+from tilescope.trace import _native_ingest
 from tilescope.trace._jsonscan import ChromeTraceScanner
 
 
@@ -21,7 +21,7 @@ def engine(request, tmp_path, monkeypatch):
     """Every test runs on both ingest paths: the C parser and the DuckDB JSON reader it replaces."""
     monkeypatch.setenv("TILESCOPE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TILESCOPE_TRACE_INGEST", request.param)
-    if request.param == "native" and not _native.available():
+    if request.param == "native" and not _native_ingest.available():
         pytest.fail("the native trace parser (tilescope.trace._kscan) is not built: run `make setup`")
     return request.param
 

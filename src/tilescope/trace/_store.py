@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import __version__
-from . import _native
+from . import _native_ingest
 from ._ingest import ingest_chrome_file
 from ._jsonscan import TraceFormatError
 from ._profile import instruction_rows, read_itrace_pair, read_profile_dir
@@ -319,8 +319,8 @@ def build_entry(path: str, kind: str, *, rank: int | None = None, progress: bool
         r = 0 if rank is None else rank
         res = None
         if trace_file is not None:
-            if _native.available():
-                res = _native.ingest_native(trace_file, stage, progress=progress, columns_dir=os.path.join(tmp, "columns"))
+            if _native_ingest.available():
+                res = _native_ingest.ingest_native(trace_file, stage, progress=progress, columns_dir=os.path.join(tmp, "columns"))
             else:
                 res = ingest_chrome_file(trace_file, stage, db(), progress=progress)
             meta["ingest"] = {"source": res.source, "bytes": res.bytes, "events": res.events, "parts": res.parts,
