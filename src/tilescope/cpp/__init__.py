@@ -57,7 +57,7 @@ from pathlib import Path
 
 from ._build import BuildResult, build, include_dir
 from ._errors import CompileError, CoverageError, CppError, CppKernelError, TcmLeakWarning
-from ._model import CoreEstimate, CostModel
+from ._cost_model import CoreEstimate, CostModel
 from ._library import CppLibrary, CppOp, Estimate
 from ._abi import NativeLibrary
 from ..spec import preset as _preset

@@ -14,7 +14,7 @@ from ._abi import NativeLibrary, NativeOp
 from ._build import build_counting
 from ._count import block_costs, count_work
 from ._errors import CppError
-from ._model import CoreEstimate, CostModel, build_program
+from ._cost_model import CoreEstimate, CostModel, build_program
 from ._params import parameter_names
 from ._execute import CallRecord, execute, out_from_shape, torch_dtype
 

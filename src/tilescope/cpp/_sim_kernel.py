@@ -2,7 +2,7 @@
 
 A call on ``sim`` tensors becomes one execution through the device's custom-op hook
 (:func:`tilescope.device.launch`) with the operator's modeled Program (see
-:mod:`._model`); the kernel itself computes the values on the device worker, with the
+:mod:`._cost_model`); the kernel itself computes the values on the device worker, with the
 same checks as on CPU.
 
 The Program depends on the kernel's transfer pattern and on its measured compute, so
