@@ -136,7 +136,7 @@ ALLOWED: set[Edge] = {
     # its GEMM planner: export them from lower's __init__ as the op-semantics API.
     _e("compile/_emit.py", "lower._elementwise"), _e("compile/_emit.py", "lower._reduce"),
     _e("compile/_fusion_table.py", "lower._elementwise"), _e("compile/_fusion_table.py", "lower._reduce"),
-    _e("compile/_matmul.py", "lower._gemm"),
+    _e("compile/_matmul_segment.py", "lower._gemm"),
     # compile runs its Programs through the device's runtime: a device-side launch API
     # (device/__init__) for compiled graphs.
     _e("compile/_fused_launch.py", "device._native_runtime"), _e("compile/_fused_launch.py", "device._runtime"),

@@ -14,7 +14,7 @@ needs from the group's inputs; a max and the sum of ``exp(x - max)`` share one p
 log-sum-exp, as flash attention keeps its softmax statistics). Values that do not fit the SBUF
 budget are spilled to an HBM scratch tensor and reloaded (``spill`` provenance labels, counted by
 ``explain``). Matmul segments stream their output blocks through the same emitter as the
-epilogue's tiles (:mod:`._matmul`).
+epilogue's tiles (:mod:`._matmul_segment`).
 """
 
 from __future__ import annotations
@@ -899,7 +899,7 @@ def emit_segments(segments: list[Segment], name: str, spec, *, budget_fraction: 
 def _emit_all(b: TileBuilder, segments, spec, fraction, stats) -> list[str]:
     """Emit every segment; returns the inputs read where they are, by their strides (the
     runtime passes those as they are, not made contiguous)."""
-    from ._matmul import emit_matmul, matmul_operand_shapes
+    from ._matmul_segment import emit_matmul, matmul_operand_shapes
 
     hbm: dict = {}
     strided: list[str] = []

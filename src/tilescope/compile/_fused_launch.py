@@ -34,7 +34,7 @@ def _contiguous(t):
 
 
 def _mm_operands(seg):
-    from ._matmul import _operands
+    from ._matmul_segment import _operands
 
     _, a, b, _, _ = _operands(seg.nodes[0])
     return ((a, seg.a_transposed), (b, seg.b_transposed))
