@@ -158,11 +158,11 @@ ALLOWED: set[Edge] = {
     # trace reads profile directories with the profiler's reader and its generic-share limit:
     # export read_profile / profiles_inside / GENERIC_SHARE_LIMIT from profiler.
     _e("trace/_profile.py", "profiler._reader"), _e("trace/_trace.py", "profiler._reader"),
-    _e("trace/_report.py", "profiler._lowering"),
+    _e("trace/_report.py", "profiler._lowering_stats"),
     # the explorer reuses trace's labels, arrow tables and HTA analyses, and the share limit:
     # export them from trace / profiler.
     _e("explorer/_engine.py", "trace._trace"), _e("explorer/_session.py", "trace._labels"),
-    _e("explorer/_insights.py", "trace._report"), _e("explorer/_insights.py", "profiler._lowering"),
+    _e("explorer/_insights.py", "trace._report"), _e("explorer/_insights.py", "profiler._lowering_stats"),
     # nki is NKI's spelling of the tile language: it wraps lang's kernel, context, types and
     # frames. Export what it needs from lang (an internal API in lang/__init__).
     _e("nki/_jit.py", "device._dispatch"), _e("nki/_jit.py", "lang._context"), _e("nki/_jit.py", "lang._frames"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from ..profiler._lowering import GENERIC_SHARE_LIMIT as _GENERIC_LIMIT  # the doctor's threshold
+from ..profiler._lowering_stats import GENERIC_SHARE_LIMIT as _GENERIC_LIMIT  # the doctor's threshold
 from ._engine import rows
 
 __all__ = ["summary_page", "summary_core", "summary_analyses", "DEVICE_RULES", "KINETO_RULES"]

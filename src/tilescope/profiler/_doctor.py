@@ -23,7 +23,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
-from ._lowering import generic_message, lowering_stats
+from ._lowering_stats import generic_message, lowering_stats
 from ._reader import Profile, ProfileFormatError, read_profile
 
 __all__ = ["Finding", "diagnose", "RULES"]

@@ -35,7 +35,7 @@ from ._doctor import diagnose
 from ._events import (HOST, Framework, Placement, device_events, doctor_events, event_count, framework_events,
                       placement, unrecorded_launch_lanes)
 from ._format import ProfileWriter, itrace_summary, read_file, start_writer
-from ._lowering import lowering_stats
+from ._lowering_stats import lowering_stats
 
 __all__ = ["Profiler"]
 
