@@ -52,7 +52,7 @@ MODULES = [
     "tilescope.lang",
     "tilescope.lang._simulate",
     "tilescope.lang._kernel",
-    "tilescope.lang._index",
+    "tilescope.lang._index_expr",
     "tilescope.lang._types",
     "tilescope.lang._analysis",
     "tilescope.bench",

@@ -35,7 +35,7 @@ from ._core import (
     sequential_range, shared_constant, shared_identity_matrix, sigmoid, sign, silu, sin, softplus, sqrt,
     square, static_range, store, subtract, sum, tanh, transpose, var, where, zeros, zeros_like,
 )
-from ._index import IndexExpr, arange, mgrid
+from ._index_expr import IndexExpr, arange, mgrid
 from ._kernel import Kernel, TensorSpec, Traced, kernel
 from ._simulate import KernelResult, simulate
 from ._types import (

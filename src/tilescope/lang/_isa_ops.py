@@ -41,7 +41,7 @@ from ..isa import (
 )
 from . import _semantic as S
 from ._context import current
-from ._index import Check, Predicate
+from ._index_expr import Check, Predicate
 from ._values import Tensor, Tile
 
 __all__ = [

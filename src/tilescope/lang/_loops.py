@@ -53,7 +53,7 @@ from ..isa import AP
 from ..isa._instructions import field_access
 from ..program._columns import operands_of as _operands
 from ._context import BufStates, maybe_current
-from ._index import Check, IndexExpr, MGrid, Predicate
+from ._index_expr import Check, IndexExpr, MGrid, Predicate
 from ._sym import Sym
 from ._values import Tensor, Tile
 

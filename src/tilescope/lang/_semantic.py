@@ -37,7 +37,7 @@ from ..isa import (
     Memset, Select, TensorCopy, TensorReduce, TensorScalar, TensorTensor, Transpose,
 )
 from ._context import KernelContext, current
-from ._index import Check, IndexExpr, Predicate, broadcast_shapes
+from ._index_expr import Check, IndexExpr, Predicate, broadcast_shapes
 from ._sym import Sym
 from ._types import Memory, par_dim, sbuf, to_dtype
 from ._values import Tensor, Tile, View
@@ -1025,7 +1025,7 @@ def _expr_tile_index(ctx, t: Tile, index) -> Tile:
     again from the Syms -- each integer index still checked by the same comparisons (the
     loop's guards) as without the cache. Index variables are matched by order of first
     use: each ``tl.mgrid`` call makes new ones."""
-    from ._index import _int_position
+    from ._index_expr import _int_position
 
     key, syms, variables = _expr_index_key(t, index)
     if key is None:
@@ -1099,7 +1099,7 @@ def _expr_index_key(t: Tile, index):
 
 
 def _tile_index(t: Tile, index) -> Tile:
-    from ._index import normalize_index, resolve_index
+    from ._index_expr import normalize_index, resolve_index
 
     if t.checks or t.axis_vars:
         raise KernelError(f"{t.describe()} was already indexed with tl.arange expressions; index the tile once")

@@ -23,7 +23,7 @@ from math import prod
 from ..errors import KernelError
 from ..isa import AP
 from ._frames import surface
-from ._index import Check, apply_box, resolve_index
+from ._index_expr import Check, apply_box, resolve_index
 from ._sym import Sym
 from ._types import dtype_name as _dtype_name
 
