@@ -113,7 +113,7 @@ def test_foreach_optimizers_use_this_device():
 
 
 def test_fake_tensors_are_tensor_subclasses():
-    # _fused._traced: fake and functional tensors are recognised by their type
+    # _composite_ops._traced: fake and functional tensors are recognised by their type
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     with FakeTensorMode():

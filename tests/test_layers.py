@@ -148,7 +148,7 @@ ALLOWED: set[Edge] = {
     # conversions and the op table from lower.
     _e("device/_kernels.py", "lang._frames"), _e("device/_kernels.py", "lang._kernel"),
     _e("device/_kernels.py", "lower._generic"), _e("device/_launch.py", "lower._generic"),
-    _e("device/_fused.py", "lower._custom_ops"),
+    _e("device/_composite_ops.py", "lower._custom_ops"),
     # the profiler reads the device runtime's executions and activities: a small recording API in
     # device/__init__ (executions, activities, registration state).
     _e("profiler/_capture.py", "device._runtime"), _e("profiler/_correlate.py", "device._runtime"),

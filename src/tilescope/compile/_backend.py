@@ -371,7 +371,7 @@ def tilescope_backend(gm: fx.GraphModule, example_inputs, **kwargs):
 # the device's runtime (not tilescope.device._kernels: tile kernels called in a compiled
 # function are traced into the graph through it)
 _INTERNALS = ("tilescope.device._dispatch", "tilescope.device._runtime", "tilescope.device._worker",
-              "tilescope.device._special", "tilescope.device._native_runtime", "tilescope.device._fused",
+              "tilescope.device._special", "tilescope.device._native_runtime", "tilescope.device._composite_ops",
               "tilescope.device._registration", "tilescope.sim", "tilescope.lower", "tilescope.program",
               "tilescope.isa", "tilescope.compile", "tilescope.spec")
 _SKIPPED: list = []

@@ -178,8 +178,8 @@ def _register_kernels(rt) -> None:
     # the native kernel, for these and (as the backend fallback) every op without a kernel
     _untraced(_dispatch.handle)
     rt.fast_register(names, _dispatch.handle)
-    from . import _fused, _kernels, _rnn
+    from . import _composite_ops, _kernels, _rnn
 
-    _fused.register(lib)
+    _composite_ops.register(lib)
     _rnn.register(lib)
     _kernels.install()
