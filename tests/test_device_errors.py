@@ -76,15 +76,15 @@ def test_errors_of_bad_calls_come_from_pytorch_at_the_call():
 def test_bad_settings_in_the_environment_are_named(monkeypatch, name, value, says):
     """The device's settings from the environment: a misspelt switch is an error, never read
     as on (or off)."""
-    from tilescope.device import _config
+    from tilescope.device import _settings
 
-    monkeypatch.setattr(_config, "_SETTINGS", None)  # read afresh (restored after the test)
+    monkeypatch.setattr(_settings, "_SETTINGS", None)  # read afresh (restored after the test)
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=re.escape(says)):
-        _config.settings()
+        _settings.settings()
     monkeypatch.setenv(name, "off" if name != "TILESCOPE_WORKER_THREADS" else "3")
-    monkeypatch.setattr(_config, "_SETTINGS", None)
-    s = _config.settings()
+    monkeypatch.setattr(_settings, "_SETTINGS", None)
+    s = _settings.settings()
     assert (s.worker_threads == 3) if name == "TILESCOPE_WORKER_THREADS" else (
         getattr(s, name.removeprefix("TILESCOPE_").removeprefix("LAUNCH_").lower()) is False)
 

@@ -31,7 +31,7 @@ MODULES = [
     "tilescope.compile._explain",
     # device and lowerings
     "tilescope.device",
-    "tilescope.device._config",
+    "tilescope.device._settings",
     "tilescope.device._runtime",
     "tilescope.device._module",
     "tilescope.device._launch",

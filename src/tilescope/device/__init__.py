@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from ._config import Settings, configure, settings
+from ._settings import Settings, configure, settings
 from ._launch import launch
 from ._registration import device_name, is_registered, register
 from ._runtime import Execution, now_ns, recording, reset_clocks, subscribe, synchronize, unsubscribe

@@ -25,7 +25,7 @@ import threading
 import torch
 
 from .._env import flag
-from . import _config, _dispatch, _module, _special
+from . import _settings, _dispatch, _module, _special
 
 __all__ = ["register", "is_registered", "device_name"]
 
@@ -66,7 +66,7 @@ def register(name: str | None = None) -> str:
             )
         if current != name:
             torch.utils.rename_privateuse1_backend(name)
-        s = _config.settings()
+        s = _settings.settings()
         from ._native_runtime import load
 
         rt = load()
@@ -85,7 +85,7 @@ def register(name: str | None = None) -> str:
         _register_kernels(rt)
         if s.gil_switch_interval_s is not None:
             sys.setswitchinterval(s.gil_switch_interval_s)
-        _config.on_change(lambda old, new: _on_change(rt, old, new))
+        _settings.on_change(lambda old, new: _on_change(rt, old, new))
         _NAME = name
         return name
 

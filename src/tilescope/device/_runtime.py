@@ -28,7 +28,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from . import _config, _worker
+from . import _settings, _worker
 
 __all__ = [
     "Execution", "submit", "synchronize", "subscribe", "unsubscribe", "recording", "now_ns", "core_end_ns",
@@ -113,9 +113,9 @@ class _State:
         self.ran: set[str] = set()  # Program hashes executed in this process
         self.native = None  # the native runtime module, once the device is registered
         self.device_profiler = None  # its profiler_record, while torch may record device activities
-        self.apply(_config.settings())
+        self.apply(_settings.settings())
 
-    def apply(self, s: _config.Settings) -> None:
+    def apply(self, s: _settings.Settings) -> None:
         self.settings = s
         self.virtual = s.clock == "virtual"
         self.numerics = s.numerics
@@ -139,7 +139,7 @@ class _State:
 _S = _State()
 
 
-def _on_settings(old: _config.Settings, new: _config.Settings) -> None:
+def _on_settings(old: _settings.Settings, new: _settings.Settings) -> None:
     if old.preset != new.preset or old.clock != new.clock or old.numerics != new.numerics:
         synchronize()
     if old.preset != new.preset and _S.native is not None:
@@ -156,7 +156,7 @@ def attach(native) -> None:
     _S.apply(_S.settings)
 
 
-_config.on_change(_on_settings)
+_settings.on_change(_on_settings)
 
 
 def activity_name(kind: str, op: str) -> str:
@@ -221,7 +221,7 @@ def take_device_activities(trace_start_ns: int) -> DeviceActivities:
     return DeviceActivities(*taken[1:]) if taken is not None else DeviceActivities.none()
 
 
-def reset_clocks(*, _state_settings: _config.Settings | None = None) -> None:
+def reset_clocks(*, _state_settings: _settings.Settings | None = None) -> None:
     """Start the modeled clocks afresh (virtual host time 0, every core idle)."""
     with _S.lock:
         _S.apply(_state_settings or _S.settings)
@@ -397,7 +397,7 @@ def _host_waits_until(end_ns: float) -> None:
         time.sleep(remaining / 1e9)
 
 
-def settings() -> _config.Settings:
+def settings() -> _settings.Settings:
     return _S.settings
 
 

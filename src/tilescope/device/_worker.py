@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from . import _config
+from . import _settings
 
 __all__ = ["put", "wait", "cancel", "on_cancel", "pending_error", "DeviceExecutionError", "stats"]
 
@@ -70,7 +70,7 @@ def _limit_threads(threads: int | None = None) -> None:
 
     path = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
     try:
-        ctypes.CDLL(path).omp_set_num_threads(int(threads or _config.settings().worker_threads))
+        ctypes.CDLL(path).omp_set_num_threads(int(threads or _settings.settings().worker_threads))
     except (OSError, AttributeError):  # another OpenMP runtime: leave the default
         pass
 
@@ -212,4 +212,4 @@ def _stop_after_interrupt(rt) -> None:
 
 atexit.register(_drain_at_exit)
 
-_config.on_change(_on_settings)
+_settings.on_change(_on_settings)
