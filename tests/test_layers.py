@@ -126,7 +126,7 @@ ALLOWED: set[Edge] = {
     _e("lower/kernels.py", "", "upward"),
     # the tile language's loop tracing reads instruction fields and operands: import them from
     # isa / program (both export them now).
-    _e("lang/_loops.py", "isa._instructions"), _e("lang/_loops.py", "program._columns"),
+    _e("lang/_loops.py", "isa._instructions"), _e("lang/_loops.py", "program._instruction_columns"),
     # the builder reads instruction fields: `from ..isa import field_access` (exported now).
     _e("program/_builder.py", "isa._instructions"),
     # lower's elementwise rows build access patterns with the builder's helpers: export

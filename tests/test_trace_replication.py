@@ -448,7 +448,7 @@ def test_replica_limits_are_those_of_the_full_check():
     from tilescope.errors import ProgramError
     from tilescope.program import TileBuilder
     from tilescope.program._checks import check_instruction
-    from tilescope.program._columns import operands_of
+    from tilescope.program._instruction_columns import operands_of
 
     b = TileBuilder("limits")
     x = b.input("x", (1024, 512), "float32")
@@ -534,7 +534,7 @@ def test_quick_offset_check_agrees_with_the_full_check():
     from tilescope.errors import ProgramError
     from tilescope.program import TileBuilder
     from tilescope.program._checks import check_instruction
-    from tilescope.program._columns import operands_of
+    from tilescope.program._instruction_columns import operands_of
 
     b = TileBuilder("quick")
     x = b.input("x", (1024, 512), "float32")
@@ -571,7 +571,7 @@ def test_quick_offset_check_agrees_with_the_full_check():
 def _with_operands(ins, new: dict):
     import dataclasses
 
-    from tilescope.program._columns import operand_slots
+    from tilescope.program._instruction_columns import operand_slots
 
     changes = {}
     for j, (name, sub) in enumerate(operand_slots(ins)):

@@ -2,7 +2,7 @@
 
 from ._alloc import MODES as ALLOCATION_MODES
 from ._builder import Handle, TileBuilder, View, as_ap
-from ._columns import operand_slots, operands_of
+from ._instruction_columns import operand_slots, operands_of
 from ._program import FORMAT_VERSION, MEMORIES, Buffer, Program, Provenance, Slot
 
 __all__ = [

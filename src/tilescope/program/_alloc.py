@@ -183,7 +183,7 @@ def allocate(buffers: dict[str, Buffer], instructions, spec, *, describe_site=No
     (``shrink_rotation`` and ``report`` are accepted for old callers: rotation is always a
     preference now.)
     """
-    from ._columns import operands_of
+    from ._instruction_columns import operands_of
 
     uses: dict[str, list] = {}
     for i, instr in enumerate(instructions):
@@ -480,7 +480,7 @@ def _renamed(instr, repl: dict[str, str], dataclasses):
 # ---- the same allocation on a Program's columns (no objects; spills fall back above) ------------
 
 def allocate_columns(cols, spec, *, describe_site=None, spill: bool = False, mode: str = "ring"):
-    """:func:`allocate` on :class:`~tilescope.program._columns.Columns`: returns
+    """:func:`allocate` on :class:`~tilescope.program._instruction_columns.Columns`: returns
     ``(slots, slot_of)`` -- the Slot records and, per buffer id, its slot's index (-1 for HBM
     and unused buffers) -- or None when the tiles do not fit and ``spill`` asks for the
     object path (which spills). Without ``spill``, a CapacityError as :func:`allocate` raises."""

@@ -42,7 +42,7 @@ from ..isa._instructions import field_access
 from ..spec import CoreSpec, preset
 from ._alloc import allocate, allocate_columns
 from ._checks import check_buffer, check_instruction
-from ._columns import Columns, operand_slots as _slots, operands_of
+from ._instruction_columns import Columns, operand_slots as _slots, operands_of
 from ._program import Buffer, Program, Provenance
 
 __all__ = ["TileBuilder", "Handle", "View", "as_ap"]
@@ -52,7 +52,7 @@ _REPLICA = re.compile(r"~r(\d+)$")  # replica buffers are named "<source>~r<id>"
 
 def _moved(tmpl, names: list[str], offsets: list[int]):
     """``tmpl`` with its operands (in slot order) at other buffers and offsets."""
-    from ._columns import operand_slots
+    from ._instruction_columns import operand_slots
 
     changes: dict = {}
     for (field, sub), name, off in zip(operand_slots(tmpl), names, offsets):
@@ -207,7 +207,7 @@ def _caller_site(depth: int = 3) -> str:
 
 
 class _Rows:
-    """The instructions emitted so far, as growing arrays (see :mod:`._columns`)."""
+    """The instructions emitted so far, as growing arrays (see :mod:`._instruction_columns`)."""
 
     __slots__ = ("n", "tmpl", "prov", "buf", "off")
 
@@ -302,7 +302,7 @@ class TileBuilder:
             allocation mode of :meth:`build` places each tile, see
             :mod:`tilescope.program._alloc`).
 
-    Instructions and buffers are kept as columns (:mod:`tilescope.program._columns`):
+    Instructions and buffers are kept as columns (:mod:`tilescope.program._instruction_columns`):
     an emitted instruction is a template row; loop replication appends rows in bulk.
     """
 
@@ -832,7 +832,7 @@ class TileBuilder:
         return self._rows.n
 
     def columns(self) -> Columns:
-        """The instructions and buffers so far, as :class:`~tilescope.program._columns.Columns`."""
+        """The instructions and buffers so far, as :class:`~tilescope.program._instruction_columns.Columns`."""
         r = self._rows
         n = r.n
         return Columns(list(self._templates), r.tmpl[:n].copy(), r.buf[:n].copy(), r.off[:n].copy(),

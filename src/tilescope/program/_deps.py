@@ -119,7 +119,7 @@ class _Index:
 def _template_boxes(cols, t: int, instr, n_keys_slot):
     """Per operand slot of template ``t``: (row_elems, rspan, cspan, itemsize or 0 for HBM,
     reads, writes)."""
-    from ._columns import operands_of
+    from ._instruction_columns import operands_of
 
     ops = operands_of(instr)
     reads = {id(ap) for ap in instr.reads()}

@@ -151,7 +151,7 @@ class Program:
         slot_of=None,
     ) -> None:
         """Give ``buffers`` and ``instructions`` as objects, or ``columns`` (a
-        :class:`~tilescope.program._columns.Columns`; then ``slot_records``/``slot_of`` stand
+        :class:`~tilescope.program._instruction_columns.Columns`; then ``slot_records``/``slot_of`` stand
         for ``slots``/``placement``, and the objects are made when something asks for them)."""
         self.name = name
         self.inputs: tuple[str, ...] = tuple(inputs)
@@ -180,8 +180,8 @@ class Program:
     # ---- content, made from the columns when asked for ---------------------
     @cached_property
     def columns(self):
-        """The instructions and buffers as arrays (:mod:`tilescope.program._columns`)."""
-        from ._columns import Columns
+        """The instructions and buffers as arrays (:mod:`tilescope.program._instruction_columns`)."""
+        from ._instruction_columns import Columns
 
         return Columns.from_objects(self.instructions, self.buffers)
 

@@ -4,7 +4,7 @@ The scheduler needs, per instruction, its cost and its resource needs. Costs dep
 only on an instruction's *signature* -- its kind, engine, operand shapes, strides,
 dtypes and memories, and its non-operand fields -- never on which buffer or offset it
 touches. A Program of 100k instructions has a few dozen signatures, and its rows share
-a few templates (:mod:`tilescope.program._columns`): the signature is computed once per
+a few templates (:mod:`tilescope.program._instruction_columns`): the signature is computed once per
 template, and the per-instruction arrays are gathers.
 """
 
@@ -88,7 +88,7 @@ def _stationary_changes(cols, n: int) -> np.ndarray:
     out = np.zeros(n, dtype=bool)
     if not n:
         return out
-    from ._columns import operand_slots
+    from ._instruction_columns import operand_slots
 
     templates = cols.templates
     kind = np.zeros(len(templates), dtype=np.int8)  # 1 matmul, 2 transpose
