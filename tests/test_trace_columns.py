@@ -1,4 +1,4 @@
-"""The lane table and the op table computed without a database (``_columns``, ``_ops``) against
+"""The lane table and the op table computed without a database (``_columns``, ``_op_table``) against
 the same definitions written in SQL over the Parquet cache (an independent oracle)."""
 
 from __future__ import annotations
