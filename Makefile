@@ -31,9 +31,9 @@ test-fast: setup
 	@start=$$(date +%s); $(PY) -m pytest -m "unit and not slow" -q; rc=$$?; \
 	echo "make test-fast: $$(( $$(date +%s) - start )) s wall, exit code $$rc"; exit $$rc
 
-# the layer contract, ruff and mypy, each held to its recorded baseline (tests/test_layers.py, tests/test_lint.py)
+# the layer contract, unique module names, ruff and mypy, each held to its recorded baseline (tests/test_layers.py, tests/test_lint.py)
 lint: setup
-	$(PY) -m pytest -q tests/test_layers.py tests/test_lint.py
+	$(PY) -m pytest -q tests/test_layers.py tests/test_lint.py tests/test_module_names.py
 
 bench: setup
 	for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
