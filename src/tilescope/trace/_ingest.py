@@ -1,5 +1,5 @@
 """Chrome / Kineto trace files -> Parquet parts, in bounded memory: the block reader both
-ingest paths share, and the DuckDB path (the fallback when the native parser, ``_native.py``,
+ingest paths share, and the DuckDB path (the fallback when the native parser, ``_native_ingest.py``,
 is not built).
 
 The file is read in blocks (gzip decompressed on the fly); :class:`ChromeTraceScanner`

@@ -70,7 +70,7 @@ class ChromeTraceScanner:
     def __init__(self, name: str, emit, fast: bool = True, native=None):
         self.name = name
         self.fast = fast and native is None
-        self._native = native  # a NativeEvents: parses the events array itself (see _native.py)
+        self._native = native  # a NativeEvents: parses the events array itself (see _native_ingest.py)
         self._native_on = False
         self._sep: bytes | None = None  # the learned separator between two events, e.g. b"},\n  {"
         self._fast_on = False
