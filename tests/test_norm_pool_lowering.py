@@ -138,7 +138,9 @@ POOLS = [((2, 3, 11, 13), (3, 3), (2, 2), (1, 1), (1, 1), False),
          ((1, 4, 8, 8), (2, 2), (2, 2), (0, 0), (1, 1), False),    # windows tile the input
          ((2, 2, 9, 7), (3, 2), (2, 1), (1, 0), (2, 1), True),     # dilation, ceil_mode
          ((2, 3, 7, 7), (2, 2), (2, 2), (0, 0), (1, 1), False),    # a column no window reaches
-         ((1, 2, 112, 112), (3, 3), (2, 2), (1, 1), (1, 1), False)]  # row blocks with halos
+         ((1, 2, 112, 112), (3, 3), (2, 2), (1, 1), (1, 1), False),  # row blocks with halos
+         ((2, 2, 10, 10), (2, 2), (3, 3), (0, 0), (1, 1), False),  # stride over kernel: rows and columns skipped
+         ((1, 3, 9, 9), (3, 3), (1, 1), (1, 1), (1, 1), False)]    # stride 1: every tap past the first overlaps
 
 
 @pytest.mark.parametrize("shape,k,s,p,d,ceil", POOLS, ids=str)
@@ -247,6 +249,12 @@ def _maxpool():
         i.numel * 8
 
 
+def _maxpool_backward():
+    call, nbytes = _maxpool()
+    (x, _, s, p), (y, i) = call.args, call.outputs
+    return Call("aten::max_pool2d_with_indices_backward", (y, x, (3, 3), s, p, (1, 1), False, i), (), (x,)), nbytes
+
+
 def _avgpool():
     x, y = meta(8, 256, 28, 28), meta(8, 256, 14, 14)
     return Call("aten::avg_pool2d", (x, (2, 2), (2, 2), (0, 0)), (), (y,)), (x.numel + y.numel) * 4
@@ -272,6 +280,7 @@ LARGE = [("bn 64x56", lambda: _bn(64, 56), 1.5), ("bn 128x28", lambda: _bn(128, 
          ("bn backward 64x56", lambda: _bn_bwd(64, 56), 1.6), ("gn 64x56 g32", lambda: _gn(64, 56, 32), 1.5),
          ("gn backward 64x56 g32", lambda: _gn_bwd(64, 56, 32), 2.0),
          ("max pool 3x3/2", _maxpool, 4.0),  # VectorE finds the indices tap by tap
+         ("max pool 3x3/2 backward", _maxpool_backward, 3.0),  # VectorE: a masked product per tap
          ("avg pool 2x2/2", _avgpool, 1.5), ("nearest x2", lambda: _upsample("nearest"), 1.3),
          ("bilinear x2", lambda: _upsample("bilinear"), 3.0),
          ("bilinear x2 backward", _bilinear_backward, 2.5)]  # VectorE: one add per contribution past the first

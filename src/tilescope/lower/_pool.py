@@ -291,35 +291,80 @@ def _max_pool(b, spec, g: _Pool, X, x, Y, y, I, idx_meta, P):
             _store_rows(b, I, idx_meta, tile, idx, r0, nr, g.ow, nr, g.ow)
 
 
+def _rects(cov: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
+    """``cov`` (rows x columns of booleans) as rectangles (i0, i1, j0, j1, value) of one value:
+    runs of equal rows, each cut into runs of equal columns."""
+    out, n, m = [], cov.shape[0], cov.shape[1]
+    i = 0
+    while i < n:
+        i1 = i + 1
+        while i1 < n and (cov[i1] == cov[i]).all():
+            i1 += 1
+        j = 0
+        while j < m:
+            j1 = j + 1
+            while j1 < m and cov[i, j1] == cov[i, j]:
+                j1 += 1
+            out.append((i, i1, j, j1, bool(cov[i, j])))
+            j = j1
+        i = i1
+    return out
+
+
+def _tap_plan(g: _Pool, nr: int, top: int):
+    """Per tap (kh, kw): the rectangles of its (output row, column) grid whose padded positions
+    an earlier tap already wrote (True: add into them) or not (False: write them), and whether
+    every in-image position gets written (else the accumulator starts from zeros)."""
+    rows, wp = g.rows_in(nr), g.wp
+    cover = np.zeros((rows, wp), dtype=bool)
+    plan = []
+    for kh in range(g.kh):
+        for kw in range(g.kw):
+            r = np.arange(nr) * g.sh + kh * g.dh
+            c = np.arange(g.ow) * g.sw + kw * g.dw
+            plan.append((kh, kw, _rects(cover[np.ix_(r, c)])))
+            cover[np.ix_(r, c)] = True
+    lo, hi = max(0, -top), min(rows, g.h - top)
+    whole = bool(cover[lo:hi, g.pw:g.pw + min(g.w, wp - g.pw)].all())
+    return plan, whole
+
+
 def _max_pool_backward(b, g: _Pool, DY, dy, I, idx_meta, DX, dx, P):
-    """dx[idx] += dy, tap by tap: ``mask = (idx - origin == offset)``, accumulated into a
-    padded plane when windows overlap, written straight into it when they tile the input."""
-    direct = _tiles_windows(g)
+    """dx[idx] += dy, tap by tap: ``mask = (idx - origin == offset)`` times dy in one VectorE
+    pass, written straight into the padded plane where no earlier tap reached, added into it
+    where one did (a per-tap mask tile, then an add)."""
     for tile in _plane_tiles([dy, idx_meta, dx], P, g.plane_bytes(4)):
         blocks = _blocks(g, 4, tile[3])
         carry = None
         for r0, nr in blocks:
             rows, wp = g.rows_in(nr), g.wp
+            plan, whole = _tap_plan(g, nr, r0 * g.sh - g.ph)
             acc = _tile(b, tile, (rows, wp), "float32", "pool.acc")
-            if not direct:
+            if not whole:
                 b.memset(acc, 0.0)
             dyt = _tile(b, tile, (nr, g.ow), dy.device_dtype, "pool.dy")
             _load_rows(b, DY, dy, tile, dyt, r0, nr)
             it = _tile(b, tile, (nr, g.ow), idx_meta.device_dtype, "pool.i")
             _load_rows(b, I, idx_meta, tile, it, r0, nr)
             rel = _tile(b, tile, (nr, g.ow), "float32", "pool.rel")
-            b.tensor_copy(rel, it)
+            b.tensor_copy(rel, it, engine="act")  # the cast on ScalarE, off VectorE's path
             b.tensor_tensor(rel, rel, _origins(b, g, tile, r0, nr), "subtract")
-            eq = _tile(b, tile, (nr, g.ow), "float32", "pool.eq")
-            for kh in range(g.kh):
-                for kw in range(g.kw):
-                    # (rel == offset) * dy in one VectorE pass: the mask never lands on its own
-                    win = g.window(acc, tile, nr, kh, kw)
-                    o = _tap_offset(g, kh, kw)
-                    b.emit(ScalarTensorTensor(as_ap(win if direct else eq), as_ap(rel), "equal", o, "multiply",
-                                              as_ap(dyt)))
-                    if not direct:
-                        b.tensor_tensor(win, win, eq, "add")
+            eq = None
+            pe, po = rows * wp, nr * g.ow
+            for kh, kw, rects in plan:
+                o = _tap_offset(g, kh, kw)
+                for i0, i1, j0, j1, covered in rects:
+                    dims = ((g.ow, i1 - i0), (1, j1 - j0))
+                    at = i0 * g.ow + j0
+                    win = _pc(acc, tile, pe, (i0 * g.sh + kh * g.dh) * wp + j0 * g.sw + kw * g.dw,
+                              ((g.sh * wp, i1 - i0), (g.sw, j1 - j0)))
+                    if covered and eq is None:
+                        eq = _tile(b, tile, (nr, g.ow), "float32", "pool.eq")
+                    dst = _pc(eq, tile, po, at, dims) if covered else win
+                    b.emit(ScalarTensorTensor(as_ap(dst), as_ap(_pc(rel, tile, po, at, dims)), "equal", o,
+                                              "multiply", as_ap(_pc(dyt, tile, po, at, dims))))
+                    if covered:
+                        b.tensor_tensor(win, win, dst, "add")
             carry = _store_plane_rows(b, g, DX, dx, tile, acc, r0, nr, blocks, carry)
 
 
@@ -347,9 +392,9 @@ def _store_plane_rows(b, g: _Pool, DX, dx, tile, acc, r0, nr, blocks, carry):
         cols = min(g.w, wp - g.pw)
         if have < owned or cols < g.w:  # rows or columns beyond every window
             b.memset(out, 0.0)
-        if have > 0 and cols > 0:
+        if have > 0 and cols > 0:  # on ScalarE, beside VectorE's next block
             b.tensor_copy(_pc(out, tile, owned * g.w, 0, ((g.w, have), (1, cols))),
-                          _pc(acc, tile, pe, lo * wp + g.pw, ((wp, have), (1, cols))))
+                          _pc(acc, tile, pe, lo * wp + g.pw, ((wp, have), (1, cols))), engine="act")
         _store_rows(b, DX, dx, tile, out, first, owned, g.w, owned, g.w)
     if nxt:
         shared = top + rows - end_row
