@@ -224,7 +224,7 @@ def _padded(b: TileBuilder, spec, g: _Pool, view: View, m: TensorMeta, tile, r0:
         regions.append((lo, hi, g.pw + cols, wp))
     for a, e, c0, c1 in regions:
         if e > a and c1 > c0:
-            b.memset(_pc(t, tile, pe, a * wp + c0, ((wp, e - a), (1, c1 - c0))), fill, engine="pool")
+            b.memset(_pc(t, tile, pe, a * wp + c0, ((wp, e - a), (1, c1 - c0))), fill, engine="act")
     if hi > lo and cols > 0:
         off, pd = _plane_dims(m, tile)
         src = _hbm(view, off + (top + lo) * m.stride[2], pd + ((m.stride[2], hi - lo), (m.stride[3], cols)))
@@ -251,11 +251,25 @@ def _tap_offset(g: _Pool, kh: int, kw: int) -> float:
     return float(kh * g.dh * g.w + kw * g.dw)
 
 
-def _origins(b: TileBuilder, g: _Pool, tile, r0: int, nr: int) -> View:
-    """Flat input index of each window's origin (may be negative in the padding)."""
-    t = _tile(b, tile, (nr, g.ow), "float32", "pool.origin")
-    b.iota(t, base=(r0 * g.sh - g.ph) * g.w - g.pw, partition_step=0, steps=(0, g.sh * g.w, g.sw))
-    return t
+class _Origins:
+    """Flat input index of each window's origin (may be negative in the padding), for a block
+    of ``nr`` output rows starting at row 0: one GpSimd iota per tile shape, kept for the
+    whole kernel; block ``r0``'s origins are these plus :meth:`shift`."""
+
+    def __init__(self, b: TileBuilder, g: _Pool):
+        self.b, self.g, self.tiles = b, g, {}
+
+    def __call__(self, tile, nr: int) -> View:
+        g, key = self.g, (tile[2], tile[3], nr)
+        t = self.tiles.get(key)
+        if t is None:
+            t = self.b.sbuf((tile[2], tile[3], nr, g.ow), "float32", site=f"pool.origin{key}", bufs=1)
+            self.b.iota(t, base=-g.ph * g.w - g.pw, partition_step=0, steps=(0, g.sh * g.w, g.sw))
+            self.tiles[key] = t
+        return t
+
+    def shift(self, r0: int) -> float:
+        return float(r0 * self.g.sh * self.g.w)
 
 
 def _tiles_windows(g: _Pool) -> bool:
@@ -266,6 +280,7 @@ def _tiles_windows(g: _Pool) -> bool:
 
 def _max_pool(b, spec, g: _Pool, X, x, Y, y, I, idx_meta, P):
     isz = x.itemsize
+    origins = _Origins(b, g)
     for tile in _plane_tiles([x, y] + ([idx_meta] if idx_meta is not None else []), P, g.plane_bytes(isz)):
         for r0, nr in _blocks(g, isz, tile[3]):
             t = _padded(b, spec, g, X, x, tile, r0, nr, _NEG, "pool.x")
@@ -281,13 +296,15 @@ def _max_pool(b, spec, g: _Pool, X, x, Y, y, I, idx_meta, P):
                 for kw in reversed(range(g.kw)):
                     o = _tap_offset(g, kh, kw)
                     if first:  # the last tap: every window has a tap at least as late as its max
-                        b.memset(off, o)
+                        b.memset(off, o, engine="act")
                         first = False
                         continue
                     b.tensor_tensor(ne, g.window(t, tile, nr, kh, kw), out, "not_equal")
                     b.select(off, ne, off, o)
             idx = _tile(b, tile, (nr, g.ow), idx_meta.device_dtype, "pool.idx")
-            b.tensor_tensor(idx, off, _origins(b, g, tile, r0, nr), "add")  # exact integers, cast on write
+            # off + the block's shift + origins: exact integers, cast on write
+            b.emit(ScalarTensorTensor(as_ap(idx), as_ap(off), "add", origins.shift(r0), "add",
+                                      as_ap(origins(tile, nr))))
             _store_rows(b, I, idx_meta, tile, idx, r0, nr, g.ow, nr, g.ow)
 
 
@@ -333,6 +350,7 @@ def _max_pool_backward(b, g: _Pool, DY, dy, I, idx_meta, DX, dx, P):
     """dx[idx] += dy, tap by tap: ``mask = (idx - origin == offset)`` times dy in one VectorE
     pass, written straight into the padded plane where no earlier tap reached, added into it
     where one did (a per-tap mask tile, then an add)."""
+    origins = _Origins(b, g)
     for tile in _plane_tiles([dy, idx_meta, dx], P, g.plane_bytes(4)):
         blocks = _blocks(g, 4, tile[3])
         carry = None
@@ -348,7 +366,8 @@ def _max_pool_backward(b, g: _Pool, DY, dy, I, idx_meta, DX, dx, P):
             _load_rows(b, I, idx_meta, tile, it, r0, nr)
             rel = _tile(b, tile, (nr, g.ow), "float32", "pool.rel")
             b.tensor_copy(rel, it, engine="act")  # the cast on ScalarE, off VectorE's path
-            b.tensor_tensor(rel, rel, _origins(b, g, tile, r0, nr), "subtract")
+            b.emit(ScalarTensorTensor(as_ap(rel), as_ap(rel), "subtract", origins.shift(r0), "subtract",
+                                      as_ap(origins(tile, nr))))
             eq = None
             pe, po = rows * wp, nr * g.ow
             for kh, kw, rects in plan:
