@@ -965,19 +965,27 @@ class _Forward:
         """``O = acc / l``, ``lse = ln(l) - scale * r``; a row whose every key is masked gives 0 / -inf.
 
         Statistics of the whole block are [128, tiles] tiles: one instruction each, on GpSimd and
-        ScalarE (VectorE starts the next block's row maxima meanwhile).
+        ScalarE (VectorE starts the next block's row maxima meanwhile). ScalarE first copies the
+        accumulators (with their row sums) out of PSUM in one instruction per bank, so the bank is
+        free for the next block's transposes and matmuls as soon as the last ``P @ V`` is done; the
+        division and the statistics then run from SBUF on GpSimd, off the PSUM port, while ScalarE
+        goes on with the next block's exps.
         """
         f, b = self.form, self.b
         E, Ev = f.E, f.Ev
         qtiles, rc, accs, per_bank, lacc = blk.qtiles, blk.rc, blk.accs, blk.per_bank, blk.lacc
         nt = len(qtiles)
-        l_sb = b.sbuf((128, self.qb), "float32", site="attn.l")
         if lacc is not None:
+            l_sb = b.sbuf((128, self.qb), "float32", site="attn.l")
             b.tensor_copy(l_sb[:, :nt], lacc[:, :nt], engine="act")
+            acc_sb = None
         else:
+            acc_sb = b.sbuf((128, self.qb, accs[0].shape[2]), "float32", site="attn.acc")
             for a, acc in enumerate(accs):
-                n = acc.shape[1]
-                b.tensor_copy(l_sb[:, a * per_bank:a * per_bank + n], acc[:, :, Ev], engine="act")
+                b.tensor_copy(acc_sb[:, a * per_bank:a * per_bank + acc.shape[1], :], acc, engine="act")
+            l_sb = acc_sb[:, :, Ev]
+        ln = b.sbuf((128, self.qb), "float32", site="attn.ln")
+        b.activation(ln[:, :nt], l_sb[:, :nt], "log")  # -inf for a row with no key (lse is -inf there)
         r = b.sbuf((128, self.qb), "float32", site="attn.r")
         b.tensor_tensor(r[:, :nt], rc[:, :nt, 0], rc[:, :nt, 1], "add", engine="pool")
         live = b.sbuf((128, self.qb), "float32", site="attn.live")  # the max stayed above the mask floor
@@ -990,16 +998,17 @@ class _Forward:
         ost = self.out.stride
         o = b.sbuf((128, self.qb, Ev), self.out.device_dtype, site="attn.o", bufs=3)
         for i, (t0, lt) in enumerate(qtiles):
-            acc = accs[i // per_bank][:, i % per_bank, :]
-            b.tensor_scalar(o[:lt, i, :], acc[:lt, :Ev], "multiply", inv[:lt, i:i + 1], engine="act")
+            if acc_sb is not None:
+                b.tensor_scalar(o[:lt, i, :], acc_sb[:lt, i, :Ev], "multiply", inv[:lt, i:i + 1], engine="act")
+            else:
+                acc = accs[i // per_bank][:, i % per_bank, :]
+                b.tensor_scalar(o[:lt, i, :], acc[:lt, :Ev], "multiply", inv[:lt, i:i + 1], engine="act")
         for si, (bi, h, qb0, nq) in enumerate(blk.segs):
             ts = blk.first_tile[si]
             _dma_rows(b, o[:, ts:, :], self.O, bi * ost[0] + h * ost[1] + qb0 * ost[2], ost[2], nq, Ev, ost[3],
                       store=True)
-        ln = b.sbuf((128, self.qb), "float32", site="attn.ln")
-        b.activation(ln[:, :nt], safe[:, :nt], "log")
         lse = b.sbuf((128, self.qb), "float32", site="attn.lse")
-        b.tensor_scalar(lse[:, :nt], r[:, :nt], "multiply", -self.scale, engine="act")
+        b.tensor_scalar(lse[:, :nt], r[:, :nt], "multiply", -self.scale, engine="pool")
         b.tensor_tensor(lse[:, :nt], lse[:, :nt], ln[:, :nt], "add", engine="pool")
         b.select(lse[:, :nt], live[:, :nt], lse[:, :nt], float("-inf"), engine="pool")
         for si, (bi, h, qb0, nq) in enumerate(blk.segs):
