@@ -681,22 +681,32 @@ class _Forward:
         items = self._blocks()
         self._kv, self._key, self._slots = None, None, None
         self._dma(items[0])
+        if len(items) > 1:
+            self._dma(items[1])
         self._transposes(items[0])
         for _ in self._pass1(items[0]):
             pass
-        if len(items) > 1:
-            self._dma(items[1])
+        self._between(items, 0)
         for n, blk in enumerate(items):
             nxt = items[n + 1] if n + 1 < len(items) else None
-            if nxt is not None:
-                self._transposes(nxt)
             if n + 2 < len(items):
                 self._dma(items[n + 2])
             p1 = self._pass1(nxt) if nxt is not None else iter(())
             self._pass2(blk, p1)
             for _ in p1:
                 pass
+            if nxt is not None:
+                self._between(items, n + 1)
             self._epilogue(blk)
+
+    def _between(self, items, n: int) -> None:
+        """After block ``n``'s pass 1: its stabiliser (VectorE), then block ``n+1``'s transposes
+        (TensorE works on them while VectorE finishes the stabiliser), then block ``n``'s pass-2
+        operand, which waits for the stabiliser."""
+        self._stats(items[n])
+        if n + 1 < len(items):
+            self._transposes(items[n + 1])
+        self._operands(items[n])
 
     def _kv_need(self) -> int:
         """SBUF bytes per partition of one resident key/value head."""
@@ -787,9 +797,9 @@ class _Forward:
             src = b.sbuf((128, self.qb, E), self.p1_dt, site="attn.q1rows")
             full = sum(lt == 128 for _, lt in blk.qtiles)
             if full:
-                b.tensor_copy(src[:, :full, :], blk.qrows[:, :full, :E], engine="pool")
+                b.tensor_copy(src[:, :full, :], blk.qrows[:, :full, :E], engine="dve")
             for i, (_, lt) in enumerate(blk.qtiles[full:], start=full):
-                b.tensor_copy(src[:lt, i, :], blk.qrows[:lt, i, :E], engine="pool")
+                b.tensor_copy(src[:lt, i, :], blk.qrows[:lt, i, :E], engine="dve")
         loaded = [src[:, i, :E] for i in range(len(blk.qtiles))]
         _transpose_into(b, loaded, blk.qtiles, E, self.p1_dt, blk.qt, 0, "dve")  # pass 1 is VectorE's
         masks = self.masks
@@ -858,7 +868,12 @@ class _Forward:
                 yield
             pending = (parts[:lt, i, j:j + 1], ps[:lt, :kw])
         b.tensor_reduce(*pending, "max")
+        blk.parts, blk.nblk = parts, nblk
         yield
+
+    def _stats(self, blk: "_Block") -> None:
+        """The stabiliser of a block whose pass 1 is issued: ``r = -max`` as bf16 hi + lo (VectorE)."""
+        b, nt, parts, nblk = self.b, len(blk.qtiles), blk.parts, blk.nblk
         m = b.sbuf((128, self.qb), "float32", site="attn.m")
         b.tensor_reduce(m[:, :nt], parts[:, :nt, :nblk], "max", axes=(2,))
         # r = -max, clamped at a quarter of the mask floor: a row whose every key is masked keeps
@@ -868,6 +883,11 @@ class _Forward:
         qrows, rc = blk.qrows, blk.rc
         b.tensor_copy(rc[:, :nt, 0], neg[:, :nt])  # r as bf16 hi + lo: exact to ~2^-16
         b.tensor_tensor(rc[:, :nt, 1], neg[:, :nt], rc[:, :nt, 0], "subtract")
+
+    def _operands(self, blk: "_Block") -> None:
+        """Pass 2's moving operand: the queries transposed with the stabiliser rows (or beside them)."""
+        b, E, kv, qt, qtiles = self.b, self.form.E, blk.kv, blk.qt, blk.qtiles
+        qrows, rc, nt = blk.qrows, blk.rc, len(blk.qtiles)
         if self.aug:
             blk.qt2 = [b.sbuf((128, 512), self.pe_dt, site=f"attn.qt2{e}") for e in range(len(kv.echunks))]
             self._transpose_rows(qrows, qtiles, E + 2, blk.qt2)
