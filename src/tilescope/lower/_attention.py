@@ -822,7 +822,6 @@ class _Forward:
         """Row maxima of a block's queries (the softmax's stabiliser: approximate is fine), one
         score block per step; then the stabiliser rows pass 2 contracts with."""
         f, b, c, c1 = self.form, self.b, self.c, self.c1
-        E = f.E
         kv, qt, rows, qtiles = blk.kv, blk.qt, blk.rows, blk.qtiles
         nt = len(qtiles)
         nblk = -(-f.S // _KB)
@@ -880,7 +879,7 @@ class _Forward:
         # its logits 0.75 * BIG below the stabiliser (exp gives exactly 0, never a cancellation)
         neg = b.sbuf((128, self.qb), "float32", site="attn.neg")
         b.tensor_scalar(neg[:, :nt], m[:, :nt], "maximum", -0.25 * BIG / self.scale, "multiply", -1.0)
-        qrows, rc = blk.qrows, blk.rc
+        rc = blk.rc
         b.tensor_copy(rc[:, :nt, 0], neg[:, :nt])  # r as bf16 hi + lo: exact to ~2^-16
         b.tensor_tensor(rc[:, :nt, 1], neg[:, :nt], rc[:, :nt, 0], "subtract")
 
