@@ -31,7 +31,10 @@ from ._plan import Segment, plan_graph
 __all__ = ["tilescope_backend", "CompiledGraph", "Step", "cache_dir", "STATS"]
 
 # compile statistics (tests and benchmarks read them)
-STATS = {"graphs": 0, "plans": 0, "programs_built": 0, "programs_from_disk": 0, "backend_s": 0.0}
+STATS = {"graphs": 0, "plans": 0, "programs_built": 0, "programs_from_disk": 0, "backend_s": 0.0,
+         # matmuls with row reductions (a projection's log-softmax): plans where the fused
+         # form was kept, and where the plain one modeled shorter (the fusion declined)
+         "reduction_fusions": 0, "reduction_fusions_declined": 0}
 
 
 def cache_dir() -> Path:
@@ -118,14 +121,22 @@ def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str, *, propagate: b
     hoist_input_updates(gm)
     if propagate:
         propagate_shapes(gm, [s if isinstance(s, tuple) else s for s in sig])
-    steps, writebacks = _plan_and_build(gm, sig, spec, name, reductions=False)
+    steps, writebacks = _plan_and_build(gm, sig, spec, name)
     if any(seg.kind == "matmul" and any(is_reduction(packet_name(n.target)) for n in seg.nodes)
            for seg in plan_graph(gm, reductions=True)):
-        # a matmul whose rows are reduced next (a projection's log-softmax): fused, each pass
-        # makes the product again; kept only where the simulator times the whole plan shorter
-        fused = _plan_and_build(gm, sig, spec, name, reductions=True)
-        if _modeled_ns(fused[0], spec) < _modeled_ns(steps, spec):
-            steps, writebacks = fused
+        # a matmul whose rows are reduced next (a projection's log-softmax): fused, its later
+        # passes reading the logits the first stored, or making the product again; a fused
+        # plan is kept only where the simulator times the whole plan shorter
+        modeled = {"plain": _modeled_ns(steps, spec)}
+        chosen = "plain"
+        for fused_as in ("keep", "remake"):
+            fused = _plan_and_build(gm, sig, spec, name, reductions=fused_as)
+            modeled[fused_as] = _modeled_ns(fused[0], spec)
+            if modeled[fused_as] < modeled[chosen]:
+                steps, writebacks, chosen = *fused, fused_as
+        STATS["reduction_fusions_declined" if chosen == "plain" else "reduction_fusions"] += 1
+        # what explain reports: each form's modeled time, and the one kept
+        gm.meta["tilescope_reduction_fusion"] = {"chosen": chosen, "modeled_ns": modeled}
     for copy, (st, src, dst) in writebacks.items():
         # a group that streamed its rows in several passes may read the input again after
         # writing it: then the copy stays a copy
@@ -136,17 +147,24 @@ def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str, *, propagate: b
     return steps
 
 
-def _plan_and_build(gm, sig, spec, name, *, reductions: bool):
+# how a matmul's row reductions are fused: not at all (""), the logits kept in HBM for the
+# later passes, or the product made again per pass -- and the Programs' cache-name suffix
+_FUSED_REDUCTIONS = {"": "", "keep": "k", "remake": "r"}
+
+
+def _plan_and_build(gm, sig, spec, name, *, reductions: str = ""):
     forced: dict = {}
     while True:
-        segments = plan_graph(gm, forced, reductions=reductions)
+        segments = plan_graph(gm, forced, reductions=bool(reductions))
+        for seg in segments:
+            seg.keep_product = reductions == "keep"
         steps = _group(segments)
         writebacks = plan_writebacks(gm, steps)
         for copy in writebacks:
             st = next(s for s in steps if s.nodes == [copy])
             st.kind, st.reason = "writeback", "written in place by the Program that computes the value"
         try:
-            _build_programs(gm, steps, sig, spec, name, variant="r" if reductions else "")
+            _build_programs(gm, steps, sig, spec, name, variant=_FUSED_REDUCTIONS[reductions])
             return steps, writebacks
         except _UnfusableNode as e:
             forced[e.node] = e.reason

@@ -47,6 +47,10 @@ class EmitStats:
     spill_bytes: int = 0
     bufs: int = 3
     passes: int = 1  # the most passes over its rows a group took (column chunks and reductions)
+    # values a matmul's first pass stores for its later passes (the logits of a projection's
+    # log-softmax, written once instead of the product made again)
+    kept_values: list[str] = field(default_factory=list)
+    kept_bytes: int = 0
 
 
 def _dt(torch_dtype) -> str:
@@ -758,12 +762,14 @@ class _RowGroup:
                 if n in self.outputs:
                     self._store(persist, n, first)
 
-    def stream_chunk(self, nodes, persist: dict, blk: _Block, accs: dict, plan, s: int) -> None:
+    def stream_chunk(self, nodes, persist: dict, blk: _Block, accs: dict, plan, s: int, loads=()) -> None:
         """Pass ``s``'s nodes over one column chunk: values, reductions accumulated into ``accs``,
-        the pass's row outputs stored."""
+        the pass's row outputs stored; ``loads``: values an earlier pass stored, read back."""
         _, pass_of, _, online, _, _ = plan
         partners = {pair[0]: r for r, pair in online.items()}  # amax -> the sum kept with it
         env = self._env = dict(persist)
+        for a in loads:
+            env[a] = self._load(a, blk)
         for pos, node in enumerate(nodes):
             self.pos = pos
             with self.b.provenance(op=f"aten::{packet_name(node.target)}", fx_node=node.name):

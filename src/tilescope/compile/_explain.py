@@ -42,6 +42,9 @@ class FusedExecution:
     fx_nodes: tuple[str, ...]
     spilled: tuple[str, ...]
     spill_bytes: int
+    # values a matmul's first pass writes for its later passes (a projection's logits)
+    kept: tuple[str, ...] = ()
+    kept_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,10 @@ class Explanation:
     # the device executions of one call, when its inputs are on the simulated device (kernels
     # only: host <-> device copies are not part of the compiled code)
     executions: list[ModeledExecution] = field(default_factory=list)
+    # per matmul with row reductions (a projection's log-softmax): the form kept ("keep":
+    # fused, logits written once; "remake": fused, product made per pass; "plain": not fused)
+    # and each form's modeled ns
+    reduction_fusion: list[dict] = field(default_factory=list)
 
     @property
     def generic_share(self) -> float | None:
@@ -94,6 +101,7 @@ class Explanation:
             "in_place": self.in_place,
             "input_writebacks": self.input_writebacks,
             "executions": [e.__dict__ for e in self.executions],
+            "reduction_fusion": self.reduction_fusion,
             "generic_share": self.generic_share,
         }
 
@@ -102,11 +110,17 @@ class Explanation:
                  f"(an op left apart may run as more than one)"]
         for f in self.fused:
             spill = f"; spills {', '.join(f.spilled)} ({f.spill_bytes / 1e6:.3f} MB to HBM)" if f.spilled else ""
+            if f.kept:
+                spill += (f"; writes {', '.join(f.kept)} once for its later passes ({f.kept_bytes / 1e6:.3f} MB "
+                          f"to HBM, read back)")
             n = len(f.fx_nodes)
             lines.append(f"  fused  [{f.program_hash}] {n} op{'s' if n != 1 else ''}: {', '.join(f.fx_nodes)}{spill}")
         for u in self.unfused:
             lines.append(f"  apart  {u.node} (aten.{u.op}): {u.reason}; fusing it would save "
                          f"~{u.bytes_saved_if_fused / 1e6:.3f} MB of HBM traffic (modeled estimate)")
+        for r in self.reduction_fusion:
+            times = ", ".join(f"{k} {ns / 1e3:,.1f} us" for k, ns in r["modeled_ns"].items())
+            lines.append(f"  chose  {r['chosen']} for a matmul with its row reductions (modeled: {times})")
         if self.in_place:
             lines.append(f"  in place  {len(self.in_place)} input update(s) written by the Program that computes "
                          f"them: {', '.join(self.in_place)}")
@@ -204,6 +218,8 @@ def explain(fn, *args, **kwargs) -> Explanation:
     for g, (gm, example) in enumerate(captured):
         # the graph's metadata already has these shapes (as the backend, which never re-propagates them)
         steps = build_steps(gm, _signature(example), spec, f"explain_{g}", propagate=False)
+        if "tilescope_reduction_fusion" in gm.meta:
+            report.reduction_fusion.append(gm.meta["tilescope_reduction_fusion"])
         graph_inputs = {n for n in gm.graph.nodes if n.op == "placeholder"}
         outputs = set()
         for n in gm.graph.nodes:
@@ -213,7 +229,8 @@ def explain(fn, *args, **kwargs) -> Explanation:
             if st.kind == "program":
                 report.fused.append(FusedExecution(
                     g, st.program.name, st.program.hash, tuple(n.name for n in st.nodes),
-                    tuple(st.stats.spilled_values), st.stats.spill_bytes))
+                    tuple(st.stats.spilled_values), st.stats.spill_bytes,
+                    tuple(st.stats.kept_values), st.stats.kept_bytes))
             elif st.kind == "view":
                 report.views.extend(n.name for n in st.nodes)
             elif st.kind == "writeback":

@@ -36,6 +36,9 @@ class Segment:
     b_transposed: bool = False  # matmul: B arrives as the transpose of a contiguous W[N, K]
     inputs: list[fx.Node] = field(default_factory=list)
     outputs: list[fx.Node] = field(default_factory=list)
+    # matmul with row reductions: later passes read the first pass's values (the logits), stored
+    # once, instead of making the product again
+    keep_product: bool = False
 
     @property
     def names(self) -> list[str]:
