@@ -429,7 +429,8 @@ class _KV:
 
     def kt_as(self, s0: int, n: int, dtype: str) -> list[View]:
         """``K^T[:, s0:s0+n]`` in ``dtype`` (the forward's pass 1 in bf16 for fp32 keys): cast once
-        per resident head, on GpSimd (SBUF to SBUF, off the PSUM port), or per streamed block."""
+        per resident head, on VectorE (SBUF to SBUF, off the PSUM port; pass 1 is its work), or per
+        streamed block."""
         if dtype == self.pe_dt:
             return self.kt(s0, n)
         b, S = self.b, self.form.S
@@ -438,7 +439,7 @@ class _KV:
                 self._kt1 = [b.sbuf((128, S), dtype, site=f"attn.kt1_{c}", bufs=self._homes)
                              for c in range(len(self.echunks))]
                 for t1, t, (_, ec) in zip(self._kt1, self._kt, self.echunks):
-                    b.tensor_copy(t1[:ec, :], t[:ec, :S], engine="pool")
+                    b.tensor_copy(t1[:ec, :], t[:ec, :S], engine="dve")
             return [t[:ec, s0:s0 + n] for t, (_, ec) in zip(self._kt1, self.echunks)]
         out = []
         for c, (t, (_, ec)) in enumerate(zip(self.kt(s0, n), self.echunks)):
@@ -683,6 +684,7 @@ class _Forward:
         self._dma(items[0])
         if len(items) > 1:
             self._dma(items[1])
+        self._cast(items[0])
         self._transposes(items[0])
         for _ in self._pass1(items[0]):
             pass
@@ -703,6 +705,8 @@ class _Forward:
         """After block ``n``'s pass 1: its stabiliser (VectorE), then block ``n+1``'s transposes
         (TensorE works on them while VectorE finishes the stabiliser), then block ``n``'s pass-2
         operand, which waits for the stabiliser."""
+        if n + 1 < len(items):
+            self._cast(items[n + 1])
         self._stats(items[n])
         if n + 1 < len(items):
             self._transposes(items[n + 1])
@@ -787,19 +791,26 @@ class _Forward:
         blk.kv = blk.kvs[0]
         blk.ncols = col
 
+    def _cast(self, blk: "_Block") -> None:
+        """Pass 1's query rows in its dtype (fp32 attention scoring its maxima in bf16): a VectorE
+        copy, SBUF to SBUF (off the PSUM port), issued before the previous block's statistics so the
+        transposes never wait behind them."""
+        b, E = self.b, self.form.E
+        blk.q1 = blk.qrows
+        if self.p1_dt != self.pe_dt:
+            blk.q1 = b.sbuf((128, self.qb, E), self.p1_dt, site="attn.q1rows")
+            full = sum(lt == 128 for _, lt in blk.qtiles)
+            if full:
+                b.tensor_copy(blk.q1[:, :full, :], blk.qrows[:, :full, :E], engine="dve")
+            for i, (_, lt) in enumerate(blk.qtiles[full:], start=full):
+                b.tensor_copy(blk.q1[:lt, i, :], blk.qrows[:lt, i, :E], engine="dve")
+
     def _transposes(self, blk: "_Block") -> None:
         for kv in blk.kvs:
             kv.finish()
         b, E = self.b, self.form.E
         blk.qt = [b.sbuf((128, 512), self.p1_dt, site=f"attn.qt{e}") for e in range(len(blk.kv.echunks))]
-        src = blk.qrows
-        if self.p1_dt != self.pe_dt:  # pass 1's rows cast on GpSimd (SBUF to SBUF, off the PSUM port)
-            src = b.sbuf((128, self.qb, E), self.p1_dt, site="attn.q1rows")
-            full = sum(lt == 128 for _, lt in blk.qtiles)
-            if full:
-                b.tensor_copy(src[:, :full, :], blk.qrows[:, :full, :E], engine="dve")
-            for i, (_, lt) in enumerate(blk.qtiles[full:], start=full):
-                b.tensor_copy(src[:lt, i, :], blk.qrows[:lt, i, :E], engine="dve")
+        src = blk.q1
         loaded = [src[:, i, :E] for i in range(len(blk.qtiles))]
         _transpose_into(b, loaded, blk.qtiles, E, self.p1_dt, blk.qt, 0, "dve")  # pass 1 is VectorE's
         masks = self.masks
