@@ -33,6 +33,7 @@ Numerics match CPU torch: statistics in float32, the same formulas.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..isa import ScalarTensorTensor
@@ -168,6 +169,14 @@ def _group_sum_matrices(b: TileBuilder, P: int, cb: int, j: int, scale: float):
     return sel, selT
 
 
+def _pipelined(pending, second_pass):
+    """Emit the previous block's second pass (now that this block's first pass is emitted) and
+    return this block's, to emit after the next block's first pass."""
+    if pending is not None:
+        pending()
+    return second_pass
+
+
 def _kept_first(chunks: list, kept: dict) -> list:
     """The second pass's order: chunks still on chip first, so the reloads of the others
     stream in while those are finished."""
@@ -183,14 +192,19 @@ class _BatchNorm:
         self.P = spec.partitions
         self.isz = 2 if dtype in ("bfloat16", "float16") else 4
         self.keep_bytes = keep_bytes
+        self._vecs: dict[str, View] = {}  # per-channel vectors read for every block at once
+        self.homes = 1  # channel blocks whose kept chunks are on chip at once (see _kept)
 
     def _kept(self, chunks: list, tensors: int) -> set:
-        """The leading chunks whose ``tensors`` tiles fit in ``keep_bytes`` together (half of it
-        each with several channel blocks: the next block loads while this one finishes, so
-        their kept chunks alternate between two homes), less the loads in flight of the
-        chunks read again when not all fit."""
-        budget = self.keep_bytes // (2 if len(self.L.blocks(self.P)) > 1 else 1)
+        """The leading chunks whose ``tensors`` tiles fit in ``keep_bytes`` together, less the
+        loads in flight of the chunks read again when not all fit. With several channel blocks,
+        the next blocks load while one finishes: their kept chunks rotate over ``homes`` homes
+        (as many blocks as fit whole, at least two), each with its share of the bytes."""
         sizes = [tensors * ni * pn * self.isz for _, ni, _, pn in chunks]
+        blocks = len(self.L.blocks(self.P))
+        if blocks > 1:  # as many blocks in flight as fit whole, at least two
+            self.homes = min(blocks, max(2, self.keep_bytes // max(1, sum(sizes))))
+        budget = self.keep_bytes // self.homes
         if sum(sizes) > budget:
             budget -= _BN_LOADS_IN_FLIGHT * max(sizes)
         keep, used = set(), 0
@@ -202,18 +216,37 @@ class _BatchNorm:
         return keep
 
     def _channel_vec(self, view: View | None, stride: int, c0: int, cb: int, site: str, fill: float) -> View:
-        """A per-channel vector as [cb, 1] float32 (``fill`` when absent)."""
+        """A per-channel vector as [cb, 1] float32 (``fill`` when absent). With several channel
+        blocks, the vector is read for all of them at the first block's call (block k in
+        column k: one DMA, not one per block on the next block's path) and sliced after."""
+        blocks = self.L.blocks(self.P)
+        if len(blocks) == 1:
+            return self._vec_tile(view, stride, ((stride, cb), (1, 1)), (cb, 1), site, fill)
+        per = blocks[0][1]
+        t = self._vecs.get(site)
+        if t is None:
+            t = self._vecs[site] = self._vec_tile(view, stride, ((stride, per), (per * stride, len(blocks))),
+                                                  (per, len(blocks)), site, fill, tail=self.L.c % per)
+        return _on_chip(t, 0, cb, c0 // per, ((1, 1),))
+
+    def _vec_tile(self, view, stride, dims, shape, site, fill, tail: int = 0) -> View:
+        """``view``'s channels as a float32 [partitions, columns] tile: partition p of column k is
+        channel ``k * partitions + p`` (the last column's first ``tail`` partitions when ragged)."""
         b = self.b
-        t = b.sbuf((cb, 1), "float32", site=site, bufs=1)
+        t = b.sbuf(shape, "float32", site=site, bufs=1)
         if view is None:
             b.memset(t, fill)
             return t
-        if view.dtype == "float32":
-            b.dma_copy(t, _hbm(view, c0 * stride, ((stride, cb), (1, 1))))
-            return t
-        raw = b.sbuf((cb, 1), view.dtype, site=site + ".raw", bufs=1)
-        b.dma_copy(raw, _hbm(view, c0 * stride, ((stride, cb), (1, 1))))
-        b.tensor_copy(t, raw)
+        raw = t if view.dtype == "float32" else b.sbuf(shape, view.dtype, site=site + ".raw", bufs=1)
+        if tail:
+            (sp, per), (sk, nb) = dims
+            b.memset(raw, fill)  # the ragged column's missing channels
+            b.dma_copy(_on_chip(raw, 0, per, 0, ((1, nb - 1),)), _hbm(view, 0, ((sp, per), (sk, nb - 1))))
+            b.dma_copy(_on_chip(raw, 0, tail, nb - 1, ((1, 1),)), _hbm(view, (nb - 1) * sk, ((sp, tail), (1, 1))))
+        else:
+            b.dma_copy(raw, _hbm(view, 0, dims))
+        if raw is not t:
+            b.tensor_copy(t, raw)
         return t
 
     def _to_parts(self, vals: View, cb: int, k: int, selT) -> View:
@@ -238,11 +271,10 @@ class _BatchNorm:
         return out
 
     def _load(self, view: View, c0, cb, chunk, site, kept: bool = False) -> View:
-        """One chunk of ``view``'s block; a kept chunk's site holds two homes, so the next
-        channel block loads while this one finishes."""
+        """One chunk of ``view``'s block; a kept chunk's site rotates over ``homes`` addresses."""
         L = self.L
         _, ni, _, pn = chunk
-        t = self.b.sbuf((cb * L.j, ni * pn), view.dtype, site=site, bufs=2 if kept else None)
+        t = self.b.sbuf((cb * L.j, ni * pn), view.dtype, site=site, bufs=self.homes if kept else None)
         self.b.dma_copy(t, L.hbm(view, c0, cb, chunk))
         return t
 
@@ -250,6 +282,7 @@ class _BatchNorm:
                 running_out=None):
         b, L = self.b, self.L
         count = L.n * L.s
+        pending = None
         for c0, cb in L.blocks(self.P):
             parts = cb * L.j
             sel = selT = None
@@ -306,12 +339,6 @@ class _BatchNorm:
             b.tensor_tensor(ms, mean, scale, "multiply")
             b.tensor_tensor(shift, bias, ms, "subtract")
             pss = self._to_parts(ss, cb, 2, selT)
-            for chunk in _kept_first(L.chunks(), kept):
-                t = kept.get(chunk) or self._load(X, c0, cb, chunk, "bn.x")
-                o = b.sbuf((parts, chunk[1] * chunk[3]), Y.dtype, site="bn.y", bufs=2)
-                b.activation(o, t, "identity", scale=_on_chip(pss, 0, parts, 0, ((1, 1),)),
-                             bias=_on_chip(pss, 0, parts, 1, ((1, 1),)))
-                b.dma_copy(L.hbm(Y, c0, cb, chunk), o)
             if training:
                 if save_mean is not None:
                     b.dma_copy(_hbm(save_mean, c0, ((1, cb), (1, 1))), mean)
@@ -319,6 +346,21 @@ class _BatchNorm:
                     b.dma_copy(_hbm(save_invstd, c0, ((1, cb), (1, 1))), rstd)
                 if running_out is not None:
                     self._update_running(rm, rv, stat_strides, running_out, c0, cb, mean, var, momentum, count)
+            # the second pass after the next block's first: its loads go ahead meanwhile
+            pending = _pipelined(pending, functools.partial(self._normalize, X, Y, c0, cb, kept, pss))
+        if pending is not None:
+            pending()
+
+    def _normalize(self, X, Y, c0: int, cb: int, kept: dict, pss: View) -> None:
+        """The forward's second pass over one block: ``y = x * scale + shift`` on ScalarE."""
+        b, L = self.b, self.L
+        parts = cb * L.j
+        for chunk in _kept_first(L.chunks(), kept):
+            t = kept.get(chunk) or self._load(X, c0, cb, chunk, "bn.x")
+            o = b.sbuf((parts, chunk[1] * chunk[3]), Y.dtype, site="bn.y", bufs=2)
+            b.activation(o, t, "identity", scale=_on_chip(pss, 0, parts, 0, ((1, 1),)),
+                         bias=_on_chip(pss, 0, parts, 1, ((1, 1),)))
+            b.dma_copy(L.hbm(Y, c0, cb, chunk), o)
 
     def _update_running(self, rm, rv, strides, out, c0, cb, mean, var, momentum, count) -> None:
         """running = (1 - m) * running + m * batch (the variance unbiased), written to ``out``."""
@@ -344,6 +386,7 @@ class _BatchNorm:
         b, L = self.b, self.L
         count = L.n * L.s
         need_sums = train or GW is not None or GB is not None
+        pending = None
         for c0, cb in L.blocks(self.P):
             parts = cb * L.j
             sel = selT = None
@@ -418,25 +461,34 @@ class _BatchNorm:
                 b.memset(Bc, 0.0)
                 b.memset(Cc, 0.0)
             pabc = self._to_parts(abc, cb, 3, selT)
-            for chunk in _kept_first(L.chunks(), kept):
-                dy, x = kept.get(chunk) or (self._load(DY, c0, cb, chunk, "bn.dy"), None)
-                free = chunk[1] * chunk[3]
-                a = _on_chip(pabc, 0, parts, 0, ((1, 1),))
-                if not train:
-                    o = b.sbuf((parts, free), DX.dtype, site="bn.dx", bufs=2)
-                    b.activation(o, dy, "copy", scale=a)
-                    b.dma_copy(L.hbm(DX, c0, cb, chunk), o)
-                    continue
-                if x is None:
-                    x = self._load(X, c0, cb, chunk, "bn.x")
-                # B*x + C on ScalarE, then A*dy + that on VectorE; in place over x (its last use)
-                # when it is float32, as dx is
-                bx = x if x.dtype == DX.dtype == "float32" else b.sbuf((parts, free), "float32", site="bn.bx", bufs=2)
-                b.activation(bx, x, "identity", scale=_on_chip(pabc, 0, parts, 1, ((1, 1),)),
-                             bias=_on_chip(pabc, 0, parts, 2, ((1, 1),)))
-                o = bx if bx.dtype == DX.dtype else b.sbuf((parts, free), DX.dtype, site="bn.dx", bufs=2)
-                b.emit(ScalarTensorTensor(as_ap(o), as_ap(dy), "multiply", as_ap(a), "add", as_ap(bx)))
+            # the second pass after the next block's first: its loads go ahead meanwhile
+            pending = _pipelined(pending, functools.partial(self._grad_input, DY, X, DX, c0, cb, kept, pabc, train))
+        if pending is not None:
+            pending()
+
+    def _grad_input(self, DY, X, DX, c0: int, cb: int, kept: dict, pabc: View, train: bool) -> None:
+        """The backward's second pass over one block: ``dx = A*dy + B*x + C``."""
+        b, L = self.b, self.L
+        parts = cb * L.j
+        for chunk in _kept_first(L.chunks(), kept):
+            dy, x = kept.get(chunk) or (self._load(DY, c0, cb, chunk, "bn.dy"), None)
+            free = chunk[1] * chunk[3]
+            a = _on_chip(pabc, 0, parts, 0, ((1, 1),))
+            if not train:
+                o = b.sbuf((parts, free), DX.dtype, site="bn.dx", bufs=2)
+                b.activation(o, dy, "copy", scale=a)
                 b.dma_copy(L.hbm(DX, c0, cb, chunk), o)
+                continue
+            if x is None:
+                x = self._load(X, c0, cb, chunk, "bn.x")
+            # B*x + C on ScalarE, then A*dy + that on VectorE; in place over x (its last use)
+            # when it is float32, as dx is
+            bx = x if x.dtype == DX.dtype == "float32" else b.sbuf((parts, free), "float32", site="bn.bx", bufs=2)
+            b.activation(bx, x, "identity", scale=_on_chip(pabc, 0, parts, 1, ((1, 1),)),
+                         bias=_on_chip(pabc, 0, parts, 2, ((1, 1),)))
+            o = bx if bx.dtype == DX.dtype else b.sbuf((parts, free), DX.dtype, site="bn.dx", bufs=2)
+            b.emit(ScalarTensorTensor(as_ap(o), as_ap(dy), "multiply", as_ap(a), "add", as_ap(bx)))
+            b.dma_copy(L.hbm(DX, c0, cb, chunk), o)
 
     def _store_vec(self, view: View, c0: int, cb: int, vals: View) -> None:
         b = self.b
