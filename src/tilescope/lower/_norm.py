@@ -142,10 +142,15 @@ class _Lanes:
         return [(i, 1, p, min(_F, self.sn - p)) for i in range(self.nn) for p in range(0, self.sn, _F)]
 
     def hbm(self, view: View, c0: int, cb: int, chunk) -> View:
+        """Chunk (first local image, images, first pixel, pixels) of channels [c0, c0 + cb).
+        Split by images, part q's local image i is image ``i * j + q``: a chunk is a run of
+        whole images, so chunks never overlap in memory (nor do their stores' dependencies)."""
         i, ni, p, pn = chunk
-        q_stride = self.nn * self.xs0 if self.by_n else self.sn * self.ss
+        if self.by_n:
+            return _hbm(view, c0 * self.xs1 + i * self.j * self.xs0 + p * self.ss,
+                        ((self.xs1, cb), (self.xs0, self.j), (self.j * self.xs0, ni), (self.ss, pn)))
         return _hbm(view, c0 * self.xs1 + i * self.xs0 + p * self.ss,
-                    ((self.xs1, cb), (q_stride, self.j), (self.xs0, ni), (self.ss, pn)))
+                    ((self.xs1, cb), (self.sn * self.ss, self.j), (self.xs0, ni), (self.ss, pn)))
 
 
 def _group_sum_matrices(b: TileBuilder, P: int, cb: int, j: int, scale: float):
@@ -357,7 +362,12 @@ class _BatchNorm:
         parts = cb * L.j
         for chunk in _kept_first(L.chunks(), kept):
             t = kept.get(chunk) or self._load(X, c0, cb, chunk, "bn.x")
-            o = b.sbuf((parts, chunk[1] * chunk[3]), Y.dtype, site="bn.y", bufs=2)
+            # in place over x (its last use) when y has its dtype: no output tile to wait for
+            # (with several channel blocks, x's home is freed for the next block's load instead)
+            if t.dtype == Y.dtype and self.homes == 1:
+                o = t
+            else:
+                o = b.sbuf((parts, chunk[1] * chunk[3]), Y.dtype, site="bn.y", bufs=2)
             b.activation(o, t, "identity", scale=_on_chip(pss, 0, parts, 0, ((1, 1),)),
                          bias=_on_chip(pss, 0, parts, 1, ((1, 1),)))
             b.dma_copy(L.hbm(Y, c0, cb, chunk), o)
