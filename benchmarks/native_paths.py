@@ -10,27 +10,26 @@ script times each path whole, with the native piece and without it, in fresh pro
              the fallback (DuckDB's JSON reader writing Parquet; ``TILESCOPE_TRACE_INGEST=python``);
   export     a profile's export (``Profiler.export_trace``, torch's parse included) of a naive
              RMSNorm loop, the first export of a fresh process (executables written) and the mean
-             of the next ones, with every extension, and with one switched off at a time:
-             ``_execjson`` (executables as JSON; else orjson), ``_lanes`` (the system trace's lane
-             text; else Python loops), ``_filebatch`` (files written and hashed on a POSIX thread
-             beside torch's parse; else written and hashed one by one with hashlib).
+             of the next ones, with ``_lanes`` (the system trace's lane text) and without it
+             (Python loops).
 
 A ratio below 1.5x means the native piece does not pay for itself end to end (issue threshold):
-the verdict column says so. Every figure is measured wall time on this machine, not modeled.
+the verdict column says so, and such a piece is removed. Every figure is measured wall time on
+this machine, not modeled.
 
 Run: .venv/bin/python benchmarks/native_paths.py [--repeats N] [--iterations N] [--exports N]
 
-Last run (defaults, 2026-12-02, a 2-core shared VM at a load average of ~14, so the export lines
-are within that machine's noise; rerun on a quiet machine before removing anything):
+Last run (defaults, 2026-12-02, on a quiet 2-core VM), before two export extensions were removed:
 
-  ingest  _kscan + _parquet 2.67 s, DuckDB JSON reader 6.36 s: 2.38x
-  export  every extension: first 327 ms, later 264 ms; without _execjson first 263 ms (0.80x);
-          without _lanes first 242 / later 209 ms (0.74x / 0.79x); without _filebatch first 240 /
-          later 186 ms (0.73x / 0.70x)
-
-So the ingest's parser and writer pay for themselves end to end; no export extension showed a
-gain on this machine (each variant without one ran faster, the opposite of their own
-micro-benchmarks: ``profiler_lanes.py``, the encoder's 4x in ``program/_dump.py``).
+  ingest  _kscan + _parquet 0.39 s, DuckDB JSON reader 1.01 s: 2.59x -- kept
+  export  every extension: first 95.3 ms, later 70.8 ms
+          without _lanes      first 149.2 ms (1.57x), later 103.2 ms (1.46x) -- kept: the first
+                              export, the one a profiling run waits on, clears 1.5x
+          without _execjson   first 90.7 ms (0.95x; later exports write no executable) -- removed:
+                              executables are written by orjson (program/_dump.py)
+          without _filebatch  first 78.6 ms (0.82x), later 63.8 ms (0.90x) -- removed: the C
+                              writer thread (its own pthread and SHA-256) was slower than writing
+                              and hashing each file in Python with hashlib (profiler/_fast_files.py)
 """
 
 from __future__ import annotations
@@ -66,12 +65,8 @@ _EXPORT_CHILD = textwrap.dedent("""
     import tilescope.device
     from tilescope.profiler import ProfileConfig, Profiler
     off = set(filter(None, os.environ.get("NATIVE_OFF", "").split(",")))
-    if "execjson" in off:
-        from tilescope.program import _dump; _dump._execjson = None
     if "lanes" in off:
         from tilescope.profiler import _events; _events._lanes = None
-    if "filebatch" in off:
-        from tilescope.profiler import _format; _format._filebatch = None
     iterations, exports = int(sys.argv[1]), int(sys.argv[2])
     tilescope.device.register()
     tilescope.device.configure(clock="virtual")
@@ -127,7 +122,7 @@ def ingest(repeats: int, work: str) -> None:
 
 
 def export(repeats: int, iterations: int, exports: int) -> None:
-    variants = ("", "execjson", "lanes", "filebatch")
+    variants = ("", "lanes")
     first: dict[str, list[float]] = {v: [] for v in variants}
     later: dict[str, list[float]] = {v: [] for v in variants}
     for i in range(repeats):
@@ -140,15 +135,11 @@ def export(repeats: int, iterations: int, exports: int) -> None:
     print(f"profile export of naive RMSNorm x {iterations} ({6 * iterations} device executions; means over "
           f"{repeats} fresh processes, {exports - 1} later exports each; wall, torch's parse included):")
     print(f"  every extension: first export {base_first * 1e3:7.1f} ms, later exports {base_next * 1e3:7.1f} ms")
-    names = {"execjson": "_execjson (else orjson)", "lanes": "_lanes (else Python loops)",
-             "filebatch": "_filebatch (else one by one, hashlib)"}
+    names = {"lanes": "_lanes (else Python loops)"}
     for v in variants[1:]:
         f, n = statistics.mean(first[v]), statistics.mean(later[v])
         print(f"  without {names[v]:38s} first {f * 1e3:7.1f} ms  {_verdict(f / base_first)}")
-        if v == "execjson":  # a Program's executable is written once, at the first export that holds it
-            print(f"  {'':46s} later {n * 1e3:7.1f} ms  (executables already written: not on this path)")
-        else:
-            print(f"  {'':46s} later {n * 1e3:7.1f} ms  {_verdict(n / base_next)}")
+        print(f"  {'':46s} later {n * 1e3:7.1f} ms  {_verdict(n / base_next)}")
 
 
 def main() -> None:

@@ -167,7 +167,7 @@ ALLOWED: set[Edge] = {
     # frames. Export what it needs from lang (an internal API in lang/__init__).
     _e("nki/_jit.py", "device._dispatch"), _e("nki/_jit.py", "lang._context"), _e("nki/_jit.py", "lang._frames"),
     _e("nki/_jit.py", "lang._kernel"), _e("nki/_jit.py", "lang._simulate"), _e("nki/_names.py", "lang._frames"),
-    _e("nki/_names.py", "lang._values"), _e("nki/_launches_profile.py", "profiler._format"), _e("nki/_run_file.py", "lang._frames"),
+    _e("nki/_names.py", "lang._values"), _e("nki/_run_file.py", "lang._frames"),
     _e("nki/compiler.py", "lang._types"), _e("nki/isa.py", "lang._context"), _e("nki/isa.py", "lang._values"),
     _e("nki/language.py", "lang._context"), _e("nki/language.py", "lang._core"), _e("nki/language.py", "lang._types"),
     _e("nki/typing.py", "lang._kernel"),

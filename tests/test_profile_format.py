@@ -1,9 +1,7 @@
 """The profile directory: atomic writing, completeness, checksums, pairs."""
 
-import errno
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +14,7 @@ from tilescope.profiler import (
     IncompleteProfileError, ProfileFormatError, ProfileWriter, find_profiles, read_profile,
     write_kernel_profile,
 )
-from tilescope.profiler._format import itrace_name
+from tilescope.profiler import itrace_name
 from tilescope.program import TileBuilder
 from tilescope.sim import simulate
 
@@ -93,20 +91,7 @@ def test_exception_inside_writer_leaves_nothing(tmp_path):
     assert find_profiles(tmp_path) == []
 
 
-@pytest.fixture(params=["batch-thread", "no-extension"])
-def writer_path(request, monkeypatch):
-    """Both ways the writer makes its batched files: the ``_filebatch`` extension on the writer
-    thread, and the Python loop used where it is not built."""
-    from tilescope.profiler import _format
-
-    if request.param == "no-extension":
-        monkeypatch.setattr(_format, "_filebatch", None)
-    elif _format._filebatch is None:
-        pytest.skip("the _filebatch extension is not built")
-    return request.param
-
-
-def test_a_failed_background_write_leaves_nothing(tmp_path, writer_path):
+def test_a_failed_background_write_leaves_nothing(tmp_path):
     """Instruction traces are written by a batch (on another thread, with the extension),
     which also makes their directory: a write that fails there fails the profile when it
     finishes, and nothing of it is left."""
@@ -122,7 +107,7 @@ def test_a_failed_background_write_leaves_nothing(tmp_path, writer_path):
     assert find_profiles(tmp_path) == [] and not any(tmp_path.rglob("*.json"))
 
 
-def test_files_written_later_are_in_the_finished_profile(tmp_path, writer_path):
+def test_files_written_later_are_in_the_finished_profile(tmp_path):
     prog = _program()
     with ProfileWriter(tmp_path / "new" / "dir") as w:  # every directory made by the batch
         w.add_itrace(prog, simulate(prog), 0)
@@ -132,7 +117,7 @@ def test_files_written_later_are_in_the_finished_profile(tmp_path, writer_path):
     assert [d.name for d in (tmp_path / "new" / "dir").iterdir()] == [w.path.parent.name]
 
 
-def test_a_file_given_in_parts_is_written_whole_with_its_checksum(tmp_path, writer_path):
+def test_a_file_given_in_parts_is_written_whole_with_its_checksum(tmp_path):
     """The exporter hands large files over as parts (never joined): now and in the batch, the
     file is the parts one after the other, its size and sha256 those of the whole."""
     import hashlib
@@ -149,49 +134,7 @@ def test_a_file_given_in_parts_is_written_whole_with_its_checksum(tmp_path, writ
     assert listed == {"path": "later.bin", "bytes": len(whole), "sha256": hashlib.sha256(whole).hexdigest()}
 
 
-def test_the_extension_writes_parts_and_refuses_what_is_not_text(tmp_path):
-    from tilescope.profiler import _format
-
-    if _format._filebatch is None:
-        pytest.skip("the _filebatch extension is not built")
-    fb = _format._filebatch
-    target, empty = str(tmp_path / "d" / "f"), str(tmp_path / "e")
-    assert fb.start([target, empty], [("ab", b"", "\u00e9", b"cd"), ()], None).wait() == [False, False]
-    assert open(target, "rb").read() == "ab\u00e9cd".encode() and os.path.getsize(empty) == 0
-    with pytest.raises(TypeError, match="bytes, str, a tuple of them or None, not int"):
-        fb.write_files([target], [(b"a", 3)])
-
-
-def test_the_extension_hashes_what_it_writes_and_files_others_wrote(tmp_path):
-    """With ``hashed`` flags the batch also makes the SHA-256 of those files: of the parts it
-    writes, or -- for a None data -- of the file as another writer left it (read, never made)."""
-    import hashlib
-
-    from tilescope.profiler import _format
-
-    if _format._filebatch is None:
-        pytest.skip("the _filebatch extension is not built")
-    fb = _format._filebatch
-    theirs = tmp_path / "theirs.json"
-    theirs.write_bytes(b"x" * 300_000)  # more than one read's buffer
-    written, plain = str(tmp_path / "d" / "parts"), str(tmp_path / "plain")
-    parts = (b"ab", "\u00e9", b"")
-    for run in (lambda *a: fb.start(*a).wait(), fb.write_files):
-        result = run([written, str(theirs), plain], [parts, None, b"{}"], None, [True, True, False])
-        assert result == [(False, 4, hashlib.sha256("ab\u00e9".encode()).hexdigest()),
-                          (False, 300_000, hashlib.sha256(theirs.read_bytes()).hexdigest()),
-                          (False, None, None)]
-        assert open(written, "rb").read() == "ab\u00e9".encode() and open(plain, "rb").read() == b"{}"
-    with pytest.raises(FileNotFoundError) as err:  # a file to hash that nobody wrote: never created
-        fb.start([str(tmp_path / "none.json")], [None], None, [True]).wait()
-    assert err.value.filename == str(tmp_path / "none.json") and not (tmp_path / "none.json").exists()
-    with pytest.raises(ValueError, match="linked to a source and hashed"):
-        fb.write_files([plain], [b"{}"], [(str(theirs), 1, 2, 3)], [True])
-    with pytest.raises(ValueError, match="hashed flag.*: 1 paths"):
-        fb.write_files([plain], [b"{}"], None, [True, False])
-
-
-def test_a_file_a_tool_wrote_is_listed_with_the_digest_the_batch_made(tmp_path, writer_path):
+def test_a_file_a_tool_wrote_is_listed_with_the_digest_the_batch_made(tmp_path):
     """``add_written`` without the bytes: the file torch wrote itself is read and hashed in the
     batch, off the exporter's thread; the manifest lists its size and digest as written."""
     import hashlib
@@ -210,86 +153,7 @@ def test_a_file_a_tool_wrote_is_listed_with_the_digest_the_batch_made(tmp_path, 
     read_profile(w.path).require_complete()  # every checksum verified against the files
 
 
-def test_the_extension_makes_directories_and_takes_over_what_it_is_given(tmp_path):
-    """A path ending in "/" with a None data is a directory (parents made); a move renames a
-    file or directory to the path first, when it can -- else the path is made as without one."""
-    from tilescope.profiler import _format
-
-    if _format._filebatch is None:
-        pytest.skip("the _filebatch extension is not built")
-    fb = _format._filebatch
-    ahead = tmp_path / "ahead"
-    (ahead / "sub").mkdir(parents=True)
-    (ahead / "kept.json").write_bytes(b"")
-    inode = ahead.stat().st_ino
-    moved, made, kept = tmp_path / "moved", tmp_path / "a" / "b", tmp_path / "moved" / "kept.json"
-    fb.write_files([f"{moved}/", f"{made}/", str(kept), str(tmp_path / "other")],
-                   [None, None, b"{}", b"[]"], None, None,
-                   [str(ahead), str(tmp_path / "missing"), None, str(tmp_path / "missing")])
-    assert moved.stat().st_ino == inode and not ahead.exists() and (moved / "sub").is_dir()
-    assert made.is_dir() and kept.read_bytes() == b"{}" and (tmp_path / "other").read_bytes() == b"[]"
-    (tmp_path / "again").mkdir()
-    fb.write_files([f"{moved}/"], [None], None, None, [str(tmp_path / "again")])  # the path is there: kept
-    assert moved.stat().st_ino == inode and (tmp_path / "again").is_dir()
-    with pytest.raises(ValueError, match="is a directory: it cannot be hashed"):
-        fb.write_files([f"{made}/"], [None], None, [True])
-    with pytest.raises(ValueError, match="is a directory: it cannot be linked"):
-        fb.write_files([f"{made}/"], [None], [(str(kept), 1, 2, 3)])
-
-
-def test_the_next_profile_takes_over_the_directory_made_ahead_for_it(tmp_path, monkeypatch):
-    """With ``prepare_next`` a finished profile leaves the next one's directory made (its
-    subdirectories and reserved files, off the exporter's thread); the next writer there takes
-    it over with one rename. Readers never take it for a profile; it is gone at exit."""
-    from tilescope.profiler import _format
-
-    if _format._filebatch is None:
-        pytest.skip("the _filebatch extension is not built")
-    monkeypatch.chdir(tmp_path.parent)
-    prog = _program()
-    paths = []
-    for k in range(3):
-        with ProfileWriter(tmp_path, prepare_next=True, device={"kind": "sim"}) as w:
-            w.reserve("trace.json", "manifest.json")
-            Path(w.target("trace.json")).write_bytes(b'{"traceEvents":[]}') if k else None
-            w.add_itrace(prog, simulate(prog), 0)
-            if k:
-                w.add_written("trace.json")
-        paths.append(w.path)
-        spare = _format._spares[os.path.abspath(w.path.parent)]
-        spare.writer.wait()
-        made = os.stat(spare.path).st_ino
-        # its reserved files, but no manifest.json (what tools look for to find profiles)
-        assert sorted(os.listdir(spare.path)) == ["executables", "itraces", "trace.json"]
-        assert os.path.getsize(os.path.join(spare.path, "trace.json")) == 0
-        if k == 1:
-            shutil.rmtree(spare.path)  # deleted meanwhile: the next profile makes its own
-    assert [p.path for p in find_profiles(tmp_path)] == paths  # complete ones only, the spare left out
-    assert all(p.complete for p in find_profiles(tmp_path)) and find_profiles(paths[0].parent)[-1].path == paths[-1]
-    assert read_profile(paths[-1], verify=True).complete  # the taken-over directory holds a whole profile
-    with ProfileWriter(tmp_path) as w:  # a writer that prepares none takes none either
-        w.write_json("late.json", {})
-    assert w.path.stat().st_ino != made and os.path.isdir(spare.path)
-    os.chdir(tmp_path)  # (the spare is found by its absolute path)
-    with ProfileWriter(".", prepare_next=True) as w:
-        w.write_json("x.json", {})
-    assert os.stat(w.path).st_ino == made and not os.path.exists(spare.path)
-    _format._remove_spares()
-    assert not (tmp_path / paths[0].parent.name / _format.SPARE_DIR).exists() and os.path.isdir(w.path)
-    assert not [name for name in os.listdir(tmp_path / paths[0].parent.name) if name.startswith(".")]
-
-
-def test_a_process_that_exits_leaves_no_spare_directory(tmp_path):
-    code = ("from tilescope.profiler._format import ProfileWriter\n"
-            f"with ProfileWriter({str(tmp_path)!r}, prepare_next=True) as w:\n"
-            "    w.reserve('trace.json'); w.write_json('itraces/a.json', {})\n"
-            "print(w.path)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    written = Path(out.strip())
-    assert written.is_dir() and sorted(p.name for p in written.parent.iterdir()) == [written.name]
-
-
-def test_a_reserved_file_is_created_in_the_batch_and_never_truncated(tmp_path, writer_path):
+def test_a_reserved_file_is_created_in_the_batch_and_never_truncated(tmp_path):
     """The exporter reserves trace.json (written by torch on the exporter's thread, maybe
     before the batch runs) and the last files: the batch creates a missing one empty and
     leaves one already written as it is."""
@@ -306,41 +170,19 @@ def test_a_reserved_file_is_created_in_the_batch_and_never_truncated(tmp_path, w
     assert sorted(f["path"] for f in p.manifest["files"]) == ["system_trace.json", "trace.json"]
 
 
-def test_sealed_profile_writes_its_manifest_last_and_takes_no_more_files(tmp_path, writer_path, monkeypatch):
+def test_sealed_profile_writes_its_manifest_last_and_takes_no_more_files(tmp_path, monkeypatch):
     """``seal`` makes the manifest and writes it once every file still to write is written; the
     directory gets its final name only after that."""
-    from tilescope.profiler import _format
+    from tilescope.profiler import _profile_writer
 
-    order = []  # every path, in the order it is written (a batch's: when it starts)
-    unfinished = set()  # the batches not waited for yet
-    if writer_path == "batch-thread":
-        real = _format._filebatch
-
-        class Waited:
-            def __init__(self, batch):
-                self.batch = batch
-                unfinished.add(self)
-
-            def wait(self):
-                result = self.batch.wait()
-                unfinished.discard(self)
-                return result
-
-        class Recording:
-            @staticmethod
-            def start(paths, data, *rest):
-                order.extend(paths)
-                return Waited(real.start(paths, data, *rest))
-
-        monkeypatch.setattr(_format, "_filebatch", Recording)
-    write = _format._write_file
+    order = []  # every path, in the order it is written
+    write = _profile_writer.write_file
 
     def recording_write(path, data):
-        assert not unfinished  # every batch written before the manifest (the only file written here)
         order.append(path)
         write(path, data)
 
-    monkeypatch.setattr(_format, "_write_file", recording_write)
+    monkeypatch.setattr(_profile_writer, "write_file", recording_write)
     prog = _program()
     with ProfileWriter(tmp_path) as w:
         w.write_bytes("system_trace.json", b'{"traceEvents":[]}', later=True)  # hashed by its batch
@@ -360,17 +202,17 @@ def test_sealed_profile_writes_its_manifest_last_and_takes_no_more_files(tmp_pat
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_writes_its_profiles_with_its_own_writer_thread(tmp_path):
-    """The writer thread runs in the process that started it; a child forked after a profile
-    (a DataLoader worker, a launcher) that profiles must not wait for a thread it lacks."""
+def test_a_forked_child_writes_its_own_profiles(tmp_path):
+    """A child forked after a profile (a DataLoader worker, a launcher) that profiles writes its
+    own complete profile (its own locks, its own pid in the path)."""
     prog = _program()
-    with ProfileWriter(tmp_path / "parent") as w:  # the parent's thread exists now
+    with ProfileWriter(tmp_path / "parent") as w:
         w.add_itrace(prog, simulate(prog), 0)
     pid = os.fork()
     if pid == 0:  # the child: exit 0 only with a complete profile
         code = 1
         try:
-            signal.alarm(60)  # a child waiting for the parent's thread would hang the test run
+            signal.alarm(60)  # a child waiting on a lock the parent held would hang the test run
             with ProfileWriter(tmp_path / "child") as cw:
                 cw.add_itrace(prog, simulate(prog), 0)
             read_profile(cw.path).require_complete()
@@ -414,7 +256,7 @@ def test_paths_outside_the_profile_are_refused(tmp_path):
     assert (w.path / "names..with.dots.json").exists()
 
 
-def test_a_later_profile_links_the_executable_written_before_unless_it_changed(tmp_path, writer_path):
+def test_a_later_profile_links_the_executable_written_before_unless_it_changed(tmp_path):
     prog = _program()
     name = f"executables/exec_{prog.hash}.json"
     first = write_kernel_profile(tmp_path / "a", prog, simulate(prog))
@@ -437,7 +279,7 @@ def test_instruction_trace_text_is_its_document():
 
     import hashlib
 
-    from tilescope.profiler._format import _numpy_column, itrace_bytes, itrace_json, itrace_parts
+    from tilescope.profiler._itrace import _numpy_column, itrace_bytes, itrace_json, itrace_parts
 
     prog = _program()
     result = simulate(prog)
@@ -459,51 +301,6 @@ def test_instruction_trace_text_is_its_document():
     assert _numpy_column(np.array([0.1], dtype=np.float32)) == [float(np.float32(0.1))]
 
 
-def test_an_exporter_starts_the_writer_thread_before_the_profiled_steps(tmp_path, monkeypatch):
-    """Starting a thread costs the exporter a system call or two; it is done when the exporter is made."""
-    from tilescope.profiler import ProfileConfig, Profiler, _format
-
-    if _format._filebatch is None:
-        pytest.skip("the _filebatch extension is not built")
-    started = []
-
-    class Recording:
-        start_worker = staticmethod(lambda: started.append(True))
-
-    monkeypatch.setattr(_format, "_filebatch", Recording)
-    Profiler(ProfileConfig(output_dir=tmp_path))
-    assert started == [True]
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_batch_the_parent_was_writing_fails_in_a_forked_child_instead_of_hanging(tmp_path):
-    """The writer thread is not in a forked child: a batch it had not finished at the fork
-    is cancelled there (ECANCELED), and the child's own batches get the child's thread."""
-    from tilescope.profiler import _format
-
-    if _format._filebatch is None:
-        pytest.skip("the _filebatch extension is not built")
-    paths = [str(tmp_path / "parent" / f"f{i}") for i in range(3000)]
-    batch = _format._filebatch.start(paths, [b"x" * 64] * len(paths), None)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            signal.alarm(60)
-            try:
-                batch.wait()  # finished before the fork, or cancelled
-            except OSError as e:
-                assert e.errno == errno.ECANCELED, e
-            child = _format._filebatch.start([str(tmp_path / "child" / "f")], [b"{}"], None)
-            assert child.wait() == [False] and (tmp_path / "child" / "f").read_bytes() == b"{}"
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert batch.wait() == [False] * len(paths) and os.path.exists(paths[-1])
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
-
-
 def test_a_chosen_timestamp_is_claimed_when_the_writer_is_made(tmp_path):
     """A writer given its timestamp (``tilescope share`` keeps the source's) owns its directory
     from the start: a second writer of that name, or one left by a killed export, is refused."""
@@ -520,7 +317,7 @@ def test_generated_names_differ_within_a_process(tmp_path, monkeypatch):
     """Even when the clock does not move between two profiles (or goes back)."""
     import datetime
 
-    from tilescope.profiler import _format
+    from tilescope.profiler import _profile_writer
 
     stopped = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 
@@ -529,8 +326,8 @@ def test_generated_names_differ_within_a_process(tmp_path, monkeypatch):
         def now(cls, tz=None):
             return stopped
 
-    monkeypatch.setattr(_format._dt, "datetime", StoppedClock)
-    monkeypatch.setattr(_format, "_last_stamp", [datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)])
+    monkeypatch.setattr(_profile_writer._dt, "datetime", StoppedClock)
+    monkeypatch.setattr(_profile_writer, "_last_stamp", [datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)])
     writers = [ProfileWriter(tmp_path) for _ in range(50)]
     assert len({w.path.name for w in writers}) == 50 and [w.path.name for w in writers] == sorted(
         w.path.name for w in writers)
@@ -543,30 +340,9 @@ def test_generated_names_differ_within_a_process(tmp_path, monkeypatch):
     assert named.created == "2026-11-30T09:05:07.004321Z"
 
 
-def test_the_batch_reports_why_a_directory_could_not_be_made(tmp_path):
-    """A missing directory the batch cannot make is reported with the reason it cannot (a
-    permission, a read-only file system), not as the file's absence."""
-    from tilescope.profiler import _format
-
-    if _format._filebatch is None:
-        pytest.skip("the _filebatch extension is not built")
-    target = "/sys/tilescope-no-such-dir/sub/f.json"  # a file system where nothing can be made
-    try:
-        os.makedirs(os.path.dirname(target))
-    except OSError as e:
-        expected = e.errno
-    else:
-        pytest.skip("this machine lets /sys take new directories")
-    if expected == errno.ENOENT:
-        pytest.skip("mkdir under /sys reports ENOENT here")
-    with pytest.raises(OSError) as err:
-        _format._filebatch.write_files([target], [b"{}"])
-    assert err.value.errno == expected
-
-
 @pytest.mark.parametrize("size", [0, 1, 70_000, 3 << 20])
 def test_read_file_reads_the_whole_file(tmp_path, size):
-    from tilescope.profiler._format import read_file
+    from tilescope.profiler._fast_files import read_file
 
     data = os.urandom(size)
     (tmp_path / "f").write_bytes(data)

@@ -9,17 +9,17 @@ import torch
 
 import tilescope
 from tilescope.profiler import find_profiles
-from tilescope.profiler import _format
+from tilescope.profiler import _fast_files
 
 
 def test_a_failed_write_names_its_file(tmp_path, monkeypatch):
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")  # as os.write raises it: no file named
 
-    monkeypatch.setattr(_format.os, "write", full)
+    monkeypatch.setattr(_fast_files.os, "write", full)
     target = tmp_path / "system_trace.json"
     with pytest.raises(OSError, match="No space left on device") as info:
-        _format._write_file(str(target), b"{}")
+        _fast_files.write_file(str(target), b"{}")
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(target)
 
 

@@ -228,13 +228,13 @@ def test_the_documented_loop_exports_executables_prepared_in_its_first_steps(sim
     """Programs first run in the schedule's wait steps (a new shape: built there) have their
     executables and instruction traces' text made then; the export of the active step only
     writes them."""
-    from tilescope.profiler import _format
+    from tilescope.profiler import _itrace
     from tilescope.program import _program
 
     serialised, traced = [], []
-    real, real_doc = _program.executable_text, _format._itrace_doc
+    real, real_doc = _program.executable_text, _itrace._itrace_doc
     monkeypatch.setattr(_program, "executable_text", lambda p: serialised.append(p.hash) or real(p))
-    monkeypatch.setattr(_format, "_itrace_doc", lambda p, *a: traced.append(p.hash) or real_doc(p, *a))
+    monkeypatch.setattr(_itrace, "_itrace_doc", lambda p, *a: traced.append(p.hash) or real_doc(p, *a))
     before_step = []
 
     def model(x, w):

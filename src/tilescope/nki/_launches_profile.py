@@ -12,7 +12,7 @@ import os
 import socket
 from pathlib import Path
 
-from ..profiler._format import ProfileWriter
+from ..profiler import ProfileWriter
 from ..sim import SimResult
 from ..spec import preset as _preset
 

@@ -6,10 +6,8 @@ The format is documented in ``docs/profile-format.md``. Reading profiles (``read
 """
 
 from ._doctor import RULES, Finding, diagnose
-from ._format import (
-    FORMAT, FORMAT_VERSION, ProfileWriter, executable_name, itrace_json, itrace_name,
-    write_kernel_profile,
-)
+from ._itrace import executable_name, itrace_json, itrace_name
+from ._profile_writer import FORMAT, FORMAT_VERSION, ProfileWriter, write_kernel_profile
 from ._reader import IncompleteProfileError, Profile, ProfileFormatError, find_profiles, read_profile
 from ._share import share
 

@@ -29,7 +29,7 @@ from collections import deque
 
 import torch
 
-from ._format import prepare_files
+from ._fast_files import prepare_files
 
 __all__ = ["MARKER", "Capture", "capture"]
 

@@ -1,11 +1,10 @@
 """``Profiler(config).export_trace``: from a finished torch profile to a profile directory.
 
-It reads the device executions from torch's raw events and -- in DEVICE mode -- starts
-writing one executable plus instruction traces per Program that ran (a background batch),
-lets torch parse while that runs, correlates device time into torch's tables, then writes
-the system trace with framework / runtime / hardware lanes linked by flows and torch's own
-framework trace (``trace.json``, device executions added); all through the atomic writer
-(docs/profile-format.md), whose thread writes and hashes each file while this one goes on.
+It reads the device executions from torch's raw events and -- in DEVICE mode -- writes one
+executable plus instruction traces per Program that ran, lets torch parse, correlates device
+time into torch's tables, then writes the system trace with framework / runtime / hardware
+lanes linked by flows and torch's own framework trace (``trace.json``, device executions
+added); all through the atomic writer (docs/profile-format.md).
 """
 
 from __future__ import annotations
@@ -34,7 +33,9 @@ from ._correlate import Correlation, Matched
 from ._doctor import diagnose
 from ._events import (HOST, Framework, Placement, device_events, doctor_events, event_count, framework_events,
                       placement, unrecorded_launch_lanes)
-from ._format import ProfileWriter, itrace_summary, read_file, start_writer
+from ._fast_files import read_file
+from ._itrace import itrace_summary
+from ._profile_writer import ProfileWriter
 from ._lowering_stats import lowering_stats
 
 __all__ = ["Profiler"]
@@ -73,8 +74,6 @@ class Profiler:
         if self._device_in_use():
             _check_cores(self.config)
             self._open()
-            if self.config.has(ProfileMode.DEVICE):
-                start_writer()  # its batches write each profile's executables and instruction traces
 
     def _open(self) -> None:
         if self._hold is None or not self._hold.alive:
@@ -148,11 +147,9 @@ class Profiler:
         now = _runtime_now() if registered else float("inf")
         correlation = Correlation(prof, capture, now)  # the executions, before torch parses
         trace_start_ns = prof.profiler.kineto_results.trace_start_ns()
-        with ProfileWriter(cfg.output_dir, config=cfg.to_dict(), prepare_next=True) as w:
-            # made while torch parses, off this thread (making files can be slow): the files
-            # written once it has, and the executables and instruction traces, whose contents
-            # depend on the executions alone (one batch: waking the writer thread costs ~35 us).
-            # Not trace.json: torch writes it through a temporary file of its own and replaces
+        with ProfileWriter(cfg.output_dir, config=cfg.to_dict()) as w:
+            # made with the executables and instruction traces, whose contents depend on the
+            # executions alone (one batch), and filled once torch has parsed. Not trace.json: torch writes it through a temporary file of its own and replaces
             # the file there, so a reserved one would only be removed again, on this thread.
             w.reserve("system_trace.json", "manifest.json")
             dropped, summaries = {}, []
@@ -179,7 +176,7 @@ class Profiler:
             placed = placement(matched)
             sim = device["kind"] == "sim"
             unlinked = _captured(correlation.without_op, cfg)  # executions with no launching op
-            if sim:  # written and hashed off this thread while torch exports its own trace
+            if sim:  # written and hashed before torch exports its own trace
                 chunks, n_events, checked = _system_trace(prof, placed, trace_start_ns, cfg, self._sampler, framework,
                                                           unlinked)
                 w.write_bytes("system_trace.json", _system_trace_parts(chunks, device), later=True)
@@ -188,7 +185,7 @@ class Profiler:
             unrecorded = [row for row in placed.rows if not row[0].recorded_by_torch] if correlation.marked else []
             if sim and not unrecorded and not correlation.pending_recorded:
                 # torch's file as torch wrote it (it recorded the device executions itself):
-                # read and hashed off this thread while the stats are made and the doctor reads
+                # read and hashed before the stats are made and the doctor reads
                 # what is in memory (the manifest waits for its digest after that)
                 w.add_written("trace.json")
                 w.start_writes()

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._format import FORMAT, FORMAT_VERSION, SPARE_DIR
+from ._profile_writer import FORMAT, FORMAT_VERSION
 
 __all__ = ["Profile", "IncompleteProfileError", "ProfileFormatError", "read_profile", "find_profiles", "profiles_inside"]
 
@@ -184,8 +184,7 @@ def profiles_inside(path) -> str | None:
     ``output_dir`` (``<output_dir>/<host>_pid_<pid>/<timestamp>/``) or one process's folder in
     it --, what to say: how many it holds and the newest one's path; else None."""
     path = Path(path)
-    found = [m.parent for pattern in ("*/manifest.json", "*/*/manifest.json") for m in path.glob(pattern)
-             if SPARE_DIR not in m.parts]
+    found = [m.parent for pattern in ("*/manifest.json", "*/*/manifest.json") for m in path.glob(pattern)]
     partial = [d for d in found if d.name.endswith(".partial")]  # still being written, or never finished
     found = [d for d in found if d not in partial]
     if not found and not partial:
@@ -208,8 +207,6 @@ def find_profiles(root) -> list[Profile]:
         return [read_profile(root, verify=False)]
     found = []
     for d in sorted(root.rglob("*")):
-        if SPARE_DIR in d.relative_to(root).parts:  # made ahead for the next profile: not one
-            continue
         if d.is_dir() and ((d / "manifest.json").exists() or d.name.endswith(".partial")):
             found.append(read_profile(d, verify=False))
     return found

@@ -23,7 +23,7 @@ import re
 import socket
 from pathlib import Path
 
-from ._format import ProfileWriter
+from ._profile_writer import ProfileWriter
 from ._reader import read_profile
 
 __all__ = ["share"]

@@ -9,12 +9,10 @@ manifest's included -- shows as a missing file, an unreadable manifest, or a siz
 mismatch, which readers also report as incomplete.
 
 Files added with ``later=True`` (instruction traces) and executables -- hard links to the
-copy this process wrote last while that file is unchanged, else new files -- are made by one
-call of the ``_filebatch`` extension on a background thread, the GIL released throughout,
-while the exporter goes on: on some file systems (network ones, busy virtual disks) creating
-a file costs hundreds of microseconds, and a profile is dozens of files.
-:meth:`ProfileWriter.finish` waits for them and fails -- leaving nothing -- if one could not
-be written.
+copy this process wrote last while that file is unchanged, else new files -- are written in
+batches, in the order they were added, when :meth:`ProfileWriter.start_writes` (or
+:meth:`~ProfileWriter.finish`) is called; the file-level work is in :mod:`._fast_files`, the
+instruction traces' and executables' text in :mod:`._itrace`.
 
 >>> import tempfile
 >>> from tilescope.profiler import ProfileWriter
@@ -26,8 +24,6 @@ True
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -41,111 +37,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import orjson
 
-try:
-    from . import _filebatch
-except ImportError:  # not built (no compiler at install time): files are written one by one, here
-    _filebatch = None
+from ._fast_files import Executable, link_if_unchanged, read_file, sha256_of, write_file
+from ._itrace import FORMAT_VERSION, executable_name, itrace_name, itrace_parts
 
-__all__ = [
-    "ProfileWriter", "FORMAT", "FORMAT_VERSION", "itrace_json", "executable_name", "itrace_name",
-    "write_kernel_profile",
-]
+__all__ = ["ProfileWriter", "FORMAT", "FORMAT_VERSION", "write_kernel_profile"]
 
 FORMAT = "tilescope.profile"
-FORMAT_VERSION = 1
-
-
-def executable_name(program_hash: str) -> str:
-    return f"executables/exec_{program_hash}.json"
-
-
-def itrace_name(program_hash: str, run: int) -> str:
-    return f"itraces/exec_{program_hash}.{run}.itrace.json"
-
-
-_COLUMNS_CACHE: dict = {}  # id(result) -> (result, text up to "execution", its sha256 state, summary), the latest 256
-_COLUMNS_LOCK = threading.Lock()  # filled by the exporter and by launching threads (prepare_files)
-
-
-def itrace_bytes(program, result, *, execution: dict | None = None) -> bytes:
-    """``itrace_json`` serialised; the columns (the bulk) are serialised once per result."""
-    return b"".join(itrace_parts(program, result, execution=execution)[0])
-
-
-def itrace_parts(program, result, *, execution: dict | None = None) -> tuple[tuple[bytes, bytes], str]:
-    """``itrace_bytes`` as the file's two parts and its SHA-256: the document up to its
-    ``execution`` object -- the same for every run of one modeled result, made and hashed once
-    -- and that object. An export writes the parts as they are (no join) and finishes the
-    digest from the first part's."""
-    prefix, digest, _ = _itrace_body(program, result)
-    tail = orjson.dumps(execution or {}) + b"}"
-    digest = digest.copy()
-    digest.update(tail)
-    return (prefix, tail), digest.hexdigest()
-
-
-def _itrace_body(program, result) -> tuple[bytes, "hashlib._Hash", dict]:
-    """The instruction trace's text up to its ``execution`` object (which it ends with), that
-    text's SHA-256 state and the run's summary as a dict: all depend on the (immutable)
-    Program and its modeled run alone."""
-    key = id(result)
-    cached = _COLUMNS_CACHE.get(key)
-    if cached is None or cached[0] is not result:
-        doc = _itrace_doc(program, result, None, _numpy_column)
-        doc.pop("execution")
-        prefix = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)[:-1] + b',"execution":'
-        cached = (result, prefix, hashlib.sha256(prefix), doc["summary"])
-        with _COLUMNS_LOCK:
-            _COLUMNS_CACHE[key] = cached
-            while len(_COLUMNS_CACHE) > 256:
-                del _COLUMNS_CACHE[next(iter(_COLUMNS_CACHE))]
-    return cached[1], cached[2], cached[3]
-
-
-def itrace_summary(program, result) -> dict:
-    """``result.summary.to_dict()``, made once per result (do not modify it)."""
-    return _itrace_body(program, result)[2]
-
-
-def _numpy_column(a: np.ndarray):
-    """A column orjson writes itself, without a Python number per value: the text of its
-    ``tolist()`` for ints and float64 (orjson writes a float32 value's shortest float32 form)."""
-    if a.dtype.kind == "f" and a.dtype != np.float64:
-        return a.tolist()
-    return np.ascontiguousarray(a)
-
-
-def itrace_json(program, result, *, execution: dict | None = None) -> dict:
-    """The instruction-trace document of one modeled run (``result`` is a SimResult)."""
-    return _itrace_doc(program, result, execution, np.ndarray.tolist)
-
-
-def _itrace_doc(program, result, execution: dict | None, column) -> dict:
-    tl = result.timeline
-    return {
-        "format": "tilescope.itrace",
-        "version": FORMAT_VERSION,
-        "program_hash": program.hash,
-        "preset": result.summary.preset,
-        "modeled": True,
-        "execution": execution or {},
-        "lanes": list(tl.lanes),
-        "kinds": list(tl.kinds),
-        "columns": {
-            "index": column(tl.index),
-            "lane": column(tl.lane),
-            "kind": column(tl.kind),
-            "start_ns": column(tl.start_ns),
-            "end_ns": column(tl.end_ns),
-            "bytes": column(tl.nbytes),
-            "flops": column(tl.flops),
-            "prov": column(tl.prov),
-        },
-        "summary": result.summary.to_dict(),
-    }
 
 
 def _versions() -> dict:
@@ -177,18 +76,11 @@ class ProfileWriter:
         device: the manifest's ``device`` object (kind, name, preset, clock, ...).
         config: the manifest's ``config`` object (the profile configuration).
         instance: host name used in ``<instance>_pid_<pid>`` (default: this host).
-        prepare_next: once this profile is sealed, make the next one's directory ahead (off
-            this thread, as this one began: its subdirectories, its reserved files), named
-            ``.spare/next`` beside it -- the next such writer of this process there takes it over
-            with one rename, where making a directory or a file can cost hundreds of
-            microseconds (network file systems, busy virtual disks); it is meant for a writer
-            that reserves and writes the same files each time (the exporter). Removed when the
-            process exits.
     """
 
     def __init__(self, output_dir, *, device: dict | None = None, config: dict | None = None,
                  instance: str | None = None, pid: int | None = None, timestamp: str | None = None,
-                 redacted: bool = False, prepare_next: bool = False):
+                 redacted: bool = False):
         now = _unique_now()
         self.created = now.isoformat().replace("+00:00", "Z")
         stamp = timestamp or (f"{now.year:04}{now.month:02}{now.day:02}_{now.hour:02}{now.minute:02}"
@@ -203,8 +95,7 @@ class ProfileWriter:
             self.partial.mkdir(parents=True, exist_ok=False)
         # else the name is this process's alone (its pid, a timestamp strictly increasing in it)
         # and the directory is made by the first file written into it -- usually by the first
-        # batch, off this thread: creating directories costs hundreds of microseconds on some
-        # file systems
+        # batch
         self.device = dict(device or {})
         self.config = dict(config or {})
         self.stats: dict = {}
@@ -218,15 +109,6 @@ class ProfileWriter:
         self._executables: set[str] = set()
         self._dirs: set[str] = {self._partial} if timestamp is not None else set()  # made (or found) here
         self._finished = False
-        self._prepare_next = prepare_next and timestamp is None and _filebatch is not None
-        self._reserved: list[str] = []
-        # the spare directory is keyed by its absolute path (the working directory may change)
-        self._spare_key = os.path.abspath(parent) if self._prepare_next else None
-        # (taken over by writers that prepare them only: they reserve and write the same files)
-        spare = _spares.pop(self._spare_key, None) if self._prepare_next else None
-        self._taking = spare is not None  # until the batch that takes it over is written
-        if spare is not None:  # made after this process's previous profile here: taken over
-            self._later.append(_Item(self._partial + "/", None, move=spare.path))
 
     @cached_property
     def path(self) -> Path:
@@ -241,7 +123,7 @@ class ProfileWriter:
     # ---- files -------------------------------------------------------------
     def _target(self, relpath: str, *, later: bool = False) -> str:
         """The path ``relpath`` is written to; its directory is made here, or -- ``later`` --
-        by the batch that writes it (off this thread)."""
+        by the batch that writes it."""
         if self.final_manifest is not None:
             raise RuntimeError(f"cannot add {relpath!r}: the profile's manifest is already made (seal() was called)")
         # (string operations, not os.path: an export adds dozens of files)
@@ -249,11 +131,6 @@ class ProfileWriter:
             raise ValueError(f"profile file paths must be relative and inside the profile: {relpath!r}")
         target = f"{self._partial}/{relpath}"
         if not later:
-            if self._taking:  # the directory made ahead is renamed first by the first batch
-                self.start_writes()
-                if not os.path.isdir(self._partial):  # (usually taken over by now)
-                    self._writers[0].wait()
-                self._taking = False
             parent = target[:target.rfind("/")]
             if parent not in self._dirs:  # one look per directory, not per file
                 if not os.path.isdir(parent):  # (usually made already: by the first batch)
@@ -271,18 +148,17 @@ class ProfileWriter:
                     later: bool = False) -> str:
         """Write one file: ``data`` its bytes, or a tuple of parts written one after the other (a
         large file made in pieces is never joined); ``sha256`` is its known digest (e.g. of an
-        executable written before). ``later``: in the next batch (:meth:`start_writes`), off the
-        calling thread -- its digest, when not given, made there too (large files are hashed at
-        ~1 ms per 2 MB)."""
+        executable written before). ``later``: in the next batch (:meth:`start_writes`) -- its
+        digest, when not given, made there too (large files are hashed at ~1 ms per 2 MB)."""
         target = self._target(relpath, later=later)
-        if later:  # its digest, when not known, made by the batch (off this thread)
+        if later:  # its digest, when not known, made by the batch
             self._later.append(_Item(target, data, hashed=sha256 is None))
             if sha256 is None:
                 self._files[relpath] = None
                 self._hashing[target] = relpath
                 return relpath
         else:
-            _write_file(target, data)
+            write_file(target, data)
         parts = data if isinstance(data, tuple) else (data,)
         if sha256 is None:
             sha256 = sha256_of(parts)
@@ -290,16 +166,15 @@ class ProfileWriter:
         return relpath
 
     def reserve(self, *relpaths: str) -> None:
-        """Create these files empty in the next batch, off the calling thread: where creating a
-        file costs hundreds of microseconds, writing them later only overwrites them. (Until the
-        profile is finished its directory is ``.partial``: never taken for a profile.)"""
+        """Create these files empty in the next batch: they are filled later, by a batch or a tool
+        that can only write to a path. (Until the profile is finished its directory is
+        ``.partial``: never taken for a profile.)"""
         for relpath in relpaths:  # (created if missing, never truncated: another writer may fill it first)
             self._later.append(_Item(self._target(relpath, later=True), None))
-            self._reserved.append(relpath)
 
     def add_written(self, relpath: str, data: bytes | None = None) -> str:
         """List a file a tool wrote itself at :meth:`target` (``data``: its bytes, as written --
-        or None: the next batch reads and hashes the file, off this thread)."""
+        or None: the next batch reads and hashes the file)."""
         target = self._target(relpath)
         if data is None:
             self._later.append(_Item(target, None, hashed=True))
@@ -310,8 +185,8 @@ class ProfileWriter:
         return relpath
 
     def start_writes(self) -> None:
-        """Start writing the files added with ``later=True`` (a background thread, when the
-        extension is built; :meth:`finish` waits for it and raises its error)."""
+        """Write the files added with ``later=True`` now, in the order they were added
+        (:meth:`finish` raises the error that stopped a batch)."""
         batch, self._later = self._later, []
         if batch:
             self._writers.append(_BatchWriter(batch))
@@ -364,7 +239,7 @@ class ProfileWriter:
         """``executables/exec_<hash>.json`` (written once per distinct Program)."""
         rel = executable_name(program.hash)
         if program.hash not in self._executables:
-            exe = _Executable.of(program)
+            exe = Executable.of(program)
             target = self._target(rel, later=True)
             # in the batch: a link to the file this process wrote last, while it is unchanged
             source = exe.link_source()
@@ -411,14 +286,9 @@ class ProfileWriter:
             manifest = self.manifest()
             data = orjson.dumps(manifest, default=_json_default,  # indented: people read it
                                 option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
-            # written here, not by a batch of its own (a wake-up of each thread): the writer is
-            # usually done by now, the digests the manifest waited for were its last work
             self._wait_for_writes()
-            _write_file(self._target("manifest.json"), data)  # inside .partial: no temporary needed
+            write_file(self._target("manifest.json"), data)  # inside .partial: no temporary needed
             self.final_manifest = manifest
-            if self._prepare_next:  # (made off this thread; nothing waits for it)
-                subdirs = {rel[:rel.rfind("/")] for rel in self._files if "/" in rel}
-                _spares[self._spare_key] = _Spare(self._spare_key, sorted(subdirs), self._reserved)
         return self.final_manifest
 
     def finish(self) -> Path:
@@ -453,44 +323,27 @@ class ProfileWriter:
 
 
 class _Item(NamedTuple):
-    """One file of a batch (see ``_filebatch``)."""
+    """One file of a batch."""
 
     path: str  # ending in "/" with a None data: a directory
     data: object  # bytes, str, a tuple of them, or None: a reservation (created if missing, kept as it is)
     link: tuple | None = None  # (source, inode, size, mtime in ns): linked to source while unchanged
     hashed: bool = False  # its size and SHA-256 made by the batch (of its data, or of the file for None)
-    move: str | None = None  # a file or directory renamed to path first, when it is there
 
 
 class _BatchWriter:
-    """Writes a batch of :class:`_Item`: on ``_filebatch``'s writer thread (a POSIX thread
-    that never takes the GIL: it starts at once, whatever the exporter does meanwhile), else
-    -- the extension not built -- right here. Once done, ``linked``: the paths that were linked
-    rather than written; ``digests``: path -> (size, sha256) of those hashed."""
+    """Writes a batch of :class:`_Item` in order, making the directories they need. Once done,
+    ``linked``: the paths that were linked rather than written; ``digests``: path -> (size,
+    sha256) of those hashed; :meth:`wait` returns the error that stopped it (None)."""
 
     def __init__(self, batch: list[_Item]):
         self._error: BaseException | None = None
-        self._batch = None
-        self._paths = [it.path for it in batch]
-        self._hashed = [it.hashed for it in batch]
-        self.hashes = any(self._hashed)
+        self.hashes = any(it.hashed for it in batch)
         self.linked: set[str] = set()
         self.digests: dict[str, tuple[int, str]] = {}
-        if _filebatch is not None:
-            moves = [it.move for it in batch]
-            try:
-                self._batch = _filebatch.start(self._paths, [it.data for it in batch], [it.link for it in batch],
-                                               self._hashed if self.hashes else None,
-                                               moves if any(moves) else None)
-            except OSError as e:  # no thread to be had: raised again by the writer's finish
-                self._error = e
-            return
         try:
-            made: set[str] = set()  # as the extension does: the batch makes its directories
-            for path, data, link, hashed, move in batch:
-                if move is not None:
-                    with contextlib.suppress(OSError):  # not there (or onto a non-empty directory): made below
-                        os.rename(move, path.rstrip("/"))
+            made: set[str] = set()
+            for path, data, link, hashed in batch:
                 is_directory = data is None and path.endswith("/")
                 directory = path.rstrip("/") if is_directory else os.path.dirname(path)
                 if directory not in made:
@@ -504,88 +357,22 @@ class _BatchWriter:
                                           sha256_of(parts))
                     if data is None:  # a file another writer made: read only
                         continue
-                if link is not None and _link_if_unchanged(link, path):
+                if link is not None and link_if_unchanged(link, path):
                     self.linked.add(path)
                 elif data is None:  # a reservation
                     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666))
                 else:
-                    _write_file(path, data)
-        except Exception as e:  # raised again by the writer's finish, as from the thread
+                    write_file(path, data)
+        except OSError as e:  # raised again by the writer's finish
             self._error = e
 
     def wait(self) -> BaseException | None:
-        if self._batch is not None:
-            batch, self._batch = self._batch, None
-            try:
-                result = batch.wait()
-            except OSError as e:
-                self._error = e
-            else:
-                if self.hashes:
-                    self.linked = {p for p, (was, _, _) in zip(self._paths, result) if was}
-                    self.digests = {p: (size, digest) for p, hashed, (_, size, digest)
-                                    in zip(self._paths, self._hashed, result) if hashed}
-                else:
-                    self.linked = {p for p, was in zip(self._paths, result) if was}
         return self._error
-
-
-SPARE_DIR = ".spare"  # holds the next profile's directory, made ahead (see ProfileWriter's prepare_next)
-
-
-class _Spare:
-    """The next profile's directory, made now by a batch (off the exporter's thread), in
-    ``<parent>/.spare/next``: not in the profiles' directory itself, where making it would hold
-    that directory's lock while the exporter renames its profile there."""
-
-    def __init__(self, parent: str, subdirs: list[str], reserved: list[str]):
-        self.parent = parent
-        self.path = path = f"{parent}/{SPARE_DIR}/next"
-        # never a manifest.json: tools that look for profiles look for that file
-        self.writer = _BatchWriter([*(_Item(f"{path}/{d}/", None) for d in subdirs),
-                                    *(_Item(f"{path}/{rel}", None) for rel in reserved if rel != "manifest.json")])
-
-    def remove(self) -> None:
-        self.writer.wait()
-        shutil.rmtree(f"{self.parent}/{SPARE_DIR}", ignore_errors=True)
-        with contextlib.suppress(OSError):  # a process that wrote no profile there leaves no directory
-            os.rmdir(self.parent)
-
-
-_spares: dict[str, _Spare] = {}  # profiles' parent directory -> its spare directory, not taken yet
-
-
-@atexit.register
-def _remove_spares() -> None:
-    for spare in list(_spares.values()):
-        spare.remove()
-    _spares.clear()
-
-
-def _link_if_unchanged(link: tuple, target: str) -> bool:
-    """Hard-link ``target`` to ``link[0]`` if that file still has ``link[1:]`` (inode, size,
-    mtime in ns); False when it changed or cannot be linked (gone, another file system)."""
-    source, *expected = link
-    try:
-        st = os.stat(source)
-        if [st.st_ino, st.st_size, st.st_mtime_ns] != expected:
-            return False  # deleted, replaced or edited since
-        os.link(source, target)
-    except OSError:
-        return False
-    return True
-
-
-def start_writer() -> None:
-    """Start the thread that writes profiles' file batches now rather than at the first export."""
-    if _filebatch is not None:
-        _filebatch.start_worker()
 
 
 def _after_fork() -> None:  # a lock the parent's threads may have held
     global _stamp_lock
     _stamp_lock = threading.Lock()
-    _spares.clear()  # the parent's (a child writes under its own pid)
 
 
 if hasattr(os, "register_at_fork"):
@@ -605,106 +392,6 @@ def _unique_now() -> _dt.datetime:
             now = _last_stamp[0] + _dt.timedelta(microseconds=1)
         _last_stamp[0] = now
     return now
-
-
-def _write_file(path: str, data: bytes | str | tuple) -> None:
-    """open/write/close without the buffered file object (its extra syscalls add up over
-    the hundreds of small files of a profile); a tuple's parts one after the other."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
-    try:
-        for part in data if isinstance(data, tuple) else (data,):
-            view = memoryview(part.encode() if isinstance(part, str) else part)
-            while view:
-                view = view[os.write(fd, view):]
-    except OSError as e:  # os.write's error names no file (a full disk): name it
-        raise OSError(e.errno, e.strerror, path) from None
-    finally:
-        os.close(fd)
-
-
-def sha256_of(parts) -> str:
-    """The SHA-256 (hex) of bytes or str parts (str as UTF-8), one after the other."""
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part.encode() if isinstance(part, str) else part)
-    return digest.hexdigest()
-
-
-def read_file(path: str) -> bytes:
-    """A file's bytes: read in one call of its size (``Path.read_bytes`` goes through a
-    buffered file object, at twice the cost for the exporter's trace.json)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        data = os.read(fd, os.fstat(fd).st_size)
-        more = []
-        while chunk := os.read(fd, 1 << 20):  # to the end: a short read, or grown since
-            more.append(chunk)
-        return data + b"".join(more) if more else data
-    finally:
-        os.close(fd)
-
-
-def prepare_files(program) -> None:
-    """Make ``program``'s executable text and digest and its instruction trace's text now, so
-    that a later export only writes (or links) them. Called inside the user's op, at the
-    Program's first run (which already pays for lowering and modeling it): a Program that
-    cannot be serialised or modeled is left for the export, which reports it."""
-    try:
-        _Executable.of(program)
-        from ..sim import simulate
-
-        _itrace_body(program, simulate(program))
-    except Exception:
-        pass
-
-
-class _Executable:
-    """One executable's text and checksum (Programs are immutable: each is hashed once), and
-    the file last written with it. Creating a file costs far more than linking one on common
-    file systems, so a later profile of this process hard-links that file -- when it is still
-    the file that was written (same inode, size and mtime)."""
-
-    _known: dict[str, "_Executable"] = {}  # program hash -> its executable, most recent last
-    _lock = threading.Lock()  # launching threads prepare executables too (autograd's, the user's)
-
-    def __init__(self, text: str):
-        self.text = text
-        data = text.encode()
-        self.size, self.sha256 = len(data), hashlib.sha256(data).hexdigest()
-        self._source: tuple | None = None  # (path, inode, size, mtime in ns) of the file last written
-
-    @classmethod
-    def of(cls, program) -> "_Executable":
-        text = program.dumps()
-        with cls._lock:
-            return cls._of(program, text)
-
-    @classmethod
-    def _of(cls, program, text: str) -> "_Executable":
-        exe = cls._known.get(program.hash)
-        if exe is None or exe.text is not text:
-            if exe is None or exe.text != text:  # same hash, other metadata: another file
-                exe = cls(text)
-            else:
-                exe.text = text
-            cls._known[program.hash] = exe
-            if len(cls._known) > 1024:
-                cls._known.pop(next(iter(cls._known)))
-        return exe
-
-    def link_source(self) -> tuple | None:
-        """``(path, inode, size, mtime in ns)`` of the file last written with this text, for
-        a later profile to link while it is unchanged; None before one is written."""
-        return self._source
-
-    def written(self, target: str, final: str) -> None:
-        """Written at ``target``, to be at ``final`` once its profile is finished."""
-        st = os.stat(target)
-        self._source = (final, st.st_ino, st.st_size, st.st_mtime_ns)
-
-    def moved(self, final: str) -> None:
-        """The same file (linked) is at ``final`` too: a later profile links that one."""
-        self._source = (final, *self._source[1:])
 
 
 def _json_default(o):
