@@ -6,8 +6,10 @@ Packages form layers, each importing only from its own layer and those below it:
         -> device, compile, cpp -> profiler -> trace -> explorer -> nki, studies, bench, cli
 
 And a package's private modules and names (a leading underscore) are its own: a neighbour
-imports what the package's ``__init__`` exports. Every ``import`` statement counts, those inside
-functions too (they hide cycles from Python, not from readers).
+imports what the package's ``__init__`` exports (its public API) or what its ``internal`` module
+exports (``tilescope.device.internal``, ...: the small API its neighbours use, with no promise to
+users). Every ``import`` statement counts, those inside functions too (they hide cycles from
+Python, not from readers).
 
 ``ALLOWED`` lists today's exceptions. It may only shrink: a new violation fails, and so does an
 entry whose import is gone (delete the entry). Each entry says why it exists and how to remove it.
@@ -121,72 +123,13 @@ ALLOWED: set[Edge] = {
     # the tile language writes a kernel's profile directory: move that to profiler (or nki's
     # runner) so simulate() returns the result and the caller writes it.
     _e("lang/_simulate.py", "profiler", "upward"),
-    # lower/kernels.py decorates with `tilescope.kernel` (the root's lazy alias of lang.kernel):
-    # spell it `tl.kernel`.
-    _e("lower/kernels.py", "", "upward"),
-    # the tile language's loop tracing reads instruction fields and operands: import them from
-    # isa / program (both export them now).
-    _e("lang/_loops.py", "isa._instructions"), _e("lang/_loops.py", "program._instruction_columns"),
-    # the builder reads instruction fields: `from ..isa import field_access` (exported now).
-    _e("program/_builder.py", "isa._instructions"),
-    # lower's elementwise rows build access patterns with the builder's helpers: export
-    # as_ap (already public) from program and make _scalar a public helper there.
-    _e("lower/_elementwise.py", "program._builder"),
-    # the fusion pass (compile) reuses the eager lowering's elementwise and reduction tables and
-    # its GEMM planner: export them from lower's __init__ as the op-semantics API.
-    _e("compile/_emit.py", "lower._elementwise"), _e("compile/_emit.py", "lower._reduce"),
-    _e("compile/_fusion_table.py", "lower._elementwise"), _e("compile/_fusion_table.py", "lower._reduce"),
-    _e("compile/_matmul_segment.py", "lower._gemm"),
-    # compile runs its Programs through the device's runtime: a device-side launch API
-    # (device/__init__) for compiled graphs.
-    _e("compile/_fused_launch.py", "device._native_runtime"), _e("compile/_fused_launch.py", "device._runtime"),
-    # C++ operators launch through the device's dispatcher, launch path and worker: same launch API.
-    _e("cpp/_sim_kernel.py", "device._dispatch"), _e("cpp/_sim_kernel.py", "device._launch"),
-    _e("cpp/_sim_kernel.py", "device._worker"),
-    # the device's kernel bridge and fused built-ins use lang's kernel objects and lower's tables
-    # and tensor conversions: export KernelLaunch/KERNELS/register_call_handler from lang, the
-    # conversions and the op table from lower.
-    _e("device/_kernels.py", "lang._frames"), _e("device/_kernels.py", "lang._kernel"),
-    _e("device/_kernels.py", "lower._generic"), _e("device/_launch.py", "lower._generic"),
-    _e("device/_composite_ops.py", "lower._custom_ops"),
-    # the profiler reads the device runtime's executions and activities: a small recording API in
-    # device/__init__ (executions, activities, registration state).
-    _e("profiler/_capture.py", "device._runtime"), _e("profiler/_correlate.py", "device._runtime"),
-    _e("profiler/_events.py", "device._runtime"), _e("profiler/_export.py", "device._registration"),
-    _e("profiler/_export.py", "device._runtime"), _e("profiler/_profile_block.py", "device._registration"),
-    _e("profiler/_profile_block.py", "device._runtime"),
-    # trace reads profile directories with the profiler's reader and its generic-share limit:
-    # export read_profile / profiles_inside / GENERIC_SHARE_LIMIT from profiler.
-    _e("trace/_profile.py", "profiler._reader"), _e("trace/_trace.py", "profiler._reader"),
-    _e("trace/_report.py", "profiler._lowering_stats"),
-    # the explorer reuses trace's labels, arrow tables and HTA analyses, and the share limit:
-    # export them from trace / profiler.
-    _e("explorer/_engine.py", "trace._trace"), _e("explorer/_session.py", "trace._labels"),
-    _e("explorer/_insights.py", "trace._report"), _e("explorer/_insights.py", "profiler._lowering_stats"),
-    # nki is NKI's spelling of the tile language: it wraps lang's kernel, context, types and
-    # frames. Export what it needs from lang (an internal API in lang/__init__).
-    _e("nki/_jit.py", "device._dispatch"), _e("nki/_jit.py", "lang._context"), _e("nki/_jit.py", "lang._frames"),
-    _e("nki/_jit.py", "lang._kernel"), _e("nki/_jit.py", "lang._simulate"), _e("nki/_names.py", "lang._frames"),
-    _e("nki/_names.py", "lang._values"), _e("nki/_run_file.py", "lang._frames"),
-    _e("nki/compiler.py", "lang._types"), _e("nki/isa.py", "lang._context"), _e("nki/isa.py", "lang._values"),
-    _e("nki/language.py", "lang._context"), _e("nki/language.py", "lang._core"), _e("nki/language.py", "lang._types"),
-    _e("nki/typing.py", "lang._kernel"),
-    # the CLI collects each package's sub-commands from its _cli module: export `register_cli`
-    # from profiler, trace, explorer and nki.
-    _e("cli.py", "profiler._profile_cli"), _e("cli.py", "trace._analysis_cli"), _e("cli.py", "explorer._explore_cli"),
-    _e("cli.py", "nki._nki_cli"),
-    # TILESCOPE_PROFILE=1 starts the profiler on import: export start_from_env from profiler.
-    _e("__init__.py", "profiler._auto"),
-    # bench recognises kernel launches and reads the device clock: export KernelLaunch from lang
-    # and the clock readers (now_ns, core_end_ns) from device.
-    _e("bench.py", "lang._kernel"), _e("bench.py", "device._runtime"),
 }
 
 
 def test_the_graph_is_read():
     # guards the walker itself: a few known edges, function-level ones included
     edges = {(e.file, e.target) for e in violations()}
-    assert ("profiler/_capture.py", "device._runtime") in edges  # inside a function
+    assert ("lang/_simulate.py", "profiler") in edges  # inside a function
     assert ("isa/_kernel_api.py", "lang._isa") in edges
     assert LAYER.keys() >= {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tilescope"
 
-# file name -> why the modules of that name do the same kind of job (none today)
-SAME_JOB: dict[str, str] = {}
+# file name -> why the modules of that name do the same kind of job
+SAME_JOB: dict[str, str] = {
+    "internal": "each package's internal API: what its neighbours may import from it (tests/test_layers.py)",
+}
 
 
 def modules_by_name() -> dict[str, list[str]]:

@@ -30,7 +30,7 @@ def _start_profile_from_env() -> None:
     from ._env import flag
 
     if flag("TILESCOPE_PROFILE", False):
-        from .profiler._auto import start_from_env
+        from .profiler import start_from_env
 
         start_from_env()
 

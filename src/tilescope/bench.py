@@ -174,7 +174,8 @@ def register_backend(backend: Backend) -> Backend:
 
 
 def _is_kernel(fn) -> bool:
-    from .lang._kernel import Kernel, KernelLaunch
+    from .lang import Kernel
+    from .lang.internal import KernelLaunch
 
     return isinstance(fn, (Kernel, KernelLaunch))
 
@@ -358,15 +359,16 @@ def _prepare_torch(fn, args, kwargs):
                 check(out)
             return None
     else:  # the simulated device: the modeled span of the device work this call launched
-        from .device import _runtime
+        from .device import now_ns
+        from .device.internal import core_end_ns
 
         core = device.index or 0
 
         def run():
-            before = max(_runtime.now_ns(), _runtime.core_end_ns(core))
+            before = max(now_ns(), core_end_ns(core))
             out = fn(*args, **kwargs)
             sync()
-            after = _runtime.core_end_ns(core)
+            after = core_end_ns(core)
             if not state["checked"]:
                 check(out)
             return max(0.0, after - before) / 1000.0

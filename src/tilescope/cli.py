@@ -56,16 +56,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
     presets = sub.add_parser("presets", help="list hardware presets")
     presets.set_defaults(func=_cmd_presets)
-    from .profiler._profile_cli import register as _register_profiler  # profile, doctor, share
+    from .profiler.internal import register_cli as _register_profiler  # profile, doctor, share
 
     _register_profiler(sub)
-    from .trace._analysis_cli import register as _register_trace  # report, diff, compare, sql, replay
+    from .trace.internal import register_cli as _register_trace  # report, diff, compare, sql, replay
 
     _register_trace(sub)
-    from .explorer._explore_cli import register as _register_explorer  # explore
+    from .explorer.internal import register_cli as _register_explorer  # explore
 
     _register_explorer(sub)
-    from .nki._nki_cli import register as _register_nki  # nki run
+    from .nki.internal import register_cli as _register_nki  # nki run
 
     _register_nki(sub)
     return parser

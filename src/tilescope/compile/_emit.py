@@ -28,9 +28,10 @@ import torch.fx as fx
 from ..dtypes import canonical, itemsize
 from ..errors import CapacityError
 from ..isa import AP, Activation, ActivationReduce
-from ..lower import _reduce as red
-from ..lower._elementwise import _MAX_FREE as _EW_MAX_FREE
-from ..lower._elementwise import EngineLoad, TileOps, _Decline, balanced_copy
+from ..lower.internal import ELEMENTWISE_MAX_FREE as _EW_MAX_FREE
+from ..lower.internal import Decline as _Decline
+from ..lower.internal import EngineLoad, TileOps, balanced_copy
+from ..lower.internal import reductions as red
 from ..program import TileBuilder, View
 from ._fusion_table import CONSTANTS, MATMULS, REDUCTIONS, VIEWS, is_reduction, named_args, packet_name, row_of
 from ._plan import Segment, _tensor_args, node_dtype, node_shape, operand_class, value_class

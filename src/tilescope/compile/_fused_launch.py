@@ -20,9 +20,9 @@ __all__ = ["run_program_step"]
 _CPU = torch.device("cpu")
 
 def _native():
-    from ..device._native_runtime import load
+    from ..device.internal import load_native_runtime
 
-    return load()
+    return load_native_runtime()
 
 
 def inputs_device(inputs) -> str:
@@ -51,7 +51,7 @@ def _work(nodes, in_nodes, in_views, out_nodes, out_views):
 
 
 def run_program_step(step, inputs, env, compiled) -> None:
-    from ..device import _runtime
+    from ..device.internal import submit
 
     rt = _native()
     # matmul operands laid out transposed are read as stored (the Program expects W[N, K]);
@@ -82,7 +82,7 @@ def run_program_step(step, inputs, env, compiled) -> None:
     label = f"tilescope::fused[{', '.join(n.name for n in step.nodes)}]"
     work = (_work, (step.nodes, step.inputs, in_views, step.outputs, out_views), {}, label)
     with torch.profiler.record_function(label):
-        _runtime.submit(core, label, "kernel", "compiled", program, result.summary.total_ns, work,
-                        result.summary.hbm_bytes)
+        submit(core, label, "kernel", "compiled", program, result.summary.total_ns, work,
+               result.summary.hbm_bytes)
     for node, out in zip(step.outputs, outputs):
         env[node] = out

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ..lower._elementwise import OPS
-from ..lower._reduce import REDUCTIONS as _REDUCTIONS
+from ..lower.internal import OPS
+from ..lower.internal import REDUCTIONS as _REDUCTIONS
 
 aten = torch.ops.aten
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from ..dtypes import itemsize
-from ..lower._gemm import Gemm
+from ..lower.internal import Gemm
 from ._emit import EmitStats, _Block, _dt, _region, _RowGroup, _Unfusable, _Val
 from ._fusion_table import is_reduction, packet_name
 from ._plan import Segment, _tensor_args, node_dtype, node_shape

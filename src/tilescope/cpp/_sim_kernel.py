@@ -29,10 +29,10 @@ _LOCK = threading.Lock()
 
 def register_device_kernel(tlib, op) -> None:
     """Register ``op``'s kernel for the PrivateUse1 key (the ``sim`` device) on ``tlib``."""
-    from ..device import _worker
+    from ..device.internal import on_cancel
     from ._abi import interrupt_all
 
-    _worker.on_cancel(interrupt_all)  # Ctrl-C while the device worker runs a kernel stops it
+    on_cancel(interrupt_all)  # Ctrl-C while the device worker runs a kernel stops it
 
     def device_kernel(*args):
         return run_on_device(op, args)
@@ -45,15 +45,15 @@ def _device_api():
 
     launch = getattr(device, "launch", None)
     if launch is None:  # the hook exists but is not re-exported by this version
-        from ..device._launch import launch
+        from ..device import launch
     return device, launch
 
 
 def _cpu_view(t: torch.Tensor) -> torch.Tensor:
     """A zero-copy CPU view of a ``sim`` tensor (the same views launch gives numerics)."""
-    from ..device import _dispatch
+    from ..device.internal import cpu_view
 
-    return _dispatch._rt.cpu_view(t)
+    return cpu_view(t)
 
 
 def _signature(args) -> tuple:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .. import lower as _lower
-from ..lower import _custom_ops
+from ..lower.internal import define_custom_ops
 from . import _runtime
 from ._launch import launch
 
@@ -293,7 +293,7 @@ def register(aten_lib) -> None:
     for name in ("convolution_overrideable", "convolution_backward_overrideable"):
         # these have a default kernel that raises "not implemented": register the device's explicitly
         aten_lib.impl(name, _dispatch.handler_for(getattr(torch.ops.aten, name).default), "PrivateUse1")
-    _custom_ops.define()
+    define_custom_ops()
     aten_lib.impl("rms_norm", _aten_rms_norm, "AutogradPrivateUse1")
     aten_lib.impl("rms_norm", _aten_rms_norm, "PrivateUse1")
     aten_lib.impl("layer_norm", _aten_layer_norm, "AutogradPrivateUse1")

@@ -28,7 +28,7 @@ import warnings
 import torch
 
 from ..errors import TilescopeError
-from ..lang._frames import filter_traceback
+from ..lang.internal import filter_traceback
 from . import _dispatch, _runtime
 from ._launch import _core_of, launch
 
@@ -48,7 +48,7 @@ def _flat(v, out: list) -> list:
 
 
 def _numerics(traced, order, ins, outs, written):
-    from ..lower._generic import _to_numpy, _to_torch
+    from ..lower.internal import to_numpy as _to_numpy, to_torch as _to_torch
 
     arrays = {name: _to_numpy(t, str(t.dtype)[6:]) for name, t in zip(order, ins)}
     result = traced.run(arrays, print_values=True)
@@ -67,7 +67,7 @@ _LIB = None
 
 
 def _kernel_and_grid(key: str):
-    from ..lang._kernel import KERNELS
+    from ..lang.internal import KERNELS
 
     name, _, grid = key.partition("|")
     kernel = KERNELS[name]
@@ -75,7 +75,7 @@ def _kernel_and_grid(key: str):
 
 
 def _traced_for(key: str, shapes_dtypes):
-    from ..lang._kernel import TensorSpec
+    from ..lang import TensorSpec
 
     launch_or_kernel, kernel = _kernel_and_grid(key)
     grid = getattr(launch_or_kernel, "grid", None)
@@ -123,7 +123,7 @@ def _layout(key: str, shapes_dtypes: tuple) -> tuple:
 
 
 def _compiled_call(kernel_or_launch, args):
-    from ..lang._kernel import KernelLaunch
+    from ..lang.internal import KernelLaunch
 
     kernel = kernel_or_launch.kernel if isinstance(kernel_or_launch, KernelLaunch) else kernel_or_launch
     grid = kernel_or_launch.grid if isinstance(kernel_or_launch, KernelLaunch) else ()
@@ -171,7 +171,7 @@ def _user_stacklevel() -> int:
 
 def _run(kernel_or_launch, traced, args):
     """Launch an already traced kernel on ``args``; returns the output tensors by name."""
-    from ..lang._kernel import KernelLaunch
+    from ..lang.internal import KernelLaunch
 
     kernel = kernel_or_launch.kernel if isinstance(kernel_or_launch, KernelLaunch) else kernel_or_launch
     _, _, arrays, order = kernel.bind(tuple(args), {})
@@ -190,7 +190,7 @@ def _run(kernel_or_launch, traced, args):
 
 
 def _eager(kernel_or_launch, args, kwargs):
-    from ..lang._kernel import KernelLaunch
+    from ..lang.internal import KernelLaunch
 
     name = _dispatch._DEVICE_TYPE
     if isinstance(kernel_or_launch, KernelLaunch):
@@ -217,7 +217,7 @@ def _eager(kernel_or_launch, args, kwargs):
 
 def install() -> None:
     """Let tile kernels run on device tensors (called by ``register``)."""
-    from ..lang._kernel import register_call_handler
+    from ..lang.internal import register_call_handler
 
     _ensure_op()
     register_call_handler(_call)

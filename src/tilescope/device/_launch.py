@@ -51,7 +51,7 @@ def _core_of(tensors) -> int:
 
 
 def _program_numerics(program, names_in, names_out, ins, outs, scalars):
-    from ..lower._generic import _to_numpy, _to_torch
+    from ..lower.internal import to_numpy as _to_numpy, to_torch as _to_torch
 
     arrays = {}
     for name, t in zip(names_in, ins):

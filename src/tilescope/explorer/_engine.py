@@ -11,7 +11,7 @@ __all__ = ["arrow", "rows", "open_source"]
 
 def arrow(rel):
     """A DuckDB relation as a pyarrow Table (the analysis engine's own conversion)."""
-    from ..trace._trace import _arrow
+    from ..trace.internal import arrow as _arrow
 
     return _arrow(rel)
 

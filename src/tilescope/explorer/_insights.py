@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from ..profiler._lowering_stats import GENERIC_SHARE_LIMIT as _GENERIC_LIMIT  # the doctor's threshold
+from ..profiler.internal import GENERIC_SHARE_LIMIT as _GENERIC_LIMIT  # the doctor's threshold
 from ._engine import rows
 
 __all__ = ["summary_page", "summary_core", "summary_analyses", "DEVICE_RULES", "KINETO_RULES"]
@@ -286,7 +286,7 @@ def summary_analyses(trace) -> dict:
     """HTA's analyses (temporal breakdown, kernel types, overlap, launches, queues, bandwidth,
     critical path, kernel sequences): the same data `tilescope report` prints. The longest part
     of a summary on a large trace, so the page asks for it apart and shows the rest first."""
-    from tilescope.trace._report import hta_analyses
+    from tilescope.trace.internal import hta_analyses
 
     out = {"analyses": hta_analyses(trace, trace.op_table(limit=15).to_pylist(), 5)}
     return _rounded(json.loads(json.dumps(out, default=float)))

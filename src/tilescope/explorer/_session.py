@@ -14,7 +14,7 @@ import os
 import re
 import time
 
-from ..trace._labels import distinct, short_label, split_name
+from ..trace.internal import distinct, short_label, split_name
 
 __all__ = ["Session", "Source", "LoadError"]
 

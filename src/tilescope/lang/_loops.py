@@ -50,8 +50,8 @@ from operator import itemgetter
 import numpy as np
 
 from ..isa import AP
-from ..isa._instructions import field_access
-from ..program._instruction_columns import operands_of as _operands
+from ..isa import field_access
+from ..program import operands_of as _operands
 from ._context import BufStates, maybe_current
 from ._index_expr import Check, IndexExpr, MGrid, Predicate
 from ._sym import Sym

@@ -109,7 +109,7 @@ def balanced_copy(b: TileBuilder, load: EngineLoad | None, dst, src) -> None:
     engine = "dve"
     if load is not None:
         from ..isa import TensorCopy
-        from ..program._builder import as_ap
+        from ..program import as_ap
 
         engine = load.pick(TensorCopy(as_ap(dst), as_ap(src)), ("dve", "act")).engine
     b.tensor_copy(dst, src, engine=engine)
@@ -160,7 +160,8 @@ class TileOps:
         engine = "dve"
         if self.load is not None and op0 in _ACT_ALU and (op1 is None or op1 in _ACT_ALU):
             from ..isa import TensorScalar
-            from ..program._builder import _scalar, as_ap
+            from ..program import as_ap
+            from ..program.internal import scalar_operand as _scalar
 
             cand = TensorScalar(as_ap(dst), as_ap(src), op0, _scalar(s0), op1, _scalar(s1), rev0, rev1)
             engine = self.load.pick(cand, ("dve", "act")).engine

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import numpy as np
 
-import tilescope
 import tilescope.isa as nisa
 import tilescope.lang as tl
 
@@ -36,7 +35,7 @@ __all__ = [
 P = tl.tile_size.pmax
 
 
-@tilescope.kernel
+@tl.kernel
 def rms_norm_kernel(x, weight, eps):
     """``y = x * rsqrt(mean(x**2) + eps) * weight`` over the last dim; also returns ``rstd`` [rows, 1].
 
@@ -65,7 +64,7 @@ def rms_norm_kernel(x, weight, eps):
     return out, rstd_out
 
 
-@tilescope.kernel
+@tl.kernel
 def layer_norm_kernel(x, weight, bias, eps):
     """``y = (x - mean) * rsqrt(var + eps) * weight + bias``; also returns mean and rstd [rows, 1].
 
@@ -103,7 +102,7 @@ def layer_norm_kernel(x, weight, bias, eps):
     return out, mean_out, rstd_out
 
 
-@tilescope.kernel
+@tl.kernel
 def rms_norm_backward_kernel(grad, x, rstd, weight):
     """RMSNorm's backward: ``grad_input = rstd * (g*w - xhat * mean(g*w*xhat))`` per row, and
     ``grad_weight`` [1, d] = column sums of ``g * xhat`` (TensorE ``ones.T @ ...`` in PSUM)."""
@@ -137,7 +136,7 @@ def rms_norm_backward_kernel(grad, x, rstd, weight):
     return dx, dw
 
 
-@tilescope.kernel
+@tl.kernel
 def layer_norm_backward_kernel(grad, x, mean, rstd, weight):
     """LayerNorm's backward: ``grad_input`` per row, ``grad_weight`` / ``grad_bias`` [1, d] summed
     over all rows.
@@ -184,7 +183,7 @@ def layer_norm_backward_kernel(grad, x, mean, rstd, weight):
     return dx, dw, db
 
 
-@tilescope.kernel
+@tl.kernel
 def softmax_kernel(x):
     """Softmax over the last dim: ``-max`` on VectorE, then one ScalarE ``activation_reduce``
     computes ``exp(x - max)`` and its row sum together; VectorE divides."""
@@ -202,7 +201,7 @@ def softmax_kernel(x):
     return out
 
 
-@tilescope.kernel
+@tl.kernel
 def log_softmax_kernel(x):
     """Log-softmax over the last dim: ``x - max - log(sum(exp(x - max)))``."""
     rows, d = x.shape
@@ -220,7 +219,7 @@ def log_softmax_kernel(x):
     return out
 
 
-@tilescope.kernel
+@tl.kernel
 def softmax_backward_kernel(grad, y):
     """Softmax's backward over the last dim: ``y * (grad - sum(grad * y))``."""
     rows, d = y.shape
@@ -236,7 +235,7 @@ def softmax_backward_kernel(grad, y):
     return out
 
 
-@tilescope.kernel
+@tl.kernel
 def log_softmax_backward_kernel(grad, y):
     """Log-softmax's backward over the last dim: ``grad - exp(y) * sum(grad)``."""
     rows, d = y.shape
@@ -252,7 +251,7 @@ def log_softmax_backward_kernel(grad, y):
     return out
 
 
-@tilescope.kernel
+@tl.kernel
 def gelu_kernel(x, approximate):
     """GELU on ScalarE's activation table (``"none"``: erf form, ``"tanh"``: tanh form)."""
     rows, d = x.shape
@@ -266,7 +265,7 @@ def gelu_kernel(x, approximate):
     return out
 
 
-@tilescope.kernel
+@tl.kernel
 def silu_kernel(x):
     """SiLU (``x * sigmoid(x)``) on ScalarE's activation table."""
     rows, d = x.shape

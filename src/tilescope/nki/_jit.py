@@ -22,10 +22,11 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import TilescopeError
-from ..lang._context import maybe_current
-from ..lang._frames import filter_traceback
-from ..lang._kernel import Kernel, TensorSpec, _grid
-from ..lang._simulate import KernelResult, simulate as _simulate
+from ..lang.internal import maybe_current
+from ..lang.internal import filter_traceback
+from ..lang import Kernel, TensorSpec
+from ..lang.internal import launch_grid as _grid
+from ..lang import KernelResult, simulate as _simulate
 
 __all__ = [
     "NkiKernel", "jit", "baremetal", "simulate_kernel", "simulate", "benchmark", "profile", "Launch",
@@ -62,9 +63,9 @@ def _is_torch(x) -> bool:
 
 
 def _on_sim_device(args) -> bool:
-    from ..device import _dispatch
+    from ..device.internal import device_type
 
-    name = getattr(_dispatch, "_DEVICE_TYPE", "sim")
+    name = device_type()
     return any(_is_torch(a) and a.device.type == name for a in args)
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import difflib
 
 from ..errors import UnsupportedError
-from ..lang._frames import locate, user_frame
-from ..lang._values import TENSOR_METHODS_LACK
+from ..lang.internal import locate, user_frame
+from ..lang.internal import TENSOR_METHODS_LACK
 
 __all__ = ["Unsupported", "unsupported", "LANGUAGE_LACKS", "ISA_LACKS", "TENSOR_METHODS_LACK", "missing"]
 

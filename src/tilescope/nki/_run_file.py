@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TilescopeError
-from ..lang._frames import filter_traceback
+from ..lang.internal import filter_traceback
 from ._jit import Launch, NkiKernel, recording
 
 __all__ = ["run_file", "NkiRun", "nki_imports", "ALIASES"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import enum
 
-from ..lang._types import psum as _psum, sbuf as _sbuf
+from ..lang import psum as _psum, sbuf as _sbuf
 
 __all__ = [
     "sbuf", "psum", "skip_middle_end_transformations", "enable_stack_allocator", "force_auto_alloc",

@@ -35,7 +35,7 @@ import numpy as np
 import tilescope.isa as _isa
 
 from ..errors import KernelError
-from ..lang._values import View
+from ..lang.internal import View
 from ._names import ISA_LACKS, missing as _missing
 
 # ---- configuration enums ---------------------------------------------------------------------
@@ -96,7 +96,7 @@ class nc_version(enum.IntEnum):  # noqa: N801
 
 def get_nc_version() -> nc_version:
     """The NeuronCore generation of the preset being traced (``TILESCOPE_PRESET``, default trn1)."""
-    from ..lang._context import maybe_current
+    from ..lang.internal import maybe_current
     from ..spec import preset
 
     ctx = maybe_current()

@@ -29,9 +29,9 @@ import numpy as np
 
 from .. import lang as _tl
 from ..errors import KernelError
-from ..lang import _core as _c
-from ..lang._context import builtin as _builtin
-from ..lang._types import Memory as _Memory
+from ..lang.internal import binary_op, reduction_op, unary_op
+from ..lang.internal import builtin as _builtin
+from ..lang.internal import Memory as _Memory
 from ._names import LANGUAGE_LACKS, missing as _missing
 
 # ---- memories, dtypes, sizes -----------------------------------------------------------------
@@ -129,7 +129,7 @@ def num_programs(axes=None):
 
 @_builtin("nl.program_ndim")
 def program_ndim() -> int:
-    from ..lang._context import current
+    from ..lang.internal import current
 
     return len(current("program_ndim").launch.grid)
 
@@ -295,13 +295,13 @@ less_equal = _binary(_tl.less_equal)
 logical_and = _binary(_tl.logical_and)
 logical_or = _binary(_tl.logical_or)
 logical_xor = _binary(_tl.logical_xor)
-fmod = mod = _binary(_c._binary("mod", "mod", "x mod y (C fmod)"))
-abs_max = _binary(_c._binary("abs_max", "abs_max", "max(|x|, |y|)"))
-bitwise_and = _binary(_c._binary("bitwise_and", "bitwise_and", "x & y (integers)"))
-bitwise_or = _binary(_c._binary("bitwise_or", "bitwise_or", "x | y (integers)"))
-bitwise_xor = _binary(_c._binary("bitwise_xor", "bitwise_xor", "x ^ y (integers)"))
-left_shift = _binary(_c._binary("left_shift", "left_shift", "x << y (integers)"))
-right_shift = _binary(_c._binary("right_shift", "right_shift", "x >> y (integers)"))
+fmod = mod = _binary(binary_op("mod", "mod", "x mod y (C fmod)"))
+abs_max = _binary(binary_op("abs_max", "abs_max", "max(|x|, |y|)"))
+bitwise_and = _binary(binary_op("bitwise_and", "bitwise_and", "x & y (integers)"))
+bitwise_or = _binary(binary_op("bitwise_or", "bitwise_or", "x | y (integers)"))
+bitwise_xor = _binary(binary_op("bitwise_xor", "bitwise_xor", "x ^ y (integers)"))
+left_shift = _binary(binary_op("left_shift", "left_shift", "x << y (integers)"))
+right_shift = _binary(binary_op("right_shift", "right_shift", "x >> y (integers)"))
 
 abs = _unary(_tl.abs)  # noqa: A001 - NKI's names
 negative = _unary(_tl.negative)
@@ -322,18 +322,18 @@ square = _unary(_tl.square)
 sin = _unary(_tl.sin)
 cos = _unary(_tl.cos)
 sign = _unary(_tl.sign)
-gelu_apprx_sigmoid = _unary(_c._unary("gelu_apprx_sigmoid", "gelu_apprx_sigmoid", "x * sigmoid(1.702 x)"))
-gelu_dx = _unary(_c._unary("gelu_dx", "gelu_dx", "d/dx of gelu (erf form)"))
-gelu_apprx_sigmoid_dx = _unary(_c._unary("gelu_apprx_sigmoid_dx", "gelu_apprx_sigmoid_dx",
+gelu_apprx_sigmoid = _unary(unary_op("gelu_apprx_sigmoid", "gelu_apprx_sigmoid", "x * sigmoid(1.702 x)"))
+gelu_dx = _unary(unary_op("gelu_dx", "gelu_dx", "d/dx of gelu (erf form)"))
+gelu_apprx_sigmoid_dx = _unary(unary_op("gelu_apprx_sigmoid_dx", "gelu_apprx_sigmoid_dx",
                                          "d/dx of x * sigmoid(1.702 x)"))
-silu_dx = _unary(_c._unary("silu_dx", "silu_dx", "d/dx of silu"))
-erf_dx = _unary(_c._unary("erf_dx", "erf_dx", "2/sqrt(pi) * exp(-x^2)"))
-mish = _unary(_c._unary("mish", "mish", "x * tanh(softplus(x))"))
-tan = _unary(_c._unary("tan", "tan", "tangent"))
-arctan = _unary(_c._unary("arctan", "arctan", "arc tangent"))
-floor = _unary(_c._unary("floor", "floor", "round down"))
-ceil = _unary(_c._unary("ceil", "ceil", "round up"))
-trunc = _unary(_c._unary("trunc", "trunc", "round toward zero"))
+silu_dx = _unary(unary_op("silu_dx", "silu_dx", "d/dx of silu"))
+erf_dx = _unary(unary_op("erf_dx", "erf_dx", "2/sqrt(pi) * exp(-x^2)"))
+mish = _unary(unary_op("mish", "mish", "x * tanh(softplus(x))"))
+tan = _unary(unary_op("tan", "tan", "tangent"))
+arctan = _unary(unary_op("arctan", "arctan", "arc tangent"))
+floor = _unary(unary_op("floor", "floor", "round down"))
+ceil = _unary(unary_op("ceil", "ceil", "round up"))
+trunc = _unary(unary_op("trunc", "trunc", "round toward zero"))
 
 
 def logical_not(x, dtype=None, *, mask=None, **kwargs):
@@ -368,7 +368,7 @@ max = _reduction(_tl.max)  # noqa: A001
 min = _reduction(_tl.min)  # noqa: A001
 mean = _reduction(_tl.mean)
 var = _reduction(_tl.var)
-prod = _reduction(_c._reduction("prod", "multiply", "Product"))
+prod = _reduction(reduction_op("prod", "multiply", "Product"))
 
 
 def all(x, axis, dtype=None, *, mask=None, **kwargs):  # noqa: A001

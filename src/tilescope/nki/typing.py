@@ -13,7 +13,7 @@ TensorSpec(shape=(128, 512), dtype='bfloat16')
 from __future__ import annotations
 
 from ..dtypes import canonical
-from ..lang._kernel import TensorSpec
+from ..lang import TensorSpec
 
 __all__ = ["tensor", "TensorSpec"]
 

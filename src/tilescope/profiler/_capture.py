@@ -75,12 +75,12 @@ class Capture:
         if self._installed:
             return
         from .. import device
-        from ..device import _runtime
+        from ..device.internal import keep_recorded
 
         device.register()
         # the device's profiler keeps the records of the executions torch records (no call per
         # execution); the listener sees the others: unprofiled, or profiled without device activities
-        _runtime.keep_recorded(_KEEP)
+        keep_recorded(_KEEP)
         device.subscribe(self.on_execution, recorded=False)
         self._installed = True
 
@@ -91,10 +91,10 @@ class Capture:
     def uninstall(self) -> None:
         """Stop listening (what is kept stays until exported or forgotten)."""
         from .. import device
-        from ..device import _runtime
+        from ..device.internal import keep_recorded
 
         device.unsubscribe(self.on_execution)
-        _runtime.keep_recorded(0)
+        keep_recorded(0)
         self._installed = False
 
     def acquire(self) -> None:

@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 from torch.autograd.profiler_util import DeviceType, FunctionEvent, Interval
 
-from ..device._runtime import DeviceActivities, activity_name, take_device_activities
+from ..device.internal import DeviceActivities, activity_name, take_device_activities
 from ._capture import MARKER
 
 __all__ = ["Matched", "Correlation", "correlate"]

@@ -22,7 +22,7 @@ from json.encoder import encode_basestring_ascii as _encode_str
 
 import torch
 
-from ..device._runtime import Execution
+from ..device import Execution
 from ._correlate import device_event_name
 
 try:

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..device import _runtime, settings
-from ..device._registration import device_name, is_registered
+from ..device import device_name, is_registered, now_ns, settings
 from ..sim import simulate
 from ._capture import capture
 from ._config import ProfileConfig, ProfileMode
@@ -276,7 +275,7 @@ def _findings(path: Path, manifest: dict, checked: dict, summaries: list) -> lis
 
 
 def _runtime_now() -> float:
-    return _runtime.now_ns()
+    return now_ns()
 
 
 def _device_info(sim: bool) -> dict:

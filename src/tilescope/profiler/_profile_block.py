@@ -74,7 +74,7 @@ def activities_for(device: str) -> list:
 
 
 def _device_kind() -> str:
-    from ..device._registration import is_registered
+    from ..device import is_registered
 
     if is_registered():
         return "sim"
@@ -88,8 +88,8 @@ EXIT_SYNCHRONIZE = "tilescope::synchronize (profile exit)"  # the block's own wa
 
 def _synchronize(device: str) -> None:
     if device == "sim":
-        from ..device import _runtime
+        from ..device import synchronize
 
-        _runtime.synchronize(label=EXIT_SYNCHRONIZE)
+        synchronize(label=EXIT_SYNCHRONIZE)
     elif device == "cuda":
         torch.cuda.synchronize()

@@ -38,7 +38,7 @@ from ..isa import (
     Iota, Matmul, Memset, RuntimeScalar, Select, TensorCopy, TensorReduce, TensorScalar,
     TensorTensor, Transpose,
 )
-from ..isa._instructions import field_access
+from ..isa import field_access
 from ..spec import CoreSpec, preset
 from ._alloc import allocate, allocate_columns
 from ._checks import check_buffer, check_instruction

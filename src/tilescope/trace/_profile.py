@@ -34,7 +34,7 @@ class ProfileDir:
 def read_profile_dir(path: str, verify: bool = True) -> ProfileDir:
     """Validate ``path`` with the profiler's reader (completeness, sizes, SHA-256); raise
     TraceFormatError naming every problem if it is not a complete profile."""
-    from ..profiler._reader import read_profile  # the format's own reader (no torch, no device)
+    from ..profiler import read_profile  # the format's own reader (no torch, no device)
 
     path = os.path.abspath(path)
     try:

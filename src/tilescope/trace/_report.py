@@ -246,7 +246,7 @@ def _print_lowerings(d, console) -> None:
     from rich.markup import escape as resc
     from rich.table import Table
 
-    from ..profiler._lowering_stats import GENERIC_SHARE_LIMIT
+    from ..profiler.internal import GENERIC_SHARE_LIMIT
 
     g = d["generic"]
     over = g["share"] > GENERIC_SHARE_LIMIT

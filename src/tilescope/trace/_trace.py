@@ -629,7 +629,7 @@ def open_trace(paths, *, align: str = "none", progress: bool | None = None, refr
     if isinstance(paths, (str, os.PathLike)) and os.path.isdir(paths) and _classify_or_none(os.fspath(paths)) is None:
         found = sorted(_glob.glob(os.path.join(paths, "*.json")) + _glob.glob(os.path.join(paths, "*.json.gz")))
         if not found:
-            from ..profiler._reader import profiles_inside
+            from ..profiler.internal import profiles_inside
 
             raise TraceFormatError(profiles_inside(paths) or f"{paths}: no manifest.json and no *.json / *.json.gz "
                                                             f"traces inside")
