@@ -26,13 +26,15 @@ from .._lru import LruCache
 from ..program import Program
 from ..sim import simulate
 from ..spec import CoreSpec, preset
+from . import _declines
 from ._call import Call, OutputRef, ScalarArg, TensorMeta, contiguous_strides, meta_of
+from ._declines import declines
 from ._generic import lower_generic
 from ._rules import RULES, Rule
 
 __all__ = [
     "Call", "TensorMeta", "ScalarArg", "OutputRef", "Lowered", "lower", "RULES", "Rule",
-    "cache_info", "clear_cache", "meta_of", "contiguous_strides",
+    "cache_info", "clear_cache", "declines", "meta_of", "contiguous_strides",
 ]
 
 
@@ -75,6 +77,8 @@ def _build(call: Call, spec: CoreSpec) -> Lowered:
     while rule is not None and program is None:
         program = rule.build(call, spec)
         name = rule.name
+        if program is None:
+            _declines.count(name)
         rule = rule.fallback
     if program is None:
         program, _ = lower_generic(call, spec)
@@ -84,10 +88,13 @@ def _build(call: Call, spec: CoreSpec) -> Lowered:
 
 
 def cache_info() -> dict:
-    """Lowering cache statistics: Programs built (misses), reuses (hits), Programs per rule."""
-    return {"programs": len(_CACHE), "hits": _CACHE.hits, "misses": _CACHE.misses, "by_rule": dict(_BY_RULE)}
+    """Lowering cache statistics: Programs built (misses), reuses (hits), Programs per rule, and the
+    calls each rule declined, by reason (:func:`declines`)."""
+    return {"programs": len(_CACHE), "hits": _CACHE.hits, "misses": _CACHE.misses, "by_rule": dict(_BY_RULE),
+            "declined": [{"rule": r, "reason": why, "calls": n} for r, why, n in declines()]}
 
 
 def clear_cache() -> None:
     _CACHE.clear()
     _BY_RULE.clear()
+    _declines.clear()

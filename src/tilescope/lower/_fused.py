@@ -12,6 +12,7 @@ from math import prod
 
 from ..errors import CapacityError, TileLimitError
 from ._call import Call, TensorMeta
+from ._declines import note
 from ._rules import Rule, add_rules
 
 __all__ = ["FUSED"]
@@ -50,8 +51,9 @@ def _affine_ok(p, x: TensorMeta) -> bool:
 def _program(kernel, spec, *args):
     try:
         return kernel.program_for(*args, preset=spec).program
-    except (TileLimitError, CapacityError):  # the shape's tiles do not fit this kernel's form: the next
-        return None  # rule takes the call. Any other error is a bug in the kernel and surfaces.
+    except (TileLimitError, CapacityError) as e:  # the shape's tiles do not fit this kernel's form: the
+        note(f"tiles do not fit the kernel ({type(e).__name__})")  # next rule takes the call. Any other
+        return None  # error is a bug in the kernel and surfaces.
 
 
 def _last_dim(call: Call, named):

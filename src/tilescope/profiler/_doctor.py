@@ -240,7 +240,12 @@ def _generic_share(c: _Ctx):
     generic = c.stats.get("generic")
     if generic is None and not c.trusted:  # written before the stats had it: from the hardware events
         generic = _generic_from_events(c)
-    return generic_message(generic) if generic else None
+    message = generic_message(generic) if generic else None
+    declined = c.stats.get("lowering_declines")
+    if message and declined:  # why ops missed their specific rules (process-wide, distinct calls)
+        message += "; rules that declined calls: " + "; ".join(
+            f"{d['rule']} {d['calls']}x ({d['reason']})" for d in declined[:5])
+    return message
 
 
 class _Run:

@@ -208,6 +208,7 @@ class Profiler:
                 "executions_without_op": len(unlinked), "threads_without_ops": len({m.native_tid for m in unlinked}),
                 "launch_interval_us": capture.launch_intervals_us(m.launch_us for m in matched),
                 **lowering_stats(m.rec for m in matched),  # which rule modeled what, the generic share
+                **({"lowering_declines": _lowering_declines()} if sim else {}),
             }
             # its findings are told once the profile is complete
             findings = _findings(w.path, w.manifest(files=False), checked, summaries)
@@ -272,6 +273,14 @@ def _findings(path: Path, manifest: dict, checked: dict, summaries: list) -> lis
     line each on stderr)."""
     return [f for f in diagnose(path, summaries=summaries, trusted=True, manifest=manifest, **checked)
             if f.severity != "info"]
+
+
+def _lowering_declines() -> list[dict]:
+    """The calls lowering rules declined in this process (why an op took a later rule, or the
+    generic one), most first: :func:`tilescope.lower.declines`."""
+    from ..lower import declines
+
+    return [{"rule": rule, "reason": reason, "calls": n} for rule, reason, n in declines()[:20]]
 
 
 def _runtime_now() -> float:
