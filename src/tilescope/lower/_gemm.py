@@ -135,6 +135,58 @@ class Gemm:
                                  rn, ks, site + ".w", dtype)
         return out
 
+    def _row_groups(self, x_rs, x_cs, ktiles, dtype: str) -> list | None:
+        """K tiles grouped so that each group's slice of 128 rows of a row-major ``[rows, K]``
+        operand is loaded in one transfer (runs of the group's width, instead of one transfer
+        per K tile of 128-element runs: each transfer costs its queue the fixed issue time),
+        a double-buffered slice within an eighth of the budget; None where the operand's rows
+        are not contiguous along K."""
+        if x_cs != 1 or x_rs == 1:
+            return None
+        per_tile = 2 * self.P * itemsize(dtype)
+        n = max(1, self.budget // 8 // per_tile)
+        return [ktiles[i:i + n] for i in range(0, len(ktiles), n)]
+
+    def _transposes(self, X, x_off, x_rs, r0: int, rn: int, group, dtype: str, site: str, outs) -> None:
+        """Rows ``r0 .. r0 + rn`` of a row-major ``X`` [rows, K] over a group of K tiles, loaded
+        at once; each K tile's slice transposed into ``outs[j]`` ``[ks, rn]``."""
+        c0, width = group[0][0], group[-1][0] + group[-1][1] - group[0][0]
+        t = self._load(_mat(X, x_off + r0 * x_rs + c0, rn, x_rs, width, 1), rn, width, site + ".rows", dtype, 2)
+        for (k0, ks), dst in zip(group, outs):
+            ps = self.b.psum((ks, rn), "float32", site=site + ".ps")
+            self.b.transpose(ps, t[:, k0 - c0:k0 - c0 + ks])
+            self._evacuate(dst, ps)
+
+    def _a_ts(self, A, a_off, a_rs, a_cs, ktiles, m0, ms, dtype, site, bufs) -> list:
+        """The stationary tiles ``A.T[k0:k0+ks, m0:m0+ms]`` of every K tile (``site(k0)``)."""
+        groups = self._row_groups(a_rs, a_cs, ktiles, dtype)
+        if groups is None or len(ktiles) == 1:
+            return [self._a_t(A, a_off, a_rs, a_cs, k0, ks, m0, ms, dtype, site(k0), bufs) for k0, ks in ktiles]
+        pe = dtype if dtype in PE_DTYPES else "float32"
+        outs = [self.b.sbuf((ks, ms), pe, site=site(k0), bufs=bufs) for k0, ks in ktiles]
+        j = 0
+        for g in groups:
+            self._transposes(A, a_off, a_rs, m0, ms, g, dtype, site(0) + ".a", outs[j:j + len(g)])
+            j += len(g)
+        return outs
+
+    def _b_panels(self, B, b_off, b_rs, b_cs, ktiles, n0, ns, dtype, site, bufs) -> list:
+        """The moving tiles ``B[k0:k0+ks, n0:n0+ns]`` of every K tile (``site(k0)``); a ``W.T``
+        view's rows read a group of K tiles at a time, 128 rows at a time."""
+        groups = self._row_groups(b_cs, b_rs, ktiles, dtype)
+        if groups is None or len(ktiles) == 1:
+            return [self._b_panel(B, b_off, b_rs, b_cs, k0, ks, n0, ns, dtype, site(k0), bufs) for k0, ks in ktiles]
+        pe = dtype if dtype in PE_DTYPES else "float32"
+        outs = [self.b.sbuf((ks, ns), pe, site=site(k0), bufs=bufs) for k0, ks in ktiles]
+        for r0 in range(0, ns, self.mcols):
+            rn = min(self.mcols, ns - r0)
+            j = 0
+            for g in groups:
+                self._transposes(B, b_off, b_cs, n0 + r0, rn, g, dtype, site(0) + ".w",
+                                 [o[:, r0:r0 + rn] for o in outs[j:j + len(g)]])
+                j += len(g)
+        return outs
+
     # ---- the product -----------------------------------------------------------------------------
     def emit(self, A: View, a_off: int, a_rs: int, a_cs: int, B: View, b_off: int, b_rs: int, b_cs: int,
              M: int, K: int, N: int, a_dtype: str, b_dtype: str, block) -> GemmPlan:
@@ -167,11 +219,13 @@ class Gemm:
             return plan
 
         if plan.kind == "b_resident":
-            panels = {(n0, k0): self._b_panel(*B_args, k0, ks, n0, ns, b_dtype, f"gemm.b{n0}.{k0}", 1)
-                      for n0, ns in nblocks for k0, ks in ktiles}
+            panels = {}
+            for n0, ns in nblocks:
+                tiles = self._b_panels(*B_args, ktiles, n0, ns, b_dtype, lambda k0, n0=n0: f"gemm.b{n0}.{k0}", 1)
+                panels.update({(n0, k0): t for (k0, _), t in zip(ktiles, tiles)})
             for m0 in range(0, M, self.mcols):
                 ms = min(self.mcols, M - m0)
-                ats = [self._a_t(*A_args, k0, ks, m0, ms, a_dtype, f"gemm.at{k0}", 2) for k0, ks in ktiles]
+                ats = self._a_ts(*A_args, ktiles, m0, ms, a_dtype, lambda k0: f"gemm.at{k0}", 2)
                 for n0, ns in nblocks:
                     acc = b.psum((ms, ns), "float32", site="gemm.acc")
                     accumulate(acc, ats, [panels[n0, k0] for k0, _ in ktiles])
@@ -182,10 +236,12 @@ class Gemm:
         for s0 in range(0, M, plan.m_super):
             mblocks = [(m0, min(self.mcols, min(M, s0 + plan.m_super) - m0))
                        for m0 in range(s0, min(M, s0 + plan.m_super), self.mcols)]
-            ats = {(m0, k0): self._a_t(*A_args, k0, ks, m0, ms, a_dtype, f"gemm.at{m0 - s0}.{k0}", 1)
-                   for m0, ms in mblocks for k0, ks in ktiles}
+            ats = {}
+            for m0, ms in mblocks:
+                tiles = self._a_ts(*A_args, ktiles, m0, ms, a_dtype, lambda k0, m=m0 - s0: f"gemm.at{m}.{k0}", 1)
+                ats.update({(m0, k0): t for (k0, _), t in zip(ktiles, tiles)})
             for n0, ns in nblocks:
-                panel = [self._b_panel(*B_args, k0, ks, n0, ns, b_dtype, f"gemm.b{k0}", 2) for k0, ks in ktiles]
+                panel = self._b_panels(*B_args, ktiles, n0, ns, b_dtype, lambda k0: f"gemm.b{k0}", 2)
                 for m0, ms in mblocks:
                     acc = b.psum((ms, ns), "float32", site="gemm.acc")
                     accumulate(acc, [ats[m0, k0] for k0, _ in ktiles], panel)
