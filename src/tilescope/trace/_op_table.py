@@ -26,7 +26,7 @@ def op_table(trace, *, kinds=("op",), by_shape: bool = False, limit: int | None 
     """
     import pyarrow as pa
 
-    from ._columns import KINDS
+    from ._columns import KINDS, _system_pool
 
     h = hierarchy(trace)
     want = np.isin(h["kind"], [KINDS.index(k) for k in kinds if k in KINDS])
@@ -60,7 +60,9 @@ def op_table(trace, *, kinds=("op",), by_shape: bool = False, limit: int | None 
     if limit:
         idx = idx[:int(limit)]
     cols = {c: ([v[i] for i in idx] if isinstance(v, list) else v[idx]) for c, v in out.items()}
-    return pa.table({c: pa.array(v, pa.string()) if c in ("name", "shapes") else _numeric(pa, v) for c, v in cols.items()})
+    with _system_pool(pa):  # (mimalloc, pyarrow's default, reserves ~5 MB for a table of a few kB)
+        return pa.table({c: pa.array(v, pa.string()) if c in ("name", "shapes") else _numeric(pa, v)
+                         for c, v in cols.items()})
 
 
 def _numeric(pa, v: np.ndarray):
