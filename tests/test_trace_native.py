@@ -292,3 +292,23 @@ def test_damaged_or_stale_raw_columns_are_not_used(tmp_path, monkeypatch):
         f.truncate(os.path.getsize(ts) - 8)
     assert _columns.read_raw(entry, files) is None
     assert tt.open(os.path.join(KINETO, "cuda_alexnet_small.json.gz")).op_table().to_pylist() == expected
+
+
+@pytest.mark.parametrize("block", [96, 1 << 20])
+def test_repeated_naming_records_name_lanes_as_the_parts_do(block, tmp_path, monkeypatch):
+    # a lane's first naming record counts, even when its args are empty; repeats (traces hold
+    # them by the 100,000) are dropped in the parser, within a block and across blocks
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": None},
+              {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "A"}},
+              {"ph": "M", "name": "process_name", "pid": 1, "tid": 1, "args": {"name": "B"}},
+              {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "T1"}}]
+    events += [{"ph": "M", "name": "thread_name", "pid": 1, "tid": t, "args": {"name": f"T{t}-{k}"}}
+               for k in range(40) for t in (1, 2)]
+    events += [{"ph": "X", "name": "op", "pid": 1, "tid": t, "ts": 1, "dur": 1} for t in (0, 1, 2)]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": events}))
+    monkeypatch.setattr(_ingest, "BLOCK_BYTES", block)
+    monkeypatch.setattr(_ingest, "FIRST_BLOCK_BYTES", block)
+    t = _same(str(p), tmp_path, monkeypatch)
+    lanes = t.sql("SELECT tid, process_name, thread_name FROM lanes ORDER BY tid").fetchall()
+    assert lanes == [("0", "B", None), ("1", "B", "T1"), ("2", "B", "T2-0")]

@@ -166,6 +166,44 @@ static void dict_free(Dict *d) {
     free(d->codes.p);
 }
 
+/* The (name, pid, tid) code triples seen in a batch: a trace can repeat its naming 'M' records
+   by the 100,000, and only the first of each triple is handed over. */
+typedef struct { uint32_t *slot; int32_t *keys; size_t cap, n; } TripleSet;
+
+static inline size_t triple_hash(const int32_t *k, size_t cap) {
+    uint64_t h = ((uint64_t)(uint32_t)k[0] << 32 | (uint32_t)k[1]) * 0x9E3779B97F4A7C15ULL ^ (uint32_t)k[2];
+    h *= 0xC4CEB9FE1A85EC53ULL;
+    return (size_t)(h ^ (h >> 29)) & (cap - 1);
+}
+
+/* 1 if the triple is new (now added), 0 if seen, -1 out of memory. */
+static int triple_add(TripleSet *t, const int32_t k[3]) {
+    if ((t->n + 1) * 2 > t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 64;
+        uint32_t *slot = calloc(cap, sizeof *slot);
+        int32_t *keys = realloc(t->keys, cap / 2 * 3 * sizeof *keys);
+        if (!slot || !keys) { free(slot); if (keys) t->keys = keys; return -1; }
+        t->keys = keys;
+        for (size_t i = 0; i < t->n; i++) {
+            size_t j = triple_hash(keys + 3 * i, cap);
+            while (slot[j]) j = (j + 1) & (cap - 1);
+            slot[j] = (uint32_t)i + 1;
+        }
+        free(t->slot);
+        t->slot = slot;
+        t->cap = cap;
+    }
+    size_t j = triple_hash(k, t->cap);
+    while (t->slot[j]) {
+        const int32_t *o = t->keys + 3 * (t->slot[j] - 1);
+        if (o[0] == k[0] && o[1] == k[1] && o[2] == k[2]) return 0;
+        j = (j + 1) & (t->cap - 1);
+    }
+    memcpy(t->keys + 3 * t->n, k, 3 * sizeof *k);
+    t->slot[j] = (uint32_t)++t->n;
+    return 1;
+}
+
 /* (codes as bytes, distinct values as a tuple of str) */
 static PyObject *dict_result(const Dict *d, const Buf *values) {
     PyObject *vals = PyTuple_New((Py_ssize_t)d->n);
@@ -763,6 +801,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Dict dicts[N_CODED];
     memset(dicts, 0, sizeof dicts);
     Buf names = {0};  /* per naming 'M' record: int64 row, uint32 args prefix offset + 1 (0: NULL) */
+    TripleSet naming = {0};  /* its (name, pid, tid) codes: the first record of each only */
 
     Py_BEGIN_ALLOW_THREADS
     for (;;) {
@@ -821,8 +860,14 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 if (!r && i < N_CODED) r = dict_put(&dicts[i], &cols[i].values, cols[i].values.len == at[i], at[i]);
             }
             if (!r && written_is(&cols[F_PH].values, at[F_PH], "M") && names_lane(&cols[F_NAME].values, at[F_NAME])) {
-                uint32_t args_at = cols[F_ARGS].values.len == at[F_ARGS] ? 0 : (uint32_t)at[F_ARGS] + 1;
-                r = buf_put(&names, &rows, 8) || buf_put(&names, &args_at, 4);
+                int32_t key[3];
+                for (int k = 0; k < 3; k++) memcpy(&key[k], dicts[F_NAME + k].codes.p + 4 * rows, 4);
+                int fresh = triple_add(&naming, key);
+                if (fresh < 0) r = -1;
+                else if (fresh) {
+                    uint32_t args_at = cols[F_ARGS].values.len == at[F_ARGS] ? 0 : (uint32_t)at[F_ARGS] + 1;
+                    r = buf_put(&names, &rows, 8) || buf_put(&names, &args_at, 4);
+                }
             }
             if (r) { oom = 1; break; }
             /* the same filters as the SQL this replaces (ph NULL is excluded from every count) */
@@ -913,6 +958,8 @@ done:
     Py_XDECREF(named);
     for (int i = 0; i < N_CODED; i++) dict_free(&dicts[i]);
     free(names.p);
+    free(naming.slot);
+    free(naming.keys);
     for (int i = 0; i < NF; i++) { free(cols[i].values.p); free(cols[i].valid.p); }
     free(idtext.p);
     return result;
