@@ -15,6 +15,7 @@ MODULES = [
     "tilescope._console",
     "tilescope.trace._nesting",
     "tilescope.trace._native_ingest",
+    "tilescope.trace._rawcols",
     "tilescope.spec",
     "tilescope.spec._model",
     "tilescope.isa._ap",
