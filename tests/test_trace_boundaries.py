@@ -58,8 +58,8 @@ import tilescope.trace as tt
 t = tt.open({trace!r})
 ops = t.op_table()
 print("DUCKDB", "duckdb" in sys.modules, ops.num_rows)
-from tilescope.trace import _native
-print("PARQUET READER", "pyarrow.parquet" in sys.modules, "NATIVE", _native.available())
+from tilescope.trace import _native_ingest
+print("PARQUET READER", "pyarrow.parquet" in sys.modules, "NATIVE", _native_ingest.available())
 t.sql("SELECT count(*) FROM _links").fetchall()
 print("THEN", "duckdb" in sys.modules)
 """
