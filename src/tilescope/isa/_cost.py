@@ -21,7 +21,7 @@ elements per partition of the widest operand.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -75,8 +75,9 @@ def _scalar_tensor_tensor_per_elem(i: Instruction) -> int:
 class CostRule:
     """Per-element cycles of a kind (times N), an extra fixed part, and the source."""
 
-    per_element: Callable[[Instruction], float]
-    extra_cycles: Callable[[Instruction, CoreSpec], float]
+    # (each row's functions take its own instruction class: typed Any, the table keys them)
+    per_element: Callable[[Any], float]
+    extra_cycles: Callable[[Any, CoreSpec], float]
     source: str
 
 
@@ -160,7 +161,7 @@ def matmul_cycles(instr: Matmul | Transpose, spec: CoreSpec) -> float:
     if isinstance(instr, Matmul):
         n_stationary = instr.stationary.free_size
         n_moving = instr.moving.free_size
-        dtypes = (instr.stationary.dtype, instr.moving.dtype)
+        dtypes: tuple[str, ...] = (instr.stationary.dtype, instr.moving.dtype)
     else:
         n_stationary = instr.src.free_size
         n_moving = instr.src.partitions

@@ -75,7 +75,7 @@ class Instruction:
                 f"unknown instruction kind {name!r}; known kinds: {', '.join(sorted(INSTRUCTION_KINDS))}"
             )
         kind = INSTRUCTION_KINDS[name]
-        kwargs = {f.name: _from_json(d[f.name]) for f in fields(kind) if f.name in d}
+        kwargs = {name: _from_json(d[name]) for name in field_access(kind)[0] if name in d}
         return kind(**kwargs)
 
     def __post_init__(self) -> None:
@@ -191,7 +191,7 @@ class DmaIndirect(DmaCopy):
     later row lands.
     """
 
-    index: AP = None
+    index: AP = None  # type: ignore[assignment]  # required; a default only because DmaCopy's fields have them
     indirect: str = "src"
 
     @property

@@ -6,6 +6,8 @@ the numerics interpreter uses these tables and nothing else.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 __all__ = ["ALU_OPS", "ACTIVATIONS", "REDUCE_OPS", "erf"]
@@ -77,7 +79,7 @@ def _as01(fn):
 
 
 # name -> binary function on float32 arrays (comparisons give 1.0 / 0.0)
-ALU_OPS = {
+ALU_OPS: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add,
     "subtract": np.subtract,
     "multiply": np.multiply,
@@ -105,7 +107,7 @@ ALU_OPS = {
 }
 
 # name -> unary function on float32 arrays (ScalarE activation table)
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "identity": lambda x: x,
     "copy": lambda x: x,
     "exp": np.exp,
@@ -141,7 +143,7 @@ ACTIVATIONS = {
 }
 
 # name -> (numpy reduction, identity element)
-REDUCE_OPS = {
+REDUCE_OPS: dict[str, tuple[Callable[..., np.ndarray], float]] = {
     "add": (np.sum, 0.0),
     "max": (np.max, -np.inf),
     "min": (np.min, np.inf),

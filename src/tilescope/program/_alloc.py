@@ -223,7 +223,7 @@ class _Run:
         self.placed: list[_Tile] = []
         self.spills: list[tuple[_Tile, _Tile, tuple, tuple]] = []  # (victim, reloaded, store pos, reload pos)
         self.new_buffers: list[Buffer] = []
-        self._names = set()
+        self._names: set[str] = set()
 
     def run(self, tiles: list[_Tile], memory: str, capacity: int, align: int) -> None:
         free = _Free(capacity, align)
@@ -466,7 +466,7 @@ def _renamed(instr, repl: dict[str, str], dataclasses):
     """``instr`` with the buffers of its operands renamed (APs inside tuples too)."""
     from ..isa import AP
 
-    changes = {}
+    changes: dict[str, object] = {}
     for f in dataclasses.fields(instr):
         v = getattr(instr, f.name)
         if v.__class__ is AP and v.buffer in repl:

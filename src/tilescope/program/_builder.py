@@ -275,6 +275,7 @@ class _Buffers(dict):
     """name -> Buffer; a replica buffer (named ``base~rN``) is made on first lookup."""
 
     __slots__ = ("builder",)
+    builder: "TileBuilder"
 
     def __missing__(self, name: str) -> Buffer:
         b = self.builder._replica_buffer(name)

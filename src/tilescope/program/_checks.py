@@ -14,7 +14,7 @@ from ..errors import CapacityError, IndexRangeError, ProgramError, TileLimitErro
 from ..isa import (
     AP, ActivationReduce, AffineSelect, BnAggr, BnStats, DmaCopy, DmaIndirect, GpsimdCall, Instruction,
     FindIndex8, MatchReplace8, Matmul, Max8,
-    TensorReduce, TensorScalarReduce, Transpose,
+    TensorReduce, TensorScalarReduce, Transpose, field_access,
 )
 from ..spec import CoreSpec
 
@@ -97,6 +97,7 @@ def _start_partition(ap: AP, b) -> int:
 
 def _check_start_partition(ap: AP, b, role: str, kind: str) -> None:
     start, n = _start_partition(ap, b), ap.partitions
+    allowed: tuple[int, ...]
     if n > 64:
         allowed = (0,)
     elif n > 32:
@@ -118,10 +119,8 @@ def _operands(instr: Instruction):
     """(role, AP, is_write) for every AP operand."""
     names = _FIELD_CACHE.get(type(instr))
     if names is None:
-        from dataclasses import fields
-
         writes = set(instr._WRITES)
-        names = _FIELD_CACHE[type(instr)] = tuple((f.name, f.name in writes) for f in fields(instr))
+        names = _FIELD_CACHE[type(instr)] = tuple((name, name in writes) for name in field_access(type(instr))[0])
     out = []
     for name, is_write in names:
         v = getattr(instr, name)

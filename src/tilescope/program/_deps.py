@@ -93,7 +93,7 @@ class _Index:
         c, d = c0 // bc, (c1 - 1) // bc
         if a == b and c == d:
             pool = self.bins.get((a, c))
-            pools = (self.wide, pool) if pool else (self.wide,)
+            pools: tuple[list, ...] | list[list] = (self.wide, pool) if pool else (self.wide,)
         elif (b - a + 1) * (d - c + 1) > _MAX_BINS:
             pools = (self.all,)
         else:

@@ -47,6 +47,7 @@ class _Native:
         return np.frombuffer(indptr, dtype=np.int64).copy(), np.frombuffer(indices, dtype=np.int32).copy()
 
 
+native: _Native | None
 try:
     if os.environ.get("TILESCOPE_NATIVE", "1") == "0":
         raise ImportError

@@ -50,7 +50,7 @@ def operand_slots(instr) -> tuple[tuple[str, int | None], ...]:
                                                         else -1) for v in values(instr))
     hit = _SLOTS.get(key)
     if hit is None:
-        out = []
+        out: list[tuple[str, int | None]] = []
         for name, v in zip(names, values(instr)):
             if v.__class__ is AP:
                 out.append((name, None))

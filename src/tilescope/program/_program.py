@@ -164,8 +164,11 @@ class Program:
             self._slot_records = list(slot_records or [])
             self._slot_of = slot_of
             n = len(columns)
-            self._instr_prov = np.asarray(instr_prov if instr_prov is not None else np.zeros(n), dtype=np.int32)
+            self._instr_prov: np.ndarray | None = np.asarray(instr_prov if instr_prov is not None else np.zeros(n),
+                                                             dtype=np.int32)
         else:
+            if buffers is None or instructions is None:
+                raise TypeError("Program needs buffers and instructions (or columns)")
             self.__dict__["buffers"] = {b.name: b for b in buffers}
             self.__dict__["instructions"] = tuple(instructions)
             n = len(self.instructions)
@@ -174,7 +177,7 @@ class Program:
             self.__dict__["placement"] = dict(placement or {})  # logical tile -> slot name
             self._instr_prov = None
         self._n = n
-        if len(self.instr_prov if columns is None else self._instr_prov) != n:
+        if len(self.instr_prov if self._instr_prov is None else self._instr_prov) != n:
             raise ValueError("instr_prov must have one entry per instruction")
 
     # ---- content, made from the columns when asked for ---------------------
@@ -202,6 +205,7 @@ class Program:
 
     @cached_property
     def instr_prov(self) -> tuple[int, ...]:
+        assert self._instr_prov is not None  # (set in __dict__ directly when made from objects)
         return tuple(self._instr_prov.tolist())
 
     @cached_property
@@ -286,7 +290,7 @@ class Program:
 
     def summary_counts(self) -> dict[str, int]:
         cols = self.columns
-        per_template = np.bincount(cols.tmpl, minlength=len(cols.templates)) if len(cols) else []
+        per_template: np.ndarray | list = np.bincount(cols.tmpl, minlength=len(cols.templates)) if len(cols) else []
         counts: dict[str, int] = {}
         for t, c in zip(cols.templates, per_template):
             if c:

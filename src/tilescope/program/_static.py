@@ -47,7 +47,7 @@ def analyze(program) -> StaticInfo:
     cols = program.columns
     n = len(cols)
     templates = cols.templates
-    memories_of_buffer = {}
+    memories_of_buffer: dict[str, str] = {}
 
     def memory_of(name: str) -> str:
         m = memories_of_buffer.get(name)

@@ -50,7 +50,7 @@ class _Memory:
         self.arrays: dict[str, np.ndarray] = {}
         self.overwritten = overwritten  # first access writes every element: no poison needed
         self.backing = backing or {}  # such on-chip buffers -> memory of their physical slot
-        self.rng = None  # the random stream of dropout instructions, made on first use
+        self.rng: np.random.Generator | None = None  # the random stream of dropout instructions, made on first use
 
     def flat(self, name: str) -> np.ndarray:
         arr = self.arrays.get(name)
@@ -148,7 +148,7 @@ def _each(views: list, shape: tuple[int, ...]):
             if not isinstance(v, np.ndarray) or v.ndim != len(shape):
                 out.append(v)
                 continue
-            key = [slice(None)] * v.ndim
+            key: list[slice | int] = [slice(None)] * v.ndim
             for k, j in zip(split, idx):
                 key[k] = j if v.shape[k] > 1 else 0
             out.append(v[tuple(key)])
@@ -445,14 +445,14 @@ def _exec(mem: _Memory, instr, scalars: dict) -> None:
         with np.errstate(all="ignore"):
             mem.write(instr.dst, np.float32(1.0) / mem.read(instr.src))
     elif t is GpsimdCall:
-        fn = GPSIMD_IMPLS.get(instr.impl)
-        if fn is None:
+        impl = GPSIMD_IMPLS.get(instr.impl)
+        if impl is None:
             raise ProgramError(
                 f"gpsimd_call {instr.name!r} uses implementation {instr.impl!r}, which is not "
                 f"registered; register it with tilescope.sim.register_gpsimd_impl"
             )
-        fn([mem.view(a) for a in instr.inputs], [mem.view(a) for a in instr.outputs],
-           dict(_resolve_runtime(instr.attrs, scalars)))
+        impl([mem.view(a) for a in instr.inputs], [mem.view(a) for a in instr.outputs],
+             dict(_resolve_runtime(instr.attrs, scalars)))
     else:  # pragma: no cover - every kind is handled above
         raise ProgramError(f"no numerics for instruction kind {instr.KIND!r}")
 
@@ -508,19 +508,9 @@ def _indirect(mem: _Memory, instr: DmaIndirect) -> None:
         flat[offsets] = np.ascontiguousarray(rows_view).reshape(-1)  # rows in order: the later of two equal indices lands
 
 
-def run_numerics(program, inputs: dict[str, np.ndarray], scalars: dict | None = None, *,
-                 hooks: dict[int, Callable] | None = None, copy_inputs: bool = True) -> dict[str, np.ndarray]:
-    """Execute ``program`` on ``inputs`` (name -> array); return every output array.
-
-    ``hooks`` maps an instruction index to ``fn(read)`` called after it runs, where
-    ``read(ap)`` returns an operand's current values (used by ``device_print``).
-    With ``copy_inputs=False`` inputs are used in place (stores into an input
-    buffer land in the caller's array, if its dtype and layout allow).
-    """
-    overwritten = _overwritten_first(program)
-    backing = _slot_backing(program, overwritten)
-    mem = _Memory(program.buffers, overwritten, backing)
-    scalars = scalars or {}
+def _bind_inputs(program, inputs: dict[str, np.ndarray], mem: "_Memory", copy_inputs: bool) -> None:
+    """Each input buffer's array in ``mem``: checked against the buffer's size, in its dtype,
+    flat and contiguous (copied unless ``copy_inputs`` is False and no conversion is needed)."""
     for name in program.inputs:
         if name not in inputs:
             raise ProgramError(f"program {program.name!r} needs input {name!r}; got {sorted(inputs)}")
@@ -535,6 +525,22 @@ def run_numerics(program, inputs: dict[str, np.ndarray], scalars: dict | None = 
         if copy_inputs or arr.dtype != want or not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr, dtype=want).copy() if copy_inputs else np.ascontiguousarray(arr, dtype=want)
         mem.arrays[name] = arr.reshape(-1)
+
+
+def run_numerics(program, inputs: dict[str, np.ndarray], scalars: dict | None = None, *,
+                 hooks: dict[int, Callable] | None = None, copy_inputs: bool = True) -> dict[str, np.ndarray]:
+    """Execute ``program`` on ``inputs`` (name -> array); return every output array.
+
+    ``hooks`` maps an instruction index to ``fn(read)`` called after it runs, where
+    ``read(ap)`` returns an operand's current values (used by ``device_print``).
+    With ``copy_inputs=False`` inputs are used in place (stores into an input
+    buffer land in the caller's array, if its dtype and layout allow).
+    """
+    overwritten = _overwritten_first(program)
+    backing = _slot_backing(program, overwritten)
+    mem = _Memory(program.buffers, overwritten, backing)
+    scalars = scalars or {}
+    _bind_inputs(program, inputs, mem, copy_inputs)
     for name in program.runtime_scalars:
         if name not in scalars:
             raise ProgramError(f"program {program.name!r} needs runtime scalar {name!r}; pass scalars={{...}}")

@@ -29,6 +29,7 @@ a rule of the loop is made in both; tests/test_scheduler_native.py compares them
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 import numpy as np
 
@@ -41,6 +42,7 @@ from ..spec import CoreSpec
 from ._resources import DmaEngines, IntervalResource
 from ._timeline import LANE_GROUPS, SimResult, Summary, Timeline
 
+_native: ModuleType | None
 try:  # the loop in C, if built; TILESCOPE_NATIVE=0 runs the Python reference
     if os.environ.get("TILESCOPE_NATIVE", "1") == "0":
         raise ImportError
@@ -68,8 +70,8 @@ def _signature_costs(rep, memories, spec: CoreSpec) -> tuple:
     fl = flops(rep)
     if isinstance(rep, DmaCopy):
         src_mem, dst_mem = memories[0], memories[-1]  # (an indirect DMA also reads its index tile)
-        price = dma_indirect_cost if isinstance(rep, DmaIndirect) else dma_cost
-        cost = price(rep, spec, src_mem, dst_mem)
+        cost = (dma_indirect_cost(rep, spec, src_mem, dst_mem) if isinstance(rep, DmaIndirect)
+                else dma_cost(rep, spec, src_mem, dst_mem))
         return (_DMA, 0.0, 0.0, cost.fixed_ns, cost.nbytes, fl, False, False, cost.hbm_read, cost.hbm_write,
                 False, cost.descriptors, cost.partitions, 0.0)
     engine = rep.engine
@@ -209,7 +211,8 @@ def schedule(program, spec: CoreSpec) -> SimResult:
 
 def _loop_native(work, engines: int, queues: int):
     """:func:`_loop_reference` in C (tilescope.sim._loop): the same times, bit for bit."""
-    arrays = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(work, _WORK_DTYPES)]
+    assert _native is not None  # (called only when the C loop is built)
+    arrays: list[np.ndarray] = [np.ascontiguousarray(a, dtype=dt) for a, dt in zip(work, _WORK_DTYPES)]
     start, end, lane, li, ls, le = _native.run(*arrays, int(engines), int(queues))
     f64 = np.float64
     ls_rows = (np.frombuffer(li, dtype=np.int64), np.frombuffer(ls, dtype=f64), np.frombuffer(le, dtype=f64))

@@ -150,7 +150,7 @@ class Summary:
         """The engine group busiest over the run."""
         if not self.engine_busy_ns:
             return "-"
-        return max(self.engine_busy_ns, key=self.engine_busy_ns.get)
+        return max(self.engine_busy_ns, key=lambda engine: self.engine_busy_ns[engine])
 
     def to_dict(self) -> dict:
         cached = self.__dict__.get("_as_dict")
