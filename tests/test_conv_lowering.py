@@ -81,6 +81,7 @@ BACKWARD = [
     (2, 8, 9, 9, 16, 3, 2, 1, 1, 8, (True, True, False)),
     (2, 130, 5, 5, 20, 3, 1, 2, 2, 1, (True, True, True)),
     (2, 12, 8, 8, 24, 1, 2, 0, 1, 1, (True, True, False)),     # 1x1 strided (a downsample)
+    (3, 136, 6, 6, 130, 3, 2, 1, 1, 1, (True, False, False)),  # strided, two chunks and two units, images grouped
     (4, 64, 7, 7, 72, 3, 1, 1, 1, 1, (False, True, False)),    # small images: pixels transposed to partitions
     (130, 2, 5, 5, 3, 3, 1, 1, 1, 1, (True, True, True)),      # more images than partitions
     (2, 2, 24, 24, 8, 12, 12, 0, 1, 1, (False, True, True)),   # 144 taps (a ViT patch embedding): kernel-row bands
@@ -130,6 +131,8 @@ RESNET = [
     (128, 128, 28, 3, 1, 1, "gi", 1.3, 80),
     (512, 512, 7, 3, 1, 1, "gi", 2.5, 50),
     (128, 256, 28, 3, 2, 1, "gi", 2.5, 40),
+    (256, 512, 14, 3, 2, 1, "gi", 2.5, 40),
+    (256, 512, 14, 1, 2, 0, "gi", 2.5, 15),  # the downsample: dy read once for both units, images grouped
     (128, 128, 28, 3, 1, 1, "gw", 2.5, 40),
     (512, 512, 7, 3, 1, 1, "gw", 3.0, 40),
 ]

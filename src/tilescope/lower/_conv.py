@@ -896,7 +896,7 @@ class _ScatterGradInput:
         self._queues = _Queues(spec)
 
     def emit(self) -> None:
-        b, g = self.b, self.g
+        g = self.g
         fmax = self.spec.matmul_moving_fmax
         if g.w > fmax:
             raise _Decline
@@ -904,28 +904,59 @@ class _ScatterGradInput:
         matmuls = sum(len(u.chunks) for u in self.units) * g.n * _ceil_div(g.h, rows_blk) * g.taps
         if matmuls > _MAX_MATMULS:
             raise _Decline  # few channels on both sides of a strided kernel: no useful TensorE form
+        sts = {u: self.weights.prepare(u) for u in self.units}  # st[chunk, k, kw]: tap (kh-1-k, kw-1-kw)
+        biases = {u: self._bias(u) for u in self.units} if self.bias is not None else {}
+        # whole images per transfer when they fit, as many per transfer as fit (a queue issues
+        # its transfers one by one, each with its fixed cost); dy read once for every unit
+        isz = 4 if self.DY.dtype == "float32" else 2
+        chunks = sorted({c for u in self.units for c in u.chunks}, key=lambda c: c.c0)
+        dy_img_bytes = len(chunks) * g.oh * g.ow * isz
+        out_img_bytes = g.h * g.w * 4
+        if dy_img_bytes > _IN_BUDGET or out_img_bytes > _OUT_BUDGET:
+            for u in self.units:
+                for n in range(g.n):
+                    for ih0 in range(0, g.h, rows_blk):
+                        self._block(u, sts[u], n, ih0, min(rows_blk, g.h - ih0), biases.get(u))
+            return
+        per = max(1, min(g.n, _IN_BUDGET // dy_img_bytes, _OUT_BUDGET // out_img_bytes))
+        for n0 in range(0, g.n, per):
+            self._images(chunks, sts, biases, n0, min(per, g.n - n0), rows_blk)
+
+    def _images(self, chunks, sts, biases, n0: int, ng: int, rows_blk: int) -> None:
+        """Images [n0, n0 + ng): dy in one transfer per chunk, each unit's dx in one."""
+        b, g, dxs = self.b, self.g, self.dxs
+        dy = self._load_dy_images(chunks, n0, ng)
         for u in self.units:
-            st = self.weights.prepare(u)  # st[chunk, k, kw]: the weight's tap (kh-1-k, kw-1-kw)
-            bias = None
-            if self.bias is not None:
-                bias = self.b.sbuf((u.os, 1), "float32", site="conv.bias", bufs=1)
-                raw = bias if self.bias.dtype == "float32" else self.b.sbuf((u.os, 1), self.bias.dtype,
-                                                                              site="conv.bias.raw", bufs=1)
-                self.b.dma_copy(raw, _hbm(self.bias, u.o0 * self.bias_stride, ((self.bias_stride, u.os), (1, 1))))
-                if raw is not bias:
-                    self.b.tensor_copy(bias, raw)
-            # whole images per transfer when they fit (a queue issues its transfers one by one)
-            isz = 4 if self.DY.dtype == "float32" else 2
-            whole = g.oh * g.ow * isz <= _OUT_BUDGET and g.h * g.w * 4 <= _OUT_BUDGET
-            for n in range(g.n):
-                dy_img = self._load_dy(u, n, 0, g.oh) if whole else None
-                out_img = b.sbuf((u.os, g.h, g.w), self.out_dtype, site="conv.outimg", bufs=2) if whole else None
+            out = b.sbuf((u.os, ng, g.h, g.w), self.out_dtype, site="conv.outimg", bufs=2)
+            for k in range(ng):
+                img = {ch: (t, 0, k * g.oh * g.ow) for ch, t in dy.items()}
                 for ih0 in range(0, g.h, rows_blk):
-                    self._block(u, st, n, ih0, min(rows_blk, g.h - ih0), bias, dy_img, out_img)
-                if whole:
-                    dxs = self.dxs
-                    b.dma_copy(_hbm(self.DX, n * dxs[0] + u.o0 * dxs[1], ((dxs[1], u.os), (dxs[2], g.h), (dxs[3], g.w))),
-                               out_img)
+                    self._block(u, sts[u], n0 + k, ih0, min(rows_blk, g.h - ih0), biases.get(u), img,
+                                (out, k * g.h * g.w))
+            b.dma_copy(_hbm(self.DX, n0 * dxs[0] + u.o0 * dxs[1],
+                            ((dxs[1], u.os), (dxs[0], ng), (dxs[2], g.h), (dxs[3], g.w))), out,
+                       queue=self._queues.next())
+
+    def _bias(self, u: _Unit) -> View:
+        bias = self.b.sbuf((u.os, 1), "float32", site="conv.bias", bufs=len(self.units))
+        raw = bias if self.bias.dtype == "float32" else self.b.sbuf((u.os, 1), self.bias.dtype,
+                                                                      site="conv.bias.raw", bufs=1)
+        self.b.dma_copy(raw, _hbm(self.bias, u.o0 * self.bias_stride, ((self.bias_stride, u.os), (1, 1))))
+        if raw is not bias:
+            self.b.tensor_copy(bias, raw)
+        return bias
+
+    def _load_dy_images(self, chunks, n0: int, ng: int) -> dict:
+        """``dy`` of images [n0, n0 + ng), one transfer per channel chunk: [cs, ng, oh, ow]."""
+        b, dys, g = self.b, self.dys, self.g
+        tiles = {}
+        for i, ch in enumerate(chunks):
+            t = b.sbuf((ch.cs, ng, g.oh, g.ow), self.DY.dtype, site=f"conv.dyimg{i}", bufs=2)
+            b.dma_copy(t, _hbm(self.DY, n0 * dys[0] + ch.c0 * dys[1],
+                               ((dys[1], ch.cs), (dys[0], ng), (dys[2], g.oh), (dys[3], g.ow))),
+                       queue=self._queues.next())
+            tiles[ch] = t
+        return tiles
 
     def _load_dy(self, u: _Unit, n: int, oh_lo: int, oh_hi: int) -> dict:
         b, dys, g = self.b, self.dys, self.g
@@ -934,7 +965,7 @@ class _ScatterGradInput:
             t = b.sbuf((ch.cs, oh_hi - oh_lo, g.ow), self.DY.dtype, site="conv.dy", bufs=2)
             b.dma_copy(t, _hbm(self.DY, n * dys[0] + ch.c0 * dys[1] + oh_lo * dys[2],
                                ((dys[1], ch.cs), (dys[2], oh_hi - oh_lo), (dys[3], g.ow))), queue=self._queues.next())
-            tiles[ch] = (t, oh_lo)
+            tiles[ch] = (t, oh_lo, 0)
         return tiles
 
     def _block(self, u: _Unit, st, n, ih0, nr, bias=None, dy_img=None, out_img=None) -> None:
@@ -961,11 +992,11 @@ class _ScatterGradInput:
                     iw = ca * g.sw + kw * g.dw - g.pw
                     dst = _on_chip(acc, 0, u.os, ih * g.w + iw, ((g.sh * g.w, e - a), (g.sw, ce - ca)))
                     for ch in u.chunks:
-                        t, row0 = tiles[ch]
-                        mv = _on_chip(t, 0, ch.cs, (a - row0) * g.ow + ca, ((g.ow, e - a), (1, ce - ca)))
+                        t, row0, base = tiles[ch]
+                        mv = _on_chip(t, 0, ch.cs, base + (a - row0) * g.ow + ca, ((g.ow, e - a), (1, ce - ca)))
                         b.matmul(dst, st[ch, g.kh - 1 - kh, g.kw - 1 - kw], mv, accumulate=True)
         if out_img is not None:
-            res = _on_chip(out_img, 0, u.os, ih0 * g.w, ((1, nr * g.w),))
+            res = _on_chip(out_img[0], 0, u.os, out_img[1] + ih0 * g.w, ((1, nr * g.w),))
         else:
             res = b.sbuf((u.os, nr, g.w), self.out_dtype, site="conv.out")
         if bias is not None:
