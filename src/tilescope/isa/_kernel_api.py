@@ -1,9 +1,9 @@
 """Kernel-callable ISA functions: inside a tile kernel, each call emits exactly one
 engine instruction (for experts who pick instructions and engines themselves).
 
-The language is looked up when a function is called, not when this module is
-imported (``tilescope.isa`` sits below ``tilescope.lang``). Outside a kernel
-each call raises an error saying so. A call that reads a ``tl.zeros`` tile
+The language binds its implementation here when it is imported (:func:`bind`:
+``tilescope.isa`` sits below ``tilescope.lang`` and never imports it); each call
+forwards to it. Outside a kernel each call raises an error saying so. A call that reads a ``tl.zeros`` tile
 whose fill was still pending also emits that fill (one ``memset``) first.
 
 =================  ==========================  ==================================================
@@ -48,10 +48,22 @@ __all__ = [
 ]
 
 
-def _lang():
-    from ..lang import _isa
+_IMPL = None  # the tile language's implementation (tilescope.lang._isa), bound on its import
 
-    return _isa
+
+def bind(impl) -> None:
+    """Called by :mod:`tilescope.lang` on import: the module these calls forward to."""
+    global _IMPL
+    _IMPL = impl
+
+
+def _lang():
+    if _IMPL is None:  # the tile language is not even imported: no kernel can be running
+        from ..errors import KernelError
+
+        raise KernelError("tilescope.isa calls work only inside a tile kernel (a @tilescope.kernel function "
+                          "traced by tilescope.simulate); none is running: no kernel was ever defined")
+    return _IMPL
 
 
 class engine:  # noqa: N801 - the name kernels use (nisa.engine.vector)

@@ -44,6 +44,12 @@ from ._types import (
 )
 from ._values import Tensor, Tile
 
+from ..isa.internal import bind_kernel_language as _bind
+from . import _isa
+
+_bind(_isa)  # tilescope.isa's kernel calls forward to the language (isa sits below lang)
+del _bind
+
 __all__ = [
     # kernels and running them
     "kernel", "simulate", "Kernel", "KernelResult", "Traced", "TensorSpec", "Tensor", "Tile", "IndexExpr",
