@@ -95,9 +95,14 @@ class _Lanes:
     xs0: int
     xs1: int
     ss: int
+    # bytes per partition a streamed chunk carries at least (see plan)
+    min_chunk_bytes: int = 0
 
     @classmethod
-    def plan(cls, x: TensorMeta, P: int) -> "_Lanes | None":
+    def plan(cls, x: TensorMeta, P: int, spec=None) -> "_Lanes | None":
+        """With ``spec``, chunks of whole images are made small enough that several stream
+        through both passes (a load, its statistics and the next load overlap), but each still
+        carries a transfer whose DMA fixed cost is no more than its transfer time."""
         sp = _spatial(x)
         if sp is None or x.ndim < 2:
             return None
@@ -115,7 +120,11 @@ class _Lanes:
                     if s % cand == 0:
                         j, by_n = cand, False
                         break
-        return cls(n, c, s, j, by_n, x.stride[0], x.stride[1], ss)
+        floor = 0
+        if spec is not None:
+            parts = min(P, c * j)
+            floor = -(-int(spec.dma.fixed_ns * spec.dma_bytes_per_ns) // parts)
+        return cls(n, c, s, j, by_n, x.stride[0], x.stride[1], ss, floor)
 
     @property
     def nn(self) -> int:
@@ -138,6 +147,8 @@ class _Lanes:
         """(first image, images, first pixel, pixels) per partition of each streamed tile."""
         if self.sn <= _F:
             k = max(1, _F // self.sn)
+            if self.min_chunk_bytes:  # four or more chunks, none under the floor (4-byte elements)
+                k = min(k, max(self.nn // 4, -(-self.min_chunk_bytes // (4 * self.sn)), 1))
             return [(i, min(k, self.nn - i), 0, self.sn) for i in range(0, self.nn, k)]
         return [(i, 1, p, min(_F, self.sn - p)) for i in range(self.nn) for p in range(0, self.sn, _F)]
 
@@ -528,7 +539,7 @@ def lower_batch_norm(call: Call, spec):
         return None
     if not training and (rm is None or rv is None):
         return None
-    lanes = _Lanes.plan(x, spec.partitions)
+    lanes = _Lanes.plan(x, spec.partitions, spec)
     out = call.outputs[0]
     if lanes is None or out.shape != x.shape or _Lanes.plan(out, spec.partitions) is None:
         return None
@@ -598,7 +609,7 @@ def lower_batch_norm_backward(call: Call, spec):
         return None
     if train and (smean is None or sinv is None) or not train and (rm is None or rv is None):
         return None
-    lanes = _Lanes.plan(x, spec.partitions)
+    lanes = _Lanes.plan(x, spec.partitions, spec)
     if lanes is None or _spatial(dy) != _spatial(x) or dy.stride[:2] != x.stride[:2]:
         return None
     gi, gw, gb = call.outputs
