@@ -298,8 +298,8 @@ def test_a_projection_with_its_log_softmax_keeps_the_plan_the_simulator_times_sh
     """The backend builds the projection + log-softmax three ways -- fused with the logits
     written once for the second pass, fused with the product made again per pass, and as a
     matmul then a row group -- and keeps the one the simulator times shortest: here the logits
-    written once, with or without a bias (made again, a bias re-read per block and pass is
-    slower than plain). The choice is counted, and explain shows it. Values as CPU."""
+    written once, with or without a bias (held whole on chip). The choice is counted, and
+    explain shows it. Values as CPU."""
     from tilescope.compile._backend import CompiledGraph, _modeled_ns
     from tilescope.compile._graph import trace_aten
 
@@ -316,7 +316,6 @@ def test_a_projection_with_its_log_softmax_keeps_the_plan_the_simulator_times_sh
     choice = gm.meta["tilescope_reduction_fusion"]
     assert choice["chosen"] == "keep" and set(choice["modeled_ns"]) == {"plain", "keep", "remake"}
     assert min(choice["modeled_ns"].values()) == choice["modeled_ns"]["keep"]
-    assert (choice["modeled_ns"]["remake"] > choice["modeled_ns"]["plain"]) == bias
     assert STATS["reduction_fusions"] == before["reduction_fusions"] + 1
     got = torch.compile(fn, backend="tilescope")(*(a.to("sim") for a in args))
     torch.testing.assert_close(got.cpu(), fn(*args), rtol=1e-4, atol=1e-4)

@@ -435,13 +435,13 @@ def test_a_projection_and_its_log_softmax_fuse_with_an_online_log_sum_exp(bias, 
     logits = h.shape[0] * w.shape[0] * 4
     assert stats.kept_bytes == (logits if keep else 0) and len(stats.kept_values) == keep
     assert s.hbm_write_bytes == logits * (2 if keep else 1)  # (the logits, once) and the log-probabilities
-    if not bias:  # (a bias is read into every partition, per output block)
-        operands = (h.numel() + w.numel()) * 4
-        assert s.hbm_read_bytes <= (operands + logits if keep else 2 * operands)
+    operands = (h.numel() + w.numel()) * 4
+    if bias:  # read once into every partition, held whole
+        operands += b.numel() * 4 * 128
+    assert s.hbm_read_bytes <= (operands + logits if keep else 2 * operands)
     plain = [s for s in plan_graph(gm) if s.kind in ("rowgroup", "matmul")]
     assert [s.kind for s in plain] == ["matmul", "rowgroup"]
     base, _ = emit_segments(plain, "plain", "trn1")
     b0 = simulate(base).summary
     assert s.hbm_read_bytes + s.hbm_write_bytes < b0.hbm_read_bytes + b0.hbm_write_bytes
-    if keep or not bias:  # remade with a bias (re-read per block and pass), it is slower than plain
-        assert s.total_ns < 0.9 * b0.total_ns
+    assert s.total_ns < (0.9 if keep or not bias else 0.95) * b0.total_ns

@@ -61,8 +61,10 @@ def emit_matmul(b, seg: Segment, hbm: dict, stats: EmitStats, budget: int, gemm_
     if _dt(node_dtype(bmat)) != dt:
         raise _Unfusable("matmul operands of different dtypes")
     group = _RowGroup(b, seg, hbm, budget, stats)
-    for inp in group.inputs:  # column-broadcast operands (a bias): loaded whole once when small
-        if group.cls[inp] == "colvec" and n * itemsize(_dt(node_dtype(inp))) <= budget // 4:
+    # column-broadcast operands (a bias): loaded whole once where they fit the group's budget,
+    # not into every partition again per output block (and pass)
+    for inp in group.inputs:
+        if group.cls[inp] == "colvec" and n * itemsize(_dt(node_dtype(inp))) <= budget:
             lanes = group.lanes
             t = b.sbuf((lanes, n), _dt(node_dtype(inp)), site=f"in:{inp.name}", bufs=1)
             with b.provenance(label="load (broadcast)", fx_node=inp.name):
