@@ -1171,6 +1171,12 @@ class _Backward:
         # source's rows, whatever its width -- and dO^T / V^T sit on partitions E.. of the same tiles
         self.pack = (E + Ev <= 128 and _may_start(E, Ev) and g.device_dtype == pe_dt
                      and form.v.device_dtype == pe_dt)
+        # a head's tiles rotate over three homes where they fit (loading, working, finishing: the
+        # pipeline's gradient matmuls and dQ trail the scores, so the head before the working one
+        # still reads its rows when the next head's loads are issued), else two
+        isz = 4 if pe_dt == "float32" else 2
+        per_head = -(-form.L // 128) * ((2 * E + 2 * Ev) * isz + 4 * E + 12) + 2 * form.L * isz
+        self.hbufs = 3 if 3 * per_head <= _RESIDENT_BYTES // 2 else 2
 
     def run(self):
         f, b = self.form, self.b
@@ -1235,7 +1241,7 @@ class _Backward:
     def _rows_of(self, view: View, meta: TensorMeta, off: int, cols: int, site: str) -> View:
         """A head's ``[L, cols]`` rows as ``[128, nL, cols]`` (query tile ``i`` in column block ``i``)."""
         b, L = self.b, self.form.L
-        t = b.sbuf((128, -(-L // 128), cols), meta.device_dtype, site=site, bufs=2)
+        t = b.sbuf((128, -(-L // 128), cols), meta.device_dtype, site=site, bufs=self.hbufs)
         _dma_rows(b, t, view, off, meta.stride[2], L, cols)
         return t
 
@@ -1244,7 +1250,7 @@ class _Backward:
         bi, h, L = hd.bi, hd.h, f.L
         q_off, g_off = bi * f.q.stride[0] + h * f.q.stride[1], bi * self.g.stride[0] + h * self.g.stride[1]
         if self.pack:  # [Q | dO] rows in one tile
-            hd.qgn = b.sbuf((128, -(-L // 128), f.E + f.Ev), self.pe_dt, site="attn.b.qgn", bufs=2)
+            hd.qgn = b.sbuf((128, -(-L // 128), f.E + f.Ev), self.pe_dt, site="attn.b.qgn", bufs=self.hbufs)
             hd.qn, hd.gn = hd.qgn[:, :, :f.E], hd.qgn[:, :, f.E:]
             _dma_rows(b, hd.qn, ins["query"], q_off, f.q.stride[2], L, f.E)
             _dma_rows(b, hd.gn, ins["grad_out"], g_off, self.g.stride[2], L, f.Ev)
@@ -1253,7 +1259,7 @@ class _Backward:
             hd.gn = self._rows_of(ins["grad_out"], self.g, g_off, f.Ev, "attn.b.gn")
         hd.on = self._rows_of(ins["out"], self.o, bi * self.o.stride[0] + h * self.o.stride[1], f.Ev, "attn.b.on")
         nL = -(-L // 128)
-        hd.lraw = b.sbuf((128, nL), "float32", site="attn.b.lraw", bufs=2)
+        hd.lraw = b.sbuf((128, nL), "float32", site="attn.b.lraw", bufs=self.hbufs)
         base, full = (bi * f.H + h) * L, L // 128
         if full:  # one transfer: element (p, i) is query 128 i + p
             _dma(b, hd.lraw[:, :full], View(ins["logsumexp"].buffer, _ap(ins["logsumexp"], base,
@@ -1267,12 +1273,12 @@ class _Backward:
         L, nL = f.L, -(-f.L // 128)
         qtiles = _chunks(L, 128)
         if self.pack:  # one transpose of [Q | dO]: Q^T on partitions 0..E-1, dO^T on E..E+Ev-1
-            qgt = b.sbuf((128, L), self.pe_dt, site="attn.b.qgt", bufs=2)
+            qgt = b.sbuf((128, L), self.pe_dt, site="attn.b.qgt", bufs=self.hbufs)
             hd.qt, hd.gt = [qgt[:f.E, :]], [qgt[f.E:f.E + f.Ev, :]]
             pairs = [(hd.qgn, f.E + f.Ev, [qgt])]
         else:
-            hd.qt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.qt{e}", bufs=2) for e in range(len(self.echunks))]
-            hd.gt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.gt{e}", bufs=2) for e in range(len(self.vchunks))]
+            hd.qt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.qt{e}", bufs=self.hbufs) for e in range(len(self.echunks))]
+            hd.gt = [b.sbuf((128, L), self.pe_dt, site=f"attn.b.gt{e}", bufs=self.hbufs) for e in range(len(self.vchunks))]
             pairs = [(hd.qn, f.E, hd.qt), (hd.gn, f.Ev, hd.gt)]
         for r0, rw in _chunks(L, 512):
             blocks = [(q0 - r0, lt) for q0, lt in qtiles if r0 <= q0 < r0 + rw]
@@ -1281,18 +1287,18 @@ class _Backward:
                 _transpose_into(b, [rows[:, i0 + k, :] for k in range(len(blocks))], blocks, width, self.pe_dt, dst,
                                 r0)
         # -lse, capped: a row whose every key is masked has lse = -inf and P = 0
-        hd.neg_lse = b.sbuf((128, nL), "float32", site="attn.b.lse", bufs=2)
+        hd.neg_lse = b.sbuf((128, nL), "float32", site="attn.b.lse", bufs=self.hbufs)
         b.tensor_scalar(hd.neg_lse, hd.lraw, "multiply", -1.0, "minimum", 1e20, engine="pool")
         prod_ = b.sbuf((128, nL, f.Ev), "float32", site="attn.b.do_o", bufs=1)
         b.tensor_tensor(prod_, hd.gn, hd.on, "multiply", engine="pool")
-        hd.neg_d = b.sbuf((128, nL), "float32", site="attn.b.d", bufs=2)
+        hd.neg_d = b.sbuf((128, nL), "float32", site="attn.b.d", bufs=self.hbufs)
         b.tensor_reduce(hd.neg_d, prod_, "add", axes=(2,), negate=True, engine="pool")
         # dQ accumulates in one PSUM bank across all key tiles when it fits (no VectorE pass per block)
         hd.dq_psum = nL * f.E * 4 <= self.b.spec.psum_bank_bytes
         if hd.dq_psum:
             hd.dq = b.psum((128, nL, f.E), "float32", site="attn.b.ps.dq", bufs=1)
         else:
-            hd.dq = b.sbuf((128, nL, f.E), "float32", site="attn.b.dq", bufs=2)
+            hd.dq = b.sbuf((128, nL, f.E), "float32", site="attn.b.dq", bufs=self.hbufs)
         m = self.masks
         hd.rows = m.row(hd.bi, hd.h) if m is not None and m.kind == "row" else None
         if hd.group is not None and hd.first:  # the group's dK / dV accumulators
@@ -1385,8 +1391,15 @@ class _Backward:
         i, q0, lt, span, pv, ds = front
         hd, pdt = tile.head, self.pe_dt
         if tile.dk is None:
-            tile.dk = b.psum((128, len(tile.subs), f.E), "float32", site="attn.b.ps.dk", bufs=1)
-            tile.dv = b.psum((128, len(tile.subs), f.Ev), "float32", site="attn.b.ps.dv", bufs=1)
+            nsub = len(tile.subs)
+            if nsub * (f.E + f.Ev) * 4 <= b.spec.psum_bank_bytes:
+                # dK and dV share one bank, and two banks rotate: the next key tile accumulates while
+                # this one's gradients are scaled and stored
+                kv = b.psum((128, nsub, f.E + f.Ev), "float32", site="attn.b.ps.dkv", bufs=2)
+                tile.dk, tile.dv = kv[:, :, :f.E], kv[:, :, f.E:]
+            else:
+                tile.dk = b.psum((128, nsub, f.E), "float32", site="attn.b.ps.dk", bufs=1)
+                tile.dv = b.psum((128, nsub, f.Ev), "float32", site="attn.b.ps.dv", bufs=1)
         dst_ps = b.psum((128, 4, 128), pdt, site="attn.b.ps.dst", bufs=1)
         live = [(u, u0, min(uw, span - u0)) for u, (u0, uw) in enumerate(tile.subs) if u0 < span]
         for u, u0, uw in live:
@@ -1461,7 +1474,15 @@ class _Backward:
         store = hd.group is None or hd.last
         res = [b.sbuf((128, len(tile.subs), cols), meta.device_dtype, site=f"attn.b.res{gi}", bufs=2)
                for gi, (meta, cols) in enumerate(((gk_meta, f.E), (gv_meta, f.Ev)))] if store else None
+        nsub = len(tile.subs)
+        if hd.group is None and all(w == uw for w, (_, uw) in zip(tile.written, tile.subs)):
+            # one instruction per gradient for the whole tile (a ragged last sub-tile's rows past its
+            # keys are scaled too, and never stored)
+            for gi, (acc, factor) in enumerate(((tile.dk, self.scale), (tile.dv, 1.0))):
+                b.tensor_scalar(res[gi][:, :nsub, :], acc[:, :nsub, :], "multiply", factor, engine="pool")
         for u, (u0, uw) in enumerate(tile.subs):
+            if hd.group is None and all(w == sw for w, (_, sw) in zip(tile.written, tile.subs)):
+                break
             r0 = tile.s0 + u0
             for gi, (cols, factor) in enumerate(((f.E, self.scale), (f.Ev, 1.0))):
                 acc = tile.dk if gi == 0 else tile.dv
