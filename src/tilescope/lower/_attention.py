@@ -1480,36 +1480,42 @@ class _Backward:
             # keys are scaled too, and never stored)
             for gi, (acc, factor) in enumerate(((tile.dk, self.scale), (tile.dv, 1.0))):
                 b.tensor_scalar(res[gi][:, :nsub, :], acc[:, :nsub, :], "multiply", factor, engine="pool")
-        for u, (u0, uw) in enumerate(tile.subs):
-            if hd.group is None and all(w == sw for w, (_, sw) in zip(tile.written, tile.subs)):
-                break
-            r0 = tile.s0 + u0
-            for gi, (cols, factor) in enumerate(((f.E, self.scale), (f.Ev, 1.0))):
-                acc = tile.dk if gi == 0 else tile.dv
-                written = tile.written[u]
-                if written < uw:  # keys no query sees (causal, L < S): their gradient is zero
-                    zero = b.sbuf((128, cols), "float32", site="attn.b.zero")
-                    b.memset(zero[:uw, :], 0.0, engine="pool")
-                    if written:
-                        b.tensor_copy(zero[:written, :], acc[:written, u, :])
-                    src = zero[:uw, :]
-                else:
-                    src = acc[:uw, u, :]
-                if hd.group is not None:
-                    g = hd.group[gi][:uw, r0 // 128, :]
-                    if hd.first:
-                        b.tensor_copy(g, src)
-                    else:
-                        b.tensor_tensor(g, g, src, "add")
-                    if not hd.last:
-                        continue
-                    src = g
-                b.tensor_scalar(res[gi][:uw, u, :], src, "multiply", factor, engine="pool")
+        else:
+            for u in range(nsub):
+                self._finish_sub(tile, u, res)
         if store:  # one transfer per gradient for the tile's keys
             for gi, (meta, view, cols) in enumerate(((gk_meta, gk, f.E), (gv_meta, gv, f.Ev))):
                 st = meta.stride
                 _dma_rows(b, res[gi], view, hd.bi * st[0] + kh * st[1] + tile.s0 * st[2], st[2], tile.kw, cols,
                           st[3], store=True)
+
+    def _finish_sub(self, tile: _KTile, u: int, res) -> None:
+        """One 128-key sub-tile's dK / dV: zero-filled past the keys its queries saw (causal, L < S),
+        summed over the query heads of a key/value group, scaled into ``res`` when complete."""
+        f, b, hd = self.form, self.b, tile.head
+        u0, uw = tile.subs[u]
+        r0 = tile.s0 + u0
+        for gi, (cols, factor) in enumerate(((f.E, self.scale), (f.Ev, 1.0))):
+            acc = tile.dk if gi == 0 else tile.dv
+            written = tile.written[u]
+            if written < uw:  # keys no query sees (causal, L < S): their gradient is zero
+                zero = b.sbuf((128, cols), "float32", site="attn.b.zero")
+                b.memset(zero[:uw, :], 0.0, engine="pool")
+                if written:
+                    b.tensor_copy(zero[:written, :], acc[:written, u, :])
+                src = zero[:uw, :]
+            else:
+                src = acc[:uw, u, :]
+            if hd.group is not None:
+                g = hd.group[gi][:uw, r0 // 128, :]
+                if hd.first:
+                    b.tensor_copy(g, src)
+                else:
+                    b.tensor_tensor(g, g, src, "add")
+                if not hd.last:
+                    continue
+                src = g
+            b.tensor_scalar(res[gi][:uw, u, :], src, "multiply", factor, engine="pool")
 
 
 # ---- lowering rules ---------------------------------------------------------------------------
