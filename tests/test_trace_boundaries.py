@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -97,6 +98,32 @@ def _nest_reference(lane, ts, end):
         if end[i] > ts[i]:
             stack.append(i)
     return parent
+
+
+def test_the_c_stack_walk_equals_the_python_one():
+    # lanes whose slices straddle are walked with a stack; the C walk (the trace extension)
+    # and the Python one give the same parents, depths and straddle count
+    import numpy as np
+
+    from tilescope.trace import _nesting
+
+    if _nesting._kscan is None or not hasattr(_nesting._kscan, "nest_stack"):
+        pytest.skip("the trace extension is not built")
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 500):
+        ts = np.sort(rng.integers(0, 60, n))
+        end = ts + rng.integers(0, 25, n) * (rng.random(n) < 0.9)
+        order = np.lexsort((-end, ts))
+        ts, end = ts[order].astype(np.int64), end[order].astype(np.int64)
+        a, b = (0, n) if n < 7 else (2, n - 1)
+        out = []
+        for walk in (_nesting._stack, _nesting._stack_py):
+            parent, depth = np.full(n, -7, dtype=np.int64), np.full(n, -7, dtype=np.int64)
+            out.append((walk(ts, end, a, b, parent, depth), parent.tolist(), depth.tolist()))
+        assert out[0] == out[1], n
+    with pytest.raises(ValueError, match="four int64 arrays"):
+        _nesting._kscan.nest_stack(np.zeros(3, np.int64), np.zeros(2, np.int64), np.zeros(3, np.int64),
+                                   np.zeros(3, np.int64), 0, 3)
 
 
 def test_vectorised_nesting_equals_the_stack_algorithm():

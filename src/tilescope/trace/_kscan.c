@@ -965,9 +965,49 @@ done:
     return result;
 }
 
+/* ---- the nesting's stack walk (tilescope.trace._nesting: lanes whose slices straddle) -------- */
+/* Slices a..b-1 of one lane, sorted by (start, end descending): each one's parent (the innermost
+   open slice, -1: none) and depth (open slices), written into ``parent`` and ``depth``; returns
+   how many slices end after the slice they start in (straddle). All four arrays are int64. */
+static PyObject *nest_stack(PyObject *self, PyObject *args) {
+    Py_buffer ts, end, parent, depth;
+    Py_ssize_t a, b;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*nn", &ts, &end, &parent, &depth, &a, &b)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = ts.len / 8;
+    if (ts.itemsize != 8 || end.itemsize != 8 || parent.itemsize != 8 || depth.itemsize != 8
+            || end.len / 8 != n || parent.len / 8 != n || depth.len / 8 != n || a < 0 || b > n || a > b) {
+        PyErr_SetString(PyExc_ValueError, "nest_stack: four int64 arrays of one length and 0 <= a <= b <= length");
+        goto out;
+    }
+    const int64_t *T = ts.buf, *E = end.buf;
+    int64_t *P = parent.buf, *D = depth.buf;
+    Py_ssize_t *stack = malloc(((size_t)(b - a) + 1) * sizeof *stack), top = 0;
+    long long straddles = 0;
+    if (!stack) { PyErr_NoMemory(); goto out; }
+    for (Py_ssize_t k = a; k < b; k++) {
+        while (top && E[stack[top - 1]] <= T[k]) top--;
+        P[k] = top ? (int64_t)stack[top - 1] : -1;
+        D[k] = (int64_t)top;
+        if (top && E[k] > E[stack[top - 1]]) straddles++;
+        if (E[k] > T[k]) stack[top++] = k;
+    }
+    free(stack);
+    result = PyLong_FromLongLong(straddles);
+out:
+    PyBuffer_Release(&ts);
+    PyBuffer_Release(&end);
+    PyBuffer_Release(&parent);
+    PyBuffer_Release(&depth);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buf, final) -> dict: parse traceEvents elements from buf (an element expected first)."},
+    {"nest_stack", nest_stack, METH_VARARGS,
+     "nest_stack(ts, end, parent, depth, a, b) -> straddles: the stack walk over slices a..b-1 of one lane."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+try:
+    from . import _kscan  # the C stack walk for lanes that are not trees (optional, as for the ingest)
+except ImportError:
+    _kscan = None
+
 __all__ = ["ensure_hierarchy", "hierarchy", "nest", "nearest_op", "subtree_sums"]
 
 
@@ -78,7 +83,16 @@ def _distinct(a: np.ndarray) -> list:
 
 
 def _stack(ts, end, a: int, b: int, parent, depth) -> int:
-    """The plain stack algorithm on rows a..b of one lane; returns the straddling slices."""
+    """The plain stack algorithm on rows a..b of one lane; returns the straddling slices (in C
+    when the trace extension is built: a lane of 100,000 straddling slices costs ~0.3 s here)."""
+    if _kscan is not None and hasattr(_kscan, "nest_stack"):
+        arrays = [np.ascontiguousarray(x, dtype=np.int64) for x in (ts, end)]
+        if parent.dtype == np.int64 and depth.dtype == np.int64 and parent.flags.c_contiguous and depth.flags.c_contiguous:
+            return _kscan.nest_stack(arrays[0], arrays[1], parent, depth, a, b)
+    return _stack_py(ts, end, a, b, parent, depth)
+
+
+def _stack_py(ts, end, a: int, b: int, parent, depth) -> int:
     T, E = ts[a:b].tolist(), end[a:b].tolist()
     stack: list[int] = []
     straddles = 0
