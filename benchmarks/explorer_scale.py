@@ -1,7 +1,7 @@
 """Explorer at scale: a 5-million-event trace and real CUDA traces in headless Chromium.
 
     .venv/bin/python benchmarks/explorer_scale.py [--events 5000000] [--workdir DIR] [--moves 40]
-        [--kineto DIR] [--sim PROFILE_DIR ...] [--clicks 30] [--repeats 5]
+        [--kineto DIR] [--sim PROFILE_DIR ...] [--clicks 30] [--repeats 5] [--reference-static DIR]
 
 1. Writes a Kineto-style Chrome trace with ``--events`` events (host threads running aten ops
    that launch kernels, GPU streams running them, correlation ids linking both; about 140 bytes
@@ -22,6 +22,11 @@
      waited for; target p95 <= 200 ms) and of the time on the page. ``first`` is the first run
      (an analysis the session had not warmed yet is computed then).
 3. Re-opens the trace in a new session to time a start with the index from the cache.
+
+With ``--reference-static DIR`` (another version's ``explorer/static``, e.g. main's:
+``git archive main src/tilescope/explorer/static | tar -x -C /tmp/ref``), a second server on the
+same session serves that front end, and first paint and zoom / pan are measured side by side:
+one page each, the same moves in alternating blocks, while the analyses run and after.
 
 Every figure is wall-clock time measured on the machine running this script (printed first).
 """
@@ -274,8 +279,39 @@ def interactions(page, rec: Recorder, src, pid: str, others: list[str], clicks: 
     return rows
 
 
+def open_page(ctx, url: str) -> tuple:
+    """A new page on the synthetic trace, once its first frame with data is drawn:
+    (page, first paint on the page's clock in ms, the first window's figures)."""
+    page = ctx.new_page()
+    page.goto(url + "#/p0/trace")
+    page.wait_for_function("() => window.tilescope && window.tilescope.app.view && "
+                           "window.tilescope.app.view.timeline && window.tilescope.app.view.timeline.firstDraw",
+                           timeout=120_000)
+    first = page.evaluate("""() => {
+      const tl = window.tilescope.app.view.timeline;
+      return {paint_ms: tl.firstDraw, fetch: tl.firstFetch || tl.lastFetch, hidden: document.hidden};
+    }""")
+    return page, first["paint_ms"], first
+
+
+def side_by_side(ctx, urls: dict, moves: int, rounds: int = 2) -> dict:
+    """Each front end of ``urls`` ({label: server url}) on one page each: its first paint
+    (the trace's server state already warm), then ``rounds`` blocks of the same forced moves,
+    the front ends in turn, so both meet the same load: {label: {"paint_ms", "moves": [ms...]}}."""
+    out, pages = {}, {}
+    for label, u in urls.items():
+        pages[label], paint, first = open_page(ctx, u)
+        out[label] = {"paint_ms": paint, "moves": [], "hidden": first["hidden"]}
+    for _ in range(rounds):
+        for label, pg in pages.items():
+            out[label]["moves"] += [m["ms"] for m in pg.evaluate(MOVES_JS, [moves, True, 7])]
+    for pg in pages.values():
+        pg.close()
+    return out
+
+
 def measure_browser(url: str, moves: int, session, clicks: int, repeats: int, pairs: dict, warm_timeout: float,
-                    timeout_s: float) -> dict:
+                    timeout_s: float, ref_url: str | None = None) -> dict:
     from playwright.sync_api import sync_playwright
 
     profile = tempfile.mkdtemp(prefix="tilescope-bench-chromium-")
@@ -303,6 +339,8 @@ def measure_browser(url: str, moves: int, session, clicks: int, repeats: int, pa
             rec.tag = None
             move_server = [a[2] for a in rec.answers if a[0] == (0, "zoom/pan") and a[1] == "window" and a[2] is not None]
             user = page.evaluate(MOVES_JS, [moves, False, 7])
+            urls = {"reference": ref_url, "this": url} if ref_url else {}
+            ab = side_by_side(ctx, urls, moves) if ref_url else None
             # the analyses are computed once, in the background from the start, and kept on disk:
             # interactions are measured once they are (how long that takes is printed)
             warm_s = time.perf_counter() - session.t_start
@@ -313,6 +351,7 @@ def measure_browser(url: str, moves: int, session, clicks: int, repeats: int, pa
             rec.tag = None
             settled_server = [a[2] for a in rec.answers if a[0] == (0, "zoom/pan, warm") and a[1] == "window"
                               and a[2] is not None]
+            ab_settled = side_by_side(ctx, urls, moves) if ref_url else None
             per_source = {}
             for k, src in enumerate(session.sources):
                 if src.ok:
@@ -323,7 +362,7 @@ def measure_browser(url: str, moves: int, session, clicks: int, repeats: int, pa
         shutil.rmtree(profile, ignore_errors=True)
     return {"wall_first_paint_s": wall, "first": first, "forced": forced, "user": user, "errors": errors,
             "interactions": per_source, "warm_s": warm_s, "still_running": running, "move_server": move_server, "settled": settled,
-            "settled_server": settled_server}
+            "settled_server": settled_server, "ab": ab, "ab_settled": ab_settled}
 
 
 def pct(xs, q):
@@ -389,6 +428,9 @@ def main(argv=None) -> int:
                     help="seconds to wait for the background analyses before measuring interactions (default %(default)s)")
     ap.add_argument("--timeout", type=float, default=120, help="seconds one interaction may take (default %(default)s)")
     ap.add_argument("--keep", action="store_true", help="keep the workdir")
+    ap.add_argument("--reference-static", default=None, metavar="DIR",
+                    help="another front end's static/ directory (e.g. main's, from `git archive`): its first paint and "
+                         "zoom/pan are measured side by side with this one's, on the same session and load")
     args = ap.parse_args(argv)
     work = args.workdir or tempfile.mkdtemp(prefix="tilescope-explorer-bench-")
     os.makedirs(work, exist_ok=True)
@@ -440,14 +482,19 @@ def main(argv=None) -> int:
         pairs[sims[0]] = [",".join(sims[1:])]
     server = make_server(session, "127.0.0.1", 0)
     server.serve_in_thread()
+    ref = make_server(session, "127.0.0.1", 0, static_dir=args.reference_static) if args.reference_static else None
+    if ref:
+        ref.serve_in_thread()
     sys.setswitchinterval(GIL_SWITCH_S)  # as `tilescope explore` does
     session.warm_up()
     try:
         r = measure_browser(server.url.rstrip("/") + "/", args.moves, session, args.clicks, args.repeats, pairs,
-                            args.warm_timeout, args.timeout)
+                            args.warm_timeout, args.timeout, ref.url.rstrip("/") + "/" if ref else None)
     finally:
-        server.shutdown()
-        server.server_close()
+        for srv in (server, ref):
+            if srv:
+                srv.shutdown()
+                srv.server_close()
     paint_s = r["first"]["paint_ms"] / 1e3
     f = r["first"]["fetch"]
     print(f"\nfirst paint after ingest ({src.index.n:,} events): {paint_s:.3f} s from navigation start "
@@ -475,6 +522,18 @@ def main(argv=None) -> int:
     print(f"zoom/pan once the background analyses are done (same moves): p50 {pct(st, 50):.1f} ms, p95 "
           f"{p95_settled:.1f} ms (ratio {p95_settled / TARGET_MOVE_MS:.2f}); server p50 {pct(r['settled_server'], 50):.1f} ms, "
           f"p95 {pct(r['settled_server'], 95):.1f} ms")
+    for name, ab in (("while the analyses run", r["ab"]), ("once they are done", r["ab_settled"])):
+        if ab:
+            ref_, new_ = ab["reference"], ab["this"]
+            print(f"side by side, {name} (same session and load, blocks of moves in turn; reference: "
+                  f"{args.reference_static}):")
+            for label, x in (("reference", ref_), ("this", new_)):
+                print(f"  {label:<9} first paint (server warm) {x['paint_ms'] / 1e3:.3f} s (ratio {x['paint_ms'] / 1e3 / TARGET_PAINT_S:.2f}); "
+                      f"zoom/pan p50 {pct(x['moves'], 50):.1f} ms, p95 {pct(x['moves'], 95):.1f} ms "
+                      f"(ratio {pct(x['moves'], 95) / TARGET_MOVE_MS:.2f}), mean {sum(x['moves']) / len(x['moves']):.1f} ms"
+                      f"{' (page hidden: drawn without frames)' if x['hidden'] else ''}")
+            print(f"  this / reference: zoom/pan p95 {pct(new_['moves'], 95) / pct(ref_['moves'], 95):.2f}x, "
+                  f"mean {sum(new_['moves']) / sum(ref_['moves']):.2f}x")
     print(f"zoom/pan as the user gets them (moves within loaded data need no request): p50 "
           f"{pct(user, 50):.1f} ms, p95 {pct(user, 95):.1f} ms")
     print(f"analyses computed in the background (summary, tables, roofline): "

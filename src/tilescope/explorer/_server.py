@@ -58,13 +58,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _static_files() -> dict[str, str]:
-    """URL name -> file, for every file under static/ (made once; requests only look names up)."""
+def _static_files(top: str = STATIC_DIR) -> dict[str, str]:
+    """URL name -> file, for every file under ``top`` (made once; requests only look names up)."""
     out = {}
-    for root, _dirs, files in os.walk(STATIC_DIR):
+    for root, _dirs, files in os.walk(top):
         for f in files:
             full = os.path.join(root, f)
-            rel = os.path.relpath(full, STATIC_DIR).replace(os.sep, "/")
+            rel = os.path.relpath(full, top).replace(os.sep, "/")
             out[rel] = full
     return out
 
@@ -76,7 +76,7 @@ class ExplorerServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
-    def __init__(self, addr, session, *, token: str | None, quiet: bool = True):
+    def __init__(self, addr, session, *, token: str | None, quiet: bool = True, static_dir: str = STATIC_DIR):
         host = addr[0]
         self.address_family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
         super().__init__((host.strip("[]"), addr[1]), _Handler)
@@ -84,7 +84,7 @@ class ExplorerServer(ThreadingHTTPServer):
         self.token = token
         self.loopback = is_loopback(host)
         self.quiet = quiet
-        self.static = _static_files()
+        self.static = _static_files(static_dir)
         self.cancelled = 0  # API requests cancelled because their client went away
         self._inflight: dict = {}  # socket -> Token of the API request it is waiting for
         self._watch_lock = threading.Lock()
@@ -142,13 +142,15 @@ class ExplorerServer(ThreadingHTTPServer):
 
 
 def make_server(session, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None,
-                quiet: bool = True) -> ExplorerServer:
+                quiet: bool = True, static_dir: str = STATIC_DIR) -> ExplorerServer:
     """A server for ``session`` on ``host:port`` (port 0: a free port). A token is made when
-    ``host`` is not a loopback address (pass one to choose it); on loopback none is needed."""
+    ``host`` is not a loopback address (pass one to choose it); on loopback none is needed.
+    ``static_dir``: the front end's files (another version's, to compare two front ends on
+    one session, as ``benchmarks/explorer_scale.py --reference-static`` does)."""
     if not is_loopback(host) and not token:
         token = secrets.token_urlsafe(24)
     try:
-        return ExplorerServer((host, port), session, token=token, quiet=quiet)
+        return ExplorerServer((host, port), session, token=token, quiet=quiet, static_dir=static_dir)
     except OSError as e:
         if e.errno in (98, 48, 10048):  # address in use (Linux, macOS, Windows)
             raise OSError(e.errno, f"port {port} on {host} is in use; pass --port N for another port, "

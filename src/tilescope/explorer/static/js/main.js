@@ -6,17 +6,23 @@
 // it into the current history entry (replaceState), so Back, reload and a shared link restore it.
 // Each route gets an AbortController: leaving a view aborts its requests (the server cancels
 // their work) and nothing it was waiting for reaches the next view.
+//
+// The first paint needs the trace view only: the other views' modules load when first opened
+// (index.html preloads the trace view's modules beside this one); a view's module and its
+// profile's meta are asked for together.
 import { getJSON, isAbort } from "./api.js";
 import { esc } from "./format.js";
 import { TraceView } from "./trace.js";
-import { DeviceView } from "./device.js";
-import { TablesView } from "./tables.js";
-import { SummaryView } from "./summary.js";
-import { RooflineView } from "./roofline.js";
-import { CompareView } from "./compare.js";
-import { FilesView } from "./files.js";
 
-const VIEWS = { trace: TraceView, device: DeviceView, ops: TablesView, summary: SummaryView, roofline: RooflineView, files: FilesView };
+const VIEWS = {
+  trace: async () => TraceView,
+  device: async () => (await import("./device.js")).DeviceView,
+  ops: async () => (await import("./tables.js")).TablesView,
+  summary: async () => (await import("./summary.js")).SummaryView,
+  roofline: async () => (await import("./roofline.js")).RooflineView,
+  files: async () => (await import("./files.js")).FilesView,
+};
+const compareView = async () => (await import("./compare.js")).CompareView;
 
 export const KEYS = [
   ["W / S", "zoom in / out at the pointer (ctrl+wheel too)"],
@@ -136,18 +142,19 @@ class App {
         this.markProfile(null);
         this.setWhat(null);
         this.banners(null);
-        this.view = new CompareView(this, r.params, ac.signal);
+        const V = await compareView();
+        if (ac.signal.aborted) return;
+        this.view = new V(this, r.params, ac.signal);
       } else {
         const p = this.profiles.find((x) => x.id === r.pid);
         if (!p) throw new Error(`no profile ${r.pid}`);
         this.current = p.id;
         this.markProfile(p.id);
         if (!p.ok) return this.refusal(p);
-        const meta = await this.meta(p.id, ac.signal);
+        const [meta, V] = await Promise.all([this.meta(p.id, ac.signal), (VIEWS[r.view] || VIEWS.trace)()]);
         if (ac.signal.aborted) return;
         this.setWhat(meta);
         this.banners(meta);
-        const V = VIEWS[r.view] || TraceView;
         this.view = new V(this, p, meta, r.params, ac.signal);
       }
       this._stateView = this.view;

@@ -10,6 +10,7 @@
 // wait but a sliver; the axis labels stay real times and show the break.
 import { getPacked, isAbort } from "./api.js";
 import { KeyColors } from "./colors.js";
+import { bucketStrip } from "./strip.js";
 import { ns as fmtNs, esc, laneTimesModeled } from "./format.js";
 
 const ROW = 16;          // px per nesting level
@@ -120,6 +121,7 @@ export class Timeline {
     this.doneSeq = 0;
     this.waiters = [];
     this.running = false;
+    this.dropped = 0;          // window requests cancelled because the view moved past them
     this.lastFetch = null;
     this.firstDraw = null;
     this.keyColors = new KeyColors(this.meta.names);
@@ -187,6 +189,8 @@ export class Timeline {
     this.dead = true;
     this._resizeObs.disconnect();
     if (this._raf) cancelAnimationFrame(this._raf);
+    if (this._wheelRaf) cancelAnimationFrame(this._wheelRaf);
+    if (this._inflight) this._inflight.ac.abort();
     (this._afterPaint || []).forEach((f) => f());  // nobody waits for a view that is gone
     this._afterPaint = [];
     const all = this.waiters;
@@ -196,7 +200,14 @@ export class Timeline {
     this.tooltip.hidden = true;
   }
 
-  get width() { return Math.max(200, this.tracks.clientWidth); }
+  // The tracks' width, read once per layout (the ResizeObserver lays out again on a resize):
+  // reading clientWidth while a frame is drawn forces the page's layout each time.
+  get width() {
+    if (this._w !== undefined) return this._w;
+    const w = Math.max(200, this.tracks.clientWidth);
+    if (this.root.isConnected) this._w = w;  // before the view is shown its width is not known yet
+    return w;
+  }
   get plotW() { return Math.max(1, this.width - LABEL_W); }
   xOf(t) { return LABEL_W + ((this.viewOf(t) - this.t0) / (this.t1 - this.t0)) * this.plotW; }   // real ns -> x
   tOf(x) { return this.realOf(this.vOf(x)); }                                                    // x -> real ns
@@ -204,6 +215,7 @@ export class Timeline {
 
   // ---- layout -----------------------------------------------------------------------------
   layout() {
+    this._w = undefined;
     const g = GROUPINGS[this.group];
     const groups = new Map();
     for (const l of this.meta.lanes) {
@@ -302,8 +314,10 @@ export class Timeline {
     return { segs, lanes: this.visibleLanes().join(","), color: this.color };
   }
 
-  _covers(p) {
-    const d = this.data;
+  // Whether answer ``d`` (the data drawn, or a request in flight: {params, segs}) holds
+  // ``p`` (the view without margins: same lanes and colour, its stretch, and a level of detail
+  // within 1.5x). A pan within the margins fetched around the view needs no request.
+  _covers(p, d = this.data) {
     if (!d) return false;
     if (d.params.lanes !== p.lanes || d.params.color !== p.color) return false;
     return p.segs.every((s) => {
@@ -326,14 +340,38 @@ export class Timeline {
     if (force) this.forceSeq = seq;
     const p = new Promise((res, rej) => this.waiters.push({ seq, res, rej }));
     // set before the call: _run may finish synchronously (nothing to fetch)
-    if (!this.running) { this.running = true; this._run(); }
+    if (!this.running) { this.running = true; this._run(); } else this._dropStale(force);
     return p;
   }
 
-  async _fetch(p) {
+  // A window request in flight that will not cover the view any more (the view moved past its
+  // margin, or changed lanes, colour or level of detail) is cancelled -- the server stops its
+  // query too -- so that the request for the view starts at once instead of after it.
+  _dropStale(force) {
+    const f = this._inflight;
+    if (!f || f.ac.signal.aborted) return;
+    if (force || !this._covers(this._params(0), { params: f.p, segs: f.p.segs })) f.ac.abort();
+  }
+
+  async _fetch(p, signal) {
     const parts = await Promise.all(p.segs.map((s) => getPacked(`${this.base}/window`,
-      { t0: s.t0, t1: s.t1, px: s.px, lanes: p.lanes, color: p.color }, this.signal)));
+      { t0: s.t0, t1: s.t1, px: s.px, lanes: p.lanes, color: p.color }, signal)));
     return this._merge(parts, p);
+  }
+
+  // _fetch under its own AbortController (and the view's signal): null when _dropStale
+  // cancelled it.
+  async _fetchLatest(p) {
+    const ac = new AbortController();
+    const f = this._inflight = { p, ac };
+    try {
+      return await this._fetch(p, this.signal ? AbortSignal.any([this.signal, ac.signal]) : ac.signal);
+    } catch (e) {
+      if (ac.signal.aborted && !this.dead && !(this.signal && this.signal.aborted)) { this.dropped += 1; return null; }
+      throw e;
+    } finally {
+      if (this._inflight === f) this._inflight = null;
+    }
   }
 
   // One drawable answer from the segments' answers: buckets get their own start and width.
@@ -373,12 +411,13 @@ export class Timeline {
         const seq = this.wantSeq;
         const p = this._params();
         const force = this.forceSeq && this.forceSeq <= seq && this.forceSeq > this.doneSeq;
-        if (force || !this._covers(p)) {
+        if (force || !this._covers(this._params(0))) {  // the view itself; the request adds margins
           if (!this.firstDraw && !this.data) await this._firstCoarse();
           if (this.dead) break;
           const t = performance.now();
-          const data = await this._fetch(p);
+          const data = await this._fetchLatest(p);
           if (this.dead) break;
+          if (!data) continue;  // superseded: ask for the view as it is now
           const tf = performance.now();
           this.data = data;
           await this.afterPaint();
@@ -414,7 +453,7 @@ export class Timeline {
   // answer is asked for at once after and replaces it.
   async _firstCoarse() {
     const t = performance.now();
-    const data = await this._fetch(this._params(0, 0.25));
+    const data = await this._fetch(this._params(0, 0.25), this.signal);
     if (this.dead) return;
     const tf = performance.now();
     this.data = data;
@@ -553,7 +592,7 @@ export class Timeline {
       if (!b) { b = []; batches.set(style, b); }
       b.push(x, y, w);
     };
-    this._drawBuckets(ctx, a, colors, X, top, bottom);
+    this._drawBuckets(ctx, top, bottom);
     const labels = [];
     let sel = null, lastX = -1, lastY = -1;
     for (let i = 0; i < a.ev_ref.length; i++) {
@@ -599,52 +638,37 @@ export class Timeline {
     }
   }
 
-  // Buckets as pixels: each is a column one or a few pixels wide, and tens of thousands of
-  // fillRect calls (with a style change per colour) cost a software-rasterised canvas far
-  // more than writing their pixels into one image drawn at once. The image is transparent
-  // where there is no bucket; each bucket's alpha is its shade (how full it is), composited
-  // over the lanes as a fillRect with that globalAlpha would be.
-  _drawBuckets(ctx, a, colors, X, top, bottom) {
-    const n = a.bk_lane.length;
-    if (!n) return;
-    const dpr = this.dpr, right = LABEL_W + this.plotW;
-    const y0 = Math.max(0, Math.floor(top)), y1 = Math.min(this.totalH, Math.ceil(bottom));
-    const iw = Math.max(1, Math.ceil(this.plotW * dpr)), ih = Math.max(1, Math.ceil((y1 - y0) * dpr));
-    if (!this._bk || this._bk.img.width !== iw || this._bk.img.height !== ih) {
-      const c = document.createElement("canvas");
-      c.width = iw; c.height = ih;
-      const img = new ImageData(iw, ih);
-      this._bk = { canvas: c, ctx: c.getContext("2d"), img, px: new Uint32Array(img.data.buffer) };
-    }
-    const { px } = this._bk;
-    px.fill(0);
-    const rgb = this._rgbOf || (this._rgbOf = new Map());
-    const SHADES = [0.35, 0.55, 0.75, 1];
-    for (let i = 0; i < n; i++) {
-      const y = this._rowY(a.bk_lane[i], a.bk_depth[i]);
+  // Buckets are rasterised once per window answer into a strip: one pixel row per (lane,
+  // depth) and one column per device pixel the answer was asked for, each bucket's alpha its
+  // shade (how full it is). A frame then draws each visible row's stretch of the strip,
+  // stretched to the row's height and scaled to the view: tens of thousands of buckets cost a
+  // few dozen drawImage calls per frame, and a zoom or pan shows the data already loaded at
+  // once, scaled, while the next answer is on its way. Cached per answer, axis and colours.
+  _strip() {
+    const d = this.data, colors = this.color === "kind" ? this.kindColors : this.keyColors;
+    const c = this._stripCache;
+    if (c && c.data === d && c.axis === this.axisMap && c.colors === colors && c.dpr === this.dpr) return c.strip;
+    const strip = d ? bucketStrip(d, this.axisMap, colors, this.dpr, c && c.strip ? c.strip.canvas : undefined) : null;
+    this._stripCache = { data: d, axis: this.axisMap, colors, dpr: this.dpr, strip };
+    return strip;
+  }
+
+  _drawBuckets(ctx, top, bottom) {
+    const s = this._strip();
+    if (!s) return;
+    const k = this.plotW / (this.t1 - this.t0);             // CSS px per display ns
+    const x0 = LABEL_W + (s.u0 - this.offD - this.t0) * k;   // CSS x of the strip's column 0
+    const sc = k / s.k;                                       // CSS px per strip column
+    const c0 = Math.max(0, Math.floor((LABEL_W - x0) / sc));
+    const c1 = Math.min(s.width, Math.ceil((LABEL_W + this.plotW - x0) / sc));
+    if (c1 <= c0) return;
+    ctx.imageSmoothingEnabled = false;  // a bucket's pixels stay its own (no blur into the gaps)
+    for (let r = 0; r < s.rows.length; r++) {
+      const y = this._rowY(s.rows[r] >> 8, s.rows[r] & 255);
       if (y === undefined || y + ROW < top || y > bottom) continue;
-      const x = X(a.bk_start[i]);
-      const bw = Math.max(X(a.bk_start[i] + a.bk_w[i]) - x, 1);
-      if (x + bw < LABEL_W || x > right) continue;
-      const xa = Math.max(0, Math.floor((x - LABEL_W) * dpr)), xb = Math.min(iw, Math.max(xa + 1, Math.round((x + bw - LABEL_W) * dpr)));
-      const ya = Math.max(0, Math.round((y - y0) * dpr)), yb = Math.min(ih, Math.round((y + ROW - 1 - y0) * dpr));
-      if (xb <= xa || yb <= ya) continue;
-      const key = a.bk_key[i];
-      let c = rgb.get(key);
-      if (c === undefined) {
-        const h = colors.get(key);  // "#rrggbb"
-        c = parseInt(h.slice(5, 7), 16) << 16 | parseInt(h.slice(3, 5), 16) << 8 | parseInt(h.slice(1, 3), 16);
-        rgb.set(key, c);
-      }
-      // little-endian RGBA: alpha in the top byte
-      const v = ((Math.round(SHADES[Math.min(3, a.bk_fill[i] >> 6)] * 255) << 24) | c) >>> 0;
-      for (let yy = ya; yy < yb; yy++) px.fill(v, yy * iw + xa, yy * iw + xb);
+      ctx.drawImage(s.canvas, c0, r, c1 - c0, 1, x0 + c0 * sc, y, (c1 - c0) * sc, ROW - 1);
     }
-    this._bk.ctx.putImageData(this._bk.img, 0, 0);
-    ctx.save();
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.drawImage(this._bk.canvas, Math.round(LABEL_W * dpr), Math.round(y0 * dpr));
-    ctx.restore();
+    ctx.imageSmoothingEnabled = true;
   }
 
   _drawChain(ctx) {
@@ -985,16 +1009,34 @@ export class Timeline {
     return this.setRange(this.t0 + d, this.t1 + d);
   }
 
+  // Wheel events come faster than frames (a trackpad sends one every few ms): they are summed
+  // and applied once per animation frame, one range change and one request for all of them.
   _wheel(e) {
+    let zoom = 1, pan = 0, x = null;
     if (e.ctrlKey || e.metaKey || e.altKey) {
-      e.preventDefault();
-      const [x] = this._pos(e);
-      this.zoom(Math.exp(Math.max(-1, Math.min(1, e.deltaY * 0.01))), Math.max(LABEL_W, x));
+      zoom = Math.exp(Math.max(-1, Math.min(1, e.deltaY * 0.01)));
+      x = Math.max(LABEL_W, this._pos(e)[0]);
     } else if (e.shiftKey || Math.abs(e.deltaX) > Math.abs(e.deltaY)) {
-      e.preventDefault();
-      const d = e.shiftKey ? e.deltaY : e.deltaX;
-      this.pan(d / this.plotW);
-    }
+      pan = (e.shiftKey ? e.deltaY : e.deltaX) / this.plotW;
+    } else return;
+    e.preventDefault();
+    const w = this._wheelSum || (this._wheelSum = { zoom: 1, pan: 0, x: null, events: 0 });
+    w.zoom *= zoom;
+    w.pan += pan;
+    w.events += 1;
+    if (x !== null) w.x = x;
+    if (!this._wheelRaf) this._wheelRaf = requestAnimationFrame(() => this._applyWheel());
+  }
+
+  _applyWheel() {
+    const w = this._wheelSum;
+    this._wheelRaf = 0;
+    this._wheelSum = null;
+    if (!w || this.dead) return undefined;
+    this.wheelFrames = (this.wheelFrames || 0) + 1;
+    const c = this.vOf(w.x === null ? LABEL_W + this.plotW / 2 : w.x);
+    const d = (this.t1 - this.t0) * w.pan;
+    return this.setRange(c - (c - this.t0) * w.zoom + d, c + (this.t1 - c) * w.zoom + d);
   }
 
   // W/S zoom at the pointer, A/D pan, 0 whole trace. Returns true when the key was used.
