@@ -6,7 +6,8 @@
   drawn from the data already loaded (before the next answer);
 * a window request the view moved past is cancelled (and the view's answer is the latest one);
 * wheel events are summed and applied once per animation frame;
-* a window answer decodes in the page to the arrays the server packed.
+* a window answer decodes in the page to the arrays the server packed;
+* a small trace's first (coarse) answer, exact, is the whole first view: no second request.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from test_explorer_browser import ARGS, CHROMIUM, CUDA, call
 pytestmark = pytest.mark.slow
 
 TL = "window.tilescope.app.view.timeline"
+ALEXNET = os.path.join(os.path.dirname(CUDA), "cuda_alexnet_small.json.gz")  # 870 events
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def server(tmp_path_factory):
     from tilescope.explorer import Session
     from tilescope.explorer._server import make_server
 
-    srv = make_server(Session([f"cuda={CUDA}"]), "127.0.0.1", 0)
+    srv = make_server(Session([f"cuda={CUDA}", f"alexnet={ALEXNET}"]), "127.0.0.1", 0)
     srv.serve_in_thread()
     yield srv
     srv.shutdown()
@@ -223,3 +225,15 @@ def test_a_window_answer_decodes_in_the_page_to_the_packed_arrays(page, server):
         assert got[name][0] == kinds[spec["dtype"]], name
         np.testing.assert_array_equal(np.asarray(got[name][1], dtype=arrays[name].dtype), arrays[name], err_msg=name)
     assert len(arrays["bk_lane"]) > 100  # the whole trace: buckets, not only events
+
+
+def test_a_coarse_first_answer_that_is_exact_is_the_first_view(browser, server):
+    pg = browser.new_page()
+    asked = []
+    pg.on("request", lambda r: asked.append(r.url) if "/window" in r.url else None)
+    pg.goto(server.url.rstrip("/") + "/#/p1/trace")
+    pg.wait_for_function(f"() => window.tilescope && window.tilescope.app.view && {TL} && {TL}.lastFetch")
+    call(pg, f"() => {TL}.refresh()")
+    r = pg.evaluate(f"() => ({{exact: {TL}.data.header.exact, coarse: !!{TL}.lastFetch.coarse, events: {TL}.data.arrays.ev_ref.length, total: {TL}.data.header.total}})")
+    pg.close()
+    assert r["exact"] and r["coarse"] and r["events"] == r["total"] > 800 and len(asked) == 1, (r, asked)

@@ -411,9 +411,11 @@ export class Timeline {
         const seq = this.wantSeq;
         const p = this._params();
         const force = this.forceSeq && this.forceSeq <= seq && this.forceSeq > this.doneSeq;
+        if (!this.firstDraw && !this.data) {
+          await this._firstCoarse();
+          continue;  // the view may have moved meanwhile, and a coarse answer that is exact covers it
+        }
         if (force || !this._covers(this._params(0))) {  // the view itself; the request adds margins
-          if (!this.firstDraw && !this.data) await this._firstCoarse();
-          if (this.dead) break;
           const t = performance.now();
           const data = await this._fetchLatest(p);
           if (this.dead) break;
@@ -462,6 +464,8 @@ export class Timeline {
     this.firstDraw = td;
     this.firstFetch = { ms: td - t, fetch_ms: tf - t, draw_ms: td - tf, events: data.arrays.ev_ref.length,
                         buckets: data.arrays.bk_lane.length, exact: data.header.exact, total: data.header.total, coarse: true };
+    this.lastFetch = this.firstFetch;
+    this._status();
   }
 
   _status() {
