@@ -611,25 +611,30 @@ class _Forward:
             # run at a time: load them contiguously, then widen on chip
             cols = ch_ - cl
             stage = b.sbuf((p0 + parts, ni, rows_t, cols), self.X.dtype, site="conv.xs", bufs=2)
-            self._zero_rows(stage, parts, ni, rows_t, cols, lo, hi, p0)
-            for r, cnt, pdims, (j0, j1, c0, c1, top, left) in self._replica_runs(ch, spans):
-                if j1 > j0:
-                    b.dma_copy(_on_chip(stage, p0 + r * ch.cs, cnt * ch.cs, j0 * cols, ((rows_t * cols, ni),
-                                                                                    (1, (j1 - j0) * cols))),
-                               self._src(ch, n0, ni, top, j0, j1, left + c0, cols, pdims), queue=self._queues.next())
+            self._load_replicas(ch, spans, stage, cols, p0, parts, n0, ni, rows_t, lo, hi, flat=True)
             # on GpSimd, after every load of the block is under way (engines run in program order)
             self._deferred.append(lambda: b.tensor_copy(
                 _on_chip(t, p0, parts, cl, ((rows_t * wt, ni), (wt, rows_t), (1, cols))),
                 _on_chip(stage, p0, parts, 0, ((1, ni * rows_t * cols),)), engine="pool"))
         else:
-            self._zero_rows(t, parts, ni, rows_t, wt, lo, hi, p0)
-            for r, cnt, pdims, (j0, j1, c0, c1, top, left) in self._replica_runs(ch, spans):
-                if j1 > j0 and c1 > c0:
-                    b.dma_copy(_on_chip(t, p0 + r * ch.cs, cnt * ch.cs, j0 * wt + c0,
-                                        ((rows_t * wt, ni), (wt, j1 - j0), (1, c1 - c0))),
-                               self._src(ch, n0, ni, top, j0, j1, left + c0, c1 - c0, pdims),
-                               queue=self._queues.next())
+            self._load_replicas(ch, spans, t, wt, p0, parts, n0, ni, rows_t, lo, hi, flat=False)
         return t
+
+    def _load_replicas(self, ch: _Chunk, spans, t, width: int, p0, parts, n0, ni, rows_t, lo, hi, flat: bool) -> None:
+        """Zero the tile rows outside the image, then DMA each run of replicas into ``t``
+        (``width`` columns per row): at their columns (``flat``: whole rows of the in-image
+        columns, contiguous, from column 0)."""
+        self._zero_rows(t, parts, ni, rows_t, width, lo, hi, p0)
+        for r, cnt, pdims, (j0, j1, c0, c1, top, left) in self._replica_runs(ch, spans):
+            if j1 <= j0 or not flat and c1 <= c0:
+                continue
+            if flat:
+                dst = _on_chip(t, p0 + r * ch.cs, cnt * ch.cs, j0 * width, ((rows_t * width, ni), (1, (j1 - j0) * width)))
+            else:
+                dst = _on_chip(t, p0 + r * ch.cs, cnt * ch.cs, j0 * width + c0,
+                               ((rows_t * width, ni), (width, j1 - j0), (1, c1 - c0)))
+            self.b.dma_copy(dst, self._src(ch, n0, ni, top, j0, j1, left + c0, width if flat else c1 - c0, pdims),
+                            queue=self._queues.next())
 
     def _replica_runs(self, ch: _Chunk, spans):
         """Replicas loaded by one transfer each run: consecutive replicas whose rows and columns

@@ -185,6 +185,32 @@ def _group_sum_matrices(b: TileBuilder, P: int, cb: int, j: int, scale: float):
     return sel, selT
 
 
+def _mean_var(b: TileBuilder, chunks: list, parts: int, load, keep, prefix: str) -> tuple[View, dict]:
+    """The statistics pass over ``chunks`` (each ``(_, a, _, b)``: ``a * b`` elements per
+    partition, ``load(chunk)`` its tile): VectorE ``bn_stats`` on every piece of up to
+    512 elements, ``bn_aggr`` of them into [parts, 2] = (mean, variance) per partition.
+    Returns that tile and the loaded tiles of the chunks for which ``keep(chunk)``."""
+    pieces = sum(-(-ni * pn // _BN_FMAX) for _, ni, _, pn in chunks)
+    stats = b.sbuf((parts, 6 * pieces), "float32", site=f"{prefix}.stats", bufs=1)
+    kept, k = {}, 0
+    for chunk in chunks:
+        t = load(chunk)
+        free = chunk[1] * chunk[3]
+        for f0 in range(0, free, _BN_FMAX):
+            b.bn_stats(_on_chip(stats, 0, parts, 6 * k, ((1, 6),)),
+                       _on_chip(t, 0, parts, f0, ((1, min(_BN_FMAX, free - f0)),)))
+            k += 1
+        if keep(chunk):
+            kept[chunk] = t
+    mv = b.sbuf((parts, 2), "float32", site=f"{prefix}.mv", bufs=1)
+    b.bn_aggr(mv, stats)
+    return mv, kept
+
+
+def _constant(value, *_):
+    return value
+
+
 def _pipelined(pending, second_pass):
     """Emit the previous block's second pass (now that this block's first pass is emitted) and
     return this block's, to emit after the next block's first pass."""
@@ -286,6 +312,10 @@ class _BatchNorm:
         self.b.tensor_copy(out, ps)
         return out
 
+    def _load_x(self, view: View, c0, cb, keep, chunk) -> View:
+        """``view``'s chunk for the statistics pass, in a home of its own when it is kept."""
+        return self._load(view, c0, cb, chunk, f"bn.xk{chunk}" if chunk in keep else "bn.x", chunk in keep)
+
     def _load(self, view: View, c0, cb, chunk, site, kept: bool = False) -> View:
         """One chunk of ``view``'s block; a kept chunk's site rotates over ``homes`` addresses."""
         L = self.L
@@ -309,21 +339,9 @@ class _BatchNorm:
             kept = {}
             if training:
                 chunks = L.chunks()
-                pieces = sum(-(-ni * pn // _BN_FMAX) for _, ni, _, pn in chunks)
-                stats = b.sbuf((parts, 6 * pieces), "float32", site="bn.stats", bufs=1)
-                k = 0
                 keep = self._kept(chunks, 1)
-                for chunk in chunks:
-                    t = self._load(X, c0, cb, chunk, f"bn.xk{chunk}" if chunk in keep else "bn.x", chunk in keep)
-                    free = chunk[1] * chunk[3]
-                    for f0 in range(0, free, _BN_FMAX):
-                        b.bn_stats(_on_chip(stats, 0, parts, 6 * k, ((1, 6),)),
-                                   _on_chip(t, 0, parts, f0, ((1, min(_BN_FMAX, free - f0)),)))
-                        k += 1
-                    if chunk in keep:
-                        kept[chunk] = t
-                mv = b.sbuf((parts, 2), "float32", site="bn.mv", bufs=1)
-                b.bn_aggr(mv, stats)
+                mv, kept = _mean_var(b, chunks, parts, functools.partial(self._load_x, X, c0, cb, keep),
+                                     keep.__contains__, "bn")
                 if L.j > 1:  # (mean, E[x^2]) per partition, averaged over a channel's parts
                     m2 = b.sbuf((parts, 2), "float32", site="bn.m2", bufs=1)
                     b.tensor_copy(_on_chip(m2, 0, parts, 0, ((1, 1),)), _on_chip(mv, 0, parts, 0, ((1, 1),)))
@@ -697,26 +715,18 @@ class _GroupNorm:
         self.b.dma_copy(t, self.hbm(view, xs, n0, ni, chunk))
         return t
 
+    def _load_x(self, view, xs, n0, ni, resident: bool, chunk) -> View:
+        """``view``'s chunk for the statistics pass, in a home of its own when kept."""
+        return self._load(view, xs, n0, ni, chunk, "gn.x" if not resident else f"gn.xk{chunk}")
+
     def forward(self, X, xs, Y, ys, W, Bv, wb_strides, MEAN, RSTD, eps, isz):
         b = self.b
         resident = self.cg * self.s * isz <= _RESIDENT
         for n0, ni in self.rows():
             rows = ni * self.g
             chunks = self.chunks()
-            pieces = sum(-(-nc * pn // _BN_FMAX) for _, nc, _, pn in chunks)
-            stats = b.sbuf((rows, 6 * pieces), "float32", site="gn.stats", bufs=1)
-            kept, k = {}, 0
-            for chunk in chunks:
-                t = self._load(X, xs, n0, ni, chunk, "gn.x" if not resident else f"gn.xk{chunk}")
-                free = chunk[1] * chunk[3]
-                for f0 in range(0, free, _BN_FMAX):
-                    b.bn_stats(_on_chip(stats, 0, rows, 6 * k, ((1, 6),)),
-                               _on_chip(t, 0, rows, f0, ((1, min(_BN_FMAX, free - f0)),)))
-                    k += 1
-                if resident:
-                    kept[chunk] = t
-            mv = b.sbuf((rows, 2), "float32", site="gn.mv", bufs=1)
-            b.bn_aggr(mv, stats)
+            mv, kept = _mean_var(b, chunks, rows, functools.partial(self._load_x, X, xs, n0, ni, resident),
+                                 functools.partial(_constant, resident), "gn")
             mean = _on_chip(mv, 0, rows, 0, ((1, 1),))
             rstd = b.sbuf((rows, 1), "float32", site="gn.rstd", bufs=1)
             b.activation(rstd, _on_chip(mv, 0, rows, 1, ((1, 1),)), "rsqrt", bias=float(eps))

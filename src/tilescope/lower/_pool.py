@@ -850,44 +850,34 @@ def _scales(nm, ndim):
 
 
 def lower_upsample(call: Call, spec):
-    nm = call.named()
-    x = nm.get("self")
-    kind = _up_kind(call.packet)
-    if kind is None or call.overload == "vec" or not isinstance(x, TensorMeta) or x.dtype not in _FLOATS:
-        return None
-    if len(call.outputs) != 1 or x.ndim not in (3, 4) or x.numel == 0:
-        return None
-    y = call.outputs[0]
-    x4, y4 = _as4(x), _as4(y)
-    if not _fits_whole(x4, y4) or x4.shape[:2] != y4.shape[:2]:
-        return None
-    b = TileBuilder(call.op, spec)
-    with b.provenance(op=call.op):
-        X = _view4(hbm_input(b, "in_self", x), x)
-        Y = _view4(hbm_output(b, "out", y), y)
-        _upsample(b, kind, X, x4, Y, y4, _scales(nm, x.ndim), bool(nm.get("align_corners", False)), spec.partitions)
-    return b.build(meta={"lowering": "upsample"}, shrink_rotation=True)
+    return _upsample_program(call, spec, "self", "in_self", "out", backward=False)
 
 
 def lower_upsample_backward(call: Call, spec):
+    return _upsample_program(call, spec, "grad_output", "in_grad_output", "grad_input", backward=True)
+
+
+def _upsample_program(call: Call, spec, arg: str, in_name: str, out_name: str, backward: bool):
+    """The forward (``backward=False``: ``arg`` is the input) or backward (``arg`` is the
+    output's gradient) of an upsampling call as one Program, or None outside its forms."""
     nm = call.named()
-    dy = nm.get("grad_output")
+    src = nm.get(arg)
     kind = _up_kind(call.packet)
-    if kind is None or call.overload == "vec" or not isinstance(dy, TensorMeta) or dy.dtype not in _FLOATS:
+    if kind is None or call.overload == "vec" or not isinstance(src, TensorMeta) or src.dtype not in _FLOATS:
         return None
-    if len(call.outputs) != 1 or dy.ndim not in (3, 4) or dy.numel == 0:
+    if len(call.outputs) != 1 or src.ndim not in (3, 4) or src.numel == 0:
         return None
-    dx = call.outputs[0]
-    dy4, dx4 = _as4(dy), _as4(dx)
-    if not _fits_whole(dy4, dx4) or dy4.shape[:2] != dx4.shape[:2]:
+    dst = call.outputs[0]
+    src4, dst4 = _as4(src), _as4(dst)
+    if not _fits_whole(src4, dst4) or src4.shape[:2] != dst4.shape[:2]:
         return None
     b = TileBuilder(call.op, spec)
     with b.provenance(op=call.op):
-        DY = _view4(hbm_input(b, "in_grad_output", dy), dy)
-        DX = _view4(hbm_output(b, "grad_input", dx), dx)
-        _upsample(b, kind, DY, dy4, DX, dx4, _scales(nm, dy.ndim), bool(nm.get("align_corners", False)),
-                  spec.partitions, backward=True)
-    return b.build(meta={"lowering": "upsample_backward"}, shrink_rotation=True)
+        S = _view4(hbm_input(b, in_name, src), src)
+        D = _view4(hbm_output(b, out_name, dst), dst)
+        _upsample(b, kind, S, src4, D, dst4, _scales(nm, src.ndim), bool(nm.get("align_corners", False)),
+                  spec.partitions, backward=backward)
+    return b.build(meta={"lowering": "upsample_backward" if backward else "upsample"}, shrink_rotation=True)
 
 
 add_rules(["max_pool2d_with_indices", "avg_pool2d", "_adaptive_avg_pool2d", "max_pool2d", "avg_pool1d"],
