@@ -16,6 +16,7 @@ import hashlib
 import os
 import threading
 
+from ..errors import TilescopeError
 from ._itrace import _itrace_body
 
 __all__ = ["write_file", "read_file", "sha256_of", "link_if_unchanged", "prepare_files", "Executable"]
@@ -82,8 +83,8 @@ def prepare_files(program) -> None:
         from ..sim import simulate
 
         _itrace_body(program, simulate(program))
-    except Exception:
-        pass
+    except (TilescopeError, TypeError, ValueError):  # not modeled, or a value JSON cannot hold (orjson's
+        pass  # error is a TypeError): the export meets it again and reports it; a bug surfaces here
 
 
 class Executable:
