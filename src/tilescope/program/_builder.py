@@ -134,36 +134,47 @@ def _index(view: View, index) -> View:
     keep_unit = view.buffer.memory != "hbm"
     for k, (ix, (stride, size)) in enumerate(zip(index, view.ap.dims)):
         if isinstance(ix, slice):
-            start, stop, step = ix.indices(size)
-            if step <= 0:
-                raise IndexRangeError(f"negative slice steps are not supported (dim {k} of {view.buffer.name!r})")
-            if ix.stop is not None and ix.stop > size:
-                raise IndexRangeError(
-                    f"index range [{start}, {ix.stop - 1}] exceeds dimension size {size} "
-                    f"(dim {k} of {view.buffer.name!r}, shape {view.shape})"
-                )
-            count = max(0, -(-(stop - start) // step))
-            if count == 0:
-                raise IndexRangeError(f"empty slice {ix} on dim {k} of {view.buffer.name!r} (size {size})")
+            start, step, count = _slice_of(ix, size, k, view)
             offset += start * stride
             dims.append((stride * step, count))
             shape.append(count)
         else:
-            i = int(ix)
-            if i < 0:
-                i += size
-            if not 0 <= i < size:
-                raise IndexRangeError(
-                    f"index {int(ix)} is out of range for dimension size {size} "
-                    f"(dim {k} of {view.buffer.name!r}, shape {view.shape})"
-                )
-            offset += i * stride
+            offset += _position(ix, size, k, view) * stride
             if keep_unit and k == 0:
                 dims.append((stride, 1))
                 shape.append(1)
     if not dims:
         dims, shape = [(1, 1)], [1]
     return View(view.buffer, AP(view.ap.buffer, view.ap.dtype, offset, tuple(dims)), tuple(shape))
+
+
+def _slice_of(ix: slice, size: int, k: int, view: View) -> tuple[int, int, int]:
+    """(start, step, count) of slice ``ix`` on dim ``k`` (of ``size``), checked."""
+    start, stop, step = ix.indices(size)
+    if step <= 0:
+        raise IndexRangeError(f"negative slice steps are not supported (dim {k} of {view.buffer.name!r})")
+    if ix.stop is not None and ix.stop > size:
+        raise IndexRangeError(
+            f"index range [{start}, {ix.stop - 1}] exceeds dimension size {size} "
+            f"(dim {k} of {view.buffer.name!r}, shape {view.shape})"
+        )
+    count = max(0, -(-(stop - start) // step))
+    if count == 0:
+        raise IndexRangeError(f"empty slice {ix} on dim {k} of {view.buffer.name!r} (size {size})")
+    return start, step, count
+
+
+def _position(ix, size: int, k: int, view: View) -> int:
+    """Integer index ``ix`` on dim ``k`` (of ``size``), negative ones from the end, checked."""
+    i = int(ix)
+    if i < 0:
+        i += size
+    if not 0 <= i < size:
+        raise IndexRangeError(
+            f"index {int(ix)} is out of range for dimension size {size} "
+            f"(dim {k} of {view.buffer.name!r}, shape {view.shape})"
+        )
+    return i
 
 
 def _template_limits(instr) -> list[tuple]:
