@@ -197,6 +197,36 @@ def test_forward_masks(kind):
     run_forward(q, k, v, mask=mask)
 
 
+@pytest.mark.parametrize("kind", ["bool_padding", "finfo_padding", "float_row_per_head", "gqa_shared_row"])
+def test_fp32_row_mask_rides_in_pass_one_contraction(monkeypatch, kind):
+    """fp32 attention scoring its row maxima in bf16 adds a row mask in that pass's own contraction
+    (two more rows of keys hold the mask, two rows of ones follow the queries): no K=2 mask matmul
+    in pass 1, and values still match CPU, for masks per batch, per head and shared by a GQA group."""
+    import tilescope.lower._attention as attention
+
+    monkeypatch.setattr(attention, "_pass1_forms", lambda dt: ("bfloat16",))
+    B, H, L, S, E = 2, 2, 150, 300, 64
+    q, k, v = rnd(B, H, L, E), rnd(B, H, S, E), rnd(B, H, S, E)
+    if kind == "bool_padding":
+        mask = torch.ones(B, 1, 1, S, dtype=torch.bool)
+        mask[0, ..., 100:] = False
+    elif kind == "finfo_padding":
+        mask = torch.zeros(B, 1, 1, S)
+        mask[1, ..., 30:] = torch.finfo(torch.float32).min
+    elif kind == "float_row_per_head":
+        mask = rnd(B, H, 1, S)
+    else:
+        k, v = k[:, :1], v[:, :1]
+        mask = torch.ones(B, 1, 1, S, dtype=torch.bool)
+        mask[1, ..., 250:] = False
+    prog = attention_forward(meta_of(q), meta_of(k), meta_of(v), meta_of(mask), causal=False, scale=None,
+                             dropout_p=0.0, spec="trn1")
+    bf16_k2 = [ins for ins in prog.instructions if getattr(ins, "stationary", None) is not None
+               and ins.stationary.dtype == "bfloat16" and ins.stationary.partitions == 2]
+    assert not bf16_k2
+    run_forward(q, k, v, mask=mask)
+
+
 @pytest.mark.parametrize("L, S, causal", [(200, 200, True), (130, 300, True), (300, 130, True), (96, 160, False)])
 def test_programs_state_their_useful_flops_per_scored_pair(L, S, causal):
     """The Programs carry the attention's own FLOPs (what "% of TensorE peak" counts), counted here

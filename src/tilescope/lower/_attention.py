@@ -362,6 +362,7 @@ class _KV:
         self.resident = need * 3 <= _RESIDENT_BYTES if resident is None else resident
         self.ones_column = ones_column
         self._kt = self._v = self._rows = self._kt1 = None
+        self.p1_rows = None  # a row mask's [2, S] hi/lo rows, folded into pass 1's keys (see kt_as)
         self._slot = None
         self._homes = slots.count if slots is not None else 3
         if self.resident:  # the DMAs now; the transposes when finish() is called (a block later)
@@ -440,7 +441,13 @@ class _KV:
                              for c in range(len(self.echunks))]
                 for t1, t, (_, ec) in zip(self._kt1, self._kt, self.echunks):
                     b.tensor_copy(t1[:ec, :], t[:ec, :S], engine="dve")
-            return [t[:ec, s0:s0 + n] for t, (_, ec) in zip(self._kt1, self.echunks)]
+                if self.p1_rows is not None:  # the mask's rows below the last head-dim row (DMA: any partition)
+                    e = self.echunks[-1][1]
+                    _dma(b, self._kt1[-1][e:e + 2, :S], self.p1_rows[:2, :S])
+            extra = 2 if self.p1_rows is not None else 0
+            last = len(self.echunks) - 1
+            return [t[:ec + (extra if c == last else 0), s0:s0 + n]
+                    for c, (t, (_, ec)) in enumerate(zip(self._kt1, self.echunks))]
         out = []
         for c, (t, (_, ec)) in enumerate(zip(self.kt(s0, n), self.echunks)):
             t1 = b.sbuf((128, n), dtype, site=f"attn.kts1_{c}")
@@ -765,6 +772,7 @@ class _Forward:
             homes = 3 * per if 3 * per * need <= _RESIDENT_BYTES else 2
             self._resident = homes * need <= _RESIDENT_BYTES
             self._slots = _KVSlots(b, f, self.pe_dt, ones, self.ones_column, homes)
+            self.fold = self._fold_mask_rows()
         # query rows [lt, E | r_hi | r_lo] per tile; pass 1 uses their transpose without the r columns
         blk.qrows = b.sbuf((128, self.qb, E + 2), self.pe_dt, site="attn.qrows", bufs=4)
         # -max as hi + lo: beside the query rows when it rides in their contraction, else its own tile
@@ -791,6 +799,35 @@ class _Forward:
         blk.kv = blk.kvs[0]
         blk.ncols = col
 
+    def _fold_mask_rows(self) -> bool:
+        """Does pass 1 add a row mask in its own contraction? Two more rows of the bf16 keys hold the
+        mask (hi, lo) and two rows of ones follow the queries, so the scores need no extra K=2
+        matmul (a matmul costs its moving columns, whatever its contraction). For the bf16 pass 1
+        of fp32 attention (its keys are their own copy), resident heads whose query heads all see
+        one mask row, and a last head-dim chunk with room for two rows where an engine may start."""
+        f, m = self.form, self.masks
+        e = f.E - 128 * (len(_chunks(f.E, 128)) - 1)
+        one_row = m is not None and (m.strides[1] == 0 or f.k.shape[1] == f.H)
+        return (m is not None and m.kind == "row" and one_row and self.p1_dt != self.pe_dt and self._resident
+                and e + 2 <= 128 and _may_start(e, 2))
+
+    def _qt_home(self, e: int) -> View:
+        """Pass 1's query operand for head-dim chunk ``e``: with folded mask rows, one of three homes
+        whose two rows of ones (after the last chunk's head-dim rows) are set once."""
+        b = self.b
+        last = len(_chunks(self.form.E, 128)) - 1
+        if not self.fold or e != last:
+            return b.sbuf((128, 512), self.p1_dt, site=f"attn.qt{e}")
+        homes = self.__dict__.setdefault("_qt_homes", [])
+        if len(homes) < 3:
+            t = b.sbuf((128, 512), self.p1_dt, name=f"attn_qt1_{len(homes)}", site=f"attn.qthome{len(homes)}",
+                       bufs=1)
+            ec = self.form.E - 128 * last
+            b.memset(t[ec:ec + 2, :], 1.0, engine="pool")
+            homes.append(t)
+        self._qt_n = getattr(self, "_qt_n", -1) + 1
+        return homes[self._qt_n % 3]
+
     def _cast(self, blk: "_Block") -> None:
         """Pass 1's query rows in its dtype (fp32 attention scoring its maxima in bf16): a VectorE
         copy, SBUF to SBUF (off the PSUM port), issued before the previous block's statistics so the
@@ -809,14 +846,17 @@ class _Forward:
         for kv in blk.kvs:
             kv.finish()
         b, E = self.b, self.form.E
-        blk.qt = [b.sbuf((128, 512), self.p1_dt, site=f"attn.qt{e}") for e in range(len(blk.kv.echunks))]
+        blk.qt = [self._qt_home(e) for e in range(len(blk.kv.echunks))]
         src = blk.q1
         loaded = [src[:, i, :E] for i in range(len(blk.qtiles))]
         _transpose_into(b, loaded, blk.qtiles, E, self.p1_dt, blk.qt, 0, "dve")  # pass 1 is VectorE's
         masks = self.masks
         blk.rows = masks.row(blk.bi, blk.h) if masks is not None and masks.kind == "row" else None
         blk.rows1 = None
-        if blk.rows is not None:
+        if blk.rows is not None and self.fold:
+            for kv in blk.kvs:
+                kv.p1_rows = blk.rows[0]
+        elif blk.rows is not None:
             blk.rows1 = blk.rows[0]
             mdt = masks.pe_dt
             if self.p1_dt != mdt and not (mdt == "bfloat16" and self.p1_dt == "float32"):  # cast once per row
@@ -861,12 +901,13 @@ class _Forward:
                     streamed = (j, kv.kt_as(s0, min(_KB, max(his) - s0), self.p1_dt))
                 kts = [t[:, :kw] for t in streamed[1]]
             ps = b.psum((128, _KB), "float32", site="attn.ps.s1", bufs=2)
-            for e, (e0, ec) in enumerate(kv.echunks):
-                b.matmul(ps[:lt, :kw], qt[e][:ec, t0:t0 + lt], kts[e], accumulate=e > 0)
-            if rows is not None:
+            for e in range(len(kv.echunks)):
+                rows_e = kts[e].shape[0]  # with a folded mask: two more rows (the mask; ones beside the queries)
+                b.matmul(ps[:lt, :kw], qt[e][:rows_e, t0:t0 + lt], kts[e], accumulate=e > 0)
+            if rows is not None and not self.fold:
                 b.matmul(ps[:lt, :kw], c1.like(blk.rows1.dtype).ones[:2, :lt], blk.rows1[:2, s0:s0 + kw],
                          accumulate=True)
-            elif self.masks is not None:  # the stabiliser needs no more than the hi part
+            elif self.masks is not None and rows is None:  # the stabiliser needs no more than the hi part
                 hi, lo = self._full_block(blk, i, q0, lt, j, s0, kw)
                 b.matmul(ps[:lt, :kw], c.like(hi.dtype).ident[:lt, :lt], hi, accumulate=True)
             if self.causal and s0 <= q0 < s0 + kw:
