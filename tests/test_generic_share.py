@@ -67,6 +67,9 @@ def test_the_profile_records_each_execution_s_rule_and_the_generic_share(profile
     assert g["executions"] == 1 and g["kernel_executions"] == len(runs)
     assert g["top"][0]["op"] == GENERIC_OP and g["top"][0]["shapes"] == [[256, 512]]
     assert stats["lowerings"]["matmul"]["executions"] == 1
+    from tilescope.lower import declines  # the process's declines (they only grow until the cache is cleared)
+    now = {(r, why): n for r, why, n in declines()}
+    assert all(0 < d["calls"] <= now[d["rule"], d["reason"]] for d in stats["lowering_declines"])
     with open(os.path.join(path, "system_trace.json"), encoding="utf-8") as f:
         hw = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "hardware"]
     assert sorted(e["args"]["lowering"] for e in hw) == sorted(r.lowering for r in runs)
@@ -107,6 +110,21 @@ def test_the_doctor_threshold_is_five_percent(tmp_path, stats):
     (f,) = [f for f in diagnose(over) if f.code == "generic-share"]
     assert "6.0%" in f.message and GENERIC_OP in f.message
     assert "generic-share" not in {f.code for f in diagnose(under)}
+
+
+def test_the_doctor_names_the_rules_that_declined_calls(tmp_path):
+    path = _generic_profile(tmp_path / "declined", (6.0, 94.0), stats=True)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert "lowering_declines" not in manifest["stats"]
+    (f,) = [f for f in diagnose(path) if f.code == "generic-share"]
+    assert "declined" not in f.message
+    with ProfileWriter(tmp_path / "with", device={"kind": "sim", "preset": "trn1"},
+                       config={"modes": ["DEVICE", "RUNTIME"], "correlate_device_time": True}) as w:
+        w.write_bytes("system_trace.json", (path / "system_trace.json").read_bytes())
+        w.stats = {**manifest["stats"], "lowering_declines": [
+            {"rule": "fused:softmax", "reason": "tiles do not fit the kernel (CapacityError)", "calls": 3}]}
+    (f,) = [f for f in diagnose(w.path) if f.code == "generic-share"]
+    assert "fused:softmax 3x (tiles do not fit the kernel (CapacityError))" in f.message
 
 
 def test_the_analysis_tables_carry_the_rule(profiled):
