@@ -26,7 +26,14 @@ those matmuls can reach is E/128 of TensorE's; "row-limited" is TensorE's time a
 Then HF GPT-2's eager attention (matmul, scale, where with the causal bias, softmax, matmul) on
 the sim device, priced by the per-op lowerings, beside the fused forward of the same shape.
 
-Run: .venv/bin/python benchmarks/attention_lowering.py [--quick] [--preset trn2]
+Run: .venv/bin/python benchmarks/attention_lowering.py [--quick | --zoo] [--preset trn2] [--dtype float32]
+
+``--zoo`` runs the model zoo's large attention shapes instead (``--zoo --dtype float32``: as the zoo runs them).
+
+``--dtype float32`` is the model zoo's dtype: TensorE runs fp32 at a quarter of its bf16 rate, so
+there the kernel is bound by TensorE's own instructions, not the port: "its instructions' ceiling"
+is the useful FLOPs' time at peak over TensorE's busy time (what the kernel reaches if TensorE
+never waits).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from tilescope.sim import simulate
 from tilescope.spec import preset
 
 SPEC = preset(sys.argv[sys.argv.index("--preset") + 1] if "--preset" in sys.argv else "trn1")
-DT = "bfloat16"
+DT = sys.argv[sys.argv.index("--dtype") + 1] if "--dtype" in sys.argv else "bfloat16"
 
 # (name, B, Hq, Hkv, L, E, causal, mask): model-sized heads
 SHAPES = [
@@ -54,6 +61,14 @@ SHAPES = [
     ("Llama GQA 32/8, d=128", 1, 32, 8, 2048, 128, True, None),
 ]
 QUICK = [s for s in SHAPES if s[0] in ("ViT-B/16", "GPT-2 small", "d=128, seq 2048")]
+# the model zoo's large configs (examples/models/zoo.py SIZES["large"]): one layer's attention each
+ZOO = [
+    ("zoo ViT", 4, 3, 3, 197, 64, False, None),
+    ("zoo GPT-2", 2, 12, 12, 512, 64, True, None),
+    ("zoo Llama GQA 12/4", 2, 12, 4, 512, 64, True, None),
+    ("zoo BERT, padding", 2, 12, 12, 512, 64, False, "row"),
+    ("zoo nanoGPT", 2, 6, 6, 256, 64, True, None),
+]
 
 
 def meta(shape, dtype=DT):
@@ -103,7 +118,9 @@ def row(label, prog, res, flops, nbytes, floor, qk_share, E):
                  f"{floor / max(port, 1):4.0%} of it)")
     else:  # v3: the two engines reach PSUM in parallel; each is its own floor
         where = f"ScalarE + VectorE on PSUM {port / 1e3:8.1f} us (in parallel on this core)"
-    print(f"       trace: {where}  TensorE {busy.get('TensorE', 0) / 1e3:.1f}  ScalarE "
+    pe_busy = busy.get("TensorE", 0)
+    pe_ceiling = flops / peak / pe_busy * 100 if pe_busy else 0.0
+    print(f"       trace: {where}  TensorE {pe_busy / 1e3:.1f} (its instructions' ceiling {pe_ceiling:4.1f}% PE)  ScalarE "
           f"{busy.get('ScalarE', 0) / 1e3:.1f}  VectorE {busy.get('VectorE', 0) / 1e3:.1f} us; "
           f"Q K^T uses {rows}/{SPEC.pe_rows} PE rows (row-limited TensorE {limited / 1e3:.1f} us)")
     return t / bound, pct
@@ -120,7 +137,7 @@ def fused(name, B, H, Hk, L, E, causal, mask_kind):
     bwd_prog = attention_backward(q, q, kv, kv, q, lse, mask, causal=causal, scale=None, dropout_p=0.0, spec=SPEC)
     bwd = simulate(bwd_prog, SPEC)
     wall = time.perf_counter() - t0
-    isz = 2
+    isz = 4 if DT == "float32" else 2
     io = (2 * B * H * L * E + 2 * B * Hk * L * E) * isz + B * H * L * 4
     print(f"{name}: B={B} H={H}/{Hk} L=S={L} d={E} causal={causal} mask={mask_kind or '-'} "
           f"({fwd.summary.instructions + bwd.summary.instructions} instructions, built+simulated in {wall:.1f} s)")
@@ -168,9 +185,10 @@ def manual_gpt2(B=1, H=12, L=1024, E=64):
 def main() -> None:
     quick = "--quick" in sys.argv
     print(f"Attention Programs on {SPEC.name}, {DT} (all times modeled); targets: <= 2.00x bound, >= 50% PE\n")
-    for shape in QUICK if quick else SHAPES:
+    zoo = "--zoo" in sys.argv
+    for shape in ZOO if zoo else QUICK if quick else SHAPES:
         fused(*shape)
-    if SPEC.name == "trn1":  # the device runs its default preset
+    if SPEC.name == "trn1" and not zoo:  # the device runs its default preset
         manual_gpt2(L=512 if quick else 1024)
 
 
