@@ -44,6 +44,18 @@ _ACC_BUDGET = 32 * 1024  # SBUF accumulators of one output group
 _PSUM_ACCS = 3  # PSUM accumulators per pass: two passes in flight (6 of 8 banks)
 
 
+class _LoadQueues(_Queues):
+    """Round-robin queues for the input loads, all but ``STORE``, which the results leave by:
+    a queue issues in order, so a load behind a store would wait for the output group the
+    store finishes, not start while that group computes."""
+
+    STORE = 0
+
+    def next(self) -> int:
+        q = super().next()
+        return super().next() if q == self.STORE else q
+
+
 @dataclass(frozen=True)
 class _Pack:
     """Groups [g0, g0 + gn) whose grad_weight is computed together: output channels
@@ -96,7 +108,7 @@ class _GradWeight:
         self.wt = (self.C - 1) * g.sw + (g.kw - 1) * g.dw + 1 if self.padded else g.w
         self.classes = self._classes()
         self._dy_cache: dict = {}
-        self._queues = _Queues(spec)
+        self._queues = _LoadQueues(spec)
 
     def _classes(self) -> dict:
         """Local output columns grouped by the kernel columns [lo, hi) whose input column is
@@ -122,7 +134,9 @@ class _GradWeight:
         dy_row = self.C * self.isz
         one_shot = self.nimg == g.n  # one image block: nothing to double-buffer
         nmax = self.spec.matmul_moving_fmax
-        x_room = (_ONE_SHOT - min(nmax, g.cout) * self.R * dy_row) if one_shot else _X_BUDGET
+        # one shot: two x tiles in flight, so the next output group's channels load while this
+        # group's matmuls run
+        x_room = (_ONE_SHOT - min(nmax, g.cout) * self.R * dy_row) // 2 if one_shot else _X_BUDGET
         max_channels = x_room // (self._rows_in(self.R if one_shot else 1) * row_bytes)
         if not one_shot or max_channels < min(g.cin, max(1, self.P // g.taps)):
             one_shot = False
@@ -241,7 +255,7 @@ class _GradWeight:
         b, g = self.b, self.g
         rows_in = self._rows_in(nr)
         wt, parts = self.wt, self.parts
-        t = b.sbuf((parts, channels, rows_in, wt), self.X.dtype, site="conv.wx", bufs=1 if self.one_shot else 2)
+        t = b.sbuf((parts, channels, rows_in, wt), self.X.dtype, site="conv.wx", bufs=2)
         j_new = 0
         if prev is not None:
             pt, pr0, pnr = prev
@@ -376,7 +390,8 @@ class _GradWeight:
                     b.tensor_copy(out, res)
                 co = pack.g0 * g.cout + pack.n0 + o
                 b.dma_copy(_hbm(self.GW, co * gws[0] + c0 * gws[1],
-                                ((gws[0], os_), (gws[1], cs), (gws[2], g.kh), (gws[3], g.kw))), out)
+                                ((gws[0], os_), (gws[1], cs), (gws[2], g.kh), (gws[3], g.kw))), out,
+                           queue=_LoadQueues.STORE)
                 continue
             # rows (g', co) of the pack, columns (g, ci, tap) of this chunk's groups: keep g == g'
             gq = cs // g.cin  # groups in this chunk
@@ -389,7 +404,7 @@ class _GradWeight:
             g_first = pack.g0 + c0 // g.cin  # only the chunk's groups' rows hold their weights
             b.dma_copy(_hbm(self.GW, g_first * g.cout * gws[0],
                             ((gws[0], gq * g.cout), (gws[1], g.cin), (gws[2], g.kh), (gws[3], g.kw))),
-                       _on_chip(red, (c0 // g.cin) * g.cout, gq * g.cout, 0, ((1, rg),)))
+                       _on_chip(red, (c0 // g.cin) * g.cout, gq * g.cout, 0, ((1, rg),)), queue=_LoadQueues.STORE)
 
 
 class _GradWeightTransposed:
