@@ -295,18 +295,19 @@ def open_page(ctx, url: str) -> tuple:
 
 
 def side_by_side(ctx, urls: dict, moves: int, rounds: int = 2) -> dict:
-    """Each front end of ``urls`` ({label: server url}) on one page each: its first paint
-    (the trace's server state already warm), then ``rounds`` blocks of the same forced moves,
-    the front ends in turn, so both meet the same load: {label: {"paint_ms", "moves": [ms...]}}."""
-    out, pages = {}, {}
-    for label, u in urls.items():
-        pages[label], paint, first = open_page(ctx, u)
-        out[label] = {"paint_ms": paint, "moves": [], "hidden": first["hidden"]}
-    for _ in range(rounds):
-        for label, pg in pages.items():
+    """Each front end of ``urls`` ({label: server url}) in turn, ``rounds`` times, the order
+    reversed each round: a fresh page (its first paint, the trace's server state already warm),
+    the same forced moves, the page closed -- one page open at a time, so both meet the same
+    load and neither runs as a background tab: {label: {"paint_ms": [...], "moves": [ms...]}}."""
+    out = {label: {"paint_ms": [], "moves": [], "hidden": False} for label in urls}
+    order = list(urls)
+    for k in range(rounds):
+        for label in (order if k % 2 == 0 else order[::-1]):
+            pg, paint, first = open_page(ctx, urls[label])
+            out[label]["paint_ms"].append(paint)
+            out[label]["hidden"] |= bool(first["hidden"])
             out[label]["moves"] += [m["ms"] for m in pg.evaluate(MOVES_JS, [moves, True, 7])]
-    for pg in pages.values():
-        pg.close()
+            pg.close()
     return out
 
 
@@ -410,6 +411,23 @@ def report_interactions(session, per_source: dict) -> bool:
                   f"{max(srv):>8.1f}   {pct(pg, 50):>8.1f} {pct(pg, 95):>8.1f}  {verdict}"
                   f"{f' ({bad} HTTP errors)' if bad else ''}")
     return ok
+
+
+def report_side_by_side(r: dict, ref_dir: str | None) -> None:
+    """Prints the front ends measured side by side (``--reference-static``), if any."""
+    for name, ab in (("while the analyses run", r["ab"]), ("once they are done", r["ab_settled"])):
+        if ab:
+            ref_, new_ = ab["reference"], ab["this"]
+            print(f"side by side, {name} (same session and load, a page each in turn; reference: "
+                  f"{ref_dir}):")
+            for label, x in (("reference", ref_), ("this", new_)):
+                paint = sum(x["paint_ms"]) / len(x["paint_ms"]) / 1e3
+                print(f"  {label:<9} first paint (server warm, mean of {len(x['paint_ms'])}) {paint:.3f} s (ratio {paint / TARGET_PAINT_S:.2f}); "
+                      f"zoom/pan p50 {pct(x['moves'], 50):.1f} ms, p95 {pct(x['moves'], 95):.1f} ms "
+                      f"(ratio {pct(x['moves'], 95) / TARGET_MOVE_MS:.2f}), mean {sum(x['moves']) / len(x['moves']):.1f} ms"
+                      f"{' (page hidden: drawn without frames)' if x['hidden'] else ''}")
+            print(f"  this / reference: zoom/pan p95 {pct(new_['moves'], 95) / pct(ref_['moves'], 95):.2f}x, "
+                  f"mean {sum(new_['moves']) / sum(ref_['moves']):.2f}x")
 
 
 def main(argv=None) -> int:
@@ -522,18 +540,7 @@ def main(argv=None) -> int:
     print(f"zoom/pan once the background analyses are done (same moves): p50 {pct(st, 50):.1f} ms, p95 "
           f"{p95_settled:.1f} ms (ratio {p95_settled / TARGET_MOVE_MS:.2f}); server p50 {pct(r['settled_server'], 50):.1f} ms, "
           f"p95 {pct(r['settled_server'], 95):.1f} ms")
-    for name, ab in (("while the analyses run", r["ab"]), ("once they are done", r["ab_settled"])):
-        if ab:
-            ref_, new_ = ab["reference"], ab["this"]
-            print(f"side by side, {name} (same session and load, blocks of moves in turn; reference: "
-                  f"{args.reference_static}):")
-            for label, x in (("reference", ref_), ("this", new_)):
-                print(f"  {label:<9} first paint (server warm) {x['paint_ms'] / 1e3:.3f} s (ratio {x['paint_ms'] / 1e3 / TARGET_PAINT_S:.2f}); "
-                      f"zoom/pan p50 {pct(x['moves'], 50):.1f} ms, p95 {pct(x['moves'], 95):.1f} ms "
-                      f"(ratio {pct(x['moves'], 95) / TARGET_MOVE_MS:.2f}), mean {sum(x['moves']) / len(x['moves']):.1f} ms"
-                      f"{' (page hidden: drawn without frames)' if x['hidden'] else ''}")
-            print(f"  this / reference: zoom/pan p95 {pct(new_['moves'], 95) / pct(ref_['moves'], 95):.2f}x, "
-                  f"mean {sum(new_['moves']) / sum(ref_['moves']):.2f}x")
+    report_side_by_side(r, args.reference_static)
     print(f"zoom/pan as the user gets them (moves within loaded data need no request): p50 "
           f"{pct(user, 50):.1f} ms, p95 {pct(user, 95):.1f} ms")
     print(f"analyses computed in the background (summary, tables, roofline): "
