@@ -9,6 +9,8 @@ for 33-64, 0/32/64/96 for <= 32.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from ..dtypes import itemsize
 from ..errors import CapacityError, IndexRangeError, ProgramError, TileLimitError
 from ..isa import (
@@ -150,118 +152,147 @@ def check_instruction(instr: Instruction, buffers, spec: CoreSpec) -> None:
         _check_indirect(instr, buffers, spec)
         return
     if isinstance(instr, DmaCopy):
-        if instr.src.size != instr.dst.size:
-            raise ProgramError(
-                f"dma_copy moves {instr.src.size} elements from {instr.src.buffer!r} {instr.src.shape} "
-                f"into {instr.dst.size} elements of {instr.dst.buffer!r} {instr.dst.shape}; sizes must match"
-            )
-        # dtypes may differ: "a cast will happen if the src and dst have different dtype" [isa]
-        if instr.queue is not None and not 0 <= instr.queue < spec.dma.queues:
-            raise ProgramError(f"dma_copy queue {instr.queue} out of range [0, {spec.dma.queues})")
+        _check_dma(instr, spec)
         return
-
     for role, ap, _ in ops:
-        b = buffers[ap.buffer]
-        if b.memory == "hbm":
-            raise ProgramError(
-                f"Expected operand {role!r} of {kind!r} to be in SBUF or PSUM, but got a region of "
-                f"HBM tensor {ap.buffer!r}; load it into an SBUF tile first"
-            )
-        if ap.partitions > spec.partitions:
-            raise TileLimitError(
-                f"number of partitions {ap.partitions} of operand {role!r} of {kind} exceeds the "
-                f"architecture limit of {spec.partitions}"
-            )
-        _check_start_partition(ap, b, role, kind)
-        if instr.engine in ("dve", "act"):
-            limit = PSUM_FREE_MAX if b.memory == "psum" else SBUF_FREE_MAX
-            if ap.free_size > limit:
-                raise TileLimitError(
-                    f"operand {role!r} of {kind} has {ap.free_size} elements per partition in "
-                    f"{b.memory.upper()}; {instr.engine} accepts at most {limit} there; split the free dimension"
-                )
-
+        _check_on_chip_operand(instr, role, ap, buffers[ap.buffer], spec)
     if isinstance(instr, (Matmul, Transpose)):
         _check_one_bank(instr, buffers, spec)
-    if isinstance(instr, Matmul):
-        _check_matmul(instr, buffers, spec)
-    elif isinstance(instr, Transpose):
-        if buffers[instr.dst.buffer].memory != "psum":
-            raise ProgramError("transpose writes its result into PSUM; give it a PSUM tile as dst")
-        if instr.src.free_size > spec.matmul_stationary_fmax:
+    for cls in type(instr).__mro__:  # the kind's own rule (the table below), else the elementwise one
+        check = _KIND_CHECKS.get(cls)
+        if check is not None:
+            check(instr, buffers, spec)
+            return
+    _check_elementwise(instr, ops)
+
+
+def _check_dma(instr: DmaCopy, spec: CoreSpec) -> None:
+    if instr.src.size != instr.dst.size:
+        raise ProgramError(
+            f"dma_copy moves {instr.src.size} elements from {instr.src.buffer!r} {instr.src.shape} "
+            f"into {instr.dst.size} elements of {instr.dst.buffer!r} {instr.dst.shape}; sizes must match"
+        )
+    # dtypes may differ: "a cast will happen if the src and dst have different dtype" [isa]
+    if instr.queue is not None and not 0 <= instr.queue < spec.dma.queues:
+        raise ProgramError(f"dma_copy queue {instr.queue} out of range [0, {spec.dma.queues})")
+
+
+def _check_on_chip_operand(instr: Instruction, role: str, ap: AP, b, spec: CoreSpec) -> None:
+    """An engine operand: on chip, within the partitions, at an allowed start partition, and
+    (VectorE / ScalarE) within the free size the engine reads from its memory."""
+    kind = instr.KIND
+    if b.memory == "hbm":
+        raise ProgramError(
+            f"Expected operand {role!r} of {kind!r} to be in SBUF or PSUM, but got a region of "
+            f"HBM tensor {ap.buffer!r}; load it into an SBUF tile first"
+        )
+    if ap.partitions > spec.partitions:
+        raise TileLimitError(
+            f"number of partitions {ap.partitions} of operand {role!r} of {kind} exceeds the "
+            f"architecture limit of {spec.partitions}"
+        )
+    _check_start_partition(ap, b, role, kind)
+    if instr.engine in ("dve", "act"):
+        limit = PSUM_FREE_MAX if b.memory == "psum" else SBUF_FREE_MAX
+        if ap.free_size > limit:
             raise TileLimitError(
-                f"transpose source has {instr.src.free_size} elements per partition; TensorE "
-                f"transposes at most {spec.matmul_stationary_fmax} (it becomes the partition dim)"
+                f"operand {role!r} of {kind} has {ap.free_size} elements per partition in "
+                f"{b.memory.upper()}; {instr.engine} accepts at most {limit} there; split the free dimension"
             )
-        if instr.dst.partitions != instr.src.free_size or instr.dst.free_size != instr.src.partitions:
-            raise ProgramError(
-                f"transpose of {instr.src.shape} needs a [{instr.src.free_size}, {instr.src.partitions}] "
-                f"destination, got {instr.dst.shape}"
-            )
-    elif isinstance(instr, BnStats):
-        if instr.src.free_size > BN_STATS_FREE_MAX:
-            raise TileLimitError(
-                f"bn_stats reads {instr.src.free_size} elements per partition; the limit is "
-                f"{BN_STATS_FREE_MAX}: call it per chunk of 512 and combine with bn_aggr"
-            )
-        if instr.dst.free_size != 6 or instr.dst.partitions != instr.src.partitions:
-            raise ProgramError(f"bn_stats writes [{instr.src.partitions}, 6], got dst {instr.dst.shape}")
-    elif isinstance(instr, BnAggr):
-        if instr.src.free_size % 6 or instr.dst.free_size != 2:
-            raise ProgramError(
-                f"bn_aggr reads [P, 6k] stats and writes [P, 2]; got src {instr.src.shape}, dst {instr.dst.shape}"
-            )
-    elif isinstance(instr, TensorReduce):
-        axes = instr.axes if instr.axes is not None else tuple(range(1, len(instr.src.dims)))
-        if any(a < 1 or a >= len(instr.src.dims) for a in axes):
-            raise ProgramError(
-                f"tensor_reduce axes {axes} must be free dimensions of src (1..{len(instr.src.dims) - 1})"
-            )
-        kept = 1
-        for k, (_, c) in enumerate(instr.src.dims[1:], start=1):
-            if k not in axes:
-                kept *= c
-        if instr.dst.free_size != kept or instr.dst.partitions != instr.src.partitions:
-            raise ProgramError(
-                f"tensor_reduce of {instr.src.shape} over axes {axes} gives {instr.src.partitions} x "
-                f"{kept} elements, but dst is {instr.dst.shape}"
-            )
-    elif isinstance(instr, (ActivationReduce, TensorScalarReduce)):
-        _same_size(kind, "src", instr.src, "dst", instr.dst)
-        r = instr.reduce_dst
-        if r.free_size != 1 or r.partitions != instr.src.partitions:
-            raise ProgramError(f"{kind} reduce_dst must be [{instr.src.partitions}, 1], got {r.shape}")
-        s0 = getattr(instr, "scalar0", None)
-        if s0.__class__ is AP and (s0.free_size != 1 or s0.partitions != instr.src.partitions):
-            raise ProgramError(f"{kind}: per-partition scalar operand must be [{instr.src.partitions}, 1], "
-                               f"got {s0.shape}")
-    elif isinstance(instr, AffineSelect):
-        _same_size(kind, "dst", instr.dst, "on_true", instr.on_true)
-        n = 1
-        for _, num in instr.pattern:
-            n *= num
-        if n != instr.dst.free_size:
-            raise ProgramError(f"affine_select pattern {instr.pattern} covers {n} elements per partition; dst "
-                               f"{instr.dst.shape} has {instr.dst.free_size}")
-    elif isinstance(instr, (Max8, MatchReplace8, FindIndex8)):
-        _check_top8(instr)
-    elif isinstance(instr, GpsimdCall):
-        pass
-    else:
-        # elementwise kinds: every tile operand has the destination's size,
-        # except [P, 1] per-partition scalar operands
-        dst = instr.dst
-        for role, ap, _ in ops:
-            if ap is dst or role in _SCALAR_ROLES:
-                if role in _SCALAR_ROLES and (
-                    ap.free_size != 1 or ap.partitions != dst.partitions
-                ):
-                    raise ProgramError(
-                        f"{kind}: per-partition scalar operand {role!r} must be [{dst.partitions}, 1], "
-                        f"got {ap.shape}"
-                    )
-                continue
-            _same_size(kind, "dst", dst, role, ap)
+
+
+def _check_transpose(instr: Transpose, buffers, spec: CoreSpec) -> None:
+    if buffers[instr.dst.buffer].memory != "psum":
+        raise ProgramError("transpose writes its result into PSUM; give it a PSUM tile as dst")
+    if instr.src.free_size > spec.matmul_stationary_fmax:
+        raise TileLimitError(
+            f"transpose source has {instr.src.free_size} elements per partition; TensorE "
+            f"transposes at most {spec.matmul_stationary_fmax} (it becomes the partition dim)"
+        )
+    if instr.dst.partitions != instr.src.free_size or instr.dst.free_size != instr.src.partitions:
+        raise ProgramError(
+            f"transpose of {instr.src.shape} needs a [{instr.src.free_size}, {instr.src.partitions}] "
+            f"destination, got {instr.dst.shape}"
+        )
+
+
+def _check_bn_stats(instr: BnStats, buffers, spec: CoreSpec) -> None:
+    if instr.src.free_size > BN_STATS_FREE_MAX:
+        raise TileLimitError(
+            f"bn_stats reads {instr.src.free_size} elements per partition; the limit is "
+            f"{BN_STATS_FREE_MAX}: call it per chunk of 512 and combine with bn_aggr"
+        )
+    if instr.dst.free_size != 6 or instr.dst.partitions != instr.src.partitions:
+        raise ProgramError(f"bn_stats writes [{instr.src.partitions}, 6], got dst {instr.dst.shape}")
+
+
+def _check_bn_aggr(instr: BnAggr, buffers, spec: CoreSpec) -> None:
+    if instr.src.free_size % 6 or instr.dst.free_size != 2:
+        raise ProgramError(
+            f"bn_aggr reads [P, 6k] stats and writes [P, 2]; got src {instr.src.shape}, dst {instr.dst.shape}"
+        )
+
+
+def _check_tensor_reduce(instr: TensorReduce, buffers, spec: CoreSpec) -> None:
+    axes = instr.axes if instr.axes is not None else tuple(range(1, len(instr.src.dims)))
+    if any(a < 1 or a >= len(instr.src.dims) for a in axes):
+        raise ProgramError(
+            f"tensor_reduce axes {axes} must be free dimensions of src (1..{len(instr.src.dims) - 1})"
+        )
+    kept = 1
+    for k, (_, c) in enumerate(instr.src.dims[1:], start=1):
+        if k not in axes:
+            kept *= c
+    if instr.dst.free_size != kept or instr.dst.partitions != instr.src.partitions:
+        raise ProgramError(
+            f"tensor_reduce of {instr.src.shape} over axes {axes} gives {instr.src.partitions} x "
+            f"{kept} elements, but dst is {instr.dst.shape}"
+        )
+
+
+def _check_with_reduction(instr, buffers, spec: CoreSpec) -> None:
+    """activation_reduce, tensor_scalar_reduce: the result, its [P, 1] reduction, the scalar."""
+    kind = instr.KIND
+    _same_size(kind, "src", instr.src, "dst", instr.dst)
+    r = instr.reduce_dst
+    if r.free_size != 1 or r.partitions != instr.src.partitions:
+        raise ProgramError(f"{kind} reduce_dst must be [{instr.src.partitions}, 1], got {r.shape}")
+    s0 = getattr(instr, "scalar0", None)
+    if s0.__class__ is AP and (s0.free_size != 1 or s0.partitions != instr.src.partitions):
+        raise ProgramError(f"{kind}: per-partition scalar operand must be [{instr.src.partitions}, 1], "
+                           f"got {s0.shape}")
+
+
+def _check_affine_select(instr: AffineSelect, buffers, spec: CoreSpec) -> None:
+    _same_size(instr.KIND, "dst", instr.dst, "on_true", instr.on_true)
+    n = 1
+    for _, num in instr.pattern:
+        n *= num
+    if n != instr.dst.free_size:
+        raise ProgramError(f"affine_select pattern {instr.pattern} covers {n} elements per partition; dst "
+                           f"{instr.dst.shape} has {instr.dst.free_size}")
+
+
+def _check_elementwise(instr, ops) -> None:
+    """Elementwise kinds: every tile operand has the destination's size, except [P, 1]
+    per-partition scalar operands."""
+    kind = instr.KIND
+    dst = instr.dst
+    for role, ap, _ in ops:
+        if ap is dst or role in _SCALAR_ROLES:
+            if role in _SCALAR_ROLES and (
+                ap.free_size != 1 or ap.partitions != dst.partitions
+            ):
+                raise ProgramError(
+                    f"{kind}: per-partition scalar operand {role!r} must be [{dst.partitions}, 1], "
+                    f"got {ap.shape}"
+                )
+            continue
+        _same_size(kind, "dst", dst, role, ap)
+
+
+def _no_shape_rule(instr, buffers, spec: CoreSpec) -> None:
+    """A GpSimd call's operands are whatever its routine takes: no rule beyond the operands'."""
 
 
 def _check_one_bank(instr, buffers, spec: CoreSpec) -> None:
@@ -395,3 +426,21 @@ def check_slots(program, spec: CoreSpec) -> None:
                     raise CapacityError(
                         f"slots {a.name!r} and {b.name!r} overlap in {a.memory.upper()} while both are live"
                     )
+
+
+# instruction kind -> its shape rule (beyond the operand checks every engine instruction gets);
+# a kind not listed is elementwise
+_KIND_CHECKS: dict[type, Callable[[Any, Any, CoreSpec], None]] = {
+    Matmul: _check_matmul,
+    Transpose: _check_transpose,
+    BnStats: _check_bn_stats,
+    BnAggr: _check_bn_aggr,
+    TensorReduce: _check_tensor_reduce,
+    ActivationReduce: _check_with_reduction,
+    TensorScalarReduce: _check_with_reduction,
+    AffineSelect: _check_affine_select,
+    Max8: lambda instr, buffers, spec: _check_top8(instr),
+    MatchReplace8: lambda instr, buffers, spec: _check_top8(instr),
+    FindIndex8: lambda instr, buffers, spec: _check_top8(instr),
+    GpsimdCall: _no_shape_rule,
+}
