@@ -161,6 +161,37 @@ def test_critical_path_tiles_the_path_and_follows_launches(tmp_path, control):
         control.critical_path(rank=9)
 
 
+def _event_wait_trace(path: str, wait_args: dict) -> str:
+    # thread 1 launches A on stream 7 and records an event after it; thread 2 tells stream 8 to
+    # wait for that event, then launches B early: B starts when A ends, not when it was launched
+    def ev(name, cat, tid, ts, dur, corr, **args):
+        pid = 0 if cat in ("kernel", "cuda_sync") else 100
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+                "args": {"correlation": corr, **args}}
+    events = [ev("cudaLaunchKernel", "cuda_runtime", 1, 0, 5, 1), ev("cudaEventRecord", "cuda_runtime", 1, 6, 1, 2),
+              ev("cudaStreamWaitEvent", "cuda_runtime", 2, 1, 1, 3), ev("cudaLaunchKernel", "cuda_runtime", 2, 3, 1, 4),
+              ev("kernel_A", "kernel", 7, 10, 90, 1, stream=7, device=0),
+              ev("Stream Wait Event", "cuda_sync", 8, 5, 1, 3, stream=8, device=0, **wait_args),
+              ev("kernel_B", "kernel", 8, 100, 20, 4, stream=8, device=0)]
+    import json
+
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events}, f)
+    return path
+
+
+def test_critical_path_crosses_streams_through_cuda_events(tmp_path):
+    # HTA links a "Stream Wait Event" to the kernel launched before the cudaEventRecord it names
+    t = tt.open(_event_wait_trace(str(tmp_path / "e.json"), {"wait_on_stream": 7, "wait_on_cuda_event_record_corr_id": 2}))
+    path = [(r["kind"], r["name"], r["start_ns"], r["end_ns"]) for r in t.critical_path().to_pylist()]
+    assert path == [("host", "cudaLaunchKernel", 0, 5_000), ("launch_delay", "", 5_000, 10_000),
+                    ("device", "kernel_A", 10_000, 100_000), ("device", "kernel_B", 100_000, 120_000)]
+    # without the event's record id the wait names nothing: B waited for its launch, as before
+    t = tt.open(_event_wait_trace(str(tmp_path / "n.json"), {"wait_on_stream": 7}))
+    kinds = [r["kind"] for r in t.critical_path().to_pylist()]
+    assert kinds[-2:] == ["launch_delay", "device"] and "kernel_A" not in [r["name"] for r in t.critical_path().to_pylist()]
+
+
 def test_critical_path_of_one_step_is_clipped_as_htas(tmp_path):
     p = write(str(tmp_path / "c.json"), make_trace(VENDORS["cuda"], steps=3, kernels=3))
     t = tt.open(p)

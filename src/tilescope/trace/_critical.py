@@ -10,10 +10,15 @@ work waited for is whichever of its inputs became ready last):
 - a launch call was reached by its host thread running: back to the previous synchronize call
   on that thread (``host``: the CPU time in between), or to the thread's first event;
 - a synchronize call returned when the device work it waited for ended: the device work that
-  ended last within the call (``sync``: the time from that end to the call's return).
+  ended last within the call (``sync``: the time from that end to the call's return);
+- device work on a stream told to wait for a CUDA event (``cudaStreamWaitEvent``; Kineto's
+  ``cuda_sync`` "Stream Wait Event" records name the ``cudaEventRecord`` call they wait on)
+  also waited for the device work launched on the recording thread just before that call, as
+  HTA's critical path links them: when that work ended last, the path goes to it, on another
+  stream and often another host thread (``event_wait``: the time from its end to the start).
 
 Each row is one segment, in time order: rank, kind (``device``, ``host``, ``launch_delay``,
-``stream_wait``, ``sync``), name, lane, start_ns, end_ns, dur_ns, eid. The segments tile the path
+``stream_wait``, ``event_wait``, ``sync``), name, lane, start_ns, end_ns, dur_ns, eid. The segments tile the path
 without gaps, so their durations add up to its length (tested).
 """
 
@@ -47,7 +52,23 @@ def _arrays(trace, rank: int, window: tuple[int, int] | None):
     first = dict(trace.sql(f"SELECT lane, min(first_ns) FROM lanes WHERE rank = {rank} GROUP BY lane").fetchall())
     if window:  # the walk back along a host thread stops at the step's start
         first = {ln: max(int(t), window[0]) if t is not None else window[0] for ln, t in first.items()}
-    return dev, host, first
+    return dev, host, first, _event_waits(trace, rank)
+
+
+def _event_waits(trace, rank: int) -> list[tuple[int, int, int]]:
+    """(stream lane, wait's start ns, device eid waited for) per "Stream Wait Event": the device
+    work launched last on the recording thread up to its ``cudaEventRecord`` call."""
+    return trace.sql(f"""
+      WITH w AS (SELECT lane, ts_ns,
+                        TRY_CAST(json_extract_string(args, '$.wait_on_cuda_event_record_corr_id') AS BIGINT) AS rec
+                 FROM events WHERE rank = {rank} AND ph = 'X' AND side = 'device' AND kind = 'sync'
+                   AND name = 'Stream Wait Event'),
+      r AS (SELECT correlation AS rec, lane, ts_ns FROM events
+            WHERE rank = {rank} AND ph = 'X' AND name = 'cudaEventRecord' AND correlation IN (SELECT rec FROM w))
+      SELECT w.lane, w.ts_ns, arg_max(k.dev_eid, l.ts_ns) AS dev_eid
+      FROM w JOIN r USING (rec) JOIN events l ON l.lane = r.lane AND l.kind = 'launch' AND l.ts_ns <= r.ts_ns
+      JOIN _links k ON k.launch_eid = l.eid
+      GROUP BY w.lane, w.ts_ns, w.rec ORDER BY w.lane, w.ts_ns""").fetchall()
 
 
 def _step_window(trace, rank: int, step: int) -> tuple[int, int]:
@@ -72,7 +93,7 @@ def critical_path(trace, *, rank: int | None = None, step: int | None = None):
     r = trace.ranks[0] if rank is None else int(rank)
     if r not in trace.ranks:
         raise ValueError(f"rank {rank} is not in this trace (ranks: {trace.ranks})")
-    dev, host, first = _arrays(trace, r, None if step is None else _step_window(trace, r, int(step)))
+    dev, host, first, waits = _arrays(trace, r, None if step is None else _step_window(trace, r, int(step)))
     segs: list[tuple] = []  # (kind, name, lane, start, end, eid)
     if len(dev["eid"]):
         d_lane, d_ts, d_end = dev["lane"].astype(np.int64), dev["ts_ns"].astype(np.int64), dev["end_ns"].astype(np.int64)
@@ -82,6 +103,7 @@ def critical_path(trace, *, rank: int | None = None, step: int | None = None):
         h_sync = np.asarray(host["is_sync"], dtype=bool)
         h_row = {int(e): i for i, e in enumerate(h_eid.tolist())}
         lane_rows = {int(ln): np.flatnonzero(d_lane == ln) for ln in np.unique(d_lane).tolist()}
+        waited = _waits_by_lane(waits, {int(e): j for j, e in enumerate(dev["eid"].tolist())})
         order_end = np.argsort(d_end, kind="stable")
         i = int(np.argmax(d_end))  # the last device work to end
         steps = 0
@@ -93,7 +115,13 @@ def critical_path(trace, *, rank: int | None = None, step: int | None = None):
             prev = int(rows[k]) if k >= 0 else -1
             prev_end = int(d_end[prev]) if prev >= 0 else None
             li = h_row.get(int(d_launch[i]), -1)
-            if li >= 0 and (prev_end is None or h_end[li] >= prev_end):
+            ev = _event_source(waited.get(int(d_lane[i])), d_ts, d_end, i, prev)
+            ready = max(int(h_end[li]) if li >= 0 else -1, prev_end if prev_end is not None else -1)
+            if ev >= 0 and d_end[ev] > ready:  # the event's work ended last: the path crosses to it
+                if d_ts[i] > d_end[ev]:
+                    segs.append(("event_wait", "", int(d_lane[i]), int(d_end[ev]), int(d_ts[i]), -1))
+                i = ev
+            elif li >= 0 and (prev_end is None or h_end[li] >= prev_end):
                 if d_ts[i] > h_end[li]:
                     segs.append(("launch_delay", "", int(d_lane[i]), int(h_end[li]), int(d_ts[i]), -1))
                 i = _host_back(segs, li, h_eid, h_lane, h_ts, h_end, h_sync, host["name"], d_end, order_end, first,
@@ -111,6 +139,31 @@ def critical_path(trace, *, rank: int | None = None, step: int | None = None):
     return pa.table(cols, schema=pa.schema([("rank", pa.int32()), ("kind", pa.string()), ("name", pa.string()),
                                             ("lane", pa.int32()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
                                             ("dur_ns", pa.int64()), ("eid", pa.int64())]))
+
+
+def _waits_by_lane(waits, row_of: dict) -> dict:
+    """Per stream lane: (wait starts, device rows waited for) sorted by start, for the waits
+    whose source work is among the walk's device rows."""
+    out: dict = {}
+    for lane, ts, eid in waits:
+        if eid is not None and int(eid) in row_of:
+            out.setdefault(int(lane), []).append((int(ts), row_of[int(eid)]))
+    return {ln: (np.array([t for t, _r in w], dtype=np.int64), np.array([r for _t, r in w], dtype=np.int64))
+            for ln, w in out.items()}
+
+
+def _event_source(waits, d_ts, d_end, i: int, prev: int) -> int:
+    """The device row that device row ``i`` waited for through events: among the waits on its
+    stream since the previous work there started (all before it, if none), the source that
+    ended last, by the time ``i`` started; -1 if none."""
+    if waits is None:
+        return -1
+    starts, rows = waits
+    lo = np.searchsorted(starts, d_ts[prev], side="left") if prev >= 0 else 0
+    hi = np.searchsorted(starts, d_ts[i], side="right")
+    cand = rows[lo:hi]
+    cand = cand[d_end[cand] <= d_ts[i]]
+    return int(cand[np.argmax(d_end[cand])]) if len(cand) else -1
 
 
 def _host_back(segs, li, h_eid, h_lane, h_ts, h_end, h_sync, h_name, d_end, order_end, first, until) -> int:
