@@ -275,186 +275,266 @@ def _scan(mem: _Memory, instr, scalars: dict) -> None:
     mem.write(instr.dst, out)
 
 
-def _exec(mem: _Memory, instr, scalars: dict) -> None:
-    t = type(instr)
-    if t is DmaCopy:
-        if instr.src.dtype == instr.dst.dtype:
-            src = mem.view(instr.src)
-            dst = mem.view(instr.dst)
-            dst[...] = src.reshape(dst.shape)
-        else:  # a casting DMA: through float32 (integers rounded to nearest) [isa]
-            mem.write(instr.dst, mem.read(instr.src))
-    elif t is DmaIndirect:
-        _indirect(mem, instr)
-    elif t is Max8:
-        x = mem.read(instr.src).astype(np.float32)
-        order = np.argsort(x, axis=1, kind="stable")  # NaN sorts last: the largest, as torch has it
-        mem.write(instr.dst, np.take_along_axis(x, order[:, :-9:-1], axis=1))
-    elif t is MatchReplace8:
-        _match_replace8(mem, instr)
-    elif t is FindIndex8:
-        _find_index8(mem, instr)
-    elif t is ScalarTensorTensor:
-        with np.errstate(all="ignore"):
-            r = _apply(instr.op0, mem.read(instr.src), _scalar(mem, instr.scalar0, scalars), instr.reverse0)
-            mem.write(instr.dst, _apply(instr.op1, np.asarray(r, np.float32), mem.read(instr.b), instr.reverse1))
-    elif t is TensorTensor:
-        with np.errstate(all="ignore"):
-            fn = ALU_OPS[instr.op]
-            if _same_f32(instr.a, instr.b) and instr.a.shape == instr.dst.shape:
-                uf = _UFUNCS.get(instr.op) if instr.dst.dtype == "float32" else None
-                for a, b, d in _each(_views(mem, instr.a, instr.b, instr.dst), instr.dst.shape):
-                    if uf is not None:
-                        uf(a, b, out=d)
-                    else:
-                        _put(d, instr.dst, fn(a, b))
-            else:
-                mem.write(instr.dst, fn(mem.read(instr.a), mem.read(instr.b)))
-    elif t is TensorScalar:
-        with np.errstate(all="ignore"):
-            if _same_f32(instr.src) and instr.src.shape == instr.dst.shape:
-                nd = len(instr.dst.dims)
-                s0 = _scalar_nd(mem, instr.scalar0, scalars, nd)
-                s1 = _scalar_nd(mem, instr.scalar1, scalars, nd) if instr.op1 is not None else None
-                u0 = _UFUNCS.get(instr.op0) if instr.dst.dtype == "float32" else None
-                u1 = _UFUNCS.get(instr.op1) if instr.op1 is not None else None
-                for x, d, a, b in _each(_views(mem, instr.src, instr.dst) + [s0, s1], instr.dst.shape):
-                    if u0 is not None and (instr.op1 is None or u1 is not None):
-                        u0(*((a, x) if instr.reverse0 else (x, a)), out=d)
-                        if u1 is not None:
-                            u1(*((b, d) if instr.reverse1 else (d, b)), out=d)
-                        continue
-                    r = _apply(instr.op0, x, a, instr.reverse0)
-                    if instr.op1 is not None:
-                        r = _apply(instr.op1, r, b, instr.reverse1)
-                    _put(d, instr.dst, r)
-            else:
-                r = _apply(instr.op0, mem.read(instr.src), _scalar(mem, instr.scalar0, scalars), instr.reverse0)
-                if instr.op1 is not None:
-                    r = _apply(instr.op1, r, _scalar(mem, instr.scalar1, scalars), instr.reverse1)
-                mem.write(instr.dst, r)
-    elif t is Activation or t is ActivationReduce:
-        with np.errstate(all="ignore"):
-            if _same_f32(instr.src) and instr.src.shape == instr.dst.shape:
-                x, nd = mem.view(instr.src), len(instr.src.dims)
-            else:
-                x, nd = mem.read(instr.src), 2
-            scale = _scalar_nd(mem, instr.scale, scalars, nd)
-            if not (isinstance(scale, np.float32) and scale == 1.0):
-                x = x * scale
-            bias = _scalar_nd(mem, instr.bias, scalars, nd)
-            if bias is not None:
-                x = x + bias
-            r = ACTIVATIONS[instr.func](x).astype(np.float32, copy=False)
-            if t is Activation and instr.accumulate:
-                r = r + mem.read(instr.dst).reshape(r.shape)
-        mem.write(instr.dst, r)
-        if t is ActivationReduce:
-            flat = r.reshape(instr.src.partitions, -1)
-            red = REDUCE_OPS[instr.reduce_op][0](flat, axis=1, keepdims=True)
-            if instr.accumulate:
-                red = _combine(instr.reduce_op, mem.read(instr.reduce_dst), red)
-            mem.write(instr.reduce_dst, red)
-    elif t is TensorReduce:
+def _exec_dma_copy(mem: _Memory, instr, scalars: dict) -> None:
+    if instr.src.dtype == instr.dst.dtype:
         src = mem.view(instr.src)
-        src = src.astype(np.float32) if is_float(instr.src.dtype) else src.astype(np.int64)
-        axes = instr.axes if instr.axes is not None else tuple(range(1, src.ndim))
-        r = REDUCE_OPS[instr.op][0](src, axis=axes)
-        if instr.negate:
-            r = -r
-        mem.write(instr.dst, r)
-    elif t is TensorCopy:
-        if instr.src.shape == instr.dst.shape and (is_float(instr.dst.dtype) or not is_float(instr.src.dtype)):
-            for d, x in _each(_views(mem, instr.dst, instr.src), instr.dst.shape):
-                d[...] = x
+        dst = mem.view(instr.dst)
+        dst[...] = src.reshape(dst.shape)
+    else:  # a casting DMA: through float32 (integers rounded to nearest) [isa]
+        mem.write(instr.dst, mem.read(instr.src))
+
+
+def _exec_dma_indirect(mem: _Memory, instr, scalars: dict) -> None:
+    _indirect(mem, instr)
+
+
+def _exec_max8(mem: _Memory, instr, scalars: dict) -> None:
+    x = mem.read(instr.src).astype(np.float32)
+    order = np.argsort(x, axis=1, kind="stable")  # NaN sorts last: the largest, as torch has it
+    mem.write(instr.dst, np.take_along_axis(x, order[:, :-9:-1], axis=1))
+
+
+def _exec_match_replace8(mem: _Memory, instr, scalars: dict) -> None:
+    _match_replace8(mem, instr)
+
+
+def _exec_find_index8(mem: _Memory, instr, scalars: dict) -> None:
+    _find_index8(mem, instr)
+
+
+def _exec_scalar_tensor_tensor(mem: _Memory, instr, scalars: dict) -> None:
+    with np.errstate(all="ignore"):
+        r = _apply(instr.op0, mem.read(instr.src), _scalar(mem, instr.scalar0, scalars), instr.reverse0)
+        mem.write(instr.dst, _apply(instr.op1, np.asarray(r, np.float32), mem.read(instr.b), instr.reverse1))
+
+
+def _exec_tensor_tensor(mem: _Memory, instr, scalars: dict) -> None:
+    with np.errstate(all="ignore"):
+        fn = ALU_OPS[instr.op]
+        if _same_f32(instr.a, instr.b) and instr.a.shape == instr.dst.shape:
+            uf = _UFUNCS.get(instr.op) if instr.dst.dtype == "float32" else None
+            for a, b, d in _each(_views(mem, instr.a, instr.b, instr.dst), instr.dst.shape):
+                if uf is not None:
+                    uf(a, b, out=d)
+                else:
+                    _put(d, instr.dst, fn(a, b))
         else:
-            mem.write(instr.dst, mem.view(instr.src).reshape(instr.dst.partitions, -1))
-    elif t is Select:
-        if _same_f32(instr.on_true) and instr.pred.shape == instr.on_true.shape == instr.dst.shape and (
-                not isinstance(instr.on_false, AP) or _same_f32(instr.on_true, instr.on_false)):
-            on_false = (mem.view(instr.on_false) if isinstance(instr.on_false, AP)
-                        else _scalar_nd(mem, instr.on_false, scalars, len(instr.dst.dims)))
-            views = _views(mem, instr.dst, instr.pred, instr.on_true) + [on_false]
-            for d, p, yes, no in _each(views, instr.dst.shape):
-                _put(d, instr.dst, np.where(p != 0, yes, no))
+            mem.write(instr.dst, fn(mem.read(instr.a), mem.read(instr.b)))
+
+
+def _exec_tensor_scalar(mem: _Memory, instr, scalars: dict) -> None:
+    with np.errstate(all="ignore"):
+        if _same_f32(instr.src) and instr.src.shape == instr.dst.shape:
+            nd = len(instr.dst.dims)
+            s0 = _scalar_nd(mem, instr.scalar0, scalars, nd)
+            s1 = _scalar_nd(mem, instr.scalar1, scalars, nd) if instr.op1 is not None else None
+            u0 = _UFUNCS.get(instr.op0) if instr.dst.dtype == "float32" else None
+            u1 = _UFUNCS.get(instr.op1) if instr.op1 is not None else None
+            for x, d, a, b in _each(_views(mem, instr.src, instr.dst) + [s0, s1], instr.dst.shape):
+                if u0 is not None and (instr.op1 is None or u1 is not None):
+                    u0(*((a, x) if instr.reverse0 else (x, a)), out=d)
+                    if u1 is not None:
+                        u1(*((b, d) if instr.reverse1 else (d, b)), out=d)
+                    continue
+                r = _apply(instr.op0, x, a, instr.reverse0)
+                if instr.op1 is not None:
+                    r = _apply(instr.op1, r, b, instr.reverse1)
+                _put(d, instr.dst, r)
         else:
-            mem.write(instr.dst, np.where(mem.read(instr.pred) != 0, mem.read(instr.on_true),
-                                          _scalar(mem, instr.on_false, scalars)))
-    elif t is Iota:
-        shape = instr.dst.shape
-        p = np.arange(shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
-        r = instr.base + instr.partition_step * p
-        steps = instr.steps or (0,) * (len(shape) - 1)
-        if len(steps) != len(shape) - 1:
-            raise ProgramError(f"iota steps {steps} must give one step per free dim of dst {shape}")
-        for k, step in enumerate(steps, start=1):
-            ix = np.arange(shape[k]).reshape((1,) * k + (-1,) + (1,) * (len(shape) - k - 1))
-            r = r + step * ix
-        mem.write(instr.dst, np.broadcast_to(r, shape))
-    elif t is Memset:
-        mem.view(instr.dst)[...] = instr.value
-    elif t is Dropout:
-        # one seeded stream per run: a Program's numerics are reproducible, draws follow program order
-        if mem.rng is None:
-            mem.rng = np.random.default_rng(0)
-        x = mem.read(instr.src)
-        mem.write(instr.dst, np.where(mem.rng.random(x.shape) < instr.prob, np.float32(0), x))
-    elif t is Matmul:
-        st = mem.read(instr.stationary)
-        mv = mem.read(instr.moving)
-        r = st.T.astype(np.float32) @ mv.astype(np.float32)
-        if instr.accumulate:
-            r = r + mem.read(instr.dst)
-        mem.write(instr.dst, r)
-    elif t is Transpose:
-        mem.write(instr.dst, mem.read(instr.src).T)
-    elif t is BnStats:
-        x = mem.read(instr.src).astype(np.float64)
-        half = max(1, x.shape[1] // 2)
-        out = []
-        for part in (x[:, :half], x[:, half:]):
-            n = part.shape[1]
-            mean = part.mean(axis=1) if n else np.zeros(x.shape[0])
-            m2 = ((part - mean[:, None]) ** 2).sum(axis=1) if n else np.zeros(x.shape[0])
-            out += [np.full(x.shape[0], float(n)), mean, m2]
-        mem.write(instr.dst, np.stack(out, axis=1))
-    elif t is BnAggr:
-        s = mem.read(instr.src).astype(np.float64).reshape(instr.src.partitions, -1, 3)
-        n, mean, m2 = s[..., 0], s[..., 1], s[..., 2]
-        total = n.sum(axis=1)
-        safe = np.where(total > 0, total, 1)
-        gmean = (n * mean).sum(axis=1) / safe
-        # Chan et al.: combined M2 = sum(M2_k + n_k * (mean_k - mean)^2)
-        gm2 = (m2 + n * (mean - gmean[:, None]) ** 2).sum(axis=1)
-        mem.write(instr.dst, np.stack([gmean, gm2 / safe], axis=1))
-    elif t is TensorTensorScan:
-        _scan(mem, instr, scalars)
-    elif t is TensorScalarReduce:
-        with np.errstate(all="ignore"):
             r = _apply(instr.op0, mem.read(instr.src), _scalar(mem, instr.scalar0, scalars), instr.reverse0)
-        mem.write(instr.dst, r)
-        mem.write(instr.reduce_dst, REDUCE_OPS[instr.reduce_op][0](mem.read(instr.dst), axis=1, keepdims=True))
-    elif t is AffineSelect:
-        shape = (instr.dst.partitions,) + tuple(num for _, num in instr.pattern)
-        v = instr.base + instr.partition_step * np.arange(shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
-        for k, (step, num) in enumerate(instr.pattern, start=1):
-            v = v + step * np.arange(num).reshape((1,) * k + (-1,) + (1,) * (len(shape) - k - 1))
-        pred = np.broadcast_to(_CMP[instr.cmp](v, 0), shape).reshape(shape[0], -1)
-        mem.write(instr.dst, np.where(pred, mem.read(instr.on_true), _scalar(mem, instr.on_false, scalars)))
-    elif t is Reciprocal:
-        with np.errstate(all="ignore"):
-            mem.write(instr.dst, np.float32(1.0) / mem.read(instr.src))
-    elif t is GpsimdCall:
-        impl = GPSIMD_IMPLS.get(instr.impl)
-        if impl is None:
-            raise ProgramError(
-                f"gpsimd_call {instr.name!r} uses implementation {instr.impl!r}, which is not "
-                f"registered; register it with tilescope.sim.register_gpsimd_impl"
-            )
-        impl([mem.view(a) for a in instr.inputs], [mem.view(a) for a in instr.outputs],
-             dict(_resolve_runtime(instr.attrs, scalars)))
-    else:  # pragma: no cover - every kind is handled above
+            if instr.op1 is not None:
+                r = _apply(instr.op1, r, _scalar(mem, instr.scalar1, scalars), instr.reverse1)
+            mem.write(instr.dst, r)
+
+
+def _exec_activation(mem: _Memory, instr, scalars: dict) -> None:
+    t = type(instr)
+    with np.errstate(all="ignore"):
+        if _same_f32(instr.src) and instr.src.shape == instr.dst.shape:
+            x, nd = mem.view(instr.src), len(instr.src.dims)
+        else:
+            x, nd = mem.read(instr.src), 2
+        scale = _scalar_nd(mem, instr.scale, scalars, nd)
+        if not (isinstance(scale, np.float32) and scale == 1.0):
+            x = x * scale
+        bias = _scalar_nd(mem, instr.bias, scalars, nd)
+        if bias is not None:
+            x = x + bias
+        r = ACTIVATIONS[instr.func](x).astype(np.float32, copy=False)
+        if t is Activation and instr.accumulate:
+            r = r + mem.read(instr.dst).reshape(r.shape)
+    mem.write(instr.dst, r)
+    if t is ActivationReduce:
+        flat = r.reshape(instr.src.partitions, -1)
+        red = REDUCE_OPS[instr.reduce_op][0](flat, axis=1, keepdims=True)
+        if instr.accumulate:
+            red = _combine(instr.reduce_op, mem.read(instr.reduce_dst), red)
+        mem.write(instr.reduce_dst, red)
+
+
+def _exec_tensor_reduce(mem: _Memory, instr, scalars: dict) -> None:
+    src = mem.view(instr.src)
+    src = src.astype(np.float32) if is_float(instr.src.dtype) else src.astype(np.int64)
+    axes = instr.axes if instr.axes is not None else tuple(range(1, src.ndim))
+    r = REDUCE_OPS[instr.op][0](src, axis=axes)
+    if instr.negate:
+        r = -r
+    mem.write(instr.dst, r)
+
+
+def _exec_tensor_copy(mem: _Memory, instr, scalars: dict) -> None:
+    if instr.src.shape == instr.dst.shape and (is_float(instr.dst.dtype) or not is_float(instr.src.dtype)):
+        for d, x in _each(_views(mem, instr.dst, instr.src), instr.dst.shape):
+            d[...] = x
+    else:
+        mem.write(instr.dst, mem.view(instr.src).reshape(instr.dst.partitions, -1))
+
+
+def _exec_select(mem: _Memory, instr, scalars: dict) -> None:
+    if _same_f32(instr.on_true) and instr.pred.shape == instr.on_true.shape == instr.dst.shape and (
+            not isinstance(instr.on_false, AP) or _same_f32(instr.on_true, instr.on_false)):
+        on_false = (mem.view(instr.on_false) if isinstance(instr.on_false, AP)
+                    else _scalar_nd(mem, instr.on_false, scalars, len(instr.dst.dims)))
+        views = _views(mem, instr.dst, instr.pred, instr.on_true) + [on_false]
+        for d, p, yes, no in _each(views, instr.dst.shape):
+            _put(d, instr.dst, np.where(p != 0, yes, no))
+    else:
+        mem.write(instr.dst, np.where(mem.read(instr.pred) != 0, mem.read(instr.on_true),
+                                      _scalar(mem, instr.on_false, scalars)))
+
+
+def _exec_iota(mem: _Memory, instr, scalars: dict) -> None:
+    shape = instr.dst.shape
+    p = np.arange(shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
+    r = instr.base + instr.partition_step * p
+    steps = instr.steps or (0,) * (len(shape) - 1)
+    if len(steps) != len(shape) - 1:
+        raise ProgramError(f"iota steps {steps} must give one step per free dim of dst {shape}")
+    for k, step in enumerate(steps, start=1):
+        ix = np.arange(shape[k]).reshape((1,) * k + (-1,) + (1,) * (len(shape) - k - 1))
+        r = r + step * ix
+    mem.write(instr.dst, np.broadcast_to(r, shape))
+
+
+def _exec_memset(mem: _Memory, instr, scalars: dict) -> None:
+    mem.view(instr.dst)[...] = instr.value
+
+
+def _exec_dropout(mem: _Memory, instr, scalars: dict) -> None:
+    # one seeded stream per run: a Program's numerics are reproducible, draws follow program order
+    if mem.rng is None:
+        mem.rng = np.random.default_rng(0)
+    x = mem.read(instr.src)
+    mem.write(instr.dst, np.where(mem.rng.random(x.shape) < instr.prob, np.float32(0), x))
+
+
+def _exec_matmul(mem: _Memory, instr, scalars: dict) -> None:
+    st = mem.read(instr.stationary)
+    mv = mem.read(instr.moving)
+    r = st.T.astype(np.float32) @ mv.astype(np.float32)
+    if instr.accumulate:
+        r = r + mem.read(instr.dst)
+    mem.write(instr.dst, r)
+
+
+def _exec_transpose(mem: _Memory, instr, scalars: dict) -> None:
+    mem.write(instr.dst, mem.read(instr.src).T)
+
+
+def _exec_bn_stats(mem: _Memory, instr, scalars: dict) -> None:
+    x = mem.read(instr.src).astype(np.float64)
+    half = max(1, x.shape[1] // 2)
+    out = []
+    for part in (x[:, :half], x[:, half:]):
+        n = part.shape[1]
+        mean = part.mean(axis=1) if n else np.zeros(x.shape[0])
+        m2 = ((part - mean[:, None]) ** 2).sum(axis=1) if n else np.zeros(x.shape[0])
+        out += [np.full(x.shape[0], float(n)), mean, m2]
+    mem.write(instr.dst, np.stack(out, axis=1))
+
+
+def _exec_bn_aggr(mem: _Memory, instr, scalars: dict) -> None:
+    s = mem.read(instr.src).astype(np.float64).reshape(instr.src.partitions, -1, 3)
+    n, mean, m2 = s[..., 0], s[..., 1], s[..., 2]
+    total = n.sum(axis=1)
+    safe = np.where(total > 0, total, 1)
+    gmean = (n * mean).sum(axis=1) / safe
+    # Chan et al.: combined M2 = sum(M2_k + n_k * (mean_k - mean)^2)
+    gm2 = (m2 + n * (mean - gmean[:, None]) ** 2).sum(axis=1)
+    mem.write(instr.dst, np.stack([gmean, gm2 / safe], axis=1))
+
+
+def _exec_tensor_tensor_scan(mem: _Memory, instr, scalars: dict) -> None:
+    _scan(mem, instr, scalars)
+
+
+def _exec_tensor_scalar_reduce(mem: _Memory, instr, scalars: dict) -> None:
+    with np.errstate(all="ignore"):
+        r = _apply(instr.op0, mem.read(instr.src), _scalar(mem, instr.scalar0, scalars), instr.reverse0)
+    mem.write(instr.dst, r)
+    mem.write(instr.reduce_dst, REDUCE_OPS[instr.reduce_op][0](mem.read(instr.dst), axis=1, keepdims=True))
+
+
+def _exec_affine_select(mem: _Memory, instr, scalars: dict) -> None:
+    shape = (instr.dst.partitions,) + tuple(num for _, num in instr.pattern)
+    v = instr.base + instr.partition_step * np.arange(shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
+    for k, (step, num) in enumerate(instr.pattern, start=1):
+        v = v + step * np.arange(num).reshape((1,) * k + (-1,) + (1,) * (len(shape) - k - 1))
+    pred = np.broadcast_to(_CMP[instr.cmp](v, 0), shape).reshape(shape[0], -1)
+    mem.write(instr.dst, np.where(pred, mem.read(instr.on_true), _scalar(mem, instr.on_false, scalars)))
+
+
+def _exec_reciprocal(mem: _Memory, instr, scalars: dict) -> None:
+    with np.errstate(all="ignore"):
+        mem.write(instr.dst, np.float32(1.0) / mem.read(instr.src))
+
+
+def _exec_gpsimd_call(mem: _Memory, instr, scalars: dict) -> None:
+    impl = GPSIMD_IMPLS.get(instr.impl)
+    if impl is None:
+        raise ProgramError(
+            f"gpsimd_call {instr.name!r} uses implementation {instr.impl!r}, which is not "
+            f"registered; register it with tilescope.sim.register_gpsimd_impl"
+        )
+    impl([mem.view(a) for a in instr.inputs], [mem.view(a) for a in instr.outputs],
+         dict(_resolve_runtime(instr.attrs, scalars)))
+
+
+# instruction class -> its numerics (exact class: each kind is its own row)
+_EXEC: dict[type, Callable[[_Memory, object, dict], None]] = {
+    DmaCopy: _exec_dma_copy,
+    DmaIndirect: _exec_dma_indirect,
+    Max8: _exec_max8,
+    MatchReplace8: _exec_match_replace8,
+    FindIndex8: _exec_find_index8,
+    ScalarTensorTensor: _exec_scalar_tensor_tensor,
+    TensorTensor: _exec_tensor_tensor,
+    TensorScalar: _exec_tensor_scalar,
+    Activation: _exec_activation,
+    ActivationReduce: _exec_activation,
+    TensorReduce: _exec_tensor_reduce,
+    TensorCopy: _exec_tensor_copy,
+    Select: _exec_select,
+    Iota: _exec_iota,
+    Memset: _exec_memset,
+    Dropout: _exec_dropout,
+    Matmul: _exec_matmul,
+    Transpose: _exec_transpose,
+    BnStats: _exec_bn_stats,
+    BnAggr: _exec_bn_aggr,
+    TensorTensorScan: _exec_tensor_tensor_scan,
+    TensorScalarReduce: _exec_tensor_scalar_reduce,
+    AffineSelect: _exec_affine_select,
+    Reciprocal: _exec_reciprocal,
+    GpsimdCall: _exec_gpsimd_call,
+}
+
+
+def _exec(mem: _Memory, instr, scalars: dict) -> None:
+    run = _EXEC.get(type(instr))
+    if run is None:  # pragma: no cover - every kind has a row in _EXEC
         raise ProgramError(f"no numerics for instruction kind {instr.KIND!r}")
+    run(mem, instr, scalars)
 
 
 def _match_replace8(mem: _Memory, instr) -> None:
