@@ -372,7 +372,8 @@ def run_backward(q, k, v, mask=None, causal=False, scale=None, grad_mask=False, 
     return t
 
 
-@pytest.mark.parametrize("case", ["plain", "causal_L_lt_S", "gqa", "strided", "row_mask", "full_mask_grad",
+@pytest.mark.parametrize("case", ["plain", "causal_L_lt_S", "gqa", "strided", "row_mask", "float_row_mask",
+                                  "full_mask_grad",
                                   "headdim_256", "bf16"])
 def test_backward_program_matches_cpu_and_costs_at_least_its_bound(case):
     q, k, v = rnd(1, 2, 100, 32), rnd(1, 2, 200, 32), rnd(1, 2, 200, 24)
@@ -390,6 +391,10 @@ def test_backward_program_matches_cpu_and_costs_at_least_its_bound(case):
         q, k, v = rnd(2, 3, 150, 32), rnd(2, 3, 150, 32), rnd(2, 3, 150, 32)
         kw["mask"] = torch.ones(2, 1, 1, 150, dtype=torch.bool)
         kw["mask"][0, ..., 100:] = False
+    elif case == "float_row_mask":  # fp32: added as three exact bf16 parts
+        q, k, v = rnd(2, 3, 150, 32), rnd(2, 3, 150, 32), rnd(2, 3, 150, 32)
+        kw["mask"] = rnd(2, 1, 1, 150) * 3
+        kw["mask"][1, ..., 120:] = torch.finfo(torch.float32).min
     elif case == "full_mask_grad":
         q, k, v = rnd(1, 2, 150, 32), rnd(1, 2, 150, 32), rnd(1, 2, 150, 32)
         kw.update(mask=rnd(1, 2, 150, 150), grad_mask=True)

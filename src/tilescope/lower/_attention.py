@@ -282,9 +282,9 @@ class _Consts:
 
     @property
     def ones(self) -> View:
-        """``[2, 512]`` of ones: the stationary side of the hi/lo contraction rows."""
+        """``[3, 512]`` of ones: the stationary side of the hi/lo (or three-part) contraction rows."""
         if self._ones is None:
-            self._ones = self.b.sbuf((2, 512), self.aux_dt, site=self.prefix + ".ones", bufs=1)
+            self._ones = self.b.sbuf((3, 512), self.aux_dt, site=self.prefix + ".ones", bufs=1)
             self.b.memset(self._ones, 1.0, engine="pool")
         return self._ones
 
@@ -558,6 +558,32 @@ class _Mask:
             b.tensor_scalar(col, rawc, "maximum", -BIG, engine="pool")
         self._rows[off] = (hl, col)
         return hl, col
+
+    def row_parts(self, bi: int, h: int) -> View:
+        """An fp32 row mask as ``[3, S]`` bf16 rows whose sum is its clamped, scaled fp32 value exactly
+        (three 8-bit mantissas hold fp32's 24; each remainder is exact in fp32): TensorE adds them
+        at the bf16 rate, a quarter of an fp32 matmul's time, into the same fp32 accumulation."""
+        mb, mh, _, ms = self.strides
+        off = ("parts", bi * mb + h * mh)
+        hit = self._rows.get(off)
+        if hit is not None:
+            return hit
+        b, S = self.b, self.form.S
+        raw = b.sbuf((1, S), self.form.mask.device_dtype, site="attn.m.raw3", bufs=2)
+        _dma(b, raw, _mat(self.M, off[1], 1, 0, S, ms))
+        r = b.sbuf((1, S), "float32", site="attn.m.x3", bufs=2)
+        self._clamped(r, raw)
+        parts = b.sbuf((3, S), "bfloat16", site="attn.m.parts", bufs=2)
+        for k in range(3):
+            pk = b.sbuf((1, S), "bfloat16", site=f"attn.m.part{k}", bufs=2)
+            b.tensor_copy(pk, r, engine="pool")  # rounds to bf16
+            _dma(b, parts[k:k + 1, :], pk)  # DMA: any partition
+            if k < 2:
+                rest = b.sbuf((1, S), "float32", site=f"attn.m.rest{k}", bufs=2)
+                b.tensor_tensor(rest, r, pk, "subtract", engine="pool")  # exact in fp32
+                r = rest
+        self._rows[off] = parts
+        return parts
 
     def block(self, bi: int, h: int, q0: int, lt: int, s0: int, kw: int, site: str):
         """A full mask's ``[lt, kw]`` block as bf16 ``(hi, lo)`` of ``clamp(mask) / scale``."""
@@ -1384,8 +1410,10 @@ class _Backward:
         for e, (e0, ec) in enumerate(self.echunks):
             b.matmul(s_ps[:lt, :span], hd.qt[e][:ec, q0:q0 + lt], tile.kt[e][:ec, :span], accumulate=e > 0)
         if hd.rows is not None:
-            b.matmul(s_ps[:lt, :span], c.like(hd.rows[0].dtype).ones[:2, :lt], hd.rows[0][:2, s0:s0 + span],
-                     accumulate=True)
+            # an fp32 mask as three exact bf16 parts (one bf16 pass), else its own dtype's hi/lo rows
+            rows = self.masks.row_parts(hd.bi, hd.h) if hd.rows[0].dtype == "float32" else hd.rows[0]
+            n = rows.shape[0]
+            b.matmul(s_ps[:lt, :span], c.like(rows.dtype).ones[:n, :lt], rows[:n, s0:s0 + span], accumulate=True)
         elif self.masks is not None:
             hi, lo = self.masks.block(hd.bi, hd.h, q0, lt, s0, span, site="attn.b.mf")
             mc = c.like(hi.dtype)
