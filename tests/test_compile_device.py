@@ -294,7 +294,7 @@ def test_transposed_and_periodic_inputs_cost_no_copies(executions):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_projection_with_its_log_softmax_keeps_the_plan_the_simulator_times_shorter(bias):
+def test_a_projection_with_its_log_softmax_keeps_the_plan_the_simulator_times_shorter(bias, monkeypatch):
     """The backend builds the projection + log-softmax three ways -- fused with the logits
     written once for the second pass, fused with the product made again per pass, and as a
     matmul then a row group -- and keeps the one the simulator times shortest: here the logits
@@ -317,6 +317,16 @@ def test_a_projection_with_its_log_softmax_keeps_the_plan_the_simulator_times_sh
     assert choice["chosen"] == "keep" and set(choice["modeled_ns"]) == {"plain", "keep", "remake"}
     assert min(choice["modeled_ns"].values()) == choice["modeled_ns"]["keep"]
     assert STATS["reduction_fusions"] == before["reduction_fusions"] + 1
+    # the choice is stored beside the Programs: compiled again, only the chosen plan is built
+    import tilescope.compile._backend as backend
+
+    built = []
+    plan_and_build = backend._plan_and_build
+    monkeypatch.setattr(backend, "_plan_and_build", lambda *a, **k: built.append(k) or plan_and_build(*a, **k))
+    again = CompiledGraph(gm, list(args), "ce")
+    assert built == [{"reductions": "keep"}] and gm.meta["tilescope_reduction_fusion"] == choice
+    (program,) = [st for st in next(iter(again._plans.values())) if st.kind == "program"]
+    assert [seg.kind for seg in program.segments] == ["matmul"] and program.stats.kept_values
     got = torch.compile(fn, backend="tilescope")(*(a.to("sim") for a in args))
     torch.testing.assert_close(got.cpu(), fn(*args), rtol=1e-4, atol=1e-4)
     assert all("modeled_ns" in st.program.meta for st in steps if st.kind == "program")

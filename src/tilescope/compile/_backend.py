@@ -121,22 +121,11 @@ def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str, *, propagate: b
     hoist_input_updates(gm)
     if propagate:
         propagate_shapes(gm, [s if isinstance(s, tuple) else s for s in sig])
-    steps, writebacks = _plan_and_build(gm, sig, spec, name)
     if any(seg.kind == "matmul" and any(is_reduction(packet_name(n.target)) for n in seg.nodes)
            for seg in plan_graph(gm, reductions=True)):
-        # a matmul whose rows are reduced next (a projection's log-softmax): fused, its later
-        # passes reading the logits the first stored, or making the product again; a fused
-        # plan is kept only where the simulator times the whole plan shorter
-        modeled = {"plain": _modeled_ns(steps, spec)}
-        chosen = "plain"
-        for fused_as in ("keep", "remake"):
-            fused = _plan_and_build(gm, sig, spec, name, reductions=fused_as)
-            modeled[fused_as] = _modeled_ns(fused[0], spec)
-            if modeled[fused_as] < modeled[chosen]:
-                steps, writebacks, chosen = *fused, fused_as
-        STATS["reduction_fusions_declined" if chosen == "plain" else "reduction_fusions"] += 1
-        # what explain reports: each form's modeled time, and the one kept
-        gm.meta["tilescope_reduction_fusion"] = {"chosen": chosen, "modeled_ns": modeled}
+        steps, writebacks = _reduction_fusion(gm, sig, spec, name)
+    else:
+        steps, writebacks = _plan_and_build(gm, sig, spec, name)
     for copy, (st, src, dst) in writebacks.items():
         # a group that streamed its rows in several passes may read the input again after
         # writing it: then the copy stays a copy
@@ -147,9 +136,38 @@ def build_steps(gm: fx.GraphModule, sig: tuple, spec, name: str, *, propagate: b
     return steps
 
 
+def _reduction_fusion(gm, sig, spec, name):
+    """The plan of a graph with a matmul whose rows are reduced next (a projection's
+    log-softmax): fused, its later passes reading the logits the first stored, or making the
+    product again, or plain -- whichever the simulator times shortest. The choice is stored
+    beside the Programs, so a cached compile builds the chosen plan only; it is counted, and
+    kept in ``gm.meta`` for explain (each form's modeled time)."""
+    path = cache_dir() / f"{_graph_key(gm, sig, spec)}.fusion.json"
+    try:
+        choice = json.loads(path.read_text())
+        built = _plan_and_build(gm, sig, spec, name, reductions=_FORMS[choice["chosen"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        built = _plan_and_build(gm, sig, spec, name)
+        choice = {"chosen": "plain", "modeled_ns": {"plain": _modeled_ns(built[0], spec)}}
+        for form in ("keep", "remake"):
+            fused = _plan_and_build(gm, sig, spec, name, reductions=form)
+            choice["modeled_ns"][form] = _modeled_ns(fused[0], spec)
+            if choice["modeled_ns"][form] < choice["modeled_ns"][choice["chosen"]]:
+                built, choice["chosen"] = fused, form
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(choice))
+        except OSError:
+            pass  # a read-only cache only costs choosing again
+    STATS["reduction_fusions_declined" if choice["chosen"] == "plain" else "reduction_fusions"] += 1
+    gm.meta["tilescope_reduction_fusion"] = choice
+    return built
+
+
 # how a matmul's row reductions are fused: not at all (""), the logits kept in HBM for the
 # later passes, or the product made again per pass -- and the Programs' cache-name suffix
 _FUSED_REDUCTIONS = {"": "", "keep": "k", "remake": "r"}
+_FORMS = {"plain": "", "keep": "keep", "remake": "remake"}  # a stored choice -> its plan
 
 
 def _plan_and_build(gm, sig, spec, name, *, reductions: str = ""):
