@@ -128,7 +128,8 @@ def row(label, prog, res, flops, nbytes, floor, qk_share, E):
 
 def fused(name, B, H, Hk, L, E, causal, mask_kind):
     q, kv = meta((B, H, L, E)), meta((B, Hk, L, E))
-    mask = meta((B, 1, 1, L), "bool") if mask_kind == "row" else None
+    # sdpa hands the fused kernel a boolean padding mask as an additive one in the query's dtype
+    mask = meta((B, 1, 1, L), DT) if mask_kind == "row" else None
     n = B * H * scored_pairs(L, L, causal)
     t0 = time.perf_counter()
     fwd_prog = attention_forward(q, kv, kv, mask, causal=causal, scale=None, dropout_p=0.0, spec=SPEC)
