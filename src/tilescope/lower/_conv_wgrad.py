@@ -45,15 +45,18 @@ _PSUM_ACCS = 3  # PSUM accumulators per pass: two passes in flight (6 of 8 banks
 
 
 class _LoadQueues(_Queues):
-    """Round-robin queues for the input loads, all but ``STORE``, which the results leave by:
-    a queue issues in order, so a load behind a store would wait for the output group the
-    store finishes, not start while that group computes."""
-
-    STORE = 0
+    """Round-robin DMA queues, the input loads on the odd ones and the results on the even
+    ones: a queue issues in order, so a load behind a store would wait for the output group
+    that store finishes instead of starting while that group computes, and the stores, each
+    with its fixed issue cost, spread over queues of their own."""
 
     def next(self) -> int:
         q = super().next()
-        return super().next() if q == self.STORE else q
+        return q if q % 2 else super().next()
+
+    def store(self) -> int:
+        q = super().next()
+        return q if q % 2 == 0 else super().next()
 
 
 @dataclass(frozen=True)
@@ -391,7 +394,7 @@ class _GradWeight:
                 co = pack.g0 * g.cout + pack.n0 + o
                 b.dma_copy(_hbm(self.GW, co * gws[0] + c0 * gws[1],
                                 ((gws[0], os_), (gws[1], cs), (gws[2], g.kh), (gws[3], g.kw))), out,
-                           queue=_LoadQueues.STORE)
+                           queue=self._queues.store())
                 continue
             # rows (g', co) of the pack, columns (g, ci, tap) of this chunk's groups: keep g == g'
             gq = cs // g.cin  # groups in this chunk
@@ -404,7 +407,7 @@ class _GradWeight:
             g_first = pack.g0 + c0 // g.cin  # only the chunk's groups' rows hold their weights
             b.dma_copy(_hbm(self.GW, g_first * g.cout * gws[0],
                             ((gws[0], gq * g.cout), (gws[1], g.cin), (gws[2], g.kh), (gws[3], g.kw))),
-                       _on_chip(red, (c0 // g.cin) * g.cout, gq * g.cout, 0, ((1, rg),)), queue=_LoadQueues.STORE)
+                       _on_chip(red, (c0 // g.cin) * g.cout, gq * g.cout, 0, ((1, rg),)), queue=self._queues.store())
 
 
 class _GradWeightTransposed:
