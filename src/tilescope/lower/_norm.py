@@ -11,9 +11,14 @@ TensorE matmul against a selection matrix (the standard cross-partition reductio
   variance in one pass; ScalarE applies ``x * scale + shift`` (``scale = w * rstd``,
   ``shift = b - mean * scale``) in a second pass; running statistics are updated in place.
   Evaluation: one ScalarE pass with the running statistics;
-* backward: VectorE sums ``dy`` and ``dy * x`` per partition; then
-  ``dx = A * dy + B * x + C`` with per-channel ``A, B, C`` (ScalarE computes the two
-  products, VectorE adds). Input data that fits in SBUF is read once.
+* backward: ScalarE sums ``dy`` and ``dy * x`` (the product on VectorE) per partition;
+  then ``dx = A * dy + B * x + C`` with per-channel ``A, B, C`` (ScalarE ``B * x + C``,
+  VectorE ``A * dy +`` that).
+
+Between its two passes a block keeps on chip the chunks SBUF holds (all of them for
+ResNet's layers up to 64x56x56 at batch 8) and reads only the others again; each
+block's second pass is emitted after the next block's first, so with several channel
+blocks the loads run ahead, and per-channel vectors are read once for all blocks.
 
 **Group norm** normalizes each (image, group) over (channels of the group, pixels): one
 (image, group) per partition, its channels contiguous in memory; statistics as above,

@@ -9,7 +9,8 @@ into blocks of output rows with their input halo.
   gives every output. The indices are found tap by tap (last tap first): where the tap
   equals the max, the tap's offset replaces the kept one (``not_equal`` + ``select``),
   then the window origins (an ``iota``) are added -- the first maximum wins, as on CPU.
-  The backward scatters ``grad`` tap by tap through ``indices == origin + offset`` masks.
+  The backward scatters ``grad`` tap by tap through ``indices == origin + offset`` masks,
+  writing the padded positions no earlier tap reached and adding into the others.
 * **average pooling** sums windows the same way (zero padding) and scales by the
   reciprocal window count (a per-position tile when padding or ``ceil_mode`` make it
   vary); its backward adds each tap's share into a zero-padded plane. Adaptive average
