@@ -88,6 +88,20 @@ def test_a_matmul_result_stays_in_one_psum_bank():
     assert "spans banks 0..1" in msg and "index one bank of the tile, e.g. t[:, k, :]" in msg
 
 
+@tilescope.kernel
+def gpsimd_reads_psum(a, b, out):
+    at, bt = tl.load(a), tl.load(b)
+    acc = tl.matmul(at, bt, transpose_x=True)
+    tl.store(out, nisa.tensor_copy(acc, engine=nisa.engine.gpsimd))  # <- error
+
+
+def test_gpsimd_cannot_read_a_psum_tile():
+    with pytest.raises(TilescopeError) as e:
+        tilescope.simulate(gpsimd_reads_psum, x32(128, 128), x32(128, 512), x32(128, 512))
+    msg = check_location(e, marked_line(gpsimd_reads_psum))
+    assert "GpSimd cannot access PSUM" in msg and "VectorE or ScalarE" in msg
+
+
 # ---- capacity --------------------------------------------------------------------------
 
 @tilescope.kernel(spill=False)  # strict: no spills to HBM

@@ -76,6 +76,22 @@ def test_compute_on_hbm_operand():
         b.activation(t, x, "exp")
 
 
+def test_gpsimd_cannot_access_psum():
+    # NKI: "Since GpSimd Engine cannot access PSUM, Scalar or Vector Engine must be chosen when the
+    # input or output tile is in PSUM"
+    b = TileBuilder("gpsimd_psum")
+    ps = b.psum((128, 64), "float32")
+    t = b.sbuf((128, 64), "float32")
+    b.memset(ps, 1.0)
+    with pytest.raises(ProgramError, match=r"operand 'src' of tensor_scalar on GpSimd is PSUM tile.*"
+                                           r"run the instruction on VectorE or ScalarE"):
+        b.tensor_scalar(t, ps, "multiply", 2.0, engine="pool")
+    with pytest.raises(ProgramError, match=r"operand 'dst' of tensor_scalar on GpSimd is PSUM tile"):
+        b.tensor_scalar(ps, t, "multiply", 2.0, engine="pool")
+    b.tensor_scalar(t, ps, "multiply", 2.0)  # VectorE reads PSUM
+    b.tensor_scalar(t, t, "multiply", 2.0, engine="pool")  # GpSimd works in SBUF
+
+
 def test_index_out_of_range():
     b = TileBuilder("oob")
     x = b.input("x", (4000, 8), "float32")

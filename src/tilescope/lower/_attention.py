@@ -1546,9 +1546,9 @@ class _Backward:
         nsub = len(tile.subs)
         if hd.group is None and all(w == uw for w, (_, uw) in zip(tile.written, tile.subs)):
             # one instruction per gradient for the whole tile (a ragged last sub-tile's rows past its
-            # keys are scaled too, and never stored)
+            # keys are scaled too, and never stored); on VectorE, as GpSimd cannot read PSUM
             for gi, (acc, factor) in enumerate(((tile.dk, self.scale), (tile.dv, 1.0))):
-                b.tensor_scalar(res[gi][:, :nsub, :], acc[:, :nsub, :], "multiply", factor, engine="pool")
+                b.tensor_scalar(res[gi][:, :nsub, :], acc[:, :nsub, :], "multiply", factor)
         else:
             for u in range(nsub):
                 self._finish_sub(tile, u, res)
@@ -1572,9 +1572,9 @@ class _Backward:
                 b.memset(zero[:uw, :], 0.0, engine="pool")
                 if written:
                     b.tensor_copy(zero[:written, :], acc[:written, u, :])
-                src = zero[:uw, :]
+                src, in_psum = zero[:uw, :], False
             else:
-                src = acc[:uw, u, :]
+                src, in_psum = acc[:uw, u, :], True
             if hd.group is not None:
                 g = hd.group[gi][:uw, r0 // 128, :]
                 if hd.first:
@@ -1583,8 +1583,9 @@ class _Backward:
                     b.tensor_tensor(g, g, src, "add")
                 if not hd.last:
                     continue
-                src = g
-            b.tensor_scalar(res[gi][:uw, u, :], src, "multiply", factor, engine="pool")
+                src, in_psum = g, False
+            # GpSimd cannot read PSUM: an accumulator still there is scaled on VectorE
+            b.tensor_scalar(res[gi][:uw, u, :], src, "multiply", factor, engine="dve" if in_psum else "pool")
 
 
 # ---- lowering rules ---------------------------------------------------------------------------

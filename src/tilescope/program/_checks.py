@@ -192,6 +192,13 @@ def _check_on_chip_operand(instr: Instruction, role: str, ap: AP, b, spec: CoreS
             f"architecture limit of {spec.partitions}"
         )
     _check_start_partition(ap, b, role, kind)
+    if instr.engine == "pool" and b.memory == "psum":
+        # "Since GpSimd Engine cannot access PSUM, Scalar or Vector Engine must be chosen when the
+        # input or output tile is in PSUM" [NKI isa: tensor_copy]
+        raise ProgramError(
+            f"operand {role!r} of {kind} on GpSimd is PSUM tile {ap.buffer!r}; GpSimd cannot access "
+            f"PSUM: run the instruction on VectorE or ScalarE, or copy the tile to SBUF first"
+        )
     if instr.engine in ("dve", "act"):
         limit = PSUM_FREE_MAX if b.memory == "psum" else SBUF_FREE_MAX
         if ap.free_size > limit:
