@@ -71,8 +71,8 @@ class BufState:
         self.name = name
         self.size = size
         self.nbytes = nbytes
-        self.fill = None
-        self.fill_prov = None
+        self.fill: float | None = None
+        self.fill_prov: Provenance | None = None
         self.writes = 0
         self.read = False
         self.writer = -1
@@ -152,7 +152,9 @@ def max_instructions() -> int:
     """The most instructions one kernel's trace may emit: ``TILESCOPE_MAX_INSTRUCTIONS``."""
     from .._env import count
 
-    return count("TILESCOPE_MAX_INSTRUCTIONS", DEFAULT_MAX_INSTRUCTIONS, minimum=1)
+    n = count("TILESCOPE_MAX_INSTRUCTIONS", DEFAULT_MAX_INSTRUCTIONS, minimum=1)
+    assert n is not None  # (None only when the default is)
+    return n
 
 
 class KernelContext:
@@ -283,11 +285,13 @@ class KernelContext:
         f = self.frame
         self.last_emit = (f.f_code.co_filename, f.f_lineno) if f is not None else None
         if idx == self.fail_at:  # re-raise a build-time error where its tile is first used
+            assert self.fail_exc is not None  # (given with fail_at)
             raise self.fail_exc.with_traceback(None)
         return idx
 
     def materialize(self, st: BufState) -> None:
         value, prov = st.fill, st.fill_prov
+        assert value is not None  # (only a pending fill is materialized)
         st.fill = None
         buf = self.b.buffer(st.name)
         outer = self.b.current_provenance

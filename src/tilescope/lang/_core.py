@@ -194,7 +194,7 @@ def _binary(name: str, op: str, what: str):
     fn.__doc__ = (f"{what}, elementwise, on VectorE (``tensor_tensor``; ``tensor_scalar`` when one side is a "
                   f"number or a per-partition ``(P,)``/``(P, 1)`` tile). Free dims broadcast as in numpy; "
                   f"{'the result is uint8 0/1 unless dtype= says otherwise' if op in S.COMPARISONS else 'the result dtype promotes (fp32 wins)'}.")
-    fn.alu_op = op
+    fn.__dict__["alu_op"] = op  # read back by _isa (a function attribute mypy cannot see)
     return builtin(f"tl.{name}")(fn)
 
 
@@ -259,7 +259,7 @@ def _unary(name: str, func: str, what: str):
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"{what}, elementwise, on ScalarE (one ``activation`` instruction, function {func!r})."
-    fn.act_func = func
+    fn.__dict__["act_func"] = func  # read back by _isa (a function attribute mypy cannot see)
     return builtin(f"tl.{name}")(fn)
 
 
@@ -291,7 +291,7 @@ def _reduction(name: str, op: str, what: str):
     fn.__doc__ = (f"{what} over free ``axis`` (an int or tuple; never 0, the partition dim), on VectorE "
                   f"(``tensor_reduce``). Reduced dims are dropped unless ``keepdims``; a result with only the "
                   f"partition dim left, shape ``(P,)``, broadcasts as a per-partition scalar.")
-    fn.reduce_op = op
+    fn.__dict__["reduce_op"] = op  # read back by _isa (a function attribute mypy cannot see)
     return builtin(f"tl.{name}")(fn)
 
 

@@ -14,6 +14,9 @@ import linecache
 import os
 import sys
 import types
+from typing import Any, TypeVar
+
+_E = TypeVar("_E", bound=BaseException)
 
 __all__ = [
     "is_internal", "user_frame", "display_path", "locate", "filter_traceback", "source_line", "surface",
@@ -39,9 +42,9 @@ def is_internal(filename: str) -> bool:
     return hit
 
 
-def user_frame(depth: int = 2):
+def user_frame(depth: int = 2) -> types.FrameType | None:
     """The innermost frame outside the language's modules (``depth`` skips callers)."""
-    f = sys._getframe(depth)
+    f: types.FrameType | None = sys._getframe(depth)
     while f is not None and is_internal(f.f_code.co_filename):
         f = f.f_back
     return f
@@ -65,7 +68,7 @@ def source_line(filename: str, lineno: int) -> str:
     return linecache.getline(filename, lineno).strip()
 
 
-def locate(err: BaseException, frame, kernel: str | None = None) -> BaseException:
+def locate(err: _E, frame, kernel: str | None = None) -> _E:
     """Add the user's file:line (and the line's text) to ``err``'s message, once."""
     if getattr(err, "kernel_line", None) is not None or frame is None:
         return err
@@ -78,7 +81,8 @@ def locate(err: BaseException, frame, kernel: str | None = None) -> BaseExceptio
     if kernel and kernel != func:
         detail += f" (kernel {kernel!r})"
     err.args = (msg + detail,) + tuple(err.args[1:])
-    err.kernel_file, err.kernel_line = filename, lineno
+    tagged: Any = err  # the location rides on the exception as two extra attributes
+    tagged.kernel_file, tagged.kernel_line = filename, lineno
     return err
 
 

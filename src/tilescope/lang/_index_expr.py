@@ -461,7 +461,7 @@ def _sym_slice(ix: slice, size: int, d: int, what, shape):
     return start, stop, step
 
 
-def _int_index(ix, d: int, what: str) -> int:
+def _int_index(ix, d: int, what) -> int | Sym:
     if ix.__class__ is Sym:
         return ix
     if isinstance(ix, bool) or not hasattr(ix, "__index__"):
@@ -471,7 +471,7 @@ def _int_index(ix, d: int, what: str) -> int:
     return int(ix.__index__())
 
 
-def _int_position(ix, d: int, size: int, what: str, shape) -> int:
+def _int_position(ix, d: int, size: int, what, shape) -> int | Sym:
     """An integer index on dim ``d`` as a position in ``[0, size)`` (negative counts from the end)."""
     i = _int_index(ix, d, what)
     if i < 0:
@@ -529,7 +529,7 @@ def _advanced(dims, index, what, shape) -> Indexed:
     return Indexed(offset, tuple(out), tuple(checks), tuple(axis_vars), kept, True)
 
 
-def apply_box(offset: int, dims, checks, box: dict[int, tuple[int, int]] | None, *, what: str,
+def apply_box(offset: int, dims, checks, box: dict[int, tuple[int, int]] | None, *, what,
               shape: tuple[int, ...], hint: str = "") -> tuple[int, tuple[tuple[int, int], ...]] | None:
     """Narrow an access to ``box`` and check its deferred bounds.
 

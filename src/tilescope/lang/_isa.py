@@ -52,7 +52,7 @@ def _name(op) -> str:
     return getattr(op, "__name__", None) or str(op)
 
 
-def alu_name(op, what: str) -> str:
+def alu_name(op, what: str) -> str | None:
     if op is None:
         return None
     name = getattr(op, "alu_op", None)
@@ -88,7 +88,7 @@ def reduce_name(op, what: str) -> str:
 def cmp_symbol(op, what: str) -> str:
     """The comparison an ALU op names (``nl.equal`` -> ``==``), for affine_select."""
     name = alu_name(op, what)
-    sym = O._CMP_OF_ALU.get(name)
+    sym = O._CMP_OF_ALU.get(name) if name is not None else None
     if sym is None:
         raise KernelError(f"{what}: cmp_op must be a comparison (equal, not_equal, greater, greater_equal, "
                           f"less, less_equal); got {op!r}")

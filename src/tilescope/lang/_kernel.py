@@ -44,7 +44,7 @@ import numpy as np
 
 from ..dtypes import canonical
 from ..errors import CapacityError, DtypeError, KernelError
-from ..program import Program, TileBuilder
+from ..program import Handle, Program, TileBuilder
 from ..sim import run_numerics
 from ..spec import CoreSpec, preset as _preset
 from ._context import KernelContext, active, maybe_current
@@ -234,7 +234,7 @@ class Kernel:
                               f"each tile")
         if isinstance(fn, Kernel):
             fn = fn.fn
-        self.fn = fn
+        self.fn: Callable = fn
         self.name = name or fn.__name__
         self.bufs = bufs
         self.preset = preset
@@ -269,14 +269,16 @@ class Kernel:
             f"of the simulated PyTorch device")
 
     # ---- signatures and tracing ------------------------------------------------
-    def bind(self, args, kwargs) -> tuple[tuple, dict, dict[str, Any], list[str]]:
+    def bind(self, args, kwargs) -> tuple[tuple, inspect.BoundArguments, dict[str, Any], list[str]]:
         """(cache key part, call arguments with arrays named, arrays by input name, input order)."""
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
             raise KernelError(f"kernel {self.name!r}: {e}") from None
         bound.apply_defaults()
-        key, arrays, order = [], {}, []
+        key: list[tuple[str, Any]] = []
+        arrays: dict[str, Any] = {}
+        order: list[str] = []
         params = self.signature.parameters
         for name, value in bound.arguments.items():
             kind = params[name].kind
@@ -338,7 +340,7 @@ class Kernel:
                                   f"{pids[0]}; every program of a launch grid must return the same tensors")
         for name in order:
             if name in ctx.written_hbm:
-                b.mark_output(handles[name])
+                b.mark_output(Handle(handles[name].buffer))
         if b.instruction_count == 0:
             raise KernelError(f"kernel {self.name!r} emitted no instructions (it loads, computes and stores nothing)")
         meta = {"kind": "tile_kernel", "kernel": self.name, "grid": list(grid), "bufs": self.bufs,
@@ -363,7 +365,8 @@ class Kernel:
 
 
 def _substitute(bound, handles: dict[str, Tensor], signature) -> tuple[list, dict]:
-    args, kwargs = [], {}
+    args: list = []
+    kwargs: dict = {}
     params = signature.parameters
     for name, value in bound.arguments.items():
         kind = params[name].kind
@@ -386,7 +389,7 @@ def _plan(ret, b: TileBuilder | None, kernel: str):
             raise KernelError(f"kernel {kernel!r} returns a view of HBM tensor {ret.buffer.name!r}; return the "
                               f"whole tensor")
         if b is not None:
-            b.mark_output(ret)
+            b.mark_output(Handle(ret.buffer))
         return _Out(ret.buffer.name)
     if isinstance(ret, Tile):
         raise KernelError(

@@ -254,12 +254,14 @@ def _aps(box, views, hint: str = "") -> list | None:
     return out
 
 
-def _scalar_ap(t: Tile, box, role: str, op: str, partitions: int) -> AP | None:
-    """A per-partition scalar operand ([P, 1])."""
+def _scalar_ap(t: Tile, box, role: str, op: str, partitions: int) -> AP:
+    """A per-partition scalar operand ([P, 1]) of an instruction whose operands ``box`` leaves non-empty."""
     if prod(t.shape[1:]) != 1 or t.shape[0] != partitions:
         raise KernelError(f"{role!r} of {op!r} must be a per-partition scalar tile of shape ({partitions}, 1), got {t.shape}")
     sub = {0: box[0]} if box and 0 in box else {}
-    return t.ap(sub)
+    ap = t.ap(sub)
+    assert ap is not None  # (the box's partition range meets the operands', which span the same partitions)
+    return ap
 
 
 def _scalar_operand(v, box, role: str, op: str, partitions: int):

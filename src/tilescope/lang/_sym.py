@@ -53,7 +53,7 @@ def count(x) -> int:
     return x
 
 
-_RECORD = []
+_RECORD: list = []  # [record_guard] once bound
 
 
 def _record_guard():

@@ -19,6 +19,7 @@ are the language's builtins (``tl.add``, ...); in-place forms (``t += x``,
 from __future__ import annotations
 
 from math import prod
+from typing import overload
 
 from ..errors import KernelError
 from ..isa import AP
@@ -101,7 +102,14 @@ class View:
         return apply_box(self.offset, self.dims, self.checks, box if box is not None else {},
                          what=self, shape=self.buffer.shape, hint=hint)
 
+    @overload
+    def ap(self, box: None = None, hint: str = "") -> AP: ...  # (every dim counts >= 1: never empty)
+
+    @overload
+    def ap(self, box: dict, hint: str = "") -> AP | None: ...
+
     def ap(self, box=None, hint: str = "") -> AP | None:
+        """The access pattern of this view narrowed to ``box`` (None when the box is empty)."""
         r = self.region(box, hint)
         if r is None:
             return None
