@@ -91,7 +91,7 @@ class Guard:
 
     def __init__(self, coefs: tuple, base: int, op: str, outcome: bool, boxes: tuple):
         self.coefs, self.base, self.op, self.outcome, self.boxes = coefs, base, op, outcome, boxes
-        self._key = None
+        self._key: tuple | None = None
 
     def __repr__(self) -> str:
         return f"Guard({self.key()!r})"
@@ -255,7 +255,7 @@ class _Iteration:
     guards: list = field(default_factory=list)
     serial: int = 0
     locals_raw: dict | None = None
-    states: object = None
+    states: tuple | None = None  # (see _states)
     skip: tuple = ()  # iteration 0's fills of earlier buffers (instructions) -- see _first_fills
 
 
@@ -284,7 +284,7 @@ class Loop:
         self.finished = False
         self.tainted: str | None = None
         self.concrete = False
-        self.iters: list[_Iteration] = []
+        self.iters: list[_Iteration | None] = []  # (None: an iteration no longer needed)
         self.guards: list = []  # of the iteration running
         self.done_guards: list = []  # of finished iterations, boxed: handed to the parent
         self.replicated = 0
@@ -330,6 +330,7 @@ class Loop:
 
     def _end_iteration(self) -> None:
         it = self.iters[-1]
+        assert it is not None  # (only older iterations are dropped)
         ctx = self.ctx
         it.instr1, it.buf1, it.log1 = ctx.b.instruction_count, ctx.b.buffer_count, len(ctx.touch_log)
         it.guards = _unique(self.guards)
@@ -371,6 +372,7 @@ class Loop:
         returns the first iteration still to run (the loop's end if all were written). A
         first try (t=1) that fails runs iteration 2 for a second (t=2)."""
         it0, it1, it2 = (None,) + tuple(self.iters[:2]) if t == 1 else tuple(self.iters[:3])
+        assert it1 is not None and it2 is not None  # (iterations 1 and 2 are kept)
         plan = None
         if t == 1 and self.tainted is None and not _cheap_match(self.ctx, it1, it2):
             return 2  # (iteration 0 is special: a first try that cannot pass, without its costly tests)
@@ -384,6 +386,7 @@ class Loop:
             import os
             if os.environ.get("TILESCOPE_DEBUG_LOOPS"):
                 a, b = it1.states, it2.states
+                assert a is not None and b is not None  # (sampled, as the locals were)
                 print("STATES", self, a[1:], b[1:])
                 for x, y in zip(a[0], b[0]):
                     if x != y:
@@ -394,8 +397,6 @@ class Loop:
             self.why_not = "the iterations compared different values"
         else:
             plan = _plan(self.ctx, it0, it1, it2, skip=it1.skip if it0 is None else ())
-            if plan is not None:
-                plan.depth = self.key[2]
             if plan is None:
                 self.why_not = "the iterations' instructions differ beyond a shift"
         if plan is None:
@@ -543,6 +544,7 @@ def _locals_differ(loop: Loop, it1: _Iteration, it2: _Iteration) -> list[str]:
     """Local variables that are not the same up to the shift from iteration 1 to 2 (an object
     left untouched is the same; containers and tiles are compared by their canonical form)."""
     l1, l2 = it1.locals_raw, it2.locals_raw
+    assert l1 is not None and l2 is not None  # (both iterations sampled)
     if l1.keys() != l2.keys():
         return sorted(set(l1) ^ set(l2))
     c1, c2 = _Canon(loop, it1), _Canon(loop, it2)
@@ -566,7 +568,7 @@ def _states(ctx, canon: _Canon, it: _Iteration):
         key = canon.buf(name)
         writer = st.writer - it.instr0 if st.writer >= it.instr0 else ("before",)
         if it.skip and st.writer >= it.instr0:  # (iteration 0's first fills count as before it)
-            writer = ("before",) if st.writer in it.skip else writer - bisect_left(it.skip, st.writer)
+            writer = ("before",) if st.writer in it.skip else st.writer - it.instr0 - bisect_left(it.skip, st.writer)
         writes = st.writes if key[0] != "old" else st.writes > 0
         out.append((key, st.fill, st.temp, st.read, writes, writer, tuple(sorted(st.acc_open))))
     out.sort(key=itemgetter(0))  # (the keys are distinct: one per buffer)
@@ -824,6 +826,7 @@ def _patch_locals(loop: Loop, plan: _Plan, it1: _Iteration, it2: _Iteration, las
         return v2
 
     updates = {}
+    assert it1.locals_raw is not None and it2.locals_raw is not None  # (both iterations sampled)
     for name, v2 in it2.locals_raw.items():
         nv = shift(v2, it1.locals_raw.get(name, v2))
         if nv is not v2:

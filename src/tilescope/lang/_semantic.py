@@ -242,7 +242,7 @@ def _aps(box, views, hint: str = "") -> list | None:
     """Operand APs narrowed to the mask's box (None if the box is empty)."""
     if box is None:
         return None
-    out = []
+    out: list[AP | None] = []
     for v in views:
         if v is None:
             out.append(None)
@@ -515,6 +515,7 @@ def iota(expr, dtype, *, mask=None, label: str = "iota", out: Tile | None = None
     box = _box(mask, (dst,))
     aps = _aps(box, (dst,))
     if aps is not None:
+        assert box is not None  # (no APs without a box)
         base = expr.const + sum(steps[a] * lo for a, (lo, _) in box.items())
         _emit(ctx, Iota(aps[0], int(base), int(steps[0]), tuple(int(s) for s in steps[1:])))
     return dst
@@ -559,7 +560,9 @@ def reduce(op: str, x, axis, *, keepdims=False, dtype=None, mask=None, negate=Fa
     src_ap = _aps(box, (t,))
     if src_ap is not None:
         part = {0: box[0]} if box and 0 in box else {}
-        _emit(ctx, TensorReduce(dst.ap(part), src_ap[0], op, axes, bool(negate), engine))
+        dst_ap = dst.ap(part)
+        assert dst_ap is not None  # (the box's partitions meet the source's, which are dst's)
+        _emit(ctx, TensorReduce(dst_ap, src_ap[0], op, axes, bool(negate), engine))
     return dst
 
 
@@ -574,8 +577,8 @@ def mean(x, axis, *, keepdims=False, dtype=None, mask=None, label: str = "mean")
     for a in axes:
         lo, hi = box.get(a, (0, t.shape[a]))
         n *= max(1, min(hi, t.shape[a]) - max(lo, 0))
-    aps = _aps({}, (r,))
-    _emit(ctx, TensorScalar(aps[0], aps[0], "multiply", 1.0 / n))
+    ap = r.ap()
+    _emit(ctx, TensorScalar(ap, ap, "multiply", 1.0 / n))
     return r
 
 
@@ -615,7 +618,9 @@ def bn_stats(x, *, dtype=None, mask=None, label: str = "bn_stats", out: Tile | N
     aps = _aps(box, (t,))
     if aps is not None:
         part = {0: box[0]} if box and 0 in box else {}
-        _emit(ctx, BnStats(dst.ap(part), aps[0]))
+        dst_ap = dst.ap(part)
+        assert dst_ap is not None  # (the box's partitions meet the source's, which are dst's)
+        _emit(ctx, BnStats(dst_ap, aps[0]))
     return dst
 
 
@@ -640,7 +645,7 @@ def select(pred, on_true, on_false, *, dtype=None, mask=None, engine: str = "dve
     f = on_false if is_scalar(on_false) else tile_operand(on_false, "on_false", label)
     shape = _tile_shape(label, p.shape, t.shape, *((f.shape,) if isinstance(f, Tile) else ()))
     dst = _out(ctx, out, shape, _dtype(dtype) or t.dtype, label, label)
-    views = (dst, _expand(p, shape, label), _expand(t, shape, label))
+    views: tuple[Tile, ...] = (dst, _expand(p, shape, label), _expand(t, shape, label))
     if isinstance(f, Tile):
         views += (_expand(f, shape, label),)
     aps = _aps(_box(mask, views), views)
@@ -927,8 +932,7 @@ def assign(target: Tile, value, *, fresh, label: str = "assign") -> None:
         raise KernelError(
             f"cannot assign HBM tensor {value.buffer.name!r} into a tile; load it: t[...] = tl.load(x[...])")
     if is_scalar(value):
-        aps = _aps({}, (t,))
-        _emit(ctx, Memset(aps[0], float(value)))
+        _emit(ctx, Memset(t.ap(), float(value)))
         return
     v = tile_operand(value, "value", label)
     if _retarget(ctx, v, t, fresh):
@@ -1115,6 +1119,7 @@ def _tile_index(t: Tile, index) -> Tile:
     if not advanced:
         ix = idx[pd]
         if not isinstance(ix, slice):  # an integer partition index keeps a partition dim of 1
+            i: int | Sym
             if ix.__class__ is Sym:
                 i = ix
             else:
