@@ -240,3 +240,25 @@ def test_diff_says_when_two_traces_are_different_programs(control):
     assert any("look like different programs" in w and "no fusion is reported" in w for w in d.warnings)
     same = tt.diff(control, tt.open(os.path.join(KINETO, "cuda_trace_diff_test.json.gz")))
     assert same.overlap[0]["same_program"] and same.warnings == []
+
+
+def test_kernel_sequences_take_the_launches_within_the_op_on_its_lane(tmp_path):
+    # an op's launches: those on its thread that start and end inside it; a launch straddling
+    # the op's end and one on another thread at the same time are not its own
+    def x(name, cat, tid, ts, dur, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1 if tid < 1000 else 0, "tid": tid, "ts": ts, "dur": dur,
+                "args": args}
+
+    events = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}}]
+    for step, t0 in enumerate((0, 1000)):
+        events += [x("aten::mm", "cpu_op", 10, t0, 100),
+                   x("cudaLaunchKernel", "cuda_runtime", 10, t0 + 10, 10, correlation=10 * step + 1),
+                   x("cudaLaunchKernel", "cuda_runtime", 10, t0 + 20, 10, correlation=10 * step + 2),
+                   x("cudaLaunchKernel", "cuda_runtime", 10, t0 + 90, 20, correlation=10 * step + 3),
+                   x("cudaLaunchKernel", "cuda_runtime", 11, t0 + 30, 10, correlation=10 * step + 4)]
+        events += [x(f"k{i}", "kernel", 1007, t0 + 200 + 10 * i, 5, correlation=10 * step + i, stream=7, device=0)
+                   for i in (1, 2, 3, 4)]
+    p = write(str(tmp_path / "k.json"), {"schemaVersion": 1, "traceEvents": events})
+    rows = tt.open(p).kernel_sequences("aten::mm", min_length=1).to_pylist()
+    assert [(r["pattern"], r["count"], r["kernels"], r["device_ns"], r["op_ns"]) for r in rows] == [
+        ("aten::mm|k1|k2", 2, 2, 2 * 10_000, 2 * 100_000)]
