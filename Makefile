@@ -11,7 +11,7 @@ setup: $(STAMP)
 # torch is pinned and installed first: the pinned CPU build is local and fast,
 # while an unpinned resolve would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml src/tilescope/trace/_kscan.c \
-		src/tilescope/profiler/_lanes.c src/tilescope/program/_native.c \
+		src/tilescope/program/_native.c \
 		src/tilescope/sim/_loop.c
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0

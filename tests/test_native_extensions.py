@@ -22,7 +22,7 @@ EXTENSIONS = [ext["name"] for ext in tomllib.loads(_PYPROJECT.read_text())["tool
 
 def test_pyproject_declares_the_extensions():
     # the list below is read from pyproject: an empty list would make this file test nothing
-    assert {"tilescope.trace._kscan", "tilescope.sim._loop", "tilescope.profiler._lanes"} <= set(EXTENSIONS)
+    assert {"tilescope.trace._kscan", "tilescope.sim._loop"} <= set(EXTENSIONS)
 
 
 @pytest.mark.parametrize("name", EXTENSIONS)

@@ -4,9 +4,9 @@ The exporter writes each event once and never reads it back, so events are not b
 as dicts and encoded: each one is a single f-string (times as ``%.3f`` µs). The same
 device placement is rendered twice -- into the system trace and, shifted onto torch's
 clock, into torch's ``trace.json`` -- and computed once. The doctor gets, as dicts, only
-the events its rules read (see :func:`doctor_events`). The loops over torch's events and over
-the executions run in the ``_lanes`` extension when it is built (1.7-5x faster, the same text
-and rows -- ``benchmarks/profiler_lanes.py``: the Python loops here are its reference).
+the events its rules read (see :func:`doctor_events`). A C version of these loops was dropped:
+its end-to-end gain on a profile's export was 1.23-1.34x (``benchmarks/native_paths.py``), under
+the 1.5x a native path must earn.
 
 >>> js("a\\"b"), js(None)
 ('"a\\\\"b"', 'null')
@@ -22,13 +22,7 @@ from json.encoder import encode_basestring_ascii as _encode_str
 
 import torch
 
-from ..device import Execution
 from ._correlate import device_event_name
-
-try:
-    from . import _lanes
-except ImportError:  # not built (no compiler at install time): the same text from the Python loops
-    _lanes = None
 
 __all__ = ["FRAMEWORK", "RUNTIME", "HARDWARE", "HOST", "js", "meta", "Framework", "framework_events", "Placement",
            "placement", "device_events", "event_count", "doctor_events", "unrecorded_launch_lanes"]
@@ -67,13 +61,8 @@ def framework_events(prof, prefix: str, ids: set | frozenset | None = None) -> F
     events = prof.profiler.function_events
     if len(_HEADS) > _HEADS_KEPT:
         _HEADS.clear()
-    if _lanes is not None:
-        text, count, threads, found, end, by_id = _lanes.framework_lanes(
-            events, _CPU, _framework_head, _framework_extra, _DOCTOR_RANGES, ids, _HEADS)
-        chunks = [text] if count else []
-    else:
-        chunks, threads, found, end, by_id = _framework_lanes(events, ids, _HEADS)
-        count = len(chunks)
+    chunks, threads, found, end, by_id = _framework_lanes(events, ids, _HEADS)
+    count = len(chunks)
     ranges = [{"ph": "X", "cat": cat, "name": name, "pid": FRAMEWORK, "tid": tid, "ts": round(ts, 3),
                "dur": round(dur, 3)} for cat, name, tid, ts, dur in found]
     head = meta(FRAMEWORK, f"{prefix}/framework")
@@ -105,8 +94,7 @@ def _framework_extra(evt) -> str:
 
 def _framework_lanes(function_events, ids=None, heads: dict | None = None) -> tuple[list[str], dict, list[tuple],
                                                                                   float, dict]:
-    """The reference of ``_lanes.framework_lanes`` (and its stand-in where it is not built):
-    each event's text, the thread -> tid map, the doctor's ranges as tuples, the end (µs), the
+    """Each event's text, the thread -> tid map, the doctor's ranges as tuples, the end (µs), the
     first CPU event of each id in ``ids``; ``heads``: (category, name, tid) -> the event's text
     up to "ts", made so far (added to)."""
     events: list[str] = []
@@ -148,12 +136,6 @@ class Placement(NamedTuple):
     end: float  # the end of the latest hardware event (µs; -inf without rows)
 
 
-# where the lanes extension reads an execution record's fields (a named tuple)
-_PLACEMENT_FIELDS = tuple(Execution._fields.index(f) for f in (
-    "core", "host_submit_ns", "queued_ns", "device_start_ns", "device_end_ns", "flow_id",
-    "program_hash", "op", "core", "lowering", "kind", "nbytes", "direction"))
-
-
 def placement(matched) -> Placement:
     """Where each execution goes on the runtime and hardware lanes (µs on torch's clock), with
     the parts of its events that do not depend on the clock or the execution, as text.
@@ -168,8 +150,6 @@ def placement(matched) -> Placement:
     """
     if len(_TEXTS) > _TEXTS_KEPT:
         _TEXTS.clear()
-    if _lanes is not None:
-        return Placement(*_lanes.placement(matched, _PLACEMENT_FIELDS, _TEXTS, _clock_free_text))
     rows = _placement(matched, _TEXTS)
     return Placement(rows, [row[0].rec.core for row in rows], max((r[3] + r[4] for r in rows), default=-math.inf))
 
@@ -181,8 +161,7 @@ _TEXTS_KEPT = 4096
 
 
 def _placement(matched, texts: dict) -> list[tuple]:
-    """The reference of ``_lanes.placement`` (and its stand-in where it is not built): the rows;
-    ``texts``: the clock-free texts made so far (added to)."""
+    """The rows; ``texts``: the clock-free texts made so far (added to)."""
     rows = []
     hw_end: dict[int, float] = {}
     for m in matched:
@@ -240,18 +219,13 @@ def device_events(rows, prefix: str, fw_tid, *, cores: list | None = None, shift
         events += [f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{c},"args":{{"name":"core:{c}"}}}}'
                    for pid in (RUNTIME, HARDWARE)]
     if isinstance(fw_tid, dict):
-        if _lanes is not None:
-            return events + [_lanes.device_lanes(rows, fw_tid, cores, shift, fw_pid, RUNTIME, HARDWARE)]
         lanes = fw_tid
         fw_tid = lambda m: lanes.get(m.thread, 0)  # noqa: E731
-    if _lanes is not None:
-        tids = [fw_tid(row[0]) for row in rows]
-        return events + [_lanes.device_lanes(rows, tids, cores, shift, fw_pid, RUNTIME, HARDWARE)]
     return events + _device_lanes(rows, fw_tid, shift, fw_pid)
 
 
 def _device_lanes(rows, fw_tid, shift: float, fw_pid: int) -> list[str]:
-    """The reference of ``_lanes.device_lanes`` (and its stand-in where it is not built): each
+    """Each
     row's runtime and hardware slices and flow events, as one text."""
     events = []
     for m, rt_ts, rt_dur, hw_ts, hw_dur, fw_ts, flow_id, (rt_head, rest, hw_head, hw_tail) in rows:
