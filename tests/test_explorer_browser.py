@@ -8,6 +8,7 @@ Every test fails on any browser console error. Screenshots of each view go to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -70,8 +71,10 @@ def server(study, tmp_path_factory):
         os.environ["TILESCOPE_CACHE_DIR"] = old
 
 
-@pytest.fixture(scope="module")
-def browser():
+@contextlib.contextmanager
+def chromium_context():
+    """Headless Debian Chromium driven by Playwright, in a throw-away profile (the browser
+    fixture of each browser test module)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as e:  # pragma: no cover - the test extras install it
@@ -82,10 +85,18 @@ def browser():
     pw = sync_playwright().start()
     ctx = pw.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=ARGS,
                                                 viewport={"width": 1400, "height": 900})
-    yield ctx
-    ctx.close()
-    pw.stop()
-    shutil.rmtree(profile, ignore_errors=True)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+        pw.stop()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium_context() as ctx:
+        yield ctx
 
 
 @pytest.fixture

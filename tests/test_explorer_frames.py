@@ -13,14 +13,12 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import urllib.request
 
 import numpy as np
 import pytest
 
-from test_explorer_browser import ARGS, CHROMIUM, CUDA, call
+from test_explorer_browser import CUDA, call, chromium_context
 
 pytestmark = pytest.mark.slow
 
@@ -48,16 +46,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    profile = tempfile.mkdtemp(prefix="tilescope-chromium-")
-    pw = sync_playwright().start()
-    ctx = pw.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, headless=True, args=ARGS,
-                                                viewport={"width": 1400, "height": 900})
-    yield ctx
-    ctx.close()
-    pw.stop()
-    shutil.rmtree(profile, ignore_errors=True)
+    with chromium_context() as ctx:
+        yield ctx
 
 
 @pytest.fixture
